@@ -1,0 +1,1 @@
+"""fabricscope exporter: the metric catalog, rendering and the HTTP server."""
