@@ -58,7 +58,9 @@ class SamplerStatus:
         return dict(self.errors_total).get(reason, 0)
 
 
-def _bump(counts: tuple[tuple[str, int], ...], key: str, by: int = 1) -> tuple[tuple[str, int], ...]:
+def _bump(
+    counts: tuple[tuple[str, int], ...], key: str, by: int = 1
+) -> tuple[tuple[str, int], ...]:
     d = dict(counts)
     d[key] = d.get(key, 0) + by
     return tuple(sorted(d.items()))
@@ -117,7 +119,9 @@ class Runner:
     def start(self) -> None:
         """Start one scheduling thread per sampler. Each runs its first pass at once."""
         for name, slot in self._slots.items():
-            t = threading.Thread(target=self._loop, args=(slot,), name=f"sampler-{name}", daemon=True)
+            t = threading.Thread(
+                target=self._loop, args=(slot,), name=f"sampler-{name}", daemon=True
+            )
             t.start()
             self._threads.append(t)
 
@@ -274,7 +278,10 @@ class Runner:
             issue = now_failing[path]
             log.warning(
                 "sampler %s: cannot use %s (%s: %s); that series is absent",
-                name, path, issue.reason, issue.detail,
+                name,
+                path,
+                issue.reason,
+                issue.detail,
             )
         for path in sorted(slot.failing_paths - set(now_failing)):
             log.info("sampler %s: %s readable again", name, path)

@@ -52,7 +52,9 @@ def render_sampler(status: SamplerStatus) -> Families:
     return out
 
 
-def render_self(statuses: Mapping[str, SamplerStatus]) -> Families:
+def render_self(
+    statuses: Mapping[str, SamplerStatus], render_errors: Mapping[str, int] | None = None
+) -> Families:
     out = Families()
-    selfmetrics.render(statuses, out)
+    selfmetrics.render(statuses, render_errors or {}, out)
     return out

@@ -10,66 +10,95 @@ from agent.runner import ERROR_REASONS, SamplerStatus
 from exporter.spec import Families, MetricSpec
 
 BUILD_INFO = MetricSpec(
-    "fabricscope_build_info", "gauge",
+    "fabricscope_build_info",
+    "gauge",
     "A constant 1, labelled with the fabricscope version and the Python version.",
     ("version", "python_version"),
 )
 SAMPLER_SUCCESS = MetricSpec(
-    "fabricscope_sampler_success", "gauge",
+    "fabricscope_sampler_success",
+    "gauge",
     "1 if the sampler's latest attempt completed (absent hardware counts as success), else 0.",
     ("sampler",),
 )
 SAMPLER_HARDWARE_PRESENT = MetricSpec(
-    "fabricscope_sampler_hardware_present", "gauge",
+    "fabricscope_sampler_hardware_present",
+    "gauge",
     "1 if the sampler found its hardware on its latest successful attempt, 0 if it found none.",
     ("sampler",),
 )
 SAMPLER_DURATION = MetricSpec(
-    "fabricscope_sampler_duration_seconds", "gauge",
+    "fabricscope_sampler_duration_seconds",
+    "gauge",
     "Wall time of the sampler's latest attempt (the timeout, when it timed out).",
-    ("sampler",), unit="seconds",
+    ("sampler",),
+    unit="seconds",
 )
 SAMPLER_LAST_SUCCESS = MetricSpec(
-    "fabricscope_sampler_last_success_timestamp_seconds", "gauge",
+    "fabricscope_sampler_last_success_timestamp_seconds",
+    "gauge",
     "Unix time of the sampler's latest successful attempt.",
-    ("sampler",), unit="seconds",
+    ("sampler",),
+    unit="seconds",
 )
 SAMPLER_ATTEMPTS = MetricSpec(
-    "fabricscope_sampler_attempts_total", "counter",
+    "fabricscope_sampler_attempts_total",
+    "counter",
     "Sampling attempts made, successful or not.",
     ("sampler",),
 )
 SAMPLER_ERRORS = MetricSpec(
-    "fabricscope_sampler_errors_total", "counter",
+    "fabricscope_sampler_errors_total",
+    "counter",
     "Failed sampling attempts, by reason: exception, timeout, still_running (the previous "
     "call was still hung, so this pass was skipped).",
     ("sampler", "reason"),
 )
 SAMPLER_READ_ERRORS = MetricSpec(
-    "fabricscope_sampler_read_errors_total", "counter",
+    "fabricscope_sampler_read_errors_total",
+    "counter",
     "Files a sampler could not read or parse (the one series is absent, the rest carry on), by "
     "reason: vanished, permission, io, parse, unsupported.",
     ("sampler", "reason"),
 )
 SAMPLER_READ_ERRORS_LAST = MetricSpec(
-    "fabricscope_sampler_read_errors", "gauge",
+    "fabricscope_sampler_read_errors",
+    "gauge",
     "Files that could not be read or parsed during the sampler's latest successful pass.",
     ("sampler",),
 )
 
+SAMPLER_RENDER_ERRORS = MetricSpec(
+    "fabricscope_sampler_render_errors_total",
+    "counter",
+    "Times a sampler's state could not be rendered into metrics (a bug: its series were "
+    "withdrawn until the next pass; the log has the traceback).",
+    ("sampler",),
+)
+
 SPECS = (
-    BUILD_INFO, SAMPLER_SUCCESS, SAMPLER_HARDWARE_PRESENT, SAMPLER_DURATION,
-    SAMPLER_LAST_SUCCESS, SAMPLER_ATTEMPTS, SAMPLER_ERRORS, SAMPLER_READ_ERRORS,
+    SAMPLER_RENDER_ERRORS,
+    BUILD_INFO,
+    SAMPLER_SUCCESS,
+    SAMPLER_HARDWARE_PRESENT,
+    SAMPLER_DURATION,
+    SAMPLER_LAST_SUCCESS,
+    SAMPLER_ATTEMPTS,
+    SAMPLER_ERRORS,
+    SAMPLER_READ_ERRORS,
     SAMPLER_READ_ERRORS_LAST,
 )
 
 
-def render(statuses: Mapping[str, SamplerStatus], out: Families) -> None:
+def render(
+    statuses: Mapping[str, SamplerStatus], render_errors: Mapping[str, int], out: Families
+) -> None:
     out.add(BUILD_INFO, 1, __version__, platform.python_version())
     for spec in SPECS:
         out.declare(spec)
     for name, st in statuses.items():
         out.add(SAMPLER_ATTEMPTS, st.attempts_total, name)
+        out.add(SAMPLER_RENDER_ERRORS, render_errors.get(name, 0), name)
         for reason in ERROR_REASONS:
             out.add(SAMPLER_ERRORS, st.error_count(reason), name, reason)
         for reason, count in st.read_errors_total:

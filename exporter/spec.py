@@ -151,8 +151,7 @@ class Families:
     def items(self) -> list[tuple[MetricSpec, list[tuple[tuple[str, ...], float]]]]:
         """Families sorted by name, samples sorted by label values."""
         return [
-            (spec, sorted(samples.items()))
-            for _, (spec, samples) in sorted(self._data.items())
+            (spec, sorted(samples.items())) for _, (spec, samples) in sorted(self._data.items())
         ]
 
     def __len__(self) -> int:

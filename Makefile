@@ -1,0 +1,16 @@
+.PHONY: test run golden bench lint
+
+test:            ## the whole suite (installs what it needs)
+	bash scripts/test.sh
+
+run:             ## run the agent on this host
+	bash scripts/run.sh
+
+golden:          ## regenerate golden files (metrics output, docs) after an intended change
+	UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py tests/test_catalog.py
+
+bench:           ## performance figures on the DGX fixture, side by side with node_exporter
+	.venv/bin/python bench/bench_agent.py
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

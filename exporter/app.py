@@ -1,0 +1,51 @@
+"""Wires the agent's runner to the exposition cache: every sampler attempt re-renders that
+sampler's fragment (and the agent's own series) once, so scrapes only join cached bytes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from agent.runner import Runner, SamplerSpec
+from exporter.catalog import SELF_OWNER, render_sampler, render_self
+from exporter.exposition import ExpositionCache, render_text
+from exporter.spec import Families
+
+log = logging.getLogger(__name__)
+
+
+class AgentApp:
+    """The runner plus the cache it feeds. ``ready()`` turns true once every sampler has
+    made its first attempt."""
+
+    def __init__(self, specs: Sequence[SamplerSpec]) -> None:
+        self.cache = ExpositionCache()
+        self._render_errors: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.runner = Runner(specs, on_update=self._on_update)
+        self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))
+
+    def _self_families(self) -> Families:
+        with self._lock:
+            errors = dict(self._render_errors)
+        return render_self(self.runner.statuses(), errors)
+
+    def _on_update(self, name: str) -> None:
+        try:
+            data = render_text(render_sampler(self.runner.status(name)))
+        except Exception:
+            # A rendering bug must cost this sampler's series, not the scrape; counted.
+            log.exception("rendering sampler %s failed; its series are withdrawn", name)
+            with self._lock:
+                self._render_errors[name] = self._render_errors.get(name, 0) + 1
+            data = b""
+        self.cache.set_fragment(name, data)
+        self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))
+
+    def ready(self) -> bool:
+        return all(st.attempts_total > 0 for st in self.runner.statuses().values())
+
+    def run_once(self) -> bytes:
+        self.runner.run_once()
+        return self.cache.body()

@@ -1,0 +1,337 @@
+"""The ``fabricscope`` command: the composition root, the only module that sees both the
+agent (samplers, runner) and the exporter (catalog, server).
+
+    fabricscope agent            serve /metrics and /healthz
+    fabricscope agent --once     sample once, print the exposition, exit
+    fabricscope topo             GPU/NIC topology matrix (table or JSON)
+    fabricscope snapshot -o F    capture the sysfs files the samplers read
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from contextlib import ExitStack
+
+from agent import __version__, topology
+from agent.config import SAMPLER_NAMES, AgentConfig, NetdevSettings, Paths, Sampling
+from agent.errors import ConfigError, NoData
+from agent.logsetup import LEVELS, setup_logging
+from agent.pci import PciSampler
+from agent.runner import Runner, SamplerSpec
+from agent.samplers import build_specs
+from agent.snapshot import SnapshotError, capture, extract
+from agent.sysfs import RecordingReader, SysfsReader
+from exporter.app import AgentApp
+
+log = logging.getLogger("fabricscope")
+
+DEFAULT_LISTEN = ":10118"
+#: samplers whose source is not a file tree, so a snapshot cannot replay them
+NOT_REPLAYABLE = frozenset({"netdev"})
+
+
+def _regex(value: str) -> re.Pattern[str]:
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"invalid regular expression {value!r}: {exc}") from exc
+
+
+def _positive(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from exc
+    if f <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value!r}")
+    return f
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--path.sysfs",
+        dest="path_sysfs",
+        default="/sys",
+        metavar="DIR",
+        help="sysfs mount point (default: %(default)s)",
+    )
+    p.add_argument(
+        "--path.procfs",
+        dest="path_procfs",
+        default="/proc",
+        metavar="DIR",
+        help="procfs mount point (default: %(default)s)",
+    )
+    p.add_argument("--log.level", dest="log_level", choices=LEVELS, default="info")
+    p.add_argument("--log.format", dest="log_format", choices=("text", "json"), default="text")
+
+
+def _add_samplers(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("samplers")
+    for name in SAMPLER_NAMES:
+        g.add_argument(
+            f"--sampler.{name}",
+            dest=f"sampler_{name}",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help=f"enable the {name} sampler (default: on)",
+        )
+    g.add_argument(
+        "--sampling.interval",
+        dest="sampling_interval",
+        type=_positive,
+        default=15.0,
+        metavar="SECONDS",
+        help="time between two passes of each sampler (default: %(default)s)",
+    )
+    g.add_argument(
+        "--sampling.timeout",
+        dest="sampling_timeout",
+        type=_positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="a pass running longer is abandoned and counted (default: %(default)s)",
+    )
+    g.add_argument(
+        "--netdev.include",
+        dest="netdev_include",
+        type=_regex,
+        default=None,
+        metavar="REGEX",
+        help="also sample interfaces whose name matches (RDMA-associated "
+        "interfaces are always sampled)",
+    )
+    g.add_argument(
+        "--netdev.ethtool-include",
+        dest="netdev_ethtool_include",
+        type=_regex,
+        default=None,
+        metavar="REGEX",
+        help="ethtool statistics to export (default: PFC/pause, discards, "
+        "out-of-buffer, PHY errors; see docs/metrics.md)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fabricscope",
+        description="GPU training fabric monitor: InfiniBand/RoCE, PCIe/NUMA topology, "
+        "netdev, as Prometheus metrics.",
+    )
+    parser.add_argument("--version", action="version", version=f"fabricscope {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    agent = sub.add_parser("agent", help="run the node agent and serve /metrics")
+    _add_common(agent)
+    _add_samplers(agent)
+    agent.add_argument(
+        "--web.listen-address",
+        dest="listen",
+        default=DEFAULT_LISTEN,
+        metavar="[HOST]:PORT",
+        help="address to serve on (default: %(default)s)",
+    )
+    agent.add_argument(
+        "--web.config.file",
+        dest="web_config",
+        default=None,
+        metavar="FILE",
+        help="exporter-toolkit web config: TLS and basic auth",
+    )
+    agent.add_argument(
+        "--web.max-requests",
+        dest="max_requests",
+        type=int,
+        default=40,
+        help="concurrent requests served before answering 503 (default: %(default)s)",
+    )
+    agent.add_argument(
+        "--once",
+        action="store_true",
+        help="sample every enabled sampler once, print the exposition to "
+        "stdout and exit (for node_exporter's textfile collector)",
+    )
+    agent.add_argument(
+        "--snapshot",
+        default=None,
+        metavar="FILE.tar.gz",
+        help="read sysfs from a snapshot taken by `fabricscope snapshot`",
+    )
+
+    topo = sub.add_parser("topo", help="print the GPU/NIC topology matrix and findings")
+    _add_common(topo)
+    topo.add_argument("--format", choices=("table", "json"), default="table")
+    topo.add_argument(
+        "--snapshot",
+        default=None,
+        metavar="FILE.tar.gz",
+        help="read sysfs from a snapshot instead of the host",
+    )
+
+    snap = sub.add_parser("snapshot", help="capture the sysfs files the samplers read")
+    _add_common(snap)
+    _add_samplers(snap)
+    snap.add_argument("--output", "-o", required=True, metavar="FILE.tar.gz")
+    return parser
+
+
+def _config(ns: argparse.Namespace) -> AgentConfig:
+    enabled = frozenset(n for n in SAMPLER_NAMES if getattr(ns, f"sampler_{n}"))
+    try:
+        sampling = Sampling(enabled, ns.sampling_interval, ns.sampling_timeout)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return AgentConfig(
+        paths=Paths(ns.path_sysfs, ns.path_procfs),
+        sampling=sampling,
+        netdev=NetdevSettings(ns.netdev_include, ns.netdev_ethtool_include),
+    )
+
+
+def _replay_root(stack: ExitStack, ns: argparse.Namespace) -> str:
+    """The sysfs root to read: the host's, or an unpacked snapshot's."""
+    if not getattr(ns, "snapshot", None):
+        return str(ns.path_sysfs)
+    try:
+        tmp = extract(ns.snapshot)
+    except SnapshotError as exc:
+        raise ConfigError(str(exc)) from exc
+    stack.callback(tmp.cleanup)
+    return f"{tmp.name}/sys"
+
+
+def cmd_agent(ns: argparse.Namespace) -> int:
+    config = _config(ns)
+    with ExitStack() as stack:
+        root = _replay_root(stack, ns)
+        if ns.snapshot:
+            dropped = config.sampling.enabled & NOT_REPLAYABLE
+            if dropped:
+                log.info(
+                    "replaying %s: %s read live sources a snapshot does not hold; disabled",
+                    ns.snapshot,
+                    ", ".join(sorted(dropped)),
+                )
+            config = AgentConfig(
+                paths=Paths(root, config.paths.procfs),
+                sampling=Sampling(
+                    config.sampling.enabled - NOT_REPLAYABLE,
+                    config.sampling.interval_seconds,
+                    config.sampling.timeout_seconds,
+                ),
+                netdev=config.netdev,
+            )
+        app = AgentApp(build_specs(config, SysfsReader(config.paths.sysfs)))
+        if ns.once:
+            sys.stdout.buffer.write(app.run_once())
+            sys.stdout.flush()
+            return 0
+        return _serve(app, ns)
+
+
+def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
+    from exporter.server import serve  # imported here: `topo` and `--once` need no server
+    from exporter.webconfig import load_web_config
+
+    web_config = load_web_config(ns.web_config) if ns.web_config else None
+    server = serve(
+        app.cache, ns.listen, web_config=web_config, ready=app.ready, max_requests=ns.max_requests
+    )
+    log.info(
+        "fabricscope %s serving on %s (samplers: %s; TLS %s, basic auth %s)",
+        __version__,
+        server.url,
+        ", ".join(app.runner.names) or "none",
+        "on" if web_config and web_config.tls else "off",
+        "on" if web_config and web_config.basic_auth_users else "off",
+    )
+    stop = threading.Event()
+
+    def _handle(signum: int, _frame: object) -> None:
+        log.info("received signal %d, shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _handle)
+    signal.signal(signal.SIGINT, _handle)
+    app.runner.start()
+    stop.wait()
+    server.shutdown()
+    app.runner.stop()
+    return 0
+
+
+def cmd_topo(ns: argparse.Namespace) -> int:
+    with ExitStack() as stack:
+        root = _replay_root(stack, ns)
+        runner = Runner([SamplerSpec(PciSampler(SysfsReader(root)), 15.0, 30.0)])
+        status = runner.run_sampler("pci")
+        if status.snapshot is None:
+            if not status.hardware_present and status.success:
+                print(f"no PCI devices found under {root}/bus/pci/devices", file=sys.stderr)
+            else:
+                print(
+                    "reading the PCI topology failed; rerun with --log.level=debug", file=sys.stderr
+                )
+            return 1
+        topo = topology.analyse(status.snapshot)  # type: ignore[arg-type]
+        if ns.format == "json":
+            print(json.dumps(topology.to_json(topo), indent=2, sort_keys=True))
+        else:
+            print(topology.format_table(topo))
+        return 0
+
+
+def cmd_snapshot(ns: argparse.Namespace) -> int:
+    config = _config(ns)
+    reader = RecordingReader(config.paths.sysfs)
+    specs = build_specs(config, reader)
+    runner = Runner(specs)
+    for spec in specs:
+        name = spec.sampler.name
+        print(f"sampling {name} ...", end=" ", file=sys.stderr, flush=True)
+        st = runner.run_sampler(name)
+        if st.snapshot is not None:
+            n = len(st.snapshot.issues)
+            print(f"ok ({n} unreadable file{'s' if n != 1 else ''})", file=sys.stderr)
+        elif st.success:
+            print("no hardware", file=sys.stderr)
+        else:
+            print("failed (see log)", file=sys.stderr)
+    result = capture(config.paths.sysfs, reader.touched, ns.output)
+    print(
+        f"wrote {ns.output}: {result.files} files, {result.symlinks} symlinks, "
+        f"{result.directories} directories; {len(result.unreadable)} unreadable",
+        file=sys.stderr,
+    )
+    if config.sampling.enabled & NOT_REPLAYABLE:
+        print(
+            "note: netdev statistics come from netlink and are not part of a snapshot",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    setup_logging(ns.log_level, ns.log_format)
+    commands = {"agent": cmd_agent, "topo": cmd_topo, "snapshot": cmd_snapshot}
+    try:
+        return commands[ns.command](ns)
+    except ConfigError as exc:
+        print(f"fabricscope: error: {exc}", file=sys.stderr)
+        return 2
+    except NoData as exc:
+        print(f"fabricscope: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The runner: failure isolation, timeouts without thread pile-up, per-sampler status."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from agent.errors import NoData
+from agent.runner import Runner, SamplerSpec
+from agent.sysfs import ReadIssue
+
+
+@dataclass(frozen=True, slots=True)
+class FakeSnapshot:
+    value: int
+    issues: tuple[ReadIssue, ...] = ()
+
+
+class Counting:
+    """A sampler that returns its call count; behaviour per call set by ``plan``."""
+
+    def __init__(self, name: str, plan: list[str] | None = None) -> None:
+        self.name = name
+        self.plan = plan or []
+        self.calls = 0
+        self.release = threading.Event()
+
+    def sample(self) -> FakeSnapshot:
+        self.calls += 1
+        step = self.plan[self.calls - 1] if self.calls <= len(self.plan) else "ok"
+        if step == "raise":
+            raise RuntimeError("boom")
+        if step == "nodata":
+            raise NoData("no such hardware")
+        if step == "hang":
+            self.release.wait(10)
+        if step == "issues":
+            return FakeSnapshot(
+                self.calls, (ReadIssue("a/b", "io", "EIO"), ReadIssue("c", "parse", "x"))
+            )
+        return FakeSnapshot(self.calls)
+
+
+def test_exception_in_one_sampler_does_not_affect_another() -> None:
+    bad, good = Counting("bad", ["raise"]), Counting("good")
+    runner = Runner([SamplerSpec(bad, 1, 1), SamplerSpec(good, 1, 1)])
+    st = runner.run_once()
+    assert not st["bad"].success and st["bad"].snapshot is None
+    assert st["bad"].error_count("exception") == 1
+    assert st["good"].success and st["good"].snapshot == FakeSnapshot(1)
+    assert st["good"].error_count("exception") == 0
+
+
+def test_nodata_is_success_without_hardware() -> None:
+    s = Counting("ib", ["nodata"])
+    st = Runner([SamplerSpec(s, 1, 1)]).run_once()["ib"]
+    assert st.success and not st.hardware_present and st.snapshot is None
+    assert dict(st.errors_total) == {"exception": 0, "still_running": 0, "timeout": 0}
+
+
+def test_timeout_is_counted_and_a_hung_call_is_never_doubled() -> None:
+    s = Counting("slow", ["hang"])
+    runner = Runner([SamplerSpec(s, 0.2, 0.1)])
+    t0 = time.monotonic()
+    st = runner.run_sampler("slow")
+    assert time.monotonic() - t0 < 1.0
+    assert not st.success and st.error_count("timeout") == 1 and st.snapshot is None
+    threads_before = threading.active_count()
+    # while the first call hangs, further passes are skipped, not stacked
+    for _ in range(5):
+        st = runner.run_sampler("slow")
+    assert s.calls == 1
+    assert st.error_count("still_running") == 5
+    assert threading.active_count() == threads_before
+    s.release.set()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        st = runner.run_sampler("slow")
+        if st.success:
+            break
+        time.sleep(0.01)
+    assert st.success and s.calls == 2 and st.snapshot == FakeSnapshot(2)
+
+
+def test_read_issues_are_counted_by_reason_across_passes() -> None:
+    s = Counting("x", ["issues", "issues", "ok"])
+    runner = Runner([SamplerSpec(s, 1, 1)])
+    for _ in range(3):
+        st = runner.run_sampler("x")
+    assert dict(st.read_errors_total) == {"io": 2, "parse": 2}
+    assert st.snapshot == FakeSnapshot(3)
+
+
+def test_failure_withdraws_the_previous_snapshot() -> None:
+    s = Counting("x", ["ok", "raise"])
+    runner = Runner([SamplerSpec(s, 1, 1)])
+    assert runner.run_sampler("x").snapshot == FakeSnapshot(1)
+    st = runner.run_sampler("x")
+    assert st.snapshot is None and not st.success
+    assert st.last_success_timestamp_seconds is not None
+
+
+def test_background_schedule_runs_each_sampler_repeatedly_and_stops() -> None:
+    seen: list[str] = []
+    a, b = Counting("a"), Counting("b")
+    runner = Runner([SamplerSpec(a, 0.05, 0.05), SamplerSpec(b, 0.05, 0.05)], on_update=seen.append)
+    runner.start()
+    deadline = time.monotonic() + 5
+    while (a.calls < 3 or b.calls < 3) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    runner.stop()
+    assert a.calls >= 3 and b.calls >= 3
+    assert {"a", "b"} <= set(seen)
+    calls = a.calls
+    time.sleep(0.2)
+    assert a.calls == calls  # stopped
+
+
+def test_failing_update_callback_is_isolated() -> None:
+    def bad_callback(name: str) -> None:
+        raise ValueError(name)
+
+    s = Counting("x")
+    st = Runner([SamplerSpec(s, 1, 1)], on_update=bad_callback).run_once()["x"]
+    assert st.success
+
+
+def test_file_issue_transitions_are_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    s = Counting("x", ["issues", "issues", "ok"])
+    runner = Runner([SamplerSpec(s, 1, 1)])
+    with caplog.at_level("INFO", logger="agent.runner"):
+        for _ in range(3):
+            runner.run_sampler("x")
+    cannot = [r for r in caplog.records if "cannot use a/b" in r.getMessage()]
+    again = [r for r in caplog.records if "a/b readable again" in r.getMessage()]
+    assert len(cannot) == 1 and len(again) == 1
+
+
+def test_duplicate_names_rejected() -> None:
+    with pytest.raises(ValueError, match="duplicate"):
+        Runner([SamplerSpec(Counting("a")), SamplerSpec(Counting("a"))])
