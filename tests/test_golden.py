@@ -1,0 +1,69 @@
+"""End to end: the whole /metrics output of `fabricscope agent --once` over real fixture
+trees, diffed against committed golden files and linted by the real promtool.
+
+Regenerate after an intended change with ``make golden`` (UPDATE_GOLDEN=1)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.agentrun import fabricscope
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+#: series whose values differ run to run; their values are masked in the golden file
+DYNAMIC = re.compile(
+    r"^(fabricscope_sampler_duration_seconds|fabricscope_sampler_last_success_timestamp_seconds"
+    r"|fabricscope_build_info)\{"
+)
+
+TREES = {
+    "dgx-h100": FIXTURES / "dgx-h100" / "sys",
+    "procfs": FIXTURES / "procfs" / "sys",
+    "node_exporter": FIXTURES / "node_exporter" / "sys",
+}
+
+
+def normalise(text: str) -> str:
+    out = []
+    for raw in text.splitlines():
+        line = raw
+        if DYNAMIC.match(raw):
+            line = raw.rsplit(" ", 1)[0] + " <dynamic>"
+            line = re.sub(r'python_version="[^"]*"', 'python_version="<dynamic>"', line)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_metrics_output_matches_golden_and_lints(tree: str, tmp_path: Path) -> None:
+    proc = fabricscope(
+        [
+            "agent",
+            "--once",
+            "--no-sampler.netdev",
+            f"--path.sysfs={TREES[tree]}",
+            "--log.level=error",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: scripts/test.sh installs it"
+    lint = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    golden = GOLDEN / f"{tree}.prom"
+    got = normalise(text)
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(got)
+    assert golden.read_text() == got, f"golden {golden.name} differs: run `make golden` if intended"

@@ -1,0 +1,102 @@
+"""`fabricscope snapshot` captures exactly what the samplers read; `--snapshot` replays it
+to the same exposition the live tree gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from pathlib import Path
+
+from agent.snapshot import capture, extract
+from tests.agentrun import fabricscope
+from tests.test_golden import normalise
+
+
+def _once(*args: str) -> str:
+    proc = fabricscope(["agent", "--once", "--no-sampler.netdev", "--log.level=error", *args])
+    assert proc.returncode == 0, proc.stderr
+    return normalise(proc.stdout)
+
+
+def test_snapshot_replays_to_the_same_metrics(dgx_sys_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "node.tar.gz"
+    proc = fabricscope(
+        ["snapshot", "--no-sampler.netdev", f"--path.sysfs={dgx_sys_root}", "-o", str(out)]
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "sampling infiniband ... ok" in proc.stderr and f"wrote {out}" in proc.stderr
+    live = _once(f"--path.sysfs={dgx_sys_root}")
+    replayed = _once(f"--snapshot={out}")
+    assert replayed == live
+    assert "fabricscope_infiniband_" in live and "fabricscope_pci_" in live
+
+
+def test_snapshot_keeps_symlinks_and_only_what_was_read(dgx_sys_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "node.tar.gz"
+    assert (
+        fabricscope(
+            ["snapshot", f"--path.sysfs={dgx_sys_root}", "--no-sampler.netdev", "-o", str(out)]
+        ).returncode
+        == 0
+    )
+    with tarfile.open(out) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        manifest = json.loads(tar.extractfile("MANIFEST.json").read())  # type: ignore[union-attr]
+    links = [m for m in members.values() if m.issym()]
+    assert any(n.startswith("sys/class/infiniband/") for n in (m.name for m in links))
+    assert any(n.startswith("sys/bus/pci/devices/") for n in (m.name for m in links))
+    on_disk = sum(len(files) for _, _, files in os.walk(dgx_sys_root))
+    regular = [m for m in members.values() if m.isfile()]
+    assert 0 < len(regular) <= on_disk
+    assert manifest["files"] == len(regular)
+
+
+def test_capture_records_unreadable_files_and_true_sizes(tmp_path: Path) -> None:
+    """sysfs files claim 4096 bytes whatever they hold; a vanished file is listed, not fatal."""
+    root = tmp_path / "sys"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "rate").write_text("100 Gb/sec (4X EDR)\n")
+    (root / "class").mkdir()
+    os.symlink("../a", root / "class" / "dev")
+    out = tmp_path / "s.tar.gz"
+    result = capture(str(root), ["class/dev/rate", "a/gone"], str(out))
+    assert result.files == 1 and result.symlinks == 1
+    assert result.unreadable == (("a/gone", "vanished"),)
+    tmp = extract(str(out))
+    try:
+        replay = Path(tmp.name) / "sys"
+        assert (replay / "class" / "dev").is_symlink()
+        assert (replay / "class" / "dev" / "rate").read_text() == "100 Gb/sec (4X EDR)\n"
+    finally:
+        tmp.cleanup()
+
+
+def test_replay_refuses_a_file_that_is_not_a_snapshot(tmp_path: Path) -> None:
+    bogus = tmp_path / "x.tar.gz"
+    bogus.write_bytes(b"not a tarball")
+    proc = fabricscope(["agent", "--once", f"--snapshot={bogus}"])
+    assert proc.returncode == 2
+    assert "cannot read snapshot" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_replay_skips_members_escaping_the_tree(tmp_path: Path) -> None:
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        for name, data in (("MANIFEST.json", b"{}"), ("../escape", b"x")):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            import io
+
+            tar.addfile(ti, io.BytesIO(data))
+        link = tarfile.TarInfo("sys/abs")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "/etc/passwd"
+        tar.addfile(link)
+    tmp = extract(str(evil))
+    try:
+        assert not (Path(tmp.name).parent / "escape").exists()
+        assert not (Path(tmp.name) / "sys" / "abs").exists()
+        assert (Path(tmp.name) / "MANIFEST.json").exists()
+    finally:
+        tmp.cleanup()
