@@ -20,14 +20,14 @@ from __future__ import annotations
 import errno
 import posixpath
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TypeVar
 
 from agent.errors import NoData
 from agent.findings import Finding
-from agent.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
+from agent.sysfs import Issues, ReadIssue, SysfsReader, UnsupportedValue, classify_os_error
 
 T = TypeVar("T")
 
@@ -118,7 +118,7 @@ _COUNTER = re.compile(r"^\s*(\d+)\s*$")
 _NO_NDEV_ERRNOS = (errno.EINVAL, errno.ENODATA)
 
 
-class NoPmaError(ValueError):
+class NoPmaError(UnsupportedValue):
     """A PMA counter file says the device has no PMA (``N/A (no PMA)``, Linux < 4.20)."""
 
 
@@ -378,24 +378,6 @@ def is_pci_address(name: str) -> bool:
 # -- reading ---------------------------------------------------------------------------
 
 
-def _read_classified(issues: Issues, rel: str, parse: Callable[[str], T]) -> T | None:
-    """Like ``Issues.read``, but ``N/A (no PMA)`` is recorded as ``unsupported`` (what newer
-    kernels say for the same condition with EINVAL), not as a parse error."""
-    try:
-        text = issues.reader.read_text(rel)
-    except OSError as exc:
-        issues.add(rel, classify_os_error(exc), exc.strerror or str(exc))
-        return None
-    try:
-        return parse(text)
-    except NoPmaError as exc:
-        issues.add(rel, "unsupported", str(exc))
-        return None
-    except ValueError as exc:
-        issues.add(rel, "parse", str(exc))
-        return None
-
-
 def _link_name(issues: Issues, rel: str) -> str | None:
     """Basename of the symlink ``rel``'s target; ``None`` when ``rel`` is no symlink."""
     try:
@@ -529,11 +511,11 @@ def read_port(
         for fname in files or ():
             rel = f"{directory}/{fname}"
             if source == "hw_counters" and fname == "lifespan":
-                lifespan = _read_classified(issues, rel, parse_lifespan_seconds)
+                lifespan = issues.read(rel, parse_lifespan_seconds)
                 continue
             if sys.is_dir(rel):
                 continue
-            value = _read_classified(issues, rel, parse_counter)
+            value = issues.read(rel, parse_counter)
             if value is not None:
                 raw.append((source, fname, value))
     return IbPort(

@@ -32,6 +32,11 @@ class ReadIssue:
     detail: str
 
 
+class UnsupportedValue(ValueError):  # noqa: N818 - it is a value, reported as a reason
+    """A parser's way to say "the file answers, but the device does not support this"
+    (e.g. ``N/A (no PMA)``): recorded as reason ``unsupported``, not ``parse``."""
+
+
 def classify_os_error(exc: OSError) -> str:
     """Map an OSError to the ``reason`` vocabulary of :class:`ReadIssue`."""
     if exc.errno in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
@@ -151,6 +156,9 @@ class Issues:
             return None
         try:
             return parse(text)
+        except UnsupportedValue as exc:
+            self.add(rel, "unsupported", str(exc))
+            return None
         except ValueError as exc:
             self.add(rel, "parse", str(exc))
             return None
