@@ -48,10 +48,12 @@ class NetdevSettings:
 
     ``include``: regex of extra interface names (RDMA-associated ones are always included).
     ``ethtool_include``: regex of ethtool statistic names; None means the sampler's default.
+    ``ethtool``: read ethtool statistics at all (one ioctl per interface per pass).
     """
 
     include: re.Pattern[str] | None = None
     ethtool_include: re.Pattern[str] | None = None
+    ethtool: bool = True
 
 
 @dataclass(frozen=True, slots=True)

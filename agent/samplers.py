@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent.config import AgentConfig
 from agent.infiniband import InfinibandSampler
-from agent.netdev import NetdevSampler
+from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
 from agent.pci import PciSampler
 from agent.runner import SamplerSpec
 from agent.sampler import Sampler
@@ -18,16 +18,13 @@ def build_samplers(config: AgentConfig, sysfs: SysfsReader) -> list[Sampler]:
     if "infiniband" in enabled:
         out.append(InfinibandSampler(sysfs))
     if "netdev" in enabled:
-        if config.netdev.ethtool_include is not None:
-            out.append(
-                NetdevSampler(
-                    sysfs,
-                    include=config.netdev.include,
-                    ethtool_include=config.netdev.ethtool_include,
-                )
+        nd = config.netdev
+        ethtool = nd.ethtool_include or DEFAULT_ETHTOOL_INCLUDE
+        out.append(
+            NetdevSampler(
+                sysfs, include=nd.include, ethtool_include=ethtool if nd.ethtool else None
             )
-        else:
-            out.append(NetdevSampler(sysfs, include=config.netdev.include))
+        )
     if "pci" in enabled:
         out.append(PciSampler(sysfs))
     return sorted(out, key=lambda s: s.name)

@@ -117,6 +117,13 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
         help="ethtool statistics to export (default: PFC/pause, discards, "
         "out-of-buffer, PHY errors; see docs/metrics.md)",
     )
+    g.add_argument(
+        "--netdev.ethtool",
+        dest="netdev_ethtool",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read ethtool statistics at all (default: on)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,7 +198,7 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
     return AgentConfig(
         paths=Paths(ns.path_sysfs, ns.path_procfs),
         sampling=sampling,
-        netdev=NetdevSettings(ns.netdev_include, ns.netdev_ethtool_include),
+        netdev=NetdevSettings(ns.netdev_include, ns.netdev_ethtool_include, ns.netdev_ethtool),
     )
 
 
