@@ -1,0 +1,491 @@
+"""A real Prometheus (and promtool) for tests.
+
+    with start_prometheus(tmp_path, [{"job_name": "x", "static_configs": [...]}]) as prom:
+        prom.wait_for_targets(job="x")                 # health == "up", by polling the API
+        assert prom.query("up{job='x'}")[0].value == 1
+
+Prometheus runs from ``/usr/bin/prometheus`` (Debian's 2.42) in a temp dir, listening on a
+free 127.0.0.1 port, with a 1 s global scrape and evaluation interval. The first scrape of
+a new target lands ~5 s after start (the discovery manager batches updates every 5 s): wait
+with ``wait_for_targets`` / ``wait_for_query``, never sleep. Every wait is bounded and, on
+timeout, fails with what Prometheus last reported and the tail of its log.
+
+Also: ``promtool_check_metrics`` / ``promtool_check_web_config`` / ``promtool_check_config``
+(raise ``PromtoolError`` with promtool's output), ``write_test_pki`` (a CA, a server
+certificate for 127.0.0.1/localhost and client certificates, for TLS scrape tests), and
+``wait_until`` (a bounded poll).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import ipaddress
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+
+#: Bound on starting Prometheus (ready endpoint answering), seconds.
+STARTUP_TIMEOUT = 30.0
+#: Default bound on waiting for targets or query results, seconds: the first scrape comes
+#: ~5 s after start, so this leaves room on a loaded 2-core CI box.
+WAIT_TIMEOUT = 30.0
+_POLL_INTERVAL = 0.1
+
+T = TypeVar("T")
+
+# Talk to 127.0.0.1 directly even when the environment sets http_proxy.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class PromtoolError(AssertionError):
+    """promtool rejected its input; the message holds promtool's output."""
+
+
+class PrometheusError(AssertionError):
+    """Prometheus failed to start, or a wait ran out; the message says what it saw."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One entry of ``/api/v1/targets`` ``activeTargets``."""
+
+    job: str
+    scrape_url: str
+    health: str  # "up", "down" or "unknown" (not scraped yet)
+    last_error: str
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One element of an instant query's vector (or a scalar, with no labels)."""
+
+    labels: Mapping[str, str]
+    value: float
+
+
+def wait_until(
+    probe: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = _POLL_INTERVAL,
+) -> T:
+    """Call ``probe`` until it returns something other than ``None`` (returned), at most
+    ``timeout`` seconds; then raise ``TimeoutError`` naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result is not None:
+            return result
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago (for programs that cannot report
+    the port they bound; ``start_prometheus`` retries if another process takes it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Prometheus:
+    """A running Prometheus process; stop it with ``stop()`` or use it as a context
+    manager."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
+        self.process = process
+        self.port = port
+        self.workdir = workdir
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = workdir / "prometheus.log"
+
+    def __enter__(self) -> Prometheus:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as e:
+            return f"(no log: {e})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def api(self, path: str, params: Mapping[str, str] | None = None) -> object:
+        """GET ``/api/v1/<path>`` and return its ``data`` (raises if status != success)."""
+        url = f"{self.url}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            with _OPENER.open(url, timeout=10) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            raise PrometheusError(f"GET {url}: HTTP {e.code}: {e.read()[:500]!r}") from e
+        if not isinstance(body, dict) or body.get("status") != "success":
+            raise PrometheusError(f"GET {url}: {body!r}")
+        data: object = body.get("data")
+        return data
+
+    def targets(self) -> list[Target]:
+        data = self.api("targets", {"state": "active"})
+        assert isinstance(data, dict)
+        out = []
+        for t in data.get("activeTargets", []):
+            labels = {str(k): str(v) for k, v in t.get("labels", {}).items()}
+            out.append(
+                Target(
+                    job=str(t.get("scrapePool", labels.get("job", ""))),
+                    scrape_url=str(t.get("scrapeUrl", "")),
+                    health=str(t.get("health", "")),
+                    last_error=str(t.get("lastError", "")),
+                    labels=labels,
+                )
+            )
+        return out
+
+    def wait_for_targets(
+        self,
+        *,
+        job: str | None = None,
+        health: str = "up",
+        timeout: float = WAIT_TIMEOUT,
+    ) -> list[Target]:
+        """Wait until at least one target (of ``job``, if given) exists and every one of
+        them has ``health``; return them."""
+
+        def probe() -> list[Target] | None:
+            self._check_running()
+            targets = [t for t in self.targets() if job is None or t.job == job]
+            return targets if targets and all(t.health == health for t in targets) else None
+
+        try:
+            return wait_until(probe, timeout=timeout, what=f"targets of {job or 'any job'}")
+        except TimeoutError as e:
+            raise PrometheusError(
+                f"{e}: want health {health!r}, have {self.targets()!r}\n"
+                f"prometheus log:\n{self.log_tail()}"
+            ) from None
+
+    def query(self, expr: str) -> list[Sample]:
+        """Instant query; a vector becomes its samples, a scalar one unlabelled sample."""
+        data = self.api("query", {"query": expr})
+        assert isinstance(data, dict)
+        result = data.get("result")
+        if data.get("resultType") == "scalar":
+            assert isinstance(result, list)
+            return [Sample(labels={}, value=float(result[1]))]
+        if data.get("resultType") != "vector":
+            raise PrometheusError(f"query {expr!r}: unsupported result type {data!r}")
+        assert isinstance(result, list)
+        return [
+            Sample(
+                labels={str(k): str(v) for k, v in r["metric"].items()},
+                value=float(r["value"][1]),
+            )
+            for r in result
+        ]
+
+    def wait_for_query(
+        self,
+        expr: str,
+        *,
+        accept: Callable[[list[Sample]], bool] = bool,
+        timeout: float = WAIT_TIMEOUT,
+    ) -> list[Sample]:
+        """Repeat the query until ``accept(result)`` (default: non-empty); return it."""
+        last: list[Sample] = []
+
+        def probe() -> list[Sample] | None:
+            nonlocal last
+            self._check_running()
+            last = self.query(expr)
+            return last if accept(last) else None
+
+        try:
+            return wait_until(probe, timeout=timeout, what=f"query {expr!r}")
+        except TimeoutError as e:
+            raise PrometheusError(
+                f"{e}: last result {last!r}; targets {self.targets()!r}\n"
+                f"prometheus log:\n{self.log_tail()}"
+            ) from None
+
+    def _check_running(self) -> None:
+        if self.process.poll() is not None:
+            raise PrometheusError(
+                f"prometheus exited with {self.process.returncode}:\n{self.log_tail()}"
+            )
+
+
+def start_prometheus(
+    workdir: Path,
+    scrape_configs: Sequence[Mapping[str, object]],
+    *,
+    scrape_interval: str = "1s",
+    rule_files: Sequence[Path] = (),
+    alertmanager_url: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> Prometheus:
+    """Write ``prometheus.yml`` into ``workdir`` (a fresh temp dir), check it with promtool,
+    start Prometheus on a free 127.0.0.1 port and wait until it is ready.
+
+    ``scrape_configs`` are Prometheus ``scrape_configs`` entries as dicts. The global
+    ``scrape_interval``, ``scrape_timeout`` and ``evaluation_interval`` are all
+    ``scrape_interval``. ``alertmanager_url`` (``http://127.0.0.1:9093``) adds an
+    ``alerting`` section."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config: dict[str, object] = {
+        "global": {
+            "scrape_interval": scrape_interval,
+            "scrape_timeout": scrape_interval,
+            "evaluation_interval": scrape_interval,
+        },
+        "scrape_configs": [dict(c) for c in scrape_configs],
+    }
+    if rule_files:
+        config["rule_files"] = [str(p) for p in rule_files]
+    if alertmanager_url:
+        parsed = urllib.parse.urlsplit(alertmanager_url)
+        config["alerting"] = {
+            "alertmanagers": [
+                {"scheme": parsed.scheme, "static_configs": [{"targets": [parsed.netloc]}]}
+            ]
+        }
+    config_path = workdir / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    promtool_check_config(config_path)
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    attempts = 3
+    for attempt in range(attempts):
+        port = free_port()
+        data = workdir / f"data-{attempt}"
+        log_path = workdir / "prometheus.log"
+        with log_path.open("wb") as log_file:
+            process = subprocess.Popen(
+                [
+                    PROMETHEUS,
+                    f"--config.file={config_path}",
+                    f"--storage.tsdb.path={data}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    *extra_args,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        prom = Prometheus(process, port, workdir)
+        try:
+            wait_until(
+                functools.partial(_ready, prom),
+                timeout=STARTUP_TIMEOUT,
+                what="prometheus /-/ready",
+                interval=0.05,
+            )
+        except TimeoutError as e:
+            prom.stop()
+            raise PrometheusError(f"{e}\nprometheus log:\n{prom.log_tail()}") from None
+        except PrometheusError:
+            if "address already in use" in prom.log_tail() and attempt + 1 < attempts:
+                continue  # another process took the port between free_port() and bind
+            raise
+        return prom
+    raise AssertionError("unreachable")
+
+
+def _ready(prom: Prometheus) -> bool | None:
+    prom._check_running()
+    try:
+        with _OPENER.open(f"{prom.url}/-/ready", timeout=2) as response:
+            return True if response.status == 200 else None
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+# --- promtool -----------------------------------------------------------------------------
+
+
+def _promtool(args: Sequence[str], stdin: bytes | None = None) -> None:
+    result = subprocess.run(
+        [PROMTOOL, *args],
+        input=stdin,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).decode(errors="replace").strip()
+        raise PromtoolError(f"promtool {' '.join(args)} exited {result.returncode}:\n{output}")
+
+
+def promtool_check_metrics(text: bytes) -> None:
+    """``promtool check metrics`` (lints the classic text format; fails on OpenMetrics)."""
+    _promtool(["check", "metrics"], stdin=text)
+
+
+def promtool_check_web_config(path: Path) -> None:
+    """``promtool check web-config``: the exporter-toolkit parser, on our web config files."""
+    _promtool(["check", "web-config", str(path)])
+
+
+def promtool_check_config(path: Path) -> None:
+    """``promtool check config`` on a Prometheus configuration file."""
+    _promtool(["check", "config", str(path)])
+
+
+# --- TLS material for tests --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TestPKI:
+    """PEM files written by ``write_test_pki``."""
+
+    __test__ = False  # not a pytest test class
+
+    ca_cert: Path
+    server_cert: Path  # for 127.0.0.1, ::1 and localhost
+    server_key: Path
+    client_cert: Path  # signed by ca_cert
+    client_key: Path
+    stranger_cert: Path  # a client certificate from another, untrusted CA
+    stranger_key: Path
+
+
+def write_test_pki(directory: Path, *, server_name: str = "fabricscope-test") -> TestPKI:
+    """A throwaway CA with a server and a client certificate (EC P-256, valid for a day),
+    plus a client certificate from an unrelated CA. ``server_name`` is the server
+    certificate's common name (distinct names tell two certificates apart)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_cert = _self_signed_ca("fabricscope test CA")
+    other_ca_key, other_ca_cert = _self_signed_ca("untrusted test CA")
+
+    def issue(
+        name: str, key_name: str, issuer: tuple[ec.EllipticCurvePrivateKey, x509.Certificate]
+    ) -> tuple[Path, Path]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        server = key_name == "server"
+        builder = _base_builder(name, key).issuer_name(issuer[1].subject)
+        builder = builder.add_extension(
+            x509.BasicConstraints(ca=False, path_length=None), critical=True
+        ).add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        if server:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [
+                        x509.DNSName("localhost"),
+                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                        x509.IPAddress(ipaddress.ip_address("::1")),
+                    ]
+                ),
+                critical=False,
+            )
+        cert = builder.sign(issuer[0], hashes.SHA256())
+        return (
+            _write(directory / f"{key_name}.crt", cert.public_bytes(serialization.Encoding.PEM)),
+            _write(directory / f"{key_name}.key", _key_pem(key)),
+        )
+
+    ca_path = _write(directory / "ca.crt", ca_cert.public_bytes(serialization.Encoding.PEM))
+    server_cert, server_key = issue(server_name, "server", (ca_key, ca_cert))
+    client_cert, client_key = issue("prometheus", "client", (ca_key, ca_cert))
+    stranger_cert, stranger_key = issue("stranger", "stranger", (other_ca_key, other_ca_cert))
+    return TestPKI(
+        ca_cert=ca_path,
+        server_cert=server_cert,
+        server_key=server_key,
+        client_cert=client_cert,
+        client_key=client_key,
+        stranger_cert=stranger_cert,
+        stranger_key=stranger_key,
+    )
+
+
+def _base_builder(name: str, key: ec.EllipticCurvePrivateKey) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+    )
+
+
+def _self_signed_ca(name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        _base_builder(name, key)
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
