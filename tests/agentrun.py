@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -20,3 +21,21 @@ def fabricscope(args: Sequence[str], timeout: float = TIMEOUT) -> subprocess.Com
         env=env,
         check=False,
     )
+
+
+#: series whose values differ run to run; their values are masked in the golden file
+DYNAMIC = re.compile(
+    r"^(fabricscope_sampler_duration_seconds|fabricscope_sampler_last_success_timestamp_seconds"
+    r"|fabricscope_build_info)\{"
+)
+
+
+def normalise(text: str) -> str:
+    out = []
+    for raw in text.splitlines():
+        line = raw
+        if DYNAMIC.match(raw):
+            line = raw.rsplit(" ", 1)[0] + " <dynamic>"
+            line = re.sub(r'python_version="[^"]*"', 'python_version="<dynamic>"', line)
+        out.append(line)
+    return "\n".join(out) + "\n"

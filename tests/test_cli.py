@@ -6,7 +6,7 @@ import json
 import socket
 from pathlib import Path
 
-from tests.agentrun import fabricscope
+from agentrun import fabricscope
 
 
 def test_once_prints_a_valid_exposition_and_exits_zero(procfs_sys_root: Path) -> None:

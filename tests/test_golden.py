@@ -6,40 +6,21 @@ Regenerate after an intended change with ``make golden`` (UPDATE_GOLDEN=1)."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-
-from tests.agentrun import fabricscope
+from agentrun import fabricscope, normalise
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-
-#: series whose values differ run to run; their values are masked in the golden file
-DYNAMIC = re.compile(
-    r"^(fabricscope_sampler_duration_seconds|fabricscope_sampler_last_success_timestamp_seconds"
-    r"|fabricscope_build_info)\{"
-)
 
 TREES = {
     "dgx-h100": FIXTURES / "dgx-h100" / "sys",
     "procfs": FIXTURES / "procfs" / "sys",
     "node_exporter": FIXTURES / "node_exporter" / "sys",
 }
-
-
-def normalise(text: str) -> str:
-    out = []
-    for raw in text.splitlines():
-        line = raw
-        if DYNAMIC.match(raw):
-            line = raw.rsplit(" ", 1)[0] + " <dynamic>"
-            line = re.sub(r'python_version="[^"]*"', 'python_version="<dynamic>"', line)
-        out.append(line)
-    return "\n".join(out) + "\n"
 
 
 @pytest.mark.parametrize("tree", sorted(TREES))
