@@ -329,7 +329,7 @@ def format_table(topo: Topology) -> str:
     lines += ["", "Legend:", ""]
     lines += [f"  {k:<4} = {v}" for k, v in LEGEND]
     lines += ["", "GPU Legend:", ""]
-    lines += [f"  {gpu_names[i]}: {g.address}" for i, g in enumerate(topo.gpus)]
+    lines += [f"  {gpu_names[i]}: {g.address}" for i, g in enumerate(topo.gpus)] or ["  none"]
     if topo.nics:
         lines += ["", "NIC Legend:", ""]
         for i, n in enumerate(topo.nics):
