@@ -349,6 +349,21 @@ def classify(vendor: int | None, class_code: int | None, has_rdma: bool) -> Role
 # -- reading -----------------------------------------------------------------------------
 
 
+class _Pass:
+    """One sampling pass: the issues met and the id files already read (``vendor`` and
+    ``class`` are read for every entry to classify it; a bridge or endpoint must not read,
+    and fail on, the same file twice)."""
+
+    def __init__(self, sys: SysfsReader) -> None:
+        self.issues = Issues(sys)
+        self._ids: dict[str, int | None] = {}
+
+    def read_id(self, rel: str) -> int | None:
+        if rel not in self._ids:
+            self._ids[rel] = self.issues.read(rel, parse_hex)
+        return self._ids[rel]
+
+
 class PciSampler:
     """Reads GPUs, RDMA NICs and their upstream bridges below ``sys`` (the sysfs root)."""
 
@@ -362,11 +377,11 @@ class PciSampler:
             entries = self.sys.listdir("bus/pci/devices")
         except FileNotFoundError as exc:
             raise NoData("no bus/pci/devices in sysfs") from exc
-        issues = Issues(self.sys)
+        p = _Pass(self.sys)
         found: dict[str, PciDevice] = {}
         bridges: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         for entry in entries:
-            dev = self._read_endpoint(entry, issues)
+            dev = self._read_endpoint(entry, p)
             if dev is None:
                 continue
             found[dev.address] = dev
@@ -378,37 +393,34 @@ class PciSampler:
                 bridges.setdefault(addr, (path, dev.host_bridge, dev.upstream[:i]))
         for addr, (path, host, upstream) in sorted(bridges.items()):
             if addr not in found:  # GPUs and NICs are leaves; this guards odd trees
-                found[addr] = self._read_device(addr, "bridge", path, host, upstream, issues=issues)
+                found[addr] = self._read_device(addr, "bridge", path, host, upstream, p=p)
         return PciSnapshot(
             devices=tuple(found[a] for a in sorted(found)),
-            numa_nodes=read_numa_nodes(self.sys, issues),
-            issues=issues.freeze(),
+            numa_nodes=read_numa_nodes(self.sys, p.issues),
+            issues=p.issues.freeze(),
         )
 
-    def _read_endpoint(self, entry: str, issues: Issues) -> PciDevice | None:
+    def _read_endpoint(self, entry: str, p: _Pass) -> PciDevice | None:
         link = f"bus/pci/devices/{entry}"
         try:
             path = self.sys.realpath(link)
         except OSError as exc:
-            issues.add(link, classify_os_error(exc), exc.strerror or str(exc))
+            p.issues.add(link, classify_os_error(exc), exc.strerror or str(exc))
             return None
         split = split_sysfs_path(path)
         if split is None:
-            issues.add(link, "parse", f"resolves to {path}, not a devices/pci* path")
+            p.issues.add(link, "parse", f"resolves to {path}, not a devices/pci* path")
             return None
         host, chain = split
         has_rdma = self.sys.is_dir(f"{path}/infiniband")
-        # Read vendor before class: a GPU needs both; most devices are settled by vendor.
-        vendor = issues.read(f"{path}/vendor", parse_hex)
+        # vendor first: it settles most devices, and only GPUs and Mellanox need the class
+        vendor = p.read_id(f"{path}/vendor")
         if vendor not in (VENDOR_NVIDIA, VENDOR_MELLANOX) and not has_rdma:
             return None
-        class_code = issues.read(f"{path}/class", parse_hex)
-        role = classify(vendor, class_code, has_rdma)
+        role = classify(vendor, p.read_id(f"{path}/class"), has_rdma)
         if role is None:
             return None
-        return self._read_device(
-            chain[-1], role, path, host, chain[:-1], issues=issues, vendor=vendor
-        )
+        return self._read_device(chain[-1], role, path, host, chain[:-1], p=p)
 
     def _read_device(
         self,
@@ -418,25 +430,22 @@ class PciSampler:
         host: str,
         upstream: tuple[str, ...],
         *,
-        issues: Issues,
-        vendor: int | None = None,
+        p: _Pass,
     ) -> PciDevice:
-        read, opt = issues.read, issues.read_optional
-        if vendor is None:
-            vendor = read(f"{path}/vendor", parse_hex)
+        read, opt = p.issues.read, p.issues.read_optional
         port_type: PortType | None = None
         acs: AcsState | None = None
         if role == "bridge":
-            port_type, acs = self._read_config(path, issues)
+            port_type, acs = self._read_config(path, p.issues)
         return PciDevice(
             address=address,
             role=role,
             sysfs_path=path,
             host_bridge=host,
             upstream=upstream,
-            vendor=vendor,
+            vendor=p.read_id(f"{path}/vendor"),
             device=read(f"{path}/device", parse_hex),
-            class_code=read(f"{path}/class", parse_hex),
+            class_code=p.read_id(f"{path}/class"),
             # numa_node is absent on kernels built without NUMA; local_cpulist on old ones
             numa_node=opt(f"{path}/numa_node", parse_int),
             cpus=opt(f"{path}/local_cpulist", parse_cpulist),
@@ -446,11 +455,11 @@ class PciSampler:
                 width=opt(f"{path}/current_link_width", parse_link_width),
                 max_width=opt(f"{path}/max_link_width", parse_link_width),
             ),
-            driver=self._read_driver(path, issues),
+            driver=self._read_driver(path, p.issues),
             port_type=port_type,
             acs=acs,
-            rdma_devices=self._listdir_optional(f"{path}/infiniband", issues),
-            netdevs=self._listdir_optional(f"{path}/net", issues) if role == "nic" else (),
+            rdma_devices=self._listdir_optional(f"{path}/infiniband", p.issues),
+            netdevs=self._listdir_optional(f"{path}/net", p.issues) if role == "nic" else (),
         )
 
     def _read_driver(self, path: str, issues: Issues) -> str | None:
