@@ -505,15 +505,17 @@ def read_port(
     lifespan: float | None = None
     for source in COUNTER_SOURCES:
         directory = f"{p}/{source}"
-        if not sys.is_dir(directory):
+        try:
+            files = sys.listdir_files(directory)
+        except (FileNotFoundError, NotADirectoryError):
             continue  # irdma has no counters/, only mlx4 on old kernels has counters_ext/
-        files = _listdir(issues, directory)
-        for fname in files or ():
+        except OSError as exc:
+            issues.add(directory, classify_os_error(exc), exc.strerror or str(exc))
+            continue
+        for fname in files:
             rel = f"{directory}/{fname}"
             if source == "hw_counters" and fname == "lifespan":
                 lifespan = issues.read(rel, parse_lifespan_seconds)
-                continue
-            if sys.is_dir(rel):
                 continue
             value = issues.read(rel, parse_counter)
             if value is not None:

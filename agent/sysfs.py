@@ -18,6 +18,8 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+_READ_SIZE = 65536
+
 
 @dataclass(frozen=True, slots=True)
 class ReadIssue:
@@ -49,29 +51,50 @@ def classify_os_error(exc: OSError) -> str:
 
 
 class SysfsReader:
-    """Reads files below ``root``. Paths given to its methods are relative to that root."""
+    """Reads files below ``root``. Paths given to its methods are relative to that root.
+
+    Hot path: a full pass reads a few thousand small files, so paths are plain strings and
+    files are read with one ``os.read`` (sysfs attributes are at most a page).
+    """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._prefix = os.fspath(root).rstrip("/") + "/"
+        self._real_root = os.path.realpath(root)
 
     def path(self, rel: str) -> Path:
         return self.root / rel
 
+    def read_bytes(self, rel: str) -> bytes:
+        fd = os.open(self._prefix + rel, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunk = os.read(fd, _READ_SIZE)
+            if len(chunk) < _READ_SIZE:  # a short read is EOF for sysfs and regular files
+                return chunk
+            chunks = [chunk]
+            while chunk:
+                chunk = os.read(fd, _READ_SIZE)
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
     def read_text(self, rel: str) -> str:
         """The file's contents, decoded leniently (sysfs sometimes holds stray bytes)."""
-        with open(self.root / rel, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
-
-    def read_bytes(self, rel: str) -> bytes:
-        with open(self.root / rel, "rb") as f:
-            return f.read()
+        return self.read_bytes(rel).decode("utf-8", errors="replace")
 
     def listdir(self, rel: str) -> list[str]:
         """Sorted entries of a directory."""
-        return sorted(os.listdir(self.root / rel))
+        return sorted(os.listdir(self._prefix + rel))
+
+    def listdir_files(self, rel: str) -> list[str]:
+        """Sorted names of the entries of a directory that are not directories themselves
+        (one ``getdents``, no ``stat`` per entry; symlinks count as files)."""
+        with os.scandir(self._prefix + rel) as it:
+            return sorted(e.name for e in it if not e.is_dir(follow_symlinks=False))
 
     def readlink(self, rel: str) -> str:
-        return os.readlink(self.root / rel)
+        return os.readlink(self._prefix + rel)
 
     def realpath(self, rel: str) -> str:
         """``rel`` with every symlink resolved, relative to the root.
@@ -79,17 +102,17 @@ class SysfsReader:
         Raises FileNotFoundError if it resolves outside the root (a broken fixture or an
         absolute link in a snapshot).
         """
-        root = os.path.realpath(self.root)
-        full = os.path.realpath(self.root / rel)
+        root = self._real_root
+        full = os.path.realpath(self._prefix + rel)
         if full != root and not full.startswith(root + os.sep):
             raise FileNotFoundError(errno.ENOENT, "resolves outside the root", str(rel))
         return os.path.relpath(full, root)
 
     def exists(self, rel: str) -> bool:
-        return os.path.exists(self.root / rel)
+        return os.path.exists(self._prefix + rel)
 
     def is_dir(self, rel: str) -> bool:
-        return os.path.isdir(self.root / rel)
+        return os.path.isdir(self._prefix + rel)
 
 
 class RecordingReader(SysfsReader):
@@ -115,6 +138,10 @@ class RecordingReader(SysfsReader):
     def listdir(self, rel: str) -> list[str]:
         self._note(rel)
         return super().listdir(rel)
+
+    def listdir_files(self, rel: str) -> list[str]:
+        self._note(rel)
+        return super().listdir_files(rel)
 
     def readlink(self, rel: str) -> str:
         self._note(rel)
@@ -149,8 +176,15 @@ class Issues:
 
     def read(self, rel: str, parse: Callable[[str], T]) -> T | None:
         """Read ``rel`` as text and parse it; ``None`` (and an issue) on any failure."""
+        return self._read(rel, parse, missing_ok=False)
+
+    def _read(self, rel: str, parse: Callable[[str], T], *, missing_ok: bool) -> T | None:
         try:
             text = self.reader.read_text(rel)
+        except FileNotFoundError as exc:
+            if not missing_ok:
+                self.add(rel, "vanished", exc.strerror or str(exc))
+            return None
         except OSError as exc:
             self.add(rel, classify_os_error(exc), exc.strerror or str(exc))
             return None
@@ -166,9 +200,7 @@ class Issues:
     def read_optional(self, rel: str, parse: Callable[[str], T]) -> T | None:
         """Like :meth:`read`, but a file that does not exist is not an issue (older kernels,
         other drivers simply lack some attributes)."""
-        if not self.reader.exists(rel):
-            return None
-        return self.read(rel, parse)
+        return self._read(rel, parse, missing_ok=True)
 
     def freeze(self) -> tuple[ReadIssue, ...]:
         return tuple(self.items)

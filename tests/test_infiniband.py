@@ -119,15 +119,21 @@ class FaultyReader(SysfsReader):
             return self.texts[rel]
         return super().read_text(rel)
 
-    def listdir(self, rel: str) -> list[str]:
+    def _listed(self, rel: str, entries: Callable[[str], list[str]]) -> list[str]:
         if rel in self.list_errors:
             code = self.list_errors[rel]
             raise OSError(code, os.strerror(code), rel)
-        entries = super().listdir(rel)
+        names = entries(rel)
         hook = self.after_listdir.get(rel)
         if hook is not None:
             hook()
-        return entries
+        return names
+
+    def listdir(self, rel: str) -> list[str]:
+        return self._listed(rel, super().listdir)
+
+    def listdir_files(self, rel: str) -> list[str]:
+        return self._listed(rel, super().listdir_files)
 
 
 def write(root: Path, rel: str, text: str) -> None:
