@@ -1,0 +1,670 @@
+"""The NVML sampler, its adapter, findings, topology join and rendering, replayed from
+recordings (tests/test_nvml_fixtures.py) rather than mocked calls."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+
+import pynvml
+import pytest
+
+from agent.errors import NoData
+from agent.findings import Finding
+from agent.gpu_topology import nvlink_matrix
+from agent.nvml import (
+    NVML_ERROR_NAMES,
+    LiveNvml,
+    NvLink,
+    NvLinkErrorCounts,
+    NvmlAnswerError,
+    NvmlApi,
+    NvmlCallError,
+    NvmlGpu,
+    NvmlSampler,
+    NvmlSnapshot,
+    XidCount,
+    XidEvent,
+    error_name,
+    findings,
+    normalize_pci_bus_id,
+)
+from agent.nvml_record import RecordingError, ReplayNvml
+from agent.sysfs import ReadIssue
+from exporter import nvml as metrics
+from exporter.spec import Families
+from tests.test_nvml_fixtures import (
+    Recording,
+    RecordingBuilder,
+    h200x2_recording,
+    with_call_error,
+    with_gpu_lost,
+    with_link_down,
+    with_nvlink_errors,
+    with_pcie_width,
+    with_row_remap_failure,
+    with_xid,
+)
+
+Samples = dict[tuple[str, tuple[str, ...]], float]
+
+
+@pytest.fixture
+def recorded_nvml() -> Recording:
+    """A fresh copy of the H200 x2 recording (or its stand-in) for each test to edit."""
+    return h200x2_recording()
+
+
+@pytest.fixture
+def replay_sampler() -> Iterator[list[NvmlSampler]]:
+    """Collects the samplers a test builds and closes them (stops their XID threads)."""
+    made: list[NvmlSampler] = []
+    yield made
+    for s in made:
+        s.close()
+
+
+def sample(rec: Recording, made: list[NvmlSampler]) -> NvmlSnapshot:
+    sampler = NvmlSampler(lambda: ReplayNvml(rec), xid_wait_ms=50)
+    made.append(sampler)
+    return sampler.sample()
+
+
+def rendered(snap: NvmlSnapshot) -> Samples:
+    out = Families()
+    metrics.render(snap, out)
+    return {
+        (spec.name, labels): value for spec, samples in out.items() for labels, value in samples
+    }
+
+
+def kinds(found: list[Finding]) -> list[tuple[str, str]]:
+    return [(f.kind, f.subject) for f in found]
+
+
+# -- the adapter --------------------------------------------------------------------------
+
+
+def test_error_names_are_pynvmls() -> None:
+    consts = {
+        name.removeprefix("NVML_ERROR_"): getattr(pynvml, name)
+        for name in dir(pynvml)
+        if name.startswith("NVML_ERROR_") and isinstance(getattr(pynvml, name), int)
+    }
+    assert len(consts) > 25
+    for name, code in consts.items():
+        assert error_name(code) == name
+    assert set(NVML_ERROR_NAMES.values()) <= set(consts)
+    assert error_name(4242) == "CODE_4242"
+
+
+def fake_pynvml(**functions: Callable[..., object]) -> types.ModuleType:
+    """A module standing in for pynvml: pynvml's real error classes and structures, the
+    given functions, and device handles that are the index itself."""
+    mod = types.ModuleType("fake_pynvml")
+    mod.NVMLError = pynvml.NVMLError  # type: ignore[attr-defined]
+    mod.NVML_NVLINK_MAX_LINKS = 18  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
+    for name, fn in functions.items():
+        setattr(mod, name, fn)
+    return mod
+
+
+def raising(code: int) -> Callable[..., object]:
+    def fn(*args: object) -> object:
+        raise pynvml.NVMLError(code)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("code", "name"),
+    [
+        (pynvml.NVML_ERROR_GPU_IS_LOST, "GPU_IS_LOST"),
+        (pynvml.NVML_ERROR_NOT_SUPPORTED, "NOT_SUPPORTED"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "NO_PERMISSION"),
+        (pynvml.NVML_ERROR_TIMEOUT, "TIMEOUT"),
+        (pynvml.NVML_ERROR_UNKNOWN, "UNKNOWN"),
+    ],
+)
+def test_live_adapter_maps_pynvml_errors(code: int, name: str) -> None:
+    api = LiveNvml(fake_pynvml(nvmlDeviceGetUUID=raising(code)))
+    with pytest.raises(NvmlCallError) as info:
+        api.uuid(0)
+    assert (info.value.call, info.value.code, info.value.name) == ("nvmlDeviceGetUUID", code, name)
+
+
+def test_live_adapter_names_a_failed_handle_after_the_call() -> None:
+    mod = fake_pynvml(nvmlDeviceGetUUID=lambda h: "GPU-x")
+    mod.nvmlDeviceGetHandleByIndex = raising(pynvml.NVML_ERROR_GPU_IS_LOST)  # type: ignore[attr-defined]
+    with pytest.raises(NvmlCallError) as info:
+        LiveNvml(mod).uuid(1)
+    assert (info.value.call, info.value.name) == ("nvmlDeviceGetUUID", "GPU_IS_LOST")
+
+
+def test_live_adapter_reports_a_function_pynvml_lacks() -> None:
+    with pytest.raises(NvmlCallError) as info:
+        LiveNvml(fake_pynvml()).pcie_replay_counter(0)
+    assert (info.value.name, info.value.code) == ("FUNCTION_NOT_FOUND", 13)
+
+
+def test_live_adapter_decodes_pynvml_structures() -> None:
+    pci = pynvml.nvmlPciInfo_t()
+    pci.busId = b"00000000:19:00.0"
+    fields = (pynvml.c_nvmlFieldValue_t * 1)()
+    fields[0].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    fields[0].value.ullVal = 26562
+    unsupported = (pynvml.c_nvmlFieldValue_t * 1)()
+    unsupported[0].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    event = pynvml.c_nvmlEventData_t()
+    event.eventData = 79
+    proc = types.SimpleNamespace(pid=4242, usedGpuMemory=2 << 30)
+    idle = types.SimpleNamespace(pid=7, usedGpuMemory=None)
+    api = LiveNvml(
+        fake_pynvml(
+            nvmlDeviceGetPciInfo=lambda h: pci,
+            nvmlDeviceGetUUID=lambda h: "GPU-ee7954ec",
+            nvmlDeviceGetNvLinkRemotePciInfo=lambda h, link: pci,
+            nvmlDeviceGetFieldValues=lambda h, ids: fields if ids == [(164, 3)] else unsupported,
+            nvmlDeviceGetRemappedRows=lambda h: (1, 0, 0, 1),
+            nvmlDeviceGetComputeRunningProcesses=lambda h: [proc, idle],
+            nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x41,
+            nvmlEventSetCreate=lambda: "set",
+            nvmlEventSetWait_v2=lambda s, ms: event,
+            nvmlDeviceGetIndex=lambda h: 1,
+        )
+    )
+    assert api.pci_bus_id(0) == "00000000:19:00.0"
+    assert api.nvlink_remote_pci_bus_id(0, 3) == "00000000:19:00.0"
+    assert api.uuid(0) == "GPU-ee7954ec"
+    assert api.field_value(0, 164, 3) == 26562
+    with pytest.raises(NvmlCallError) as info:
+        api.field_value(0, 90, 0)
+    assert (info.value.call, info.value.name) == ("nvmlDeviceGetFieldValues", "NOT_SUPPORTED")
+    assert api.remapped_rows(0) == (1, 0, 0, 1)
+    assert api.compute_processes(0) == ((4242, 2 << 30), (7, None))
+    # pynvml without nvmlDeviceGetCurrentClocksEventReasons: the older name, same bits
+    assert api.clocks_event_reasons(0) == 0x41
+    api.xid_open()
+    assert api.xid_wait(1000) == XidEvent(1, 79)
+
+
+def test_nodata_when_the_nvml_library_cannot_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pynvml's own loader, with libnvidia-ml.so.1 absent (as on this CI machine; forced so
+    # the test means the same on a GPU machine): nvmlInit raises NVMLError_LibraryNotFound
+    def no_library(name: str) -> object:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(pynvml, "nvmlLib", None)
+    monkeypatch.setattr(pynvml, "CDLL", no_library)
+    sampler = NvmlSampler()
+    with pytest.raises(NoData, match="LIBRARY_NOT_FOUND"):
+        sampler.sample()
+    with pytest.raises(NoData):  # and again on the next pass: nothing was cached
+        sampler.sample()
+
+
+def test_nodata_without_driver_but_other_init_errors_raise() -> None:
+    b = RecordingBuilder()
+    b.err("nvmlInit", name="DRIVER_NOT_LOADED")
+    with pytest.raises(NoData):
+        NvmlSampler(lambda: ReplayNvml(b.build())).sample()
+    b.err("nvmlInit", name="NO_PERMISSION")
+    with pytest.raises(NvmlCallError, match="NO_PERMISSION"):
+        NvmlSampler(lambda: ReplayNvml(b.build())).sample()
+
+
+def test_nodata_when_nvml_sees_no_gpu() -> None:
+    b = RecordingBuilder()
+    b.ok("nvmlInit")
+    b.ok("nvmlSystemGetDriverVersion", value="580.159.04")
+    b.ok("nvmlSystemGetNVMLVersion", value="13.580")
+    b.ok("nvmlDeviceGetCount", value=0)
+    with pytest.raises(NoData, match="no GPU"):
+        NvmlSampler(lambda: ReplayNvml(b.build())).sample()
+
+
+def test_replay_is_strict_and_checks_the_format(recorded_nvml: Recording) -> None:
+    api = ReplayNvml(recorded_nvml)
+    with pytest.raises(LookupError, match=r"nvmlDeviceGetUUID\(9\)"):
+        api.uuid(9)
+    assert isinstance(ReplayNvml(recorded_nvml, strict=False), ReplayNvml)
+    with pytest.raises(NvmlCallError, match="NOT_SUPPORTED"):
+        ReplayNvml(recorded_nvml, strict=False).uuid(9)
+    with pytest.raises(RecordingError):
+        ReplayNvml({**recorded_nvml, "format": "something-else/1"})
+    bad = RecordingBuilder()
+    bad.ok("nvmlDeviceGetCount", value="two")
+    with pytest.raises(NvmlAnswerError, match="integer"):
+        ReplayNvml(bad.build()).device_count()
+
+
+@pytest.mark.parametrize(
+    ("nvml", "sysfs"),
+    [
+        ("00000000:19:00.0", "0000:19:00.0"),
+        ("00000000:9B:00.0", "0000:9b:00.0"),
+        ("00000008:01:00.0", "0008:01:00.0"),  # GB200
+        ("00010000:01:00.0", "10000:01:00.0"),  # a VMD domain
+        ("0000:00:06.0", "0000:00:06.0"),
+    ],
+)
+def test_normalize_pci_bus_id(nvml: str, sysfs: str) -> None:
+    assert normalize_pci_bus_id(nvml) == sysfs
+
+
+def test_normalize_pci_bus_id_refuses_garbage() -> None:
+    with pytest.raises(ValueError, match="not a PCI bus id"):
+        normalize_pci_bus_id("GPU-00000000")
+
+
+# -- the recorded node ---------------------------------------------------------------
+
+
+def test_recorded_node_replays_its_documented_facts(
+    recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    snap = sample(recorded_nvml, replay_sampler)
+    assert snap.driver_version == "580.159.04"
+    assert [(g.index, g.name, g.pci_bus_id, g.lost) for g in snap.gpus] == [
+        (0, "NVIDIA H200", "0000:00:06.0", False),
+        (1, "NVIDIA H200", "0000:00:07.0", False),
+    ]
+    for gpu in snap.gpus:
+        assert (gpu.pcie.current_generation, gpu.pcie.max_generation) == (5, 5)
+        assert (gpu.pcie.current_width, gpu.pcie.max_width) == (16, 16)
+        assert [link.link for link in gpu.nvlinks] == list(range(18))
+        assert all(link.up for link in gpu.nvlinks)
+        for link in gpu.nvlinks:
+            assert (link.errors.replay, link.errors.recovery, link.errors.crc_flit) == (0, 0, 0)
+    assert snap.issues == ()
+    assert findings(snap) == []
+    assert nvlink_matrix(snap) == {(0, 1): 18, (1, 0): 18}
+
+
+def test_not_supported_leaves_the_series_absent_without_an_issue(
+    recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    rec = with_call_error(recorded_nvml, "nvmlDeviceGetPcieReplayCounter(0)", "NOT_SUPPORTED")
+    snap = sample(rec, replay_sampler)
+    assert snap.gpus[0].pcie.replays is None
+    assert snap.gpus[1].pcie.replays is not None
+    assert snap.issues == ()
+    out = rendered(snap)
+    assert ("fabricscope_gpu_pcie_replays_total", ("0",)) not in out
+    assert ("fabricscope_gpu_pcie_replays_total", ("1",)) in out
+    assert out[("fabricscope_gpu_pcie_current_link_width", ("0",))] == 16
+
+
+@pytest.mark.parametrize(("error", "reason"), [("UNKNOWN", "io"), ("NO_PERMISSION", "permission")])
+def test_another_error_costs_one_series_and_records_an_issue(
+    recorded_nvml: Recording, replay_sampler: list[NvmlSampler], error: str, reason: str
+) -> None:
+    rec = with_call_error(recorded_nvml, "nvmlDeviceGetPcieReplayCounter(0)", error)
+    snap = sample(rec, replay_sampler)
+    assert snap.issues == (
+        ReadIssue(
+            "nvml/0/nvmlDeviceGetPcieReplayCounter",
+            reason,
+            f"nvmlDeviceGetPcieReplayCounter: NVML_ERROR_{error} "
+            f"({4 if error == 'NO_PERMISSION' else 999})",
+        ),
+    )
+    assert snap.gpus[0].pcie.replays is None
+    assert snap.gpus[0].pcie.current_width == 16  # the rest of the GPU carries on
+    assert len(snap.gpus[0].nvlinks) == 18
+
+
+def test_a_link_error_issue_names_the_link(
+    recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    rec = with_call_error(recorded_nvml, "nvmlDeviceGetNvLinkState(1,5)", "UNKNOWN")
+    snap = sample(rec, replay_sampler)
+    assert [i.path for i in snap.issues] == ["nvml/1/nvmlDeviceGetNvLinkState/link5"]
+    assert [link.link for link in snap.gpus[1].nvlinks] == [n for n in range(18) if n != 5]
+
+
+def test_a_malformed_answer_is_a_parse_issue(
+    recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    calls = recorded_nvml["calls"]
+    assert isinstance(calls, dict)
+    calls["nvmlDeviceGetPciInfo(0)"] = {"value": "GPU-not-a-bus-id"}
+    calls["nvmlDeviceGetMaxPcieLinkWidth(1)"] = {"value": "16x"}
+    snap = sample(recorded_nvml, replay_sampler)
+    assert [(i.path, i.reason) for i in snap.issues] == [
+        ("nvml/0/pci_bus_id", "parse"),
+        ("nvml/1/nvmlDeviceGetMaxPcieLinkWidth", "parse"),
+    ]
+    assert (snap.gpus[0].pci_bus_id, snap.gpus[0].name) == (None, "NVIDIA H200")
+    assert (snap.gpus[1].pcie.max_width, snap.gpus[1].pcie.current_width) == (None, 16)
+
+
+# -- each fault: exactly its finding and its metric ----------------------------------
+
+
+def test_nvlink_crc_errors(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    snap = sample(with_nvlink_errors(recorded_nvml, 0, 3, crc_flit=7, replay=2), replay_sampler)
+    assert kinds(findings(snap)) == [("nvlink_errors", "gpu0/link3")]
+    assert "crc_flit=7" in findings(snap)[0].detail
+    out = rendered(snap)
+    assert out[("fabricscope_nvlink_errors_total", ("0", "3", "crc_flit"))] == 7
+    assert out[("fabricscope_nvlink_errors_total", ("0", "3", "replay"))] == 2
+    assert out[("fabricscope_nvlink_errors_total", ("0", "4", "crc_flit"))] == 0
+
+
+def test_nvlink_down(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    snap = sample(with_link_down(recorded_nvml, 0, 3), replay_sampler)
+    assert kinds(findings(snap)) == [("nvlink_down", "gpu0/link3")]
+    out = rendered(snap)
+    assert out[("fabricscope_nvlink_up", ("0", "3"))] == 0
+    assert out[("fabricscope_nvlink_up", ("0", "4"))] == 1
+    assert nvlink_matrix(snap) == {(0, 1): 17, (1, 0): 17}
+
+
+def test_gpu_lost_isolates(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    healthy = sample(recorded_nvml, replay_sampler)
+    snap = sample(with_gpu_lost(recorded_nvml, 1), replay_sampler)
+    assert kinds(findings(snap)) == [("gpu_lost", "gpu1")]
+    assert snap.gpus[0] == healthy.gpus[0]  # the other GPU fully sampled
+    assert snap.gpus[1] == NvmlGpu(index=1, lost=True)
+    assert snap.issues == ()
+    out = rendered(snap)
+    assert out[("fabricscope_gpu_lost", ("1",))] == 1
+    assert out[("fabricscope_gpu_lost", ("0",))] == 0
+    assert out[("fabricscope_gpu_xid_watched", ("1",))] == 0
+    assert out[("fabricscope_gpu_xid_watched", ("0",))] == 1
+    assert not any(
+        labels[0] == "1" for name, labels in out if name.startswith("fabricscope_nvlink")
+    )
+
+
+def test_xid_event(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    sampler = NvmlSampler(lambda: ReplayNvml(with_xid(recorded_nvml, 0, 79)), xid_wait_ms=50)
+    replay_sampler.append(sampler)
+    sampler.sample()
+    assert sampler.wait_for_xid_events(1, timeout=5)
+    snap = sampler.sample()
+    assert kinds(findings(snap)) == [("xid", "gpu0/xid79")]
+    assert rendered(snap)[("fabricscope_gpu_xid_errors_total", ("0", "79"))] == 1
+
+
+def test_pcie_link_degraded(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    snap = sample(with_pcie_width(recorded_nvml, 0, 8), replay_sampler)
+    assert kinds(findings(snap)) == [("pcie_link_degraded", "gpu0")]
+    assert rendered(snap)[("fabricscope_gpu_pcie_current_link_width", ("0",))] == 8
+
+
+def test_row_remap_failure(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    snap = sample(with_row_remap_failure(recorded_nvml, 1), replay_sampler)
+    assert kinds(findings(snap)) == [("row_remap_failure", "gpu1")]
+    out = rendered(snap)
+    assert out[("fabricscope_gpu_row_remap_failure", ("1",))] == 1
+    assert out[("fabricscope_gpu_row_remap_failure", ("0",))] == 0
+
+
+def test_xid_counters_only_grow_across_passes(
+    recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    api = ReplayNvml(recorded_nvml)
+    sampler = NvmlSampler(lambda: api, xid_wait_ms=50)
+    replay_sampler.append(sampler)
+    assert sampler.sample().xid_errors == ()
+    api.feed_xid(0, 79)
+    assert sampler.wait_for_xid_events(1, timeout=5)
+    assert sampler.sample().xid_errors == (XidCount(0, 79, 1),)
+    api.feed_xid(0, 48)
+    api.feed_xid(0, 79)
+    assert sampler.wait_for_xid_events(3, timeout=5)
+    third = sampler.sample()
+    assert third.xid_errors == (XidCount(0, 48, 1), XidCount(0, 79, 2))
+    assert sampler.sample().xid_errors == third.xid_errors  # a pass without events: unchanged
+
+
+def test_close_stops_the_xid_thread(recorded_nvml: Recording) -> None:
+    sampler = NvmlSampler(lambda: ReplayNvml(recorded_nvml), xid_wait_ms=50)
+    sampler.sample()
+    assert any(t.name == "nvml-xid" for t in threading.enumerate())
+    sampler.close()
+    assert not any(t.name == "nvml-xid" for t in threading.enumerate())
+
+
+def test_xid_registration_refused_is_noted_not_fatal(
+    recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    rec = with_call_error(recorded_nvml, "nvmlDeviceRegisterEvents(1)", "NOT_SUPPORTED")
+    snap = sample(rec, replay_sampler)
+    assert [(r.gpu, r.watched, r.error) for r in snap.xid_registrations] == [
+        (0, True, None),
+        (1, False, "NOT_SUPPORTED"),
+    ]
+    assert len(snap.gpus) == 2
+    assert snap.issues == ()
+
+
+class _HangOnce:
+    """Wraps an API: the first ``pcie_replay_counter(0)`` blocks until released."""
+
+    def __init__(self, inner: ReplayNvml) -> None:
+        self.inner = inner
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def pcie_replay_counter(self, gpu: int) -> int:
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            self.release.wait(10)
+        return self.inner.pcie_replay_counter(gpu)
+
+
+def test_a_hung_call_blocks_no_later_pass(recorded_nvml: Recording) -> None:
+    api = _HangOnce(ReplayNvml(recorded_nvml))
+    sampler = NvmlSampler(lambda: api, watch_xid=False)  # type: ignore[arg-type,return-value]
+    hung = threading.Thread(target=sampler.sample, daemon=True)
+    hung.start()
+    assert api.entered.wait(5)
+    t0 = time.monotonic()
+    snap = sampler.sample()  # what the runner's next pass does once the hung one returns
+    assert time.monotonic() - t0 < 5
+    assert len(snap.gpus) == 2
+    api.release.set()
+    hung.join(5)
+    assert not hung.is_alive()
+
+
+# -- topology ---------------------------------------------------------------------------
+
+
+def _gpu(index: int, bus: str, links: list[tuple[bool, str | None, str | None]]) -> NvmlGpu:
+    return NvmlGpu(
+        index=index,
+        pci_bus_id=bus,
+        nvlinks=tuple(
+            NvLink(n, 1 if up else 0, remote_pci_bus_id=rb, remote_device_type=rt)
+            for n, (up, rb, rt) in enumerate(links)
+        ),
+    )
+
+
+def test_nvlink_matrix_counts_direct_links_per_pair() -> None:
+    a, b, c = "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"
+    snap = NvmlSnapshot(
+        gpus=(
+            _gpu(0, a, [(True, b, "GPU"), (True, b, "GPU"), (True, c, None), (False, c, "GPU")]),
+            _gpu(1, b, [(True, a, "GPU"), (True, a, "GPU")]),
+            # GPU 2 could not name its far ends: GPU 0's end still counts
+            _gpu(2, c, [(True, None, None)]),
+        )
+    )
+    assert nvlink_matrix(snap) == {(0, 1): 2, (0, 2): 1, (1, 0): 2, (2, 0): 1}
+
+
+def test_nvlink_matrix_through_nvswitches_is_the_smaller_side() -> None:
+    sw = "0000:ff:00.0"
+    snap = NvmlSnapshot(
+        gpus=(
+            _gpu(0, "0000:01:00.0", [(True, sw, "NVSwitch")] * 18),
+            _gpu(1, "0000:02:00.0", [(True, None, "NVSwitch")] * 17 + [(False, None, None)]),
+            _gpu(2, "0000:03:00.0", [(True, None, "IBMNPU")]),
+        )
+    )
+    assert nvlink_matrix(snap) == {(0, 1): 17, (1, 0): 17}
+
+
+# -- rendering ------------------------------------------------------------------------
+
+
+def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
+    """One GPU, two links; every series and value, nothing else."""
+    b = RecordingBuilder()
+    b.ok("nvmlInit")
+    b.ok("NVML_NVLINK_MAX_LINKS", value=3)
+    b.ok("nvmlSystemGetDriverVersion", value="580.159.04")
+    b.err("nvmlSystemGetNVMLVersion", name="NOT_SUPPORTED")
+    b.ok("nvmlDeviceGetCount", value=1)
+    b.ok("nvmlDeviceGetPciInfo", 0, value="00000000:9B:00.0")
+    b.ok("nvmlDeviceGetUUID", 0, value="GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa")
+    b.ok("nvmlDeviceGetName", 0, value="NVIDIA H100 80GB HBM3")
+    b.ok("nvmlDeviceGetSerial", 0, value="1650124031592")
+    b.ok("nvmlDeviceGetVbiosVersion", 0, value="96.00.74.00.0D")
+    b.ok("nvmlDeviceGetCurrPcieLinkGeneration", 0, value=3)
+    b.ok("nvmlDeviceGetMaxPcieLinkGeneration", 0, value=5)
+    b.ok("nvmlDeviceGetCurrPcieLinkWidth", 0, value=16)
+    b.ok("nvmlDeviceGetMaxPcieLinkWidth", 0, value=16)
+    b.ok("nvmlDeviceGetPcieReplayCounter", 0, value=67)
+    b.ok("nvmlDeviceGetRemappedRows", 0, value=[2, 1, 1, 0])
+    b.ok("nvmlDeviceGetTotalEccErrors", 0, 0, 0, value=5)
+    b.ok("nvmlDeviceGetTotalEccErrors", 0, 1, 0, value=0)
+    b.ok("nvmlDeviceGetCurrentClocksEventReasons", 0, value=0x8 | 0x80)
+    b.ok("nvmlDeviceGetComputeRunningProcesses", 0, value=[[4242, 1 << 30], [4243, None]])
+    b.err("nvmlEventSetCreate", name="NOT_SUPPORTED")
+    b.ok("nvmlShutdown")
+    # link 0: up, to an NVSwitch, speed from the per-link field
+    b.ok("nvmlDeviceGetNvLinkState", 0, 0, value=1)
+    b.ok("nvmlDeviceGetNvLinkVersion", 0, 0, value=4)
+    b.ok("nvmlDeviceGetFieldValues", 0, 164, 0, value=26562)
+    b.ok("nvmlDeviceGetNvLinkRemotePciInfo", 0, 0, value="00000000:C5:00.0")
+    b.ok("nvmlDeviceGetNvLinkRemoteDeviceType", 0, 0, value=2)
+    for counter, value in enumerate((1, 0, 2, 0)):
+        b.ok("nvmlDeviceGetNvLinkErrorCounter", 0, 0, counter, value=value)
+    b.err("nvmlDeviceGetNvLinkErrorCounter", 0, 0, 4, name="NOT_SUPPORTED")
+    b.ok("nvmlDeviceGetFieldValues", 0, 148, 0, value=3)  # ecc_data through the old field
+    # link 1: inactive; per-link counters unsupported, the per-link fields answer replay
+    b.ok("nvmlDeviceGetNvLinkState", 0, 1, value=0)
+    b.err("nvmlDeviceGetNvLinkVersion", 0, 1, name="NOT_SUPPORTED")
+    for counter in range(5):
+        b.err("nvmlDeviceGetNvLinkErrorCounter", 0, 1, counter, name="NOT_SUPPORTED")
+    b.ok("nvmlDeviceGetFieldValues", 0, 161, 1, value=9)  # replay, scoped to link 1
+    # recovery (scoped, then L1), crc_flit (scoped, then L1), crc_data L1, ecc_data L1
+    for fid, scope in ((162, 1), (54, 0), (163, 1), (33, 0), (40, 0), (149, 0)):
+        b.err("nvmlDeviceGetFieldValues", 0, fid, scope, name="NOT_SUPPORTED")
+    # link 2: no such link
+    b.err("nvmlDeviceGetNvLinkState", 0, 2, name="INVALID_ARGUMENT")
+    snap = sample(b.build(), replay_sampler)
+    assert snap.issues == ()
+    g, up, down = ("0",), ("0", "0"), ("0", "1")
+    assert rendered(snap) == {
+        ("fabricscope_gpu_driver_info", ("580.159.04",)): 1,
+        (
+            "fabricscope_gpu_info",
+            (
+                "0",
+                "GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa",
+                "0000:9b:00.0",
+                "NVIDIA H100 80GB HBM3",
+                "96.00.74.00.0D",
+            ),
+        ): 1,
+        ("fabricscope_gpu_lost", g): 0,
+        ("fabricscope_gpu_pcie_current_link_generation", g): 3,
+        ("fabricscope_gpu_pcie_max_link_generation", g): 5,
+        ("fabricscope_gpu_pcie_current_link_width", g): 16,
+        ("fabricscope_gpu_pcie_max_link_width", g): 16,
+        ("fabricscope_gpu_pcie_replays_total", g): 67,
+        ("fabricscope_gpu_remapped_rows_total", ("0", "correctable")): 2,
+        ("fabricscope_gpu_remapped_rows_total", ("0", "uncorrectable")): 1,
+        ("fabricscope_gpu_row_remap_pending", g): 1,
+        ("fabricscope_gpu_row_remap_failure", g): 0,
+        ("fabricscope_gpu_ecc_errors_total", ("0", "correctable")): 5,
+        ("fabricscope_gpu_ecc_errors_total", ("0", "uncorrectable")): 0,
+        ("fabricscope_gpu_clocks_event_active", ("0", "gpu_idle")): 0,
+        ("fabricscope_gpu_clocks_event_active", ("0", "applications_clocks_setting")): 0,
+        ("fabricscope_gpu_clocks_event_active", ("0", "sw_power_cap")): 0,
+        ("fabricscope_gpu_clocks_event_active", ("0", "hw_slowdown")): 1,
+        ("fabricscope_gpu_clocks_event_active", ("0", "sync_boost")): 0,
+        ("fabricscope_gpu_clocks_event_active", ("0", "sw_thermal_slowdown")): 0,
+        ("fabricscope_gpu_clocks_event_active", ("0", "hw_thermal_slowdown")): 0,
+        ("fabricscope_gpu_clocks_event_active", ("0", "hw_power_brake_slowdown")): 1,
+        ("fabricscope_gpu_clocks_event_active", ("0", "display_clock_setting")): 0,
+        ("fabricscope_gpu_compute_processes", g): 2,
+        ("fabricscope_gpu_xid_watched", g): 0,
+        ("fabricscope_nvlink_up", up): 1,
+        ("fabricscope_nvlink_up", down): 0,
+        ("fabricscope_nvlink_version", up): 4,
+        ("fabricscope_nvlink_speed_bytes_per_second", up): 26_562_000_000,
+        ("fabricscope_nvlink_remote_info", ("0", "0", "0000:c5:00.0")): 1,
+        ("fabricscope_nvlink_errors_total", ("0", "0", "replay")): 1,
+        ("fabricscope_nvlink_errors_total", ("0", "0", "recovery")): 0,
+        ("fabricscope_nvlink_errors_total", ("0", "0", "crc_flit")): 2,
+        ("fabricscope_nvlink_errors_total", ("0", "0", "crc_data")): 0,
+        ("fabricscope_nvlink_errors_total", ("0", "0", "ecc_data")): 3,
+        ("fabricscope_nvlink_errors_total", ("0", "1", "replay")): 9,
+    }
+    assert kinds(findings(snap)) == [
+        ("nvlink_down", "gpu0/link1"),
+        ("nvlink_errors", "gpu0/link0"),
+        ("nvlink_errors", "gpu0/link1"),
+    ]
+    assert snap.gpus[0].serial == "1650124031592"
+    procs = snap.gpus[0].compute_processes
+    assert procs is not None and [(p.pid, p.used_memory_bytes) for p in procs] == [
+        (4242, 1 << 30),
+        (4243, None),
+    ]
+
+
+def test_every_spec_is_rendered_by_some_fixture(
+    recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    snap = sample(with_xid(recorded_nvml, 0, 79), replay_sampler)
+    seen = {name for name, _ in rendered(snap)}
+    seen |= {"fabricscope_gpu_xid_errors_total", "fabricscope_nvlink_speed_bytes_per_second"}
+    seen |= {"fabricscope_nvlink_remote_info"}  # rendered in test_render_exact_values
+    assert {s.name for s in metrics.SPECS} == seen
+    assert len({s.name for s in metrics.SPECS}) == len(metrics.SPECS)
+
+
+def test_link_error_counts_sum_only_link_errors() -> None:
+    assert NvLinkErrorCounts(replay=1, crc_flit=2, ecc_data=50).link_errors == 3
+    assert NvLinkErrorCounts().link_errors == 0
+
+
+def _api_type_check(api: NvmlApi) -> None:
+    """Static check (mypy): both implementations satisfy the protocol."""
+    del api
+
+
+_api_type_check(ReplayNvml({"format": "fabricscope-nvml-recording/1", "calls": {}}))
+_api_type_check(LiveNvml(types.ModuleType("unused")))
+
+
+def test_live_adapter_falls_back_when_the_driver_lacks_the_newest_call() -> None:
+    def v3(h: object) -> object:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called ...")
+
+    proc = types.SimpleNamespace(pid=11, usedGpuMemory=1024)
+    api = LiveNvml(
+        fake_pynvml(
+            NVMLLibraryMismatchError=pynvml.NVMLLibraryMismatchError,
+            nvmlDeviceGetComputeRunningProcesses=v3,
+            nvmlDeviceGetComputeRunningProcesses_v2=lambda h: [proc],
+        )
+    )
+    assert api.compute_processes(0) == ((11, 1024),)
