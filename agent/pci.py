@@ -358,7 +358,11 @@ class _Pass:
         self.issues = Issues(sys)
         self._ids: dict[str, int | None] = {}
 
-    def read_id(self, rel: str) -> int | None:
+    def read_id(self, rel: str, alias: str | None = None) -> int | None:
+        """``rel`` parsed as hex, read at most once per pass (also under ``alias``, the
+        same file seen through the bus link)."""
+        if alias is not None and alias in self._ids:
+            return self._ids[alias]
         if rel not in self._ids:
             self._ids[rel] = self.issues.read(rel, parse_hex)
         return self._ids[rel]
@@ -402,6 +406,12 @@ class PciSampler:
 
     def _read_endpoint(self, entry: str, p: _Pass) -> PciDevice | None:
         link = f"bus/pci/devices/{entry}"
+        # vendor first, through the bus link: it settles most devices without resolving
+        # their path; only GPUs and Mellanox functions need the class too
+        vendor = p.read_id(f"{link}/vendor")
+        has_rdma = self.sys.is_dir(f"{link}/infiniband")
+        if vendor not in (VENDOR_NVIDIA, VENDOR_MELLANOX) and not has_rdma:
+            return None
         try:
             path = self.sys.realpath(link)
         except OSError as exc:
@@ -412,11 +422,6 @@ class PciSampler:
             p.issues.add(link, "parse", f"resolves to {path}, not a devices/pci* path")
             return None
         host, chain = split
-        has_rdma = self.sys.is_dir(f"{path}/infiniband")
-        # vendor first: it settles most devices, and only GPUs and Mellanox need the class
-        vendor = p.read_id(f"{path}/vendor")
-        if vendor not in (VENDOR_NVIDIA, VENDOR_MELLANOX) and not has_rdma:
-            return None
         role = classify(vendor, p.read_id(f"{path}/class"), has_rdma)
         if role is None:
             return None
@@ -443,7 +448,7 @@ class PciSampler:
             sysfs_path=path,
             host_bridge=host,
             upstream=upstream,
-            vendor=p.read_id(f"{path}/vendor"),
+            vendor=p.read_id(f"{path}/vendor", alias=f"bus/pci/devices/{address}/vendor"),
             device=read(f"{path}/device", parse_hex),
             class_code=p.read_id(f"{path}/class"),
             # numa_node is absent on kernels built without NUMA; local_cpulist on old ones

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -52,13 +53,22 @@ class FaultyReader(SysfsReader):
         self.faults = faults or {}
         self.vanished = vanished
 
+    def _canonical(self, rel: str) -> str:
+        """A path through a ``bus/pci/devices`` link, as the ``devices/`` path it reaches."""
+        parts = rel.split("/")
+        if len(parts) > 4 and parts[:3] == ["bus", "pci", "devices"]:
+            target = os.readlink(self.root / "/".join(parts[:4]))
+            return os.path.normpath(os.path.join("bus/pci/devices", target, *parts[4:]))
+        return rel
+
     def _gone(self, rel: str) -> bool:
+        rel = self._canonical(rel)
         return any(rel == p or rel.startswith(p + "/") for p in self.vanished)
 
     def _fault(self, rel: str) -> OSError | str | bytes | None:
         if self._gone(rel):
             return FileNotFoundError(errno.ENOENT, "No such file or directory")
-        return self.faults.get(rel)
+        return self.faults.get(self._canonical(rel))
 
     def read_text(self, rel: str) -> str:
         f = self._fault(rel)
@@ -278,7 +288,9 @@ def test_device_vanished_mid_scan(dgx_sys_root: Path, dgx_snapshot: PciSnapshot)
     # the GPU and its switch downstream port (on no other path) leave the snapshot
     gone = ("0000:5d:00.0", "0000:5b:01.0")
     assert snap.devices == tuple(d for d in dgx_snapshot.devices if d.address not in gone)
-    assert snap.issues == (ReadIssue(f"{GPU3}/vendor", "vanished", "No such file or directory"),)
+    assert snap.issues == (
+        ReadIssue("bus/pci/devices/0000:5d:00.0/vendor", "vanished", "No such file or directory"),
+    )
 
 
 def test_bridge_vanished_mid_scan_keeps_its_devices(
@@ -291,9 +303,8 @@ def test_bridge_vanished_mid_scan_keeps_its_devices(
     assert snap.get("0000:19:00.0") == dgx_snapshot.get("0000:19:00.0")
     assert snap.get("0000:1a:00.0") == dgx_snapshot.get("0000:1a:00.0")
     assert [(i.path, i.reason) for i in snap.issues] == [
-        (f"{gone}/vendor", "vanished"),
-        (f"{gone}/0000:1b:00.0/vendor", "vanished"),
-        (f"{gone}/0000:1b:00.1/vendor", "vanished"),
+        (f"bus/pci/devices/{a}/vendor", "vanished")
+        for a in ("0000:17:03.0", "0000:1b:00.0", "0000:1b:00.1")
     ]
 
 
@@ -329,9 +340,15 @@ def test_garbage_numa_cpulist(dgx_sys_root: Path, dgx_snapshot: PciSnapshot) -> 
 
 
 def test_entry_resolving_outside_the_root(tmp_path: Path) -> None:
-    (tmp_path / "bus/pci/devices").mkdir(parents=True)
-    (tmp_path / "bus/pci/devices/0000:01:00.0").symlink_to("/sys/devices/pci0000:00/x")
-    snap = PciSampler(SysfsReader(tmp_path)).sample()
+    """An absolute link (a snapshot taken with ``cp -a`` of /sys) leaves the root: skipped."""
+    outside = tmp_path / "elsewhere" / "0000:01:00.0"
+    outside.mkdir(parents=True)
+    (outside / "vendor").write_text("0x10de\n")
+    (outside / "class").write_text("0x030200\n")
+    root = tmp_path / "sys"
+    (root / "bus/pci/devices").mkdir(parents=True)
+    (root / "bus/pci/devices/0000:01:00.0").symlink_to(outside)
+    snap = PciSampler(SysfsReader(root)).sample()
     assert snap.devices == ()
     assert [(i.path, i.reason) for i in snap.issues] == [
         ("bus/pci/devices/0000:01:00.0", "vanished")
