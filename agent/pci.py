@@ -3,7 +3,8 @@ with NUMA placement, PCIe link speed/width and ACS state, read from sysfs.
 
 What it reads
     ``bus/pci/devices/*`` (symlinks into ``devices/pci<domain>:<bus>/...``). Each entry's
-    ``class`` and ``vendor`` decide what it is:
+    ``vendor`` and ``infiniband/`` directory, read through the link, settle most functions;
+    only NVIDIA and Mellanox ones have their path resolved and ``class`` read:
 
     * GPU: NVIDIA (``0x10de``) with class ``0x0300xx`` (VGA) or ``0x0302xx`` (3D controller).
       NVSwitch bridges and audio functions share the vendor but not the class.
@@ -29,8 +30,9 @@ Config space
 
 Errors
     One unreadable or malformed file costs that value (``None``) and records an issue; a
-    device whose ``class`` cannot be read cannot be classified and is left out (issue
-    ``vanished`` when it disappeared mid-scan). ``NoData`` when ``bus/pci/devices`` is absent.
+    device whose ``vendor`` or ``class`` cannot be read cannot be classified and is left out
+    (issue ``vanished`` when it disappeared mid-scan), and so are the bridges that lead only
+    to it. ``NoData`` when ``bus/pci/devices`` is absent.
 """
 
 from __future__ import annotations
