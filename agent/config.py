@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 #: Every sampler, in the order they are listed in ``--help``.
-SAMPLER_NAMES = ("infiniband", "netdev", "pci")
+SAMPLER_NAMES = ("infiniband", "netdev", "nvml", "pci")
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,3 +45,14 @@ def nvlink_matrix(snap: NvmlSnapshot) -> dict[tuple[int, int], int]:
             if i != j:
                 out[(i, j)] = out.get((i, j), 0) + min(switch_links[i], switch_links[j])
     return dict(sorted(out.items()))
+
+
+def nvlinks_by_address(snap: NvmlSnapshot) -> dict[tuple[str, str], int]:
+    """:func:`nvlink_matrix` keyed by the two GPUs' PCI addresses (sysfs form), so it joins
+    with the PCI topology, which numbers GPUs by address, not by NVML index."""
+    address = {g.index: g.pci_bus_id for g in snap.gpus if g.pci_bus_id is not None}
+    return {
+        (address[i], address[j]): n
+        for (i, j), n in nvlink_matrix(snap).items()
+        if i in address and j in address
+    }

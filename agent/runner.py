@@ -126,9 +126,18 @@ class Runner:
             self._threads.append(t)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the schedules, then let samplers that hold resources (NVML's XID thread)
+        release them through their optional ``close()``."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout)
+        for slot in self._slots.values():
+            close = getattr(slot.spec.sampler, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:
+                    log.exception("closing sampler %s failed", slot.spec.sampler.name)
 
     def run_once(self) -> dict[str, SamplerStatus]:
         """Run every sampler once, in parallel, each under its timeout; return statuses."""

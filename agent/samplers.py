@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from agent.config import AgentConfig
 from agent.infiniband import InfinibandSampler
 from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
+from agent.nvml import NvmlApi, NvmlSampler
 from agent.pci import PciSampler
 from agent.runner import SamplerSpec
 from agent.sampler import Sampler
 from agent.sysfs import SysfsReader
 
 
-def build_samplers(config: AgentConfig, sysfs: SysfsReader) -> list[Sampler]:
-    """The enabled samplers, sorted by name, all reading sysfs through ``sysfs``."""
+def build_samplers(
+    config: AgentConfig,
+    sysfs: SysfsReader,
+    *,
+    nvml_api: Callable[[], NvmlApi] | None = None,
+    watch_xid: bool = True,
+) -> list[Sampler]:
+    """The enabled samplers, sorted by name, all reading sysfs through ``sysfs``.
+
+    ``nvml_api`` builds the NVML adapter (default: the live library; a replayed recording
+    for ``--snapshot``); ``watch_xid`` starts NVML's XID event thread (off for ``--once``).
+    """
     out: list[Sampler] = []
     enabled = config.sampling.enabled
     if "infiniband" in enabled:
@@ -25,14 +38,22 @@ def build_samplers(config: AgentConfig, sysfs: SysfsReader) -> list[Sampler]:
                 sysfs, include=nd.include, ethtool_include=ethtool if nd.ethtool else None
             )
         )
+    if "nvml" in enabled:
+        out.append(NvmlSampler(nvml_api, watch_xid=watch_xid))
     if "pci" in enabled:
         out.append(PciSampler(sysfs))
     return sorted(out, key=lambda s: s.name)
 
 
-def build_specs(config: AgentConfig, sysfs: SysfsReader) -> list[SamplerSpec]:
+def build_specs(
+    config: AgentConfig,
+    sysfs: SysfsReader,
+    *,
+    nvml_api: Callable[[], NvmlApi] | None = None,
+    watch_xid: bool = True,
+) -> list[SamplerSpec]:
     s = config.sampling
     return [
         SamplerSpec(sampler, s.interval_seconds, s.timeout_seconds)
-        for sampler in build_samplers(config, sysfs)
+        for sampler in build_samplers(config, sysfs, nvml_api=nvml_api, watch_xid=watch_xid)
     ]

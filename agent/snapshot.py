@@ -5,6 +5,8 @@ Layout of the archive (gzip'd tar):
 
     MANIFEST.json        what was captured, by which version, what could not be read
     sys/...              the files, directories and symlinks the samplers touched
+    nvml.recording.json  every NVML answer of one pass (agent.nvml_record), when a GPU
+                         driver answered
 
 Symlinks are stored as symlinks (sysfs is made of them: class/infiniband/mlx5_0 ->
 ../../devices/pci...), with every link on the way to a touched file, so the replayed tree
@@ -23,7 +25,7 @@ import stat
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -33,6 +35,7 @@ from agent.sysfs import classify_os_error
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
+NVML_RECORDING = "nvml.recording.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class CaptureResult:
     symlinks: int
     directories: int
     unreadable: tuple[tuple[str, str], ...]  # (path, reason)
+    absent: int = 0  # paths probed that do not exist on the host (optional attributes)
 
 
 class _Archive:
@@ -51,6 +55,7 @@ class _Archive:
         self.done: set[str] = set()
         self.files = self.links = self.dirs = 0
         self.unreadable: list[tuple[str, str]] = []
+        self.absent = 0
 
     def _info(self, rel: str, st: os.stat_result, kind: bytes) -> tarfile.TarInfo:
         ti = tarfile.TarInfo(f"{self.prefix}/{rel}" if rel != "." else self.prefix)
@@ -72,6 +77,10 @@ class _Archive:
         full = self.root / rel
         try:
             st = os.lstat(full)
+        except FileNotFoundError:
+            # a sampler probed an optional attribute this host lacks: absent on replay too
+            self.absent += 1
+            return
         except OSError as exc:
             self.unreadable.append((rel, classify_os_error(exc)))
             return
@@ -140,9 +149,15 @@ def _split_at_symlinks(root: Path, rel: str) -> Iterable[tuple[str, bool]]:
 
 
 def capture(
-    root: str, touched: Iterable[str], output: str, *, prefix: str = "sys"
+    root: str,
+    touched: Iterable[str],
+    output: str,
+    *,
+    prefix: str = "sys",
+    extra: Mapping[str, bytes] | None = None,
 ) -> CaptureResult:
-    """Write ``output`` (tar.gz) holding every path in ``touched`` (relative to ``root``)."""
+    """Write ``output`` (tar.gz) holding every path in ``touched`` (relative to ``root``),
+    plus ``extra`` files (name -> contents) at the archive's top level."""
     root_path = Path(root)
     with tarfile.open(output, "w:gz") as tar:
         arch = _Archive(tar, root_path, prefix)
@@ -150,7 +165,9 @@ def capture(
             for piece, is_link in _split_at_symlinks(root_path, rel):
                 arch.add_parents(piece)
                 arch.add_entry(piece, follow_dir_entries=not is_link)
-        result = CaptureResult(arch.files, arch.links, arch.dirs, tuple(sorted(arch.unreadable)))
+        result = CaptureResult(
+            arch.files, arch.links, arch.dirs, tuple(sorted(arch.unreadable)), arch.absent
+        )
         manifest = {
             "fabricscope_version": __version__,
             "captured_at_unix": int(time.time()),
@@ -160,13 +177,16 @@ def capture(
             "symlinks": result.symlinks,
             "directories": result.directories,
             "unreadable": [{"path": p, "reason": r} for p, r in result.unreadable],
+            "absent": result.absent,
+            "extra": sorted(extra or {}),
         }
-        data = json.dumps(manifest, indent=2, sort_keys=True).encode()
-        ti = tarfile.TarInfo(MANIFEST)
-        ti.size = len(data)
-        ti.mode = 0o644
-        ti.mtime = manifest["captured_at_unix"]  # type: ignore[assignment]
-        tar.addfile(ti, io.BytesIO(data))
+        files = {MANIFEST: json.dumps(manifest, indent=2, sort_keys=True).encode(), **(extra or {})}
+        for name, data in files.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            ti.mode = 0o644
+            ti.mtime = int(time.time())
+            tar.addfile(ti, io.BytesIO(data))
     return result
 
 

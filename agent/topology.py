@@ -34,7 +34,7 @@ Links
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -52,7 +52,11 @@ LEGEND = (
     ("PHB", "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)"),
     ("PXB", "Connection traversing multiple PCIe bridges (without the PCIe Host Bridge)"),
     ("PIX", "Connection traversing at most a single PCIe bridge"),
+    ("NV#", "Connection traversing a bonded set of # NVLinks (from NVML, when it answers)"),
 )
+
+#: active NVLinks between two GPUs, keyed by both GPUs' PCI addresses, in both orders
+NvlinkCounts = Mapping[tuple[str, str], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,9 +313,16 @@ def _numa_text(node: int | None) -> str:
     return "N/A" if node is None or node < 0 else str(node)
 
 
-def format_table(topo: Topology) -> str:
+def _gpu_cell(topo: Topology, a: str, b: str, nvlinks: NvlinkCounts) -> str:
+    n = nvlinks.get((a, b))
+    return f"NV{n}" if n else (topo.path(a, b) or "?")
+
+
+def format_table(topo: Topology, nvlinks: NvlinkCounts | None = None) -> str:
     """An ``nvidia-smi topo -m``-like matrix: GPU rows, GPU and NIC columns, then CPU and
-    NUMA affinity, legends and the findings. GPUs are numbered in PCI bus order."""
+    NUMA affinity, legends and the findings. GPUs are numbered in PCI bus order. A GPU pair
+    joined by NVLink shows ``NV#`` (from ``nvlinks``) instead of its PCIe path."""
+    nv = nvlinks or {}
     gpu_names = [f"GPU{i}" for i in range(len(topo.gpus))]
     nic_names = [f"NIC{i}" for i in range(len(topo.nics))]
     header = ["", *gpu_names, *nic_names, "CPU Affinity", "NUMA Affinity"]
@@ -319,7 +330,7 @@ def format_table(topo: Topology) -> str:
     for i, g in enumerate(topo.gpus):
         cells = [gpu_names[i]]
         for h in topo.gpus:
-            cells.append(" X " if h is g else (topo.path(g.address, h.address) or "?"))
+            cells.append(" X " if h is g else _gpu_cell(topo, g.address, h.address, nv))
         for n in topo.nics:
             cells.append(topo.path(g.address, n.address) or "?")
         cells.append(format_cpulist(g.cpus) if g.cpus is not None else "N/A")
@@ -341,8 +352,9 @@ def format_table(topo: Topology) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_json(topo: Topology) -> dict[str, object]:
+def to_json(topo: Topology, nvlinks: NvlinkCounts | None = None) -> dict[str, object]:
     """A JSON-serialisable view with stable keys (``fabricscope topo --json``)."""
+    nv = nvlinks or {}
 
     def device(d: PciDevice) -> dict[str, object]:
         return {
@@ -368,7 +380,13 @@ def to_json(topo: Topology) -> dict[str, object]:
         "nics": [device(n) for n in topo.nics],
         "gpu_nic_paths": [{"gpu": p.a, "nic": p.b, "path_type": p.path_type} for p in topo.gpu_nic],
         "gpu_gpu_paths": [
-            {"gpu": p.a, "peer_gpu": p.b, "path_type": p.path_type} for p in topo.gpu_gpu
+            {
+                "gpu": p.a,
+                "peer_gpu": p.b,
+                "path_type": p.path_type,
+                "nvlinks": nv.get((p.a, p.b), 0),
+            }
+            for p in topo.gpu_gpu
         ],
         "links": [
             {

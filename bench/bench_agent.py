@@ -153,6 +153,7 @@ def main() -> int:
                 f"--web.listen-address=127.0.0.1:{ne_port}",
                 "--log.level=warn",
             ],
+            stderr=subprocess.DEVNULL,  # wrk closing keep-alive sockets makes it log EPIPE
         ),
     }
     urls = {

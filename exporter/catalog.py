@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.runner import SamplerStatus
-from exporter import infiniband, netdev, pci, selfmetrics
+from exporter import infiniband, netdev, nvml, pci, selfmetrics
 from exporter.spec import Families, MetricSpec
 
 
@@ -26,6 +26,7 @@ AREAS: dict[str, Area] = {
     for a in (
         Area("infiniband", infiniband.SPECS, infiniband.render),
         Area("netdev", netdev.SPECS, netdev.render),
+        Area("nvml", nvml.SPECS, nvml.render),
         Area("pci", pci.SPECS, pci.render),
     )
 }

@@ -16,17 +16,23 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
 
 from agent import __version__, topology
 from agent.config import SAMPLER_NAMES, AgentConfig, NetdevSettings, Paths, Sampling
 from agent.errors import ConfigError, NoData
+from agent.gpu_topology import nvlinks_by_address
 from agent.logsetup import LEVELS, setup_logging
-from agent.pci import PciSampler
+from agent.nvml import LiveNvml, NvmlApi, NvmlSampler, NvmlSnapshot
+from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml, dumps, load
+from agent.pci import PciSampler, PciSnapshot
 from agent.runner import Runner, SamplerSpec
 from agent.samplers import build_specs
-from agent.snapshot import SnapshotError, capture, extract
+from agent.snapshot import NVML_RECORDING, SnapshotError, capture, extract
 from agent.sysfs import RecordingReader, SysfsReader
 from exporter.app import AgentApp
 
@@ -202,40 +208,62 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
     )
 
 
-def _replay_root(stack: ExitStack, ns: argparse.Namespace) -> str:
-    """The sysfs root to read: the host's, or an unpacked snapshot's."""
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where samplers read from: the host, or an unpacked snapshot.
+
+    ``nvml_api`` is None for the live library; for a snapshot it replays the recording the
+    snapshot holds. ``unavailable`` lists samplers a snapshot cannot replay.
+    """
+
+    sysfs: str
+    nvml_api: Callable[[], NvmlApi] | None = None
+    unavailable: frozenset[str] = frozenset()
+    label: str = "host"
+
+
+def _open_source(stack: ExitStack, ns: argparse.Namespace) -> Source:
     if not getattr(ns, "snapshot", None):
-        return str(ns.path_sysfs)
+        return Source(str(ns.path_sysfs))
     try:
         tmp = extract(ns.snapshot)
     except SnapshotError as exc:
         raise ConfigError(str(exc)) from exc
     stack.callback(tmp.cleanup)
-    return f"{tmp.name}/sys"
+    unavailable = set(NOT_REPLAYABLE)
+    recording_path = Path(tmp.name) / NVML_RECORDING
+    nvml_api: Callable[[], NvmlApi] | None = None
+    if recording_path.exists():
+        try:
+            recording = load(recording_path)
+        except (OSError, RecordingError) as exc:
+            raise ConfigError(f"{ns.snapshot}: bad {NVML_RECORDING}: {exc}") from exc
+        nvml_api = partial(ReplayNvml, recording)
+    else:
+        unavailable.add("nvml")
+    return Source(f"{tmp.name}/sys", nvml_api, frozenset(unavailable), ns.snapshot)
 
 
 def cmd_agent(ns: argparse.Namespace) -> int:
     config = _config(ns)
     with ExitStack() as stack:
-        root = _replay_root(stack, ns)
-        if ns.snapshot:
-            dropped = config.sampling.enabled & NOT_REPLAYABLE
-            if dropped:
-                log.info(
-                    "replaying %s: %s read live sources a snapshot does not hold; disabled",
-                    ns.snapshot,
-                    ", ".join(sorted(dropped)),
-                )
-            config = AgentConfig(
-                paths=Paths(root, config.paths.procfs),
-                sampling=Sampling(
-                    config.sampling.enabled - NOT_REPLAYABLE,
-                    config.sampling.interval_seconds,
-                    config.sampling.timeout_seconds,
-                ),
-                netdev=config.netdev,
+        src = _open_source(stack, ns)
+        dropped = config.sampling.enabled & src.unavailable
+        if dropped:
+            log.info(
+                "replaying %s: it holds nothing for %s; disabled",
+                src.label,
+                ", ".join(sorted(dropped)),
             )
-        app = AgentApp(build_specs(config, SysfsReader(config.paths.sysfs)))
+        config = replace(
+            config,
+            paths=replace(config.paths, sysfs=src.sysfs),
+            sampling=replace(config.sampling, enabled=config.sampling.enabled - dropped),
+        )
+        specs = build_specs(
+            config, SysfsReader(src.sysfs), nvml_api=src.nvml_api, watch_xid=not ns.once
+        )
+        app = AgentApp(specs)
         if ns.once:
             sys.stdout.buffer.write(app.run_once())
             sys.stdout.flush()
@@ -259,6 +287,10 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
         "on" if web_config and web_config.tls else "off",
         "on" if web_config and web_config.basic_auth_users else "off",
     )
+    # Scrapes are served from cached bytes in a few hundred microseconds, but a request
+    # thread waiting for the GIL waits up to the switch interval (5 ms by default): that wait
+    # is the scrape latency tail. 1 ms keeps it short at negligible cost.
+    sys.setswitchinterval(0.001)
     stop = threading.Event()
 
     def _handle(signum: int, _frame: object) -> None:
@@ -276,29 +308,43 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
 
 def cmd_topo(ns: argparse.Namespace) -> int:
     with ExitStack() as stack:
-        root = _replay_root(stack, ns)
-        runner = Runner([SamplerSpec(PciSampler(SysfsReader(root)), 15.0, 30.0)])
-        status = runner.run_sampler("pci")
-        if status.snapshot is None:
-            if not status.hardware_present and status.success:
-                print(f"no PCI devices found under {root}/bus/pci/devices", file=sys.stderr)
+        src = _open_source(stack, ns)
+        specs = [SamplerSpec(PciSampler(SysfsReader(src.sysfs)), 30.0, 30.0)]
+        if "nvml" not in src.unavailable:
+            specs.append(SamplerSpec(NvmlSampler(src.nvml_api, watch_xid=False), 30.0, 30.0))
+        statuses = Runner(specs).run_once()
+        pci = statuses["pci"]
+        if not isinstance(pci.snapshot, PciSnapshot):
+            if pci.success:
+                print(f"no PCI devices found under {src.sysfs}/bus/pci/devices", file=sys.stderr)
             else:
-                print(
-                    "reading the PCI topology failed; rerun with --log.level=debug", file=sys.stderr
-                )
+                print("reading the PCI topology failed; see the log above", file=sys.stderr)
             return 1
-        topo = topology.analyse(status.snapshot)  # type: ignore[arg-type]
+        nvml = statuses.get("nvml")
+        nvlinks = (
+            nvlinks_by_address(nvml.snapshot)
+            if nvml is not None and isinstance(nvml.snapshot, NvmlSnapshot)
+            else {}
+        )
+        topo = topology.analyse(pci.snapshot)
         if ns.format == "json":
-            print(json.dumps(topology.to_json(topo), indent=2, sort_keys=True))
+            print(json.dumps(topology.to_json(topo, nvlinks), indent=2, sort_keys=True))
         else:
-            print(topology.format_table(topo))
+            print(topology.format_table(topo, nvlinks))
         return 0
 
 
 def cmd_snapshot(ns: argparse.Namespace) -> int:
     config = _config(ns)
     reader = RecordingReader(config.paths.sysfs)
-    specs = build_specs(config, reader)
+    recorder: RecordingNvml | None = None
+
+    def recording_api() -> NvmlApi:
+        nonlocal recorder
+        recorder = RecordingNvml(LiveNvml())
+        return recorder
+
+    specs = build_specs(config, reader, nvml_api=recording_api, watch_xid=False)
     runner = Runner(specs)
     for spec in specs:
         name = spec.sampler.name
@@ -311,10 +357,16 @@ def cmd_snapshot(ns: argparse.Namespace) -> int:
             print("no hardware", file=sys.stderr)
         else:
             print("failed (see log)", file=sys.stderr)
-    result = capture(config.paths.sysfs, reader.touched, ns.output)
+    extra: dict[str, bytes] = {}
+    # a recorder exists when the nvml sampler ran; "no driver" is an answer worth recording
+    # too: replay then says "no hardware", exactly as the host did
+    if recorder is not None and recorder.calls:
+        extra[NVML_RECORDING] = dumps(recorder.recording()).encode()
+    result = capture(config.paths.sysfs, reader.touched, ns.output, extra=extra)
     print(
         f"wrote {ns.output}: {result.files} files, {result.symlinks} symlinks, "
-        f"{result.directories} directories; {len(result.unreadable)} unreadable",
+        f"{result.directories} directories; {len(result.unreadable)} unreadable"
+        + (f"; NVML recording of {len(recorder.calls)} calls" if extra and recorder else ""),
         file=sys.stderr,
     )
     if config.sampling.enabled & NOT_REPLAYABLE:

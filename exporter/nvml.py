@@ -143,8 +143,9 @@ NVLINK_REMOTE_INFO = MetricSpec(
     "fabricscope_nvlink_remote_info",
     "gauge",
     "The device at the far end of an active NVLink; always 1. pci_bus_id is the far end's PCI "
-    "address (another GPU's, or an NVSwitch's).",
-    ("gpu", "link", "pci_bus_id"),
+    "address (another GPU's, or an NVSwitch's); remote_type is GPU, NVSwitch, IBMNPU or unknown "
+    "(empty when NVML does not say).",
+    ("gpu", "link", "pci_bus_id", "remote_type"),
 )
 NVLINK_ERRORS = MetricSpec(
     "fabricscope_nvlink_errors_total",
@@ -229,6 +230,8 @@ def _render_gpu(gpu: NvmlGpu, out: Families) -> None:
         out.add(NVLINK_VERSION, link.version, g, n)
         out.add(NVLINK_SPEED, link.speed_bytes_per_second, g, n)
         if link.remote_pci_bus_id is not None:
-            out.add(NVLINK_REMOTE_INFO, 1, g, n, link.remote_pci_bus_id)
+            out.add(
+                NVLINK_REMOTE_INFO, 1, g, n, link.remote_pci_bus_id, link.remote_device_type or ""
+            )
         for reason, value in link.errors.items():
             out.add(NVLINK_ERRORS, value, g, n, reason)

@@ -48,6 +48,7 @@ LABELS: dict[str, str] = {
     "gpu": "GPU index as NVML numbers it",
     "uuid": "GPU UUID",
     "link": "NVLink index",
+    "remote_type": "what is at the far end of an NVLink: GPU, NVSwitch, IBMNPU, unknown",
     "peer": "probe peer host",
     "namespace": "Kubernetes namespace",
     "pod": "Kubernetes pod name",

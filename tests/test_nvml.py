@@ -609,7 +609,7 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
         ("fabricscope_nvlink_up", down): 0,
         ("fabricscope_nvlink_version", up): 4,
         ("fabricscope_nvlink_speed_bytes_per_second", up): 26_562_000_000,
-        ("fabricscope_nvlink_remote_info", ("0", "0", "0000:c5:00.0")): 1,
+        ("fabricscope_nvlink_remote_info", ("0", "0", "0000:c5:00.0", "NVSwitch")): 1,
         ("fabricscope_nvlink_errors_total", ("0", "0", "replay")): 1,
         ("fabricscope_nvlink_errors_total", ("0", "0", "recovery")): 0,
         ("fabricscope_nvlink_errors_total", ("0", "0", "crc_flit")): 2,

@@ -256,6 +256,7 @@ def test_format_table_exact() -> None:
         "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)\n"
         "  PXB  = Connection traversing multiple PCIe bridges (without the PCIe Host Bridge)\n"
         "  PIX  = Connection traversing at most a single PCIe bridge\n"
+        "  NV#  = Connection traversing a bonded set of # NVLinks (from NVML, when it answers)\n"
         "\n"
         "GPU Legend:\n"
         "\n"
@@ -317,7 +318,9 @@ def test_to_json_exact_and_serialisable() -> None:
             {"gpu": "0000:01:00.0", "nic": "0000:02:00.0", "path_type": "PIX"},
             {"gpu": "0000:81:00.0", "nic": "0000:02:00.0", "path_type": "SYS"},
         ],
-        "gpu_gpu_paths": [{"gpu": "0000:01:00.0", "peer_gpu": "0000:81:00.0", "path_type": "SYS"}],
+        "gpu_gpu_paths": [
+            {"gpu": "0000:01:00.0", "peer_gpu": "0000:81:00.0", "path_type": "SYS", "nvlinks": 0}
+        ],
         "links": [
             {
                 "pci_bus_id": "0000:01:00.0",
