@@ -229,11 +229,15 @@ def parse_nvlink_errors(text: str) -> dict[tuple[int, int], dict[str, int]]:
     return out
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def parse_topo_matrix(text: str) -> dict[tuple[int, int], str]:
-    """The GPU-by-GPU cells of ``nvidia-smi topo -m`` (``NV18``, ``PIX``, ``SYS``, ``X``)."""
+    """The GPU-by-GPU cells of ``nvidia-smi topo -m`` (``NV18``, ``PIX``, ``SYS``, ``X``).
+    Driver 580 underlines the header with ANSI escapes even when writing to a file."""
     header: list[str] | None = None
     out: dict[tuple[int, int], str] = {}
-    for line in text.splitlines():
+    for line in _ANSI.sub("", text).splitlines():
         cells = [c.strip() for c in line.split("\t")]
         if header is None:
             if len(cells) > 1 and cells[0] == "" and "GPU0" in cells:
@@ -288,23 +292,34 @@ def parse_metrics(text: str) -> Metrics:
 
 
 def metrics_nvlink_matrix(m: Metrics) -> dict[tuple[int, int], int] | None:
-    """GPU pairs' direct links from ``fabricscope_nvlink_remote_info``; ``None`` when some
-    active link's far end is not a GPU of this node (NVSwitch, unknown): the metrics alone
-    cannot say which GPUs it reaches."""
+    """GPU pairs' NVLink counts from ``fabricscope_nvlink_remote_info``, by the rule of
+    ``agent.gpu_topology.nvlink_matrix``: links to another GPU of this node count for that
+    pair; links to an NVSwitch (``remote_type="NVSwitch"``) join one switch fabric, and two
+    GPUs on it get the smaller of their switch-link counts. ``None`` when some active link's
+    far end is neither (not exported, or an unknown device): the metrics cannot say."""
     gpu_of = {lab["pci_bus_id"]: int(lab["gpu"]) for lab, _ in m.all("fabricscope_gpu_info")}
     remote = {
-        (lab["gpu"], lab["link"]): lab["pci_bus_id"]
+        (lab["gpu"], lab["link"]): (lab["pci_bus_id"], lab.get("remote_type", ""))
         for lab, _ in m.all("fabricscope_nvlink_remote_info")
     }
     out: dict[tuple[int, int], int] = {}
+    switch_links: dict[int, int] = {}
     for lab, up in m.all("fabricscope_nvlink_up"):
         if up != 1:
             continue
         far = remote.get((lab["gpu"], lab["link"]))
-        if far is None or far not in gpu_of:
+        gpu = int(lab["gpu"])
+        if far is not None and far[1] == "NVSwitch":
+            switch_links[gpu] = switch_links.get(gpu, 0) + 1
+            continue
+        if far is None or far[0] not in gpu_of:
             return None
-        pair = (int(lab["gpu"]), gpu_of[far])
+        pair = (gpu, gpu_of[far[0]])
         out[pair] = out.get(pair, 0) + 1
+    for i, a in switch_links.items():
+        for j, b in switch_links.items():
+            if i != j:
+                out[(i, j)] = out.get((i, j), 0) + min(a, b)
     return out
 
 
@@ -469,6 +484,8 @@ def crosscheck(
             )
     if matrix is None:
         matrix = metrics_nvlink_matrix(m)
+    if not topo:
+        out.append(Check("topo NV#", "node", "(no GPU matrix parsed)", "-", SKIP))
     for (i, j), cell in sorted(topo.items()):
         if i >= j:
             continue

@@ -48,79 +48,15 @@ class RecordingBuilder:
         }
 
 
-def h200x2_standin() -> Recording:
-    """HAND-BUILT STAND-IN for tests/fixtures/nvml/h200x2.recording.json, written before a
-    real recording existed. It is not a recording.
-
-    Built from the facts ../shared/ENVIRONMENT.md documents for the nvidia-h200-x2 machine
-    (driver 580.159.04, NVML 13.580; 2x "NVIDIA H200" at 0000:00:06.0 and 0000:00:07.0, Gen5
-    x16 current and max; 18 NVLinks per GPU, all up, NV18 between them; replay/recovery/CRC
-    counters 0; field values NVLINK_SPEED_MBPS_COMMON and the *_ERROR_COUNT_TOTAL fields
-    NOT_SUPPORTED; NVLINK_LINK_COUNT 18). Everything else is a GUESS, marked below; tests
-    assert documented facts only, so the real recording can replace this without edits.
-    """
-    b = RecordingBuilder({"driver": "580.159.04", "nvml": "13.580", "standin": True})
-    b.ok("nvmlInit")
-    b.ok("NVML_NVLINK_MAX_LINKS", value=36)  # nvidia-ml-py 13.615's constant
-    b.ok("nvmlSystemGetDriverVersion", value="580.159.04")
-    b.ok("nvmlSystemGetNVMLVersion", value="13.580")
-    b.ok("nvmlDeviceGetCount", value=2)
-    for gpu, bus in ((0, "00000000:00:06.0"), (1, "00000000:00:07.0")):
-        b.ok("nvmlDeviceGetPciInfo", gpu, value=bus)
-        b.ok("nvmlDeviceGetUUID", gpu, value=f"GPU-00000000-0000-0000-0000-00000000000{gpu}")
-        b.ok("nvmlDeviceGetName", gpu, value="NVIDIA H200")
-        b.ok("nvmlDeviceGetSerial", gpu, value=f"165000000000{gpu}")  # GUESS
-        b.ok("nvmlDeviceGetVbiosVersion", gpu, value="96.00.A5.00.01")  # GUESS
-        b.ok("nvmlDeviceGetCurrPcieLinkGeneration", gpu, value=5)
-        b.ok("nvmlDeviceGetMaxPcieLinkGeneration", gpu, value=5)
-        b.ok("nvmlDeviceGetCurrPcieLinkWidth", gpu, value=16)
-        b.ok("nvmlDeviceGetMaxPcieLinkWidth", gpu, value=16)
-        b.ok("nvmlDeviceGetPcieReplayCounter", gpu, value=0)  # GUESS
-        b.ok("nvmlDeviceGetRemappedRows", gpu, value=[0, 0, 0, 0])  # GUESS
-        b.ok("nvmlDeviceGetTotalEccErrors", gpu, 0, 0, value=0)  # GUESS
-        b.ok("nvmlDeviceGetTotalEccErrors", gpu, 1, 0, value=0)  # GUESS
-        b.ok("nvmlDeviceGetCurrentClocksEventReasons", gpu, value=0x1)  # GUESS: idle
-        b.ok("nvmlDeviceGetComputeRunningProcesses", gpu, value=[])
-        b.ok("nvmlDeviceRegisterEvents", gpu)  # GUESS
-        b.err("nvmlDeviceGetFieldValues", gpu, 90, 0, name="NOT_SUPPORTED")
-        for link in range(36):
-            if link >= 18:
-                b.err("nvmlDeviceGetNvLinkState", gpu, link, name="INVALID_ARGUMENT")  # GUESS
-                continue
-            b.ok("nvmlDeviceGetNvLinkState", gpu, link, value=1)
-            b.ok("nvmlDeviceGetNvLinkVersion", gpu, link, value=4)  # GUESS
-            b.err("nvmlDeviceGetFieldValues", gpu, 164, link, name="NOT_SUPPORTED")  # GUESS
-            if link < 12:
-                speed_l = (*range(84, 90), *range(132, 138))[link]
-                b.err("nvmlDeviceGetFieldValues", gpu, speed_l, 0, name="NOT_SUPPORTED")  # GUESS
-            # GUESS: the 2-GPU VM's links end at NVSwitches that the VM cannot see
-            b.err("nvmlDeviceGetNvLinkRemotePciInfo", gpu, link, name="NOT_SUPPORTED")
-            b.ok("nvmlDeviceGetNvLinkRemoteDeviceType", gpu, link, value=2)
-            for name, counter in NVLINK_ERROR_COUNTERS:
-                if name == "ecc_data":  # GUESS: not offered, nor its per-link field
-                    b.err(
-                        "nvmlDeviceGetNvLinkErrorCounter", gpu, link, counter, name="NOT_SUPPORTED"
-                    )
-                    if link < 12:
-                        b.err("nvmlDeviceGetFieldValues", gpu, 148 + link, 0, name="NOT_SUPPORTED")
-                else:
-                    b.ok("nvmlDeviceGetNvLinkErrorCounter", gpu, link, counter, value=0)
-    b.ok("nvmlEventSetCreate")  # GUESS
-    b.ok("nvmlEventSetFree")
-    b.ok("nvmlShutdown")
-    return b.build()
-
-
 def h200x2_recording() -> Recording:
-    """The recorded H200 x2 node; the stand-in until the recording is committed."""
-    if H200X2_RECORDING.exists():
-        return load(H200X2_RECORDING)
-    return h200x2_standin()
+    """Every NVML answer of a real 2x H200 node (driver 580.159.04), recorded by
+    scripts/nvml_record.py on the lent nvidia-h200-x2 machine (tests/fixtures/nvml/README.md)."""
+    return load(H200X2_RECORDING)
 
 
 @pytest.fixture
 def recorded_nvml() -> Recording:
-    """A fresh copy of the H200 x2 recording (or its stand-in) for each test to edit."""
+    """A fresh copy of the H200 x2 recording for each test to edit."""
     return h200x2_recording()
 
 
