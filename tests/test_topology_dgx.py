@@ -171,6 +171,9 @@ def load_builder() -> ModuleType:
 
 
 def tree(root: Path) -> dict[str, tuple[str, bytes]]:
+    """Every entry under ``root`` as git can hold it: empty directories (the generator makes
+    ``bus/pci/drivers/*`` for the driver links to point at) are left out, because a fresh
+    clone does not have them."""
     out: dict[str, tuple[str, bytes]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
@@ -179,7 +182,8 @@ def tree(root: Path) -> dict[str, tuple[str, bytes]]:
             if full.is_symlink():
                 out[rel] = ("link", os.readlink(full).encode())
             elif full.is_dir():
-                out[rel] = ("dir", b"")
+                if any(os.scandir(full)):
+                    out[rel] = ("dir", b"")
             else:
                 out[rel] = ("file", full.read_bytes())
     return out
