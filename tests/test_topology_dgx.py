@@ -182,11 +182,12 @@ def tree(root: Path) -> dict[str, tuple[str, bytes]]:
             if full.is_symlink():
                 out[rel] = ("link", os.readlink(full).encode())
             elif full.is_dir():
-                if any(os.scandir(full)):
-                    out[rel] = ("dir", b"")
+                out[rel] = ("dir", b"")
             else:
                 out[rel] = ("file", full.read_bytes())
-    return out
+    held = {k for k, (kind, _) in out.items() if kind != "dir"}
+    prefixes = {p for k in held for p in (k.rsplit("/", i)[0] for i in range(1, k.count("/") + 1))}
+    return {k: v for k, v in out.items() if v[0] != "dir" or k in prefixes}
 
 
 def test_fixture_regenerates_identically(tmp_path: Path, dgx_sys_root: Path) -> None:
