@@ -480,7 +480,7 @@ class _Handler(BaseHTTPRequestHandler):
             f"HTTP/1.1 {status.value} {status.phrase}",
             f"Content-Type: {content_type}",
             f"Content-Length: {len(body)}",
-            f"Date: {formatdate(usegmt=True)}",
+            f"Date: {_http_date()}",
         ]
         lines.extend(f"{k}: {v}" for k, v in extra)
         lines.extend(f"{k}: {v}" for k, v in self._site.headers)
@@ -490,6 +490,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write("\r\n".join(lines).encode("latin-1"))
         if self.command != "HEAD":
             self.wfile.write(body)
+
+
+_date_cache: tuple[int, str] = (0, "")
+
+
+def _http_date() -> str:
+    """The Date header, formatted once per second rather than once per request."""
+    global _date_cache  # noqa: PLW0603 - a one-entry cache, replaced atomically
+    now = int(time.time())
+    cached = _date_cache
+    if cached[0] != now:
+        cached = (now, formatdate(now, usegmt=True))
+        _date_cache = cached
+    return cached[1]
 
 
 def _is_ready(ready: Callable[[], bool]) -> bool:
