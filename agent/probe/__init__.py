@@ -1,0 +1,28 @@
+"""The NCCL probe: active bus-bandwidth measurements between GPUs and between node pairs.
+
+Parts (each its own module; the resident agent never imports torch):
+
+- ``records``   the JSON record a worker prints per measurement, and its parser (pure).
+- ``formulas``  nccl-tests' algbw/busbw formulas (pure).
+- ``worker``    the subprocess program (``python -m agent.probe.worker``): torch.distributed,
+                NCCL on GPUs, gloo on CPU; prints one JSON record per line on stdout.
+- ``schedule``  the coordinator-free pairing schedule (circle method) and fault localisation.
+- ``rendezvous`` peer authentication (shared secret) before any worker starts, and the
+                membership sources (peers file now, Kubernetes later).
+- ``runner``    the agent side: spawns workers on a schedule with hard timeouts, keeps the
+                latest result per (kind, peer, GPU pair, size), ages results out.
+
+Record schema (one JSON object per line on the worker's stdout; ``records.py`` is the
+authority, this is the summary):
+
+    {"schema": "fabricscope-probe/1", "kind": "all_reduce" | "sendrecv" | "latency",
+     "backend": "nccl" | "gloo", "world_size": 2, "ranks": [[host, device], ...],
+     "peer": "" | "<host>", "src": "<host>:<device>", "dst": "<host>:<device>",
+     "size_bytes": 67108864, "iterations": 20, "warmup": 5,
+     "time_seconds": 0.00123,            # mean per iteration
+     "algbw_bytes_per_second": ..., "busbw_bytes_per_second": ...,
+     "correct": true, "error": null | {"reason": "...", "detail": "..."}}
+
+Failure reasons (metric label ``reason``): ``timeout``, ``init_failure``,
+``peer_unreachable``, ``auth_failure``, ``wrong_result``, ``gpu_busy``, ``crashed``.
+"""
