@@ -21,7 +21,14 @@ authority, this is the summary):
      "size_bytes": 67108864, "iterations": 20, "warmup": 5,
      "time_seconds": 0.00123,            # mean per iteration
      "algbw_bytes_per_second": ..., "busbw_bytes_per_second": ...,
-     "correct": true, "error": null | {"reason": "...", "detail": "..."}}
+     "correct": true | false | null,     # null: no result was checked (a failure)
+     "error": null | {"reason": "...", "detail": "..."}}
+
+Exactly one record per message size, in the spec's order, whatever happens. Failures are
+records with ``null`` numbers; ``correct: false`` goes with reason ``wrong_result`` (a
+wrong sum or wrong received bytes: silent data corruption). ``kind: "latency"`` is an
+8-byte all_reduce: ``time_seconds`` is the latency, the bandwidths are ``null``. ``ranks``
+is ``[]`` when the process group never formed; device is ``null`` on CPU (gloo).
 
 Failure reasons (metric label ``reason``): ``timeout``, ``init_failure``,
 ``peer_unreachable``, ``auth_failure``, ``wrong_result``, ``gpu_busy``, ``crashed``.

@@ -1,0 +1,745 @@
+"""The probe worker: ``python -m agent.probe.worker --spec JSON`` (or ``--spec-file F``).
+
+One worker process per rank; the worker never spawns other processes. Whoever starts a
+probe starts one worker per rank: the agent's runner for node pairs (one worker per node),
+and :func:`run_local` for a single-node probe (all ranks as subprocesses on this host,
+returning rank 0's records). This module is importable by the resident agent: torch is
+imported only inside :func:`run`, in the worker process, after the NCCL environment
+defaults are set.
+
+What it does, per message size of the spec (:mod:`agent.probe.records` holds the spec and
+the record):
+
+- ``all_reduce``: a float32 buffer holding ``rank + 1`` on each rank is summed once and
+  checked element by element against ``n (n + 1) / 2`` (integer-valued float32 sums are
+  exact); then the buffer is zeroed, ``warmup`` untimed and ``iterations`` timed in-place
+  all_reduces run, and the buffer is checked to be still all zero. busbw = algbw x
+  2(n-1)/n.
+- ``sendrecv``: each rank sends its buffer to rank + 1 and receives from rank - 1 at the
+  same time (isend/irecv batched, as nccl-tests' sendrecv_perf; with two ranks, 0 and 1
+  exchange); the received buffer is checked against the sender's ``rank + 1``.
+  busbw = algbw.
+- ``latency``: as ``all_reduce`` at 8 bytes; ``time_seconds`` is the latency.
+
+Timing: CUDA events around the timed loop on GPUs, ``perf_counter`` on CPU; the per-rank
+mean is averaged over ranks and the mismatch counts summed, so every rank prints the same
+numbers. A wrong element anywhere is ``correct: false`` with reason ``wrong_result``.
+
+Failures are records, never exit codes: exactly one record per size, in order, whatever
+happens. A size whose two buffers exceed ``max_memory_bytes`` is refused before anything is
+allocated (reason ``init_failure``); a rank that cannot allocate, or a GPU with too little
+free memory, makes every rank record ``gpu_busy`` for that size; a rendezvous that does not
+complete within ``timeout_seconds`` is ``peer_unreachable``; a collective that times out
+is ``timeout`` (gloo raises; NCCL's watchdog ends the process instead, which the caller
+records as ``timeout``/``crashed``). After a collective fails the remaining sizes are not
+attempted and carry the same reason. Exit code 0 with records; 2 only for usage errors.
+
+stdout carries records only: the worker moves the original stdout aside for them and points
+file descriptor 1 at stderr before torch loads, so NCCL_DEBUG or library prints cannot
+interleave with records.
+
+Test hook: ``FABRICSCOPE_PROBE_CORRUPT=1`` in the worker's environment makes the highest
+rank put ``rank + 2`` instead of ``rank + 1`` into its buffer, a stand-in for silent data
+corruption, so tests can see ``wrong_result`` end to end. Never set it in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from agent.logsetup import LEVELS, setup_logging
+from agent.probe import formulas
+from agent.probe.records import (
+    GPU_DEFAULT_SIZES,
+    ProbeError,
+    ProbeRecord,
+    SpecError,
+    WorkerSpec,
+    memory_needed_bytes,
+    parse_records,
+    parse_spec,
+    resolve_sizes,
+    spec_device,
+    spec_to_json,
+    to_json,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from torch._C._distributed_c10d import TCPStore
+
+log = logging.getLogger("agent.probe.worker")  # not "__main__" under -m
+
+#: Set (if unset) in the worker before torch loads, and in run_local's children.
+NCCL_ENV_DEFAULTS = (
+    ("NCCL_NVLS_ENABLE", "0"),
+    ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+    ("NVSHMEM_DISABLE_NVLS", "1"),
+)
+CORRUPT_ENV = "FABRICSCOPE_PROBE_CORRUPT"
+USAGE_EXIT = 2
+#: Free device memory a GPU must keep beyond the probe's buffers, for the workloads on it.
+GPU_FREE_HEADROOM_BYTES = 256 << 20
+#: Elements compared per step of the result check (bounds its temporary to 4 MiB of bools).
+CHECK_CHUNK_ELEMENTS = 4 << 20
+DETAIL_CHARS = 300
+RANK_ID_BYTES = 256
+
+Ranks = tuple[tuple[str, int | None], ...]
+
+
+def apply_env_defaults(env: MutableMapping[str, str]) -> None:
+    """Set the NCCL / symmetric-memory settings every probe runs with, unless already set."""
+    for key, value in NCCL_ENV_DEFAULTS:
+        env.setdefault(key, value)
+
+
+def init_method(addr: str, port: int) -> str:
+    """``tcp://addr:port``, with IPv6 addresses bracketed."""
+    host = f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+    return f"tcp://{host}:{port}"
+
+
+def detail_of(exc: BaseException) -> str:
+    """One line for a record's ``detail``: the exception's type and first message line."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
+    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 3] + "..."
+
+
+def _type_names(exc: BaseException) -> frozenset[str]:
+    return frozenset(c.__name__ for c in type(exc).__mro__)
+
+
+def init_reason(type_names: frozenset[str], message: str) -> str:
+    """The reason for a failed rendezvous: peers that never came (rank 0 waiting for
+    clients, another rank unable to reach rank 0) are ``peer_unreachable``; the rest
+    (NCCL or CUDA failing to start, a bad device) ``init_failure``."""
+    text = message.lower()
+    if {"DistNetworkError", "DistStoreError"} & type_names or "timed out" in text:
+        return "peer_unreachable"
+    return "init_failure"
+
+
+def run_reason(type_names: frozenset[str], message: str) -> str:
+    """The reason for a failed measurement, from the exception a collective raised."""
+    text = message.lower()
+    if "OutOfMemoryError" in type_names:
+        return "gpu_busy"
+    if "timed out" in text or "timeout" in text:
+        return "timeout"
+    peer_gone = ("connection closed", "connection reset", "connection refused", "broken pipe")
+    if "DistNetworkError" in type_names or any(p in text for p in peer_gone):
+        return "peer_unreachable"
+    return "crashed"
+
+
+def failure_record(
+    spec: WorkerSpec, backend: str, size: int, reason: str, detail: str, *, ranks: Ranks = ()
+) -> ProbeRecord:
+    """The record of a size that was not measured."""
+    return ProbeRecord(
+        kind=spec.kind,
+        backend=backend,
+        world_size=spec.world_size,
+        size_bytes=size,
+        iterations=spec.iterations,
+        warmup=spec.warmup,
+        time_seconds=None,
+        algbw_bytes_per_second=None,
+        busbw_bytes_per_second=None,
+        correct=None,
+        error=ProbeError(reason, detail),
+        peer=spec.peer,
+        src=spec.src,
+        dst=spec.dst,
+        ranks=ranks,
+    )
+
+
+def measured_record(
+    spec: WorkerSpec,
+    backend: str,
+    size: int,
+    *,
+    time_seconds: float,
+    mismatches: int,
+    ranks: Ranks,
+) -> ProbeRecord:
+    """The record of a measurement: bandwidths by nccl-tests' formulas (none for latency);
+    any mismatching element makes it ``wrong_result``."""
+    alg: float | None = None
+    bus: float | None = None
+    if spec.kind != "latency" and time_seconds > 0:
+        alg = formulas.algbw(size, time_seconds)
+        bus = formulas.busbw(spec.kind, size, time_seconds, spec.world_size)
+    error = None
+    if mismatches:
+        error = ProbeError(
+            "wrong_result",
+            f"{mismatches} of {size // 4} float32 elements differ from the expected values "
+            f"(summed over {spec.world_size} ranks)",
+        )
+    return ProbeRecord(
+        kind=spec.kind,
+        backend=backend,
+        world_size=spec.world_size,
+        size_bytes=size,
+        iterations=spec.iterations,
+        warmup=spec.warmup,
+        time_seconds=time_seconds,
+        algbw_bytes_per_second=alg,
+        busbw_bytes_per_second=bus,
+        correct=not mismatches,
+        error=error,
+        peer=spec.peer,
+        src=spec.src,
+        dst=spec.dst,
+        ranks=ranks,
+    )
+
+
+def oversize_detail(size: int, max_memory_bytes: int) -> str | None:
+    """Why ``size`` is refused under the memory bound, or None when it fits."""
+    needed = memory_needed_bytes(size)
+    if needed <= max_memory_bytes:
+        return None
+    return (
+        f"size {size} B needs {needed} B (two buffers), above max_memory_bytes "
+        f"{max_memory_bytes} B; not allocated"
+    )
+
+
+# --- the torch side (runs in the worker process only) -----------------------------------
+
+
+class _Refused(Exception):  # noqa: N818 - a control-flow signal, not an error type
+    """Every rank agreed not to measure this size; ``reason``/``detail`` say why."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """What a measurement needs of the formed process group."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    flag: torch.Tensor  # two float64 on the device, for agreement all_reduces
+    corrupt: bool
+
+
+def _mismatches(buf: torch.Tensor, expected: float) -> torch.Tensor:
+    """The number of elements of ``buf`` not equal to ``expected`` (a 0-d int64 tensor on
+    the buffer's device), compared in chunks so the temporary stays small."""
+    import torch
+
+    total = torch.zeros((), dtype=torch.int64, device=buf.device)
+    for start in range(0, buf.numel(), CHECK_CHUNK_ELEMENTS):
+        chunk = buf[start : start + CHECK_CHUNK_ELEMENTS]
+        total += torch.count_nonzero(chunk != expected)
+    return total
+
+
+def _timed(op: Callable[[], None], iterations: int, device: torch.device) -> float:
+    """Mean seconds of one ``op()`` over ``iterations`` back-to-back calls."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        # torch leaves Event's constructor unannotated
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        for _ in range(iterations):
+            op()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1000.0 / iterations
+    began = time.perf_counter()
+    for _ in range(iterations):
+        op()
+    return (time.perf_counter() - began) / iterations
+
+
+def _allocate(group: _Group, count: int, buffers: int) -> list[torch.Tensor]:
+    """``buffers`` float32 tensors of ``count`` elements on every rank, or :class:`_Refused`
+    on every rank when any rank lacks the memory (agreed by one small all_reduce, so no
+    rank is left waiting in a collective the others skipped)."""
+    import torch
+    import torch.distributed as dist
+
+    needed = buffers * count * 4
+    out: list[torch.Tensor] = []
+    why = ""
+    if group.device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(group.device)
+        if free < needed + GPU_FREE_HEADROOM_BYTES:
+            why = f"{free} B free on cuda:{group.device.index}, {needed} B needed"
+    if not why:
+        try:
+            while len(out) < buffers:
+                out.append(torch.empty(count, dtype=torch.float32, device=group.device))
+        except RuntimeError as exc:  # torch.OutOfMemoryError, or the CPU allocator's
+            out.clear()
+            why = detail_of(exc)
+    group.flag.fill_(1.0 if why else 0.0)
+    dist.all_reduce(group.flag)
+    refusing = int(group.flag[0].item())
+    if refusing:
+        out.clear()
+        if group.device.type == "cuda":
+            torch.cuda.empty_cache()
+        local = f"; here: {why}" if why else ""
+        raise _Refused("gpu_busy", f"{refusing} rank(s) could not allocate {needed} B{local}")
+    return out
+
+
+def _agree(group: _Group, seconds: float, mismatches: torch.Tensor) -> tuple[float, int]:
+    """(mean over ranks of the per-iteration time, sum over ranks of mismatching elements)."""
+    import torch.distributed as dist
+
+    group.flag[0] = seconds
+    group.flag[1] = mismatches.to(group.flag.dtype)
+    dist.all_reduce(group.flag)
+    total_seconds, total_bad = group.flag.tolist()
+    return total_seconds / group.world_size, round(total_bad)
+
+
+def _fill_value(group: _Group) -> float:
+    """What this rank puts into its buffer: ``rank + 1`` (``+ 1`` more on the highest rank
+    under the corruption test hook)."""
+    extra = 1.0 if group.corrupt and group.rank == group.world_size - 1 else 0.0
+    return group.rank + 1.0 + extra
+
+
+def _measure_all_reduce(spec: WorkerSpec, group: _Group, size: int) -> tuple[float, int]:
+    import torch.distributed as dist
+
+    bufs = _allocate(group, size // 4, 1)
+    try:
+        buf = bufs[0]
+        n = group.world_size
+        buf.fill_(_fill_value(group))
+        dist.all_reduce(buf)
+        bad = _mismatches(buf, n * (n + 1) / 2)
+        buf.zero_()
+
+        def op() -> None:
+            dist.all_reduce(bufs[0])
+
+        for _ in range(spec.warmup):
+            op()
+        seconds = _timed(op, spec.iterations, group.device)
+        bad += _mismatches(buf, 0.0)
+        del buf
+        return _agree(group, seconds, bad)
+    finally:
+        bufs.clear()  # a traceback keeps this frame alive; it must not keep the memory
+
+
+def _measure_sendrecv(spec: WorkerSpec, group: _Group, size: int) -> tuple[float, int]:
+    import torch.distributed as dist
+
+    bufs = _allocate(group, size // 4, 2)
+    ops: list[dist.P2POp] = []
+    try:
+        send, recv = bufs
+        n = group.world_size
+        send.fill_(_fill_value(group))
+        recv.zero_()
+        ops += [
+            dist.P2POp(dist.isend, send, (group.rank + 1) % n),
+            dist.P2POp(dist.irecv, recv, (group.rank - 1) % n),
+        ]
+        del send
+
+        def op() -> None:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+        for _ in range(spec.warmup):
+            op()
+        seconds = _timed(op, spec.iterations, group.device)
+        sender = (group.rank - 1) % n
+        bad = _mismatches(recv, sender + 1.0)
+        del recv
+        return _agree(group, seconds, bad)
+    finally:
+        ops.clear()  # see _measure_all_reduce
+        bufs.clear()
+
+
+def _rendezvous_store(spec: WorkerSpec, timeout: datetime.timedelta) -> TCPStore:
+    """torch.distributed's TCP store (what ``init_method="tcp://addr:port"`` builds), with
+    rank 0 listening on ``master_addr`` only: torch's own store listens on every interface,
+    and a probe has no business accepting connections on them. Rank 0 waits up to
+    ``timeout`` for all ranks to connect (``DistStoreError``); the others retry connecting
+    for as long (``DistNetworkError``)."""
+    # torch.distributed.TCPStore, imported from where it is defined: torch's re-export of
+    # it is not marked as one for type checkers
+    from torch._C._distributed_c10d import TCPStore
+
+    if spec.rank != 0:
+        return TCPStore(spec.master_addr, spec.master_port, spec.world_size, False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in spec.master_addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((spec.master_addr.strip("[]"), spec.master_port))
+        sock.listen(128)
+        listen_fd = sock.detach()
+    # The store owns the socket from here, also when it gives up waiting for the other
+    # ranks (it has closed the descriptor by then: closing it again could close another).
+    return TCPStore(
+        spec.master_addr,
+        spec.master_port,
+        spec.world_size,
+        True,
+        timeout=timeout,
+        master_listen_fd=listen_fd,
+    )
+
+
+def _form_group(
+    spec: WorkerSpec, backend: str, device: torch.device, *, corrupt: bool
+) -> tuple[_Group, Ranks]:
+    """Join the process group (bounded by ``timeout_seconds``) and learn every rank's
+    (host, device)."""
+    import torch
+    import torch.distributed as dist
+
+    use_cuda = device.type == "cuda"
+    if use_cuda:
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=spec.timeout_seconds)
+    dist.init_process_group(
+        backend,
+        store=_rendezvous_store(spec, timeout),
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timeout,
+        device_id=device if use_cuda else None,
+    )
+    host = spec.host or socket.gethostname()
+    ranks = _gather_ranks(spec.world_size, host, device.index if use_cuda else None, device)
+    flag = torch.zeros(2, dtype=torch.float64, device=device)
+    return _Group(spec.rank, spec.world_size, device, flag, corrupt), ranks
+
+
+def run(spec: WorkerSpec, emit: Callable[[ProbeRecord], None], *, corrupt: bool = False) -> None:
+    """Measure every size of ``spec`` and ``emit`` one record per size, in order. Never
+    raises for a failed measurement; the process group is always torn down."""
+    apply_env_defaults(os.environ)
+    import torch
+    import torch.distributed as dist
+
+    backend = spec.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    sizes = resolve_sizes(spec, backend)
+    refused = {s: d for s in sizes if (d := oversize_detail(s, spec.max_memory_bytes))}
+    for size, detail in refused.items():
+        log.warning("probe size %s refused: %s", size, detail)
+    if all(s in refused for s in sizes):
+        for size in sizes:
+            emit(failure_record(spec, backend, size, "init_failure", refused[size]))
+        return
+
+    use_cuda = backend == "nccl"
+    device = torch.device("cuda", spec_device(spec)) if use_cuda else torch.device("cpu")
+    ranks: Ranks = ()
+    group: _Group | None = None
+    broken: ProbeError | None = None
+    log.info(
+        "probe %s: rank %s of %s, backend %s, device %s, rendezvous %s",
+        spec.kind,
+        spec.rank,
+        spec.world_size,
+        backend,
+        device,
+        init_method(spec.master_addr, spec.master_port),
+    )
+    try:
+        try:
+            group, ranks = _form_group(spec, backend, device, corrupt=corrupt)
+        except Exception as exc:  # every rendezvous failure becomes records, not a crash
+            reason = init_reason(_type_names(exc), str(exc))
+            log.warning("probe rendezvous failed (%s): %s", reason, detail_of(exc))
+            broken = ProbeError(reason, detail_of(exc))
+        for size in sizes:
+            if size in refused:
+                emit(
+                    failure_record(spec, backend, size, "init_failure", refused[size], ranks=ranks)
+                )
+                continue
+            if broken is not None or group is None:
+                why = broken or ProbeError("init_failure", "no process group")
+                emit(failure_record(spec, backend, size, why.reason, why.detail, ranks=ranks))
+                continue
+            measure = _measure_sendrecv if spec.kind == "sendrecv" else _measure_all_reduce
+            try:
+                seconds, bad = measure(spec, group, size)
+            except _Refused as refusal:
+                emit(
+                    failure_record(spec, backend, size, refusal.reason, refusal.detail, ranks=ranks)
+                )
+                continue
+            except Exception as exc:  # a failed collective is a record; the group is unusable
+                reason = run_reason(_type_names(exc), str(exc))
+                log.warning("probe size %s failed (%s): %s", size, reason, detail_of(exc))
+                emit(failure_record(spec, backend, size, reason, detail_of(exc), ranks=ranks))
+                broken = ProbeError(
+                    reason, f"not measured after an earlier failure: {detail_of(exc)}"
+                )
+                continue
+            emit(
+                measured_record(
+                    spec, backend, size, time_seconds=seconds, mismatches=bad, ranks=ranks
+                )
+            )
+    finally:
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        if use_cuda:
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize(device)
+                torch.cuda.empty_cache()
+
+
+def encode_rank(host: str, device: int | None) -> bytes:
+    """A rank's identity as the fixed-size bytes the ranks exchange after the rendezvous
+    (``[host, device]`` as JSON, the host cut short to fit, zero-padded)."""
+    for cut in range(len(host), -1, -1):
+        data = json.dumps([host[:cut], device], ensure_ascii=True).encode()
+        if len(data) <= RANK_ID_BYTES:
+            return data.ljust(RANK_ID_BYTES, b"\0")
+    raise ValueError(f"device {device} does not fit in {RANK_ID_BYTES} bytes")
+
+
+def decode_rank(data: bytes) -> tuple[str, int | None]:
+    """The inverse of :func:`encode_rank`; raises ValueError on anything else."""
+    value = json.loads(data.rstrip(b"\0").decode())
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and (value[1] is None or (isinstance(value[1], int) and not isinstance(value[1], bool)))
+    ):
+        return (value[0], value[1])
+    raise ValueError(f"not a rank identity: {value!r}")
+
+
+def _gather_ranks(
+    world_size: int, host: str, index: int | None, device: torch.device
+) -> tuple[tuple[str, int | None], ...]:
+    """Every rank's (host, device), by one all_gather of fixed-size byte tensors (no
+    pickling: ``all_gather_object`` needs numpy, which the worker does not)."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor(list(encode_rank(host, index)), dtype=torch.uint8, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(everyone, mine)
+    return tuple(decode_rank(bytes(t.tolist())) for t in everyone)
+
+
+# --- single-node launcher (agent side, no torch) -----------------------------------------
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``addr`` a moment ago (for a local rendezvous)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _child_env(base: Mapping[str, str]) -> dict[str, str]:
+    env = dict(base)
+    apply_env_defaults(env)
+    root = str(Path(__file__).resolve().parents[2])
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = root if not path else f"{root}{os.pathsep}{path}"
+    return env
+
+
+def _last_line(path: Path) -> str:
+    lines = path.read_text(errors="replace").strip().splitlines()
+    return lines[-1][:DETAIL_CHARS] if lines else ""
+
+
+def run_local(
+    spec_base: WorkerSpec,
+    world_size: int,
+    *,
+    deadline_seconds: float | None = None,
+    env: Mapping[str, str] | None = None,
+    python: str = sys.executable,
+) -> list[ProbeRecord]:
+    """Run all ``world_size`` ranks of a single-node probe as worker subprocesses on this
+    host and return rank 0's records, one per size.
+
+    Each rank gets ``spec_base`` with its ``rank``, ``world_size``, ``local_rank = rank``
+    and, when ``spec_base.master_port`` is 0, a free port. Workers still running at the
+    deadline (default: ``timeout_seconds x (sizes + 3) + 30``) are killed; sizes rank 0
+    printed no record for get a synthesized ``timeout`` (killed) or ``crashed`` record.
+    With ``backend="auto"`` and no output at all, those records guess the backend from
+    ``devices`` (NCCL when devices are named), so name the backend where it is known.
+    """
+    port = spec_base.master_port or free_port(spec_base.master_addr)
+    specs = [
+        replace(spec_base, rank=r, world_size=world_size, local_rank=None, master_port=port)
+        for r in range(world_size)
+    ]
+    if deadline_seconds is None:
+        planned = len(spec_base.sizes or GPU_DEFAULT_SIZES)
+        deadline_seconds = spec_base.timeout_seconds * (planned + 3) + 30.0
+    child_env = _child_env(os.environ if env is None else env)
+    killed = False
+    with tempfile.TemporaryDirectory(prefix="fabricscope-probe-") as tmp:
+        outs = [Path(tmp, f"rank{r}.out") for r in range(world_size)]
+        errs = [Path(tmp, f"rank{r}.err") for r in range(world_size)]
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for spec, out, err in zip(specs, outs, errs, strict=True):
+                with out.open("wb") as out_f, err.open("wb") as err_f:
+                    procs.append(
+                        subprocess.Popen(
+                            [python, "-m", "agent.probe.worker", "--spec", spec_to_json(spec)],
+                            stdin=subprocess.DEVNULL,
+                            stdout=out_f,
+                            stderr=err_f,
+                            env=child_env,
+                        )
+                    )
+            end = time.monotonic() + deadline_seconds
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(0.0, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    killed = True
+                    break
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        records, problems = parse_records(outs[0].read_text(errors="replace"))
+        for problem in problems:
+            log.warning("probe worker rank 0 printed a bad record: %s", problem)
+        for rank, proc in enumerate(procs):
+            if proc.returncode != 0:
+                log.warning(
+                    "probe worker rank %s exited with %s: %s",
+                    rank,
+                    proc.returncode,
+                    _last_line(errs[rank]),
+                )
+        rank0_rc = procs[0].returncode if procs else None
+        rank0_err = _last_line(errs[0])
+    return records + _synthesized(
+        spec_base,
+        world_size,
+        records=records,
+        killed=killed,
+        returncode=rank0_rc,
+        stderr_tail=rank0_err,
+    )
+
+
+def _synthesized(
+    spec: WorkerSpec,
+    world_size: int,
+    *,
+    records: Sequence[ProbeRecord],
+    killed: bool,
+    returncode: int | None,
+    stderr_tail: str,
+) -> list[ProbeRecord]:
+    """Failure records for the sizes rank 0 printed nothing for."""
+    if records:
+        backend = records[0].backend
+    elif spec.backend != "auto":
+        backend = spec.backend
+    else:
+        backend = "nccl" if spec.devices else "gloo"
+    expected = resolve_sizes(spec, backend)
+    missing = expected[len(records) :]
+    if not missing:
+        return []
+    local = replace(spec, rank=0, world_size=world_size, local_rank=None)
+    if killed:
+        reason, detail = "timeout", "worker killed at the probe deadline"
+    else:
+        reason = "crashed"
+        detail = f"worker rank 0 exited with code {returncode}: {stderr_tail}"[:DETAIL_CHARS]
+    return [failure_record(local, backend, size, reason, detail) for size in missing]
+
+
+# --- CLI --------------------------------------------------------------------------------
+
+
+def _records_stream() -> TextIO:
+    """The original stdout for records; fd 1 (and with it sys.stdout) now goes to stderr."""
+    sys.stdout.flush()
+    records_fd = os.dup(1)
+    os.dup2(2, 1)
+    return os.fdopen(records_fd, "w", buffering=1, encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m agent.probe.worker",
+        description="fabricscope probe worker: one rank of an NCCL/gloo bandwidth probe; "
+        "prints one JSON record per message size on stdout.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--spec", help="the worker spec as JSON")
+    source.add_argument("--spec-file", type=Path, help="a file holding the worker spec JSON")
+    parser.add_argument("--log.level", dest="log_level", choices=LEVELS, default="warning")
+    parser.add_argument("--log.format", dest="log_format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level, args.log_format)
+    try:
+        text = args.spec if args.spec is not None else args.spec_file.read_text()
+        spec = parse_spec(text)
+        if spec.master_port == 0:
+            raise SpecError("master_port 0: a worker needs the rendezvous port of rank 0")
+    except (OSError, SpecError) as exc:
+        print(f"{parser.prog}: invalid spec: {exc}", file=sys.stderr)
+        return USAGE_EXIT
+    out = _records_stream()
+
+    def emit(rec: ProbeRecord) -> None:
+        out.write(to_json(rec) + "\n")
+        out.flush()
+
+    try:
+        run(spec, emit, corrupt=os.environ.get(CORRUPT_ENV) == "1")
+    finally:
+        out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
