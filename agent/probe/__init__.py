@@ -7,6 +7,8 @@ Parts (each its own module; the resident agent never imports torch):
 - ``worker``    the subprocess program (``python -m agent.probe.worker``): torch.distributed,
                 NCCL on GPUs, gloo on CPU; prints one JSON record per line on stdout.
 - ``schedule``  the coordinator-free pairing schedule (circle method) and fault localisation.
+- ``plan``      the simulation behind ``fabricscope probe plan`` (rounds, wall time, when a
+                fault is localised).
 - ``rendezvous`` peer authentication (shared secret) before any worker starts, and the
                 membership sources (peers file now, Kubernetes later).
 - ``runner``    the agent side: spawns workers on a schedule with hard timeouts, keeps the
