@@ -16,8 +16,9 @@ What is exported and what is not
     driver or pynvml lacking the call) leave that value ``None`` *quietly*: no
     :class:`~agent.sysfs.ReadIssue`, because the runner counts every issue as a read error
     and "this GPU has no such counter" is not one. ``GPU_IS_LOST`` marks the GPU lost (a
-    ``gpu_lost`` finding and metric); its remaining calls are skipped and the other GPUs are
-    still sampled. Any other error costs that one value and records an issue with path
+    ``gpu_lost`` finding and metric); its remaining calls are skipped, it keeps its identity
+    as last read (so ``gpu_info`` still names the lost GPU), and the other GPUs are still
+    sampled. Any other error costs that one value and records an issue with path
     ``nvml/<gpu>/<call>[/<qualifier>]`` (``nvml/0/nvmlDeviceGetNvLinkErrorCounter/link3/replay``);
     an answer of the wrong shape (:class:`NvmlAnswerError`, a PCI address that does not parse)
     is a ``parse`` issue. PCI addresses are exported in sysfs form (``0000:19:00.0``).
@@ -26,10 +27,13 @@ NVLink
     Links are discovered by asking ``nvmlDeviceGetNvLinkState`` for every index below
     ``NVML_NVLINK_MAX_LINKS``; an index answered ``NOT_SUPPORTED`` or ``INVALID_ARGUMENT`` is
     no link. Speed, far end (PCI address and device type) are read for links that are up;
-    error counters for every link. Error counters come from ``nvmlDeviceGetNvLinkErrorCounter``
-    and, where that is unsupported, from the field values NVML offers for the same counter
-    (the per-link ``NVML_FI_DEV_NVLINK_ERROR_DL_*`` fields, then the older per-link
-    ``*_ERROR_COUNT_L<n>`` fields for links 0-11).
+    error counters for every link. Replay, recovery and CRC-flit come from the per-link
+    ``NVML_FI_DEV_NVLINK_ERROR_DL_*`` fields (161-163, scopeId = link) batched into one
+    ``nvmlDeviceGetFieldValues`` per GPU, else ``nvmlDeviceGetNvLinkErrorCounter``, else the
+    older per-link ``*_ERROR_COUNT_L<n>`` fields (links 0-11); crc_data and ecc_data from
+    ``nvmlDeviceGetNvLinkErrorCounter``, else the older fields. Which links exist and what
+    does not change is cached, and the error counters are read in rotation:
+    :class:`NvmlSampler` says what a pass reads and why.
 
 XID errors
     A background thread, started by the first :meth:`NvmlSampler.sample`, waits on an NVML
@@ -39,22 +43,24 @@ XID errors
     fatal. :meth:`NvmlSampler.close` stops the thread.
 
 Hung calls
-    The runner abandons a sampling call that exceeds its timeout. ``sample`` takes no lock,
-    and the XID thread holds its lock only to update or copy its counts, never across an
-    NVML call, so a hung NVML call can block nothing but the thread it hangs in.
+    The runner abandons a sampling call that exceeds its timeout. ``sample`` holds its lock
+    only to take a pass number and to hand its caches over, and the XID thread holds its lock
+    only to update or copy its counts, never across an NVML call, so a hung NVML call can
+    block nothing but the thread it hangs in.
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
 import functools
 import logging
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Protocol, TypeVar, cast
+from typing import NoReturn, Protocol, TypeAlias, TypeVar, cast
 
 from agent.errors import NoData
 from agent.findings import Finding
@@ -129,6 +135,11 @@ _FI_LEGACY_ERRORS: dict[str, tuple[int, ...]] = {
     "ecc_data": tuple(range(148, 160)),
 }
 FI_NVLINK_GET_SPEED = 164  # NVML_FI_DEV_NVLINK_GET_SPEED, MBps, scopeId = link
+FI_ECC_SBE_VOL_TOTAL = 3  # NVML_FI_DEV_ECC_SBE_VOL_TOTAL: volatile corrected ECC errors
+FI_ECC_DBE_VOL_TOTAL = 4  # NVML_FI_DEV_ECC_DBE_VOL_TOTAL: volatile uncorrected ECC errors
+FI_PCIE_REPLAY_COUNTER = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+#: NVML_FI_DEV_REMAPPED_COR, _UNC, _PENDING, _FAILURE: nvmlDeviceGetRemappedRows' four values
+FI_REMAPPED_ROWS = (142, 143, 144, 145)
 _FI_LEGACY_SPEED = (*range(84, 90), *range(132, 138))  # NVML_FI_DEV_NVLINK_SPEED_MBPS_L0..L11
 FI_NVLINK_SPEED_COMMON = 90  # NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON
 _MEGABYTE = 1_000_000
@@ -278,6 +289,14 @@ class NvmlApi(Protocol):
     def field_value(self, gpu: int, field_id: int, scope_id: int) -> int:
         """nvmlDeviceGetFieldValues for one field; the field's own return code raises."""
 
+    def field_values(
+        self, gpu: int, fields: Sequence[tuple[int, int]]
+    ) -> tuple[int | NvmlCallError, ...]:
+        """One nvmlDeviceGetFieldValues call for every ``(field id, scope id)`` in ``fields``:
+        per field, in order, its value or its own return code as an :class:`NvmlCallError`
+        (one field NOT_SUPPORTED does not cost the others). An error of the whole call
+        (GPU_IS_LOST, FUNCTION_NOT_FOUND ...) raises."""
+
     def xid_open(self) -> None:
         """nvmlEventSetCreate (one event set per API object)."""
 
@@ -334,6 +353,15 @@ _VALUE_MEMBERS = {
     5: "siVal",
     6: "usVal",
 }
+
+
+def _field_answer(call: str, v: _FieldValue) -> int | NvmlCallError:
+    """One c_nvmlFieldValue_t: its value, or its own return code as an error."""
+    code = int(v.nvmlReturn)
+    if code != 0:
+        return NvmlCallError.of(call, code)
+    raw: object = getattr(v.value, _VALUE_MEMBERS.get(int(v.valueType), "ullVal"))
+    return round(raw) if isinstance(raw, float) else _int(raw, call)
 
 
 class LiveNvml:
@@ -482,13 +510,21 @@ class LiveNvml:
         return self._dint("nvmlDeviceGetNvLinkErrorCounter", gpu, link, counter)
 
     def field_value(self, gpu: int, field_id: int, scope_id: int) -> int:
+        answer = self.field_values(gpu, ((field_id, scope_id),))[0]
+        if isinstance(answer, NvmlCallError):
+            raise answer
+        return answer
+
+    def field_values(
+        self, gpu: int, fields: Sequence[tuple[int, int]]
+    ) -> tuple[int | NvmlCallError, ...]:
         call = "nvmlDeviceGetFieldValues"
-        values = cast(Sequence[_FieldValue], self._dev(call, gpu, [(field_id, scope_id)]))
-        v = values[0]
-        if int(v.nvmlReturn) != 0:
-            raise NvmlCallError.of(call, int(v.nvmlReturn))
-        raw: object = getattr(v.value, _VALUE_MEMBERS.get(int(v.valueType), "ullVal"))
-        return round(raw) if isinstance(raw, float) else _int(raw, call)
+        if not fields:
+            return ()
+        values = cast(Sequence[_FieldValue], self._dev(call, gpu, [(f, s) for f, s in fields]))
+        if len(values) != len(fields):
+            raise NvmlAnswerError(call, f"{len(values)} answers to {len(fields)} fields")
+        return tuple(_field_answer(call, v) for v in values)
 
     def xid_open(self) -> None:
         self._event_set = self._call("nvmlEventSetCreate")
@@ -563,7 +599,7 @@ class NvLinkErrorCounts:
         """Sum of the replay, recovery and CRC-flit counters (0 when none): the three that
         ``nvidia-smi nvlink -e`` reports. ``crc_data`` and ``ecc_data`` are exported but left
         out here: on a healthy 2x H200 node (driver 580.159.04, the committed recording) every
-        link read crc_data 2-3 and ecc_data 4 while nvidia-smi reported no errors, so a
+        link read crc_data 1-25 and ecc_data 2-39 while nvidia-smi reported no errors, so a
         non-zero value there is no finding; alert on their rate instead."""
         return sum(v or 0 for k, v in self.items() if k in FINDING_NVLINK_ERRORS)
 
@@ -618,7 +654,8 @@ class ComputeProcess:
 
 @dataclass(frozen=True, slots=True)
 class NvmlGpu:
-    """One GPU as NVML numbers it. A lost GPU keeps only what was read before NVML said so."""
+    """One GPU as NVML numbers it. A lost GPU keeps its identity (PCI address, UUID, name,
+    serial, VBIOS) as last read, and otherwise only what its pass read before NVML said so."""
 
     index: int
     lost: bool = False
@@ -688,35 +725,209 @@ def _issue_reason(name: str) -> str:
     return "io"
 
 
+def _raise(exc: Exception) -> NoReturn:
+    raise exc
+
+
+def _path(where: str, call: str) -> str:
+    """``nvml/<gpu>/<call>/<qualifier>`` from ``<gpu>/<qualifier>``."""
+    gpu, _, qualifier = where.partition("/")
+    return "/".join(p for p in ("nvml", gpu, call, qualifier) if p)
+
+
+class _Miss(enum.Enum):
+    """Why a read gave no value: NVML does not offer it here, or it failed (an issue)."""
+
+    UNSUPPORTED = "unsupported"
+    FAILED = "failed"
+
+
+#: answers to "is there a link n" meaning "no such link" (links 18-35 of an 18-link GPU
+#: answer INVALID_ARGUMENT)
+NO_LINK = UNSUPPORTED | {"INVALID_ARGUMENT"}
+
+#: one entry of a batched nvmlDeviceGetFieldValues as the sampler sees it (a failed whole call
+#: or an answer of the wrong shape stands for every entry)
+FieldAnswer: TypeAlias = int | NvmlCallError | NvmlAnswerError
+
+
 class _Pass:
     """Error policy of one sampling pass (see the module docstring)."""
 
     def __init__(self) -> None:
         self.issues: list[ReadIssue] = []
 
-    def get(
+    def attempt(
         self, where: str, thunk: Callable[[], T], *, quiet: frozenset[str] = UNSUPPORTED
-    ) -> T | None:
-        """``thunk()``, or ``None``; ``where`` is ``<gpu>`` or ``<gpu>/<qualifier>`` or ``""``."""
+    ) -> T | _Miss:
+        """``thunk()``, or why not; ``where`` is ``<gpu>`` or ``<gpu>/<qualifier>`` or ``""``.
+        An error in ``quiet`` is :attr:`_Miss.UNSUPPORTED`, any other an issue and
+        :attr:`_Miss.FAILED`; GPU_IS_LOST raises :class:`_GpuLost`."""
         try:
             return thunk()
         except NvmlCallError as exc:
             if exc.name in quiet:
-                return None
-            gpu, _, qualifier = where.partition("/")
-            if exc.name == "GPU_IS_LOST" and gpu:
+                return _Miss.UNSUPPORTED
+            if exc.name == "GPU_IS_LOST" and where.partition("/")[0]:
                 raise _GpuLost(str(exc)) from exc
-            path = "/".join(p for p in ("nvml", gpu, exc.call, qualifier) if p)
-            self.issues.append(ReadIssue(path, _issue_reason(exc.name), str(exc)))
-            return None
+            self.issues.append(ReadIssue(_path(where, exc.call), _issue_reason(exc.name), str(exc)))
         except NvmlAnswerError as exc:  # an answer of the wrong shape
-            gpu, _, qualifier = where.partition("/")
-            path = "/".join(p for p in ("nvml", gpu, exc.call, qualifier) if p)
-            self.issues.append(ReadIssue(path, "parse", str(exc)))
-            return None
+            self.issues.append(ReadIssue(_path(where, exc.call), "parse", str(exc)))
         except ValueError as exc:  # an answer fabricscope cannot parse (a mangled PCI address)
             self.issues.append(ReadIssue(f"nvml/{where}", "parse", str(exc)))
-            return None
+        return _Miss.FAILED
+
+    def get(
+        self, where: str, thunk: Callable[[], T], *, quiet: frozenset[str] = UNSUPPORTED
+    ) -> T | None:
+        """``thunk()``, or ``None`` (see :meth:`attempt`)."""
+        value = self.attempt(where, thunk, quiet=quiet)
+        return None if isinstance(value, _Miss) else value
+
+    def answer(self, where: str, answer: FieldAnswer) -> int | _Miss:
+        """One entry of a batched field-values call, under the policy of a call of its own."""
+        if isinstance(answer, int):
+            return answer
+        return self.attempt(where, functools.partial(_raise, answer))
+
+
+class _Batch:
+    """The field values one GPU's pass needs, gathered so that NVML is called once."""
+
+    def __init__(self) -> None:
+        self.fields: list[tuple[int, int]] = []
+        self._index: dict[tuple[int, str], int] = {}
+        self._answers: tuple[FieldAnswer, ...] = ()
+
+    def ask(self, key: tuple[int, str], field_id: int, scope_id: int) -> None:
+        self._index[key] = len(self.fields)
+        self.fields.append((field_id, scope_id))
+
+    def __contains__(self, key: tuple[int, str]) -> bool:
+        return key in self._index
+
+    def run(self, api: NvmlApi, gpu: int) -> None:
+        if not self.fields:
+            return
+        n = len(self.fields)
+        try:
+            answers: tuple[FieldAnswer, ...] = api.field_values(gpu, self.fields)
+        except (NvmlCallError, NvmlAnswerError) as exc:  # the whole call: every entry
+            answers = (exc,) * n
+        if len(answers) != n:
+            error = NvmlAnswerError(
+                "nvmlDeviceGetFieldValues", f"{len(answers)} answers to {n} fields"
+            )
+            answers = (error,) * n
+        self._answers = answers
+
+    def __getitem__(self, key: tuple[int, str]) -> FieldAnswer:
+        return self._answers[self._index[key]]
+
+
+class _Via(enum.Enum):
+    """The NVML path that answers a value on one GPU, learned on the first read after each
+    static refresh: a path that answered NOT_SUPPORTED is not asked again until the next."""
+
+    FIELD = "field"  # an entry of the GPU's one batched nvmlDeviceGetFieldValues per pass
+    CALL = "call"  # the value's own NVML call
+    LEGACY = "legacy"  # an older per-link field id (links 0-11), one call each
+    NOTHING = "nothing"  # no path answers: absent, not asked again
+
+
+_COUNTER_PATHS = (_Via.FIELD, _Via.CALL, _Via.LEGACY)
+_GPU_PATHS = (_Via.FIELD, _Via.CALL)
+#: the counters ``nvidia-smi nvlink -e`` shows (findings), read every ``link_error_rotation``
+#: passes through fields 161-163; the others, every ``slow_error_rotation`` passes, per call
+_FAST_ERRORS = ("replay", "recovery", "crc_flit")
+_SLOW_ERRORS = ("crc_data", "ecc_data")
+_ERROR_COUNTER_IDS = dict(NVLINK_ERROR_COUNTERS)
+#: GPU-level counters read each pass, by the fields that carry them in the batch
+_GPU_FIELDS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("pcie_replays", (FI_PCIE_REPLAY_COUNTER,)),
+    ("remapped_rows", FI_REMAPPED_ROWS),
+    ("ecc_corrected", (FI_ECC_SBE_VOL_TOTAL,)),
+    ("ecc_uncorrected", (FI_ECC_DBE_VOL_TOTAL,)),
+)
+_GPU_FIELD_IDS = dict(_GPU_FIELDS)
+_GPU_LEVEL = -1  # the "link" of a GPU-level value in the per-GPU caches
+
+
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    """What identifies a GPU and cannot change while the driver is loaded."""
+
+    pci_bus_id: str | None = None
+    uuid: str | None = None
+    name: str | None = None
+    serial: str | None = None
+    vbios_version: str | None = None
+    max_generation: int | None = None
+    max_width: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _LinkStatic:
+    """What a link says that changes only with its state. ``complete``: read without an
+    issue (otherwise read again on the next pass)."""
+
+    state: int
+    version: int | None
+    speed_bytes_per_second: int | None
+    remote_pci_bus_id: str | None
+    remote_device_type: str | None
+    complete: bool
+
+
+@dataclass(slots=True)
+class _GpuCache:
+    """What one GPU's passes carry to the next: static facts, the path that answers each
+    value (:class:`_Via`), and the last value of each NVLink error counter by
+    ``(link, counter)`` (a key absent: not read yet, or its last read failed). A pass works
+    on a copy and the sampler keeps the newest pass's copies."""
+
+    identity: _Identity
+    #: identity read without an issue; else read again next pass
+    static_complete: bool
+    #: the pass on which the static facts are read again
+    refresh_at: int
+    #: link indices that exist (a probe that did not answer "no such link")
+    links: tuple[int, ...]
+    link_static: dict[int, _LinkStatic] = field(default_factory=dict)
+    via: dict[tuple[int, str], _Via] = field(default_factory=dict)
+    counts: dict[tuple[int, str], int | None] = field(default_factory=dict)
+    #: NVML answered GPU_IS_LOST: read everything again
+    stale: bool = False
+
+    def copy(self) -> _GpuCache:
+        return _GpuCache(
+            self.identity,
+            self.static_complete,
+            self.refresh_at,
+            self.links,
+            dict(self.link_static),
+            dict(self.via),
+            dict(self.counts),
+            self.stale,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeStatic:
+    driver_version: str | None
+    nvml_version: str | None
+    max_links: int
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """What the newest finished pass leaves for the next."""
+
+    node: _NodeStatic | None = None
+    gpus: Mapping[int, _GpuCache] = field(default_factory=dict)
+    #: the pass that left it (-1: none yet)
+    pass_index: int = -1
 
 
 @dataclass(slots=True)
@@ -734,6 +945,13 @@ class _GpuBuilder:
     clocks_event_reasons: int | None = None
     compute_processes: tuple[ComputeProcess, ...] | None = None
     nvlinks: list[NvLink] = field(default_factory=list)
+
+    def identify(self, ident: _Identity) -> None:
+        self.pci_bus_id = ident.pci_bus_id
+        self.uuid = ident.uuid
+        self.name = ident.name
+        self.serial = ident.serial
+        self.vbios_version = ident.vbios_version
 
     def freeze(self, lost: bool) -> NvmlGpu:
         return NvmlGpu(
@@ -842,7 +1060,54 @@ class _XidWatcher:
 class NvmlSampler:
     """Samples every GPU NVML sees. ``api_factory`` builds the :class:`NvmlApi` (default:
     :class:`LiveNvml`); it is called, and ``nvmlInit`` run, once, on the first pass that
-    finds a driver. ``watch_xid`` starts the XID thread on the first successful pass."""
+    finds a driver. ``watch_xid`` starts the XID thread on the first successful pass.
+
+    What a pass costs, and why it does not read everything
+        NVML's per-link reads are expensive in CPU (measured on a 2x H200 node, driver
+        580.159.04, ``bench/nvml_fieldvalues.py``): ``nvmlDeviceGetNvLinkErrorCounter`` 0.46 ms
+        per counter, a link-scoped entry of ``nvmlDeviceGetFieldValues`` 0.13 ms, against
+        1.5 us for ``nvmlDeviceGetNvLinkState``. Reading all five counters of all links each
+        pass cost 194 ms CPU for two GPUs (430 calls); an 8-GPU node would spend most of a
+        second per pass. So a pass reads:
+
+        * every pass, per GPU: link states; the GPU-level counters (PCIe replays, remapped
+          rows, volatile ECC) as entries of ONE ``nvmlDeviceGetFieldValues`` call (fields
+          94, 142-145, 3, 4), falling back to their own calls where a field answers
+          NOT_SUPPORTED; current PCIe generation and width; clock-event reasons; compute
+          processes.
+        * replay, recovery and CRC-flit counters (the ones that make findings) of the links
+          with ``link % link_error_rotation == pass % link_error_rotation``, as entries of
+          the same batched call (fields 161-163, scopeId = link), falling back per link and
+          counter to ``nvmlDeviceGetNvLinkErrorCounter`` and then the older per-link fields.
+          With the default 3, each link's counters are at most 3 passes old (45 s at the
+          default 15 s interval).
+        * crc_data and ecc_data (no scoped field carries them: one 0.46 ms call each) of the
+          links with ``link % slow_error_rotation == pass % slow_error_rotation``: default
+          9, at most 9 passes old (2 min 15 s). They are no findings (non-zero on healthy
+          links); alert on their rate.
+        * once per ``static_refresh_passes`` passes (default 40, 10 min at 15 s; GPU ``g``
+          on the passes where ``pass % N == g % N``, so GPUs do not all refresh at once),
+          after GPU_IS_LOST, and while a previous read of them failed: what cannot change
+          while the driver is loaded, that is identity (PCI address, UUID, name, serial,
+          VBIOS), maximum PCIe generation and width, and which link indices exist (all
+          ``NVML_NVLINK_MAX_LINKS`` probed). A link's version, speed and far end are read
+          again when its state changes, and at that refresh.
+
+        A counter not read in a pass is exported with its last value: a sample of a counter
+        taken a few passes ago is still a correct sample of it. The first pass reads every
+        counter of every link (a link seen for the first time is read at once), so one pass
+        (``--once``, a snapshot, a recording) is complete; a counter whose read failed is
+        absent until it is read again, on the next pass. The path that answers each value
+        (batched field, own call, older field) is learned on the first read and kept until
+        the static refresh, so a GPU that lacks the fields costs no extra calls per pass.
+
+    Concurrency
+        The runner abandons a hung pass and starts the next. Each pass works on a copy of
+        what the previous passes cached, and only the newest pass's copy is kept, so a hung
+        pass that returns late cannot put older counter values back (a counter that went
+        backwards would read as a reset). The lock guarding that hand-over is never held
+        across an NVML call.
+    """
 
     name = "nvml"
 
@@ -852,12 +1117,28 @@ class NvmlSampler:
         *,
         watch_xid: bool = True,
         xid_wait_ms: int = 1000,
+        link_error_rotation: int = 3,
+        slow_error_rotation: int = 9,
+        static_refresh_passes: int = 40,
     ) -> None:
+        for name, value in (
+            ("link_error_rotation", link_error_rotation),
+            ("slow_error_rotation", slow_error_rotation),
+            ("static_refresh_passes", static_refresh_passes),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, not {value}")
         self._factory: Callable[[], NvmlApi] = api_factory or LiveNvml
         self._api: NvmlApi | None = None
         self._watch_xid = watch_xid
         self._xid_wait_ms = xid_wait_ms
         self._xid: _XidWatcher | None = None
+        self.link_error_rotation = link_error_rotation
+        self.slow_error_rotation = slow_error_rotation
+        self.static_refresh_passes = static_refresh_passes
+        self._lock = threading.Lock()  # guards the two below, never held across NVML
+        self._passes = 0
+        self._state = _State()
 
     def _ensure_api(self) -> NvmlApi:
         if self._api is not None:
@@ -874,21 +1155,43 @@ class NvmlSampler:
 
     def sample(self) -> NvmlSnapshot:
         api = self._ensure_api()
+        with self._lock:
+            k = self._passes
+            self._passes += 1
+            state = self._state
         p = _Pass()
-        driver = p.get("", api.driver_version)
-        nvml_version = p.get("", api.nvml_version)
+        node = state.node
+        if node is None or not node.complete or k % self.static_refresh_passes == 0:
+            before = len(p.issues)
+            driver = p.get("", api.driver_version)
+            nvml_version = p.get("", api.nvml_version)
+            complete = len(p.issues) == before
+            node = None
         count = api.device_count()
         if count == 0:
             raise NoData("NVML sees no GPU")
-        max_links = api.nvlink_max_links()
-        gpus = tuple(self._sample_gpu(api, p, gpu, max_links) for gpu in range(count))
+        if node is None:
+            node = _NodeStatic(driver, nvml_version, api.nvlink_max_links(), complete)
+        gpus: list[NvmlGpu] = []
+        caches: dict[int, _GpuCache] = {}
+        for gpu in range(count):
+            old = state.gpus.get(gpu)
+            snap, cache = self._sample_gpu(
+                api, p, gpu, None if old is None else old.copy(), k=k, max_links=node.max_links
+            )
+            gpus.append(snap)
+            if cache is not None:
+                caches[gpu] = cache
+        with self._lock:
+            if k > self._state.pass_index:  # a hung pass returning late keeps nothing
+                self._state = _State(node, caches, k)
         if self._watch_xid and self._xid is None:
             self._xid = _XidWatcher(api, self._xid_wait_ms)
             self._xid.start(range(count))
         return NvmlSnapshot(
-            driver_version=driver,
-            nvml_version=nvml_version,
-            gpus=gpus,
+            driver_version=node.driver_version,
+            nvml_version=node.nvml_version,
+            gpus=tuple(gpus),
             xid_registrations=self._xid.registrations if self._xid else (),
             xid_errors=self._xid.counts() if self._xid else (),
             issues=tuple(p.issues),
@@ -905,129 +1208,302 @@ class NvmlSampler:
             log.warning("XID thread still inside NVML after %.1fs; leaving NVML up", timeout)
             return
         api, self._api = self._api, None
+        with self._lock:  # a new NVML session: nothing cached carries over
+            self._passes = 0
+            self._state = _State()
         if api is not None:
             try:
                 api.shutdown()
             except NvmlCallError as exc:
                 log.debug("nvmlShutdown: %s", exc)
 
-    def _sample_gpu(self, api: NvmlApi, p: _Pass, gpu: int, max_links: int) -> NvmlGpu:
-        b = _GpuBuilder(gpu)
-        g = str(gpu)
-        try:
-            bus_id = p.get(g, lambda: api.pci_bus_id(gpu))
-            if bus_id is not None:
-                b.pci_bus_id = p.get(f"{g}/pci_bus_id", lambda: normalize_pci_bus_id(bus_id))
-            b.uuid = p.get(g, lambda: api.uuid(gpu))
-            b.name = p.get(g, lambda: api.name(gpu))
-            b.serial = p.get(g, lambda: api.serial(gpu))
-            b.vbios_version = p.get(g, lambda: api.vbios_version(gpu))
-            b.pcie = PcieLink(
-                current_generation=p.get(g, lambda: api.pcie_current_link_generation(gpu)),
-                max_generation=p.get(g, lambda: api.pcie_max_link_generation(gpu)),
-                current_width=p.get(g, lambda: api.pcie_current_link_width(gpu)),
-                max_width=p.get(g, lambda: api.pcie_max_link_width(gpu)),
-                replays=p.get(g, lambda: api.pcie_replay_counter(gpu)),
-            )
-            rows = p.get(g, lambda: api.remapped_rows(gpu))
-            if rows is not None:
-                b.remapped_rows = RemappedRows(rows[0], rows[1], bool(rows[2]), bool(rows[3]))
-            b.ecc_corrected_volatile = p.get(
-                f"{g}/corrected",
-                lambda: api.total_ecc_errors(gpu, MEMORY_ERROR_CORRECTED, VOLATILE_ECC),
-            )
-            b.ecc_uncorrected_volatile = p.get(
-                f"{g}/uncorrected",
-                lambda: api.total_ecc_errors(gpu, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC),
-            )
-            b.clocks_event_reasons = p.get(g, lambda: api.clocks_event_reasons(gpu))
-            procs = p.get(g, lambda: api.compute_processes(gpu))
-            if procs is not None:
-                b.compute_processes = tuple(ComputeProcess(pid, mem) for pid, mem in procs)
-            common_speed: list[int | None] = []  # fetched once per GPU, when first needed
-            for link in range(max_links):
-                nvlink = self._sample_link(api, p, gpu, link, common_speed)
-                if nvlink is not None:
-                    b.nvlinks.append(nvlink)
-        except _GpuLost:
-            return b.freeze(lost=True)
-        return b.freeze(lost=False)
+    # -- one GPU ------------------------------------------------------------------------
 
-    def _sample_link(
-        self, api: NvmlApi, p: _Pass, gpu: int, link: int, common_speed: list[int | None]
-    ) -> NvLink | None:
-        where = f"{gpu}/link{link}"
-        state = p.get(
-            where,
-            lambda: api.nvlink_state(gpu, link),
-            quiet=UNSUPPORTED | {"INVALID_ARGUMENT"},
+    def _static_due(self, k: int, cache: _GpuCache) -> bool:
+        return cache.stale or not cache.static_complete or k >= cache.refresh_at
+
+    def _sample_gpu(
+        self, api: NvmlApi, p: _Pass, gpu: int, cache: _GpuCache | None, *, k: int, max_links: int
+    ) -> tuple[NvmlGpu, _GpuCache | None]:
+        """One GPU's snapshot and what it leaves for the next pass (``cache`` is this pass's
+        own copy)."""
+        b = _GpuBuilder(gpu)
+        if cache is not None:
+            b.identify(cache.identity)  # a GPU lost later still names itself
+        try:
+            if cache is None or self._static_due(k, cache):
+                n = self.static_refresh_passes
+                # at least n passes on, on a pass = gpu (mod n): GPUs take turns
+                refresh_at = k + n + (gpu - k) % n
+                cache, states = self._read_static(api, p, gpu, max_links, cache)
+                cache.refresh_at = refresh_at
+                b.identify(cache.identity)
+            else:
+                states = self._link_states(api, p, gpu, cache.links)
+            self._sample_rest(_GpuPass(api, p, gpu, cache), k, states, b)
+        except _GpuLost:
+            if cache is not None:
+                cache.stale = True
+            return b.freeze(lost=True), cache
+        return b.freeze(lost=False), cache
+
+    @staticmethod
+    def _read_static(
+        api: NvmlApi, p: _Pass, gpu: int, max_links: int, old: _GpuCache | None
+    ) -> tuple[_GpuCache, dict[int, int]]:
+        """Identity, maximum PCIe link, and which links exist (with this pass's states)."""
+        g = str(gpu)
+        before = len(p.issues)
+        pci = None
+        bus_id = p.get(g, lambda: api.pci_bus_id(gpu))
+        if bus_id is not None:
+            pci = p.get(f"{g}/pci_bus_id", lambda: normalize_pci_bus_id(bus_id))
+        ident = _Identity(
+            pci_bus_id=pci,
+            uuid=p.get(g, lambda: api.uuid(gpu)),
+            name=p.get(g, lambda: api.name(gpu)),
+            serial=p.get(g, lambda: api.serial(gpu)),
+            vbios_version=p.get(g, lambda: api.vbios_version(gpu)),
+            max_generation=p.get(g, lambda: api.pcie_max_link_generation(gpu)),
+            max_width=p.get(g, lambda: api.pcie_max_link_width(gpu)),
         )
-        if state is None:
-            return None
+        complete = len(p.issues) == before
+        links: list[int] = []
+        states: dict[int, int] = {}
+        for link in range(max_links):
+            state = p.attempt(
+                f"{g}/link{link}", functools.partial(api.nvlink_state, gpu, link), quiet=NO_LINK
+            )
+            if state is _Miss.UNSUPPORTED:
+                continue
+            links.append(link)  # a link, even if its state failed this time
+            if not isinstance(state, _Miss):
+                states[link] = state
+        cache = _GpuCache(ident, complete, 0, tuple(links))
+        if old is not None and not old.stale:  # what outlives a refresh, not a lost GPU
+            cache.via = old.via  # the paths that answer: the driver is the same
+            kept = set(links)
+            cache.counts = {key: v for key, v in old.counts.items() if key[0] in kept}
+        return cache, states
+
+    @staticmethod
+    def _link_states(api: NvmlApi, p: _Pass, gpu: int, links: Sequence[int]) -> dict[int, int]:
+        states: dict[int, int] = {}
+        for link in links:
+            state = p.get(
+                f"{gpu}/link{link}", functools.partial(api.nvlink_state, gpu, link), quiet=NO_LINK
+            )
+            if state is not None:
+                states[link] = state
+        return states
+
+    def _sample_rest(self, gp: _GpuPass, k: int, states: dict[int, int], b: _GpuBuilder) -> None:
+        """Everything but the static part: one batched field-values call, then the calls."""
+        api, p, gpu, cache, batch = gp.api, gp.p, gp.gpu, gp.cache, gp.batch
+        g = str(gpu)
+        for name, fields in _GPU_FIELDS:
+            if cache.via.get((_GPU_LEVEL, name), _Via.FIELD) is _Via.FIELD:
+                for i, field_id in enumerate(fields):
+                    batch.ask((_GPU_LEVEL, f"{name}/{i}"), field_id, 0)
+        restate: set[int] = set()  # links whose version, speed and far end are (re)read
+        for link, state in states.items():
+            known = cache.link_static.get(link)
+            if known is None or known.state != state or not known.complete:
+                restate.add(link)
+                if state != NVLINK_STATE_INACTIVE:
+                    batch.ask((link, "speed"), FI_NVLINK_GET_SPEED, link)
+        r, r2 = self.link_error_rotation, self.slow_error_rotation
+        due: dict[int, tuple[str, ...]] = {}
+        for link in states:
+            names: tuple[str, ...] = ()
+            if link % r == k % r or any((link, n) not in cache.counts for n in _FAST_ERRORS):
+                names += _FAST_ERRORS
+            if link % r2 == k % r2 or any((link, n) not in cache.counts for n in _SLOW_ERRORS):
+                names += _SLOW_ERRORS
+            due[link] = names
+            for name in names:
+                if cache.via.get((link, name), _default_via(name)) is _Via.FIELD:
+                    batch.ask((link, name), _FI_SCOPED_ERRORS[name], link)
+        batch.run(api, gpu)
+
+        replays = gp.gpu_value("pcie_replays", g, lambda: (api.pcie_replay_counter(gpu),))
+        rows = gp.gpu_value("remapped_rows", g, lambda: api.remapped_rows(gpu))
+        if rows is not None:
+            b.remapped_rows = RemappedRows(rows[0], rows[1], bool(rows[2]), bool(rows[3]))
+        corrected = gp.gpu_value(
+            "ecc_corrected",
+            f"{g}/corrected",
+            lambda: (api.total_ecc_errors(gpu, MEMORY_ERROR_CORRECTED, VOLATILE_ECC),),
+        )
+        b.ecc_corrected_volatile = None if corrected is None else corrected[0]
+        uncorrected = gp.gpu_value(
+            "ecc_uncorrected",
+            f"{g}/uncorrected",
+            lambda: (api.total_ecc_errors(gpu, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC),),
+        )
+        b.ecc_uncorrected_volatile = None if uncorrected is None else uncorrected[0]
+        b.pcie = PcieLink(
+            current_generation=p.get(g, lambda: api.pcie_current_link_generation(gpu)),
+            max_generation=cache.identity.max_generation,
+            current_width=p.get(g, lambda: api.pcie_current_link_width(gpu)),
+            max_width=cache.identity.max_width,
+            replays=None if replays is None else replays[0],
+        )
+        b.clocks_event_reasons = p.get(g, lambda: api.clocks_event_reasons(gpu))
+        procs = p.get(g, lambda: api.compute_processes(gpu))
+        if procs is not None:
+            b.compute_processes = tuple(ComputeProcess(pid, mem) for pid, mem in procs)
+
+        for link, state in states.items():
+            if link in restate:
+                cache.link_static[link] = gp.link_static(link, state)
+            for name in due[link]:
+                gp.counter(link, name)
+            info = cache.link_static[link]
+            counts = {name: cache.counts.get((link, name)) for name, _ in NVLINK_ERROR_COUNTERS}
+            b.nvlinks.append(
+                NvLink(
+                    link=link,
+                    state=state,
+                    version=info.version,
+                    speed_bytes_per_second=info.speed_bytes_per_second,
+                    remote_pci_bus_id=info.remote_pci_bus_id,
+                    remote_device_type=info.remote_device_type,
+                    errors=NvLinkErrorCounts(**counts),
+                )
+            )
+
+
+def _default_via(name: str) -> _Via:
+    return _Via.FIELD if name in _FI_SCOPED_ERRORS else _Via.CALL
+
+
+def _paths(order: tuple[_Via, ...], start: _Via) -> tuple[_Via, ...]:
+    """The paths to try, from the one learned (none once nothing answers)."""
+    return order[order.index(start) :] if start in order else ()
+
+
+@dataclass(slots=True)
+class _GpuPass:
+    """One GPU's part of one pass: the API, the pass's error policy, this pass's copy of the
+    GPU's cache and the pass's batched field values."""
+
+    api: NvmlApi
+    p: _Pass
+    gpu: int
+    cache: _GpuCache
+    batch: _Batch = field(default_factory=_Batch)
+    #: NVML's speed for all links, fetched once per GPU when first needed
+    common_speed: list[int | None] = field(default_factory=list)
+
+    def gpu_value(
+        self, name: str, call_where: str, call: Callable[[], tuple[int, ...]]
+    ) -> tuple[int, ...] | None:
+        """A GPU-level counter from its fields in the batch, else from its own call."""
+        key = (_GPU_LEVEL, name)
+        n_fields = len(_GPU_FIELD_IDS[name])
+        first_failed: _Via | None = None
+        for via in _paths(_GPU_PATHS, self.cache.via.get(key, _Via.FIELD)):
+            got: tuple[int, ...] | _Miss
+            if via is _Via.FIELD:
+                answers = [self.batch[(_GPU_LEVEL, f"{name}/{i}")] for i in range(n_fields)]
+                got = _combine(self.p, f"{self.gpu}/{name}", answers)
+            else:
+                got = self.p.attempt(call_where, call)
+            if got is _Miss.UNSUPPORTED:
+                continue
+            if isinstance(got, _Miss):
+                first_failed = first_failed or via
+                continue
+            self.cache.via[key] = first_failed or via
+            return got
+        self.cache.via[key] = first_failed or _Via.NOTHING
+        return None
+
+    def counter(self, link: int, name: str) -> None:
+        """One NVLink error counter into the cache's counts: the batched scoped field, else
+        ``nvmlDeviceGetNvLinkErrorCounter``, else the older per-link field."""
+        key = (link, name)
+        where = f"{self.gpu}/link{link}/{name}"
+        legacy = _FI_LEGACY_ERRORS[name]
+        first_failed: _Via | None = None
+        for via in _paths(_COUNTER_PATHS, self.cache.via.get(key, _default_via(name))):
+            got: int | _Miss
+            if via is _Via.FIELD:
+                got = self.p.answer(where, self.batch[key])
+            elif via is _Via.CALL:
+                counter = _ERROR_COUNTER_IDS[name]
+                got = self.p.attempt(
+                    where, functools.partial(self.api.nvlink_error_counter, self.gpu, link, counter)
+                )
+            elif link < len(legacy):
+                got = self.p.attempt(
+                    where, functools.partial(self.api.field_value, self.gpu, legacy[link], 0)
+                )
+            else:
+                got = _Miss.UNSUPPORTED
+            if got is _Miss.UNSUPPORTED:
+                continue
+            if isinstance(got, _Miss):
+                first_failed = first_failed or via
+                continue
+            self.cache.via[key] = first_failed or via
+            self.cache.counts[key] = got
+            return
+        if first_failed is None:  # nothing offers it: absent, not asked until the refresh
+            self.cache.via[key] = _Via.NOTHING
+            self.cache.counts[key] = None
+        else:  # it failed: absent now, read again next pass
+            self.cache.via[key] = first_failed
+            self.cache.counts.pop(key, None)
+
+    def link_static(self, link: int, state: int) -> _LinkStatic:
+        api, p, gpu = self.api, self.p, self.gpu
+        where = f"{gpu}/link{link}"
+        before = len(p.issues)
         version = p.get(where, lambda: api.nvlink_version(gpu, link))
         speed = remote_bus = remote_type = None
         if state != NVLINK_STATE_INACTIVE:
-            speed = self._link_speed(api, p, gpu, link, common_speed)
+            speed = self.link_speed(link)
             raw_bus = p.get(where, lambda: api.nvlink_remote_pci_bus_id(gpu, link))
             if raw_bus is not None:
                 remote_bus = p.get(f"{where}/remote", lambda: normalize_pci_bus_id(raw_bus))
             kind = p.get(where, lambda: api.nvlink_remote_device_type(gpu, link))
             if kind is not None:
                 remote_type = NVLINK_DEVICE_TYPES.get(kind, "unknown")
-        counts = {
-            name: self._link_error(api, p, (gpu, link), name, counter)
-            for name, counter in NVLINK_ERROR_COUNTERS
-        }
-        return NvLink(
-            link=link,
-            state=state,
-            version=version,
-            speed_bytes_per_second=speed,
-            remote_pci_bus_id=remote_bus,
-            remote_device_type=remote_type,
-            errors=NvLinkErrorCounts(**counts),
+        return _LinkStatic(
+            state, version, speed, remote_bus, remote_type, complete=len(p.issues) == before
         )
 
-    @staticmethod
-    def _link_error(
-        api: NvmlApi, p: _Pass, at: tuple[int, int], name: str, counter: int
-    ) -> int | None:
-        gpu, link = at
-        where = f"{gpu}/link{link}/{name}"
-        value = p.get(where, lambda: api.nvlink_error_counter(gpu, link, counter))
-        if value is not None:
-            return value
-        fields: list[tuple[int, int]] = []
-        if name in _FI_SCOPED_ERRORS:
-            fields.append((_FI_SCOPED_ERRORS[name], link))
-        legacy = _FI_LEGACY_ERRORS[name]
-        if link < len(legacy):
-            fields.append((legacy[link], 0))
-        for field_id, scope in fields:
-            value = p.get(where, functools.partial(api.field_value, gpu, field_id, scope))
-            if value is not None:
-                return value
-        return None
-
-    @staticmethod
-    def _link_speed(
-        api: NvmlApi, p: _Pass, gpu: int, link: int, common: list[int | None]
-    ) -> int | None:
-        """Bytes/second: the per-link speed field, else the older per-link field, else the
-        speed NVML gives for all links. NVML reports MBps (10^6 bytes/s)."""
+    def link_speed(self, link: int) -> int | None:
+        """Bytes/second: the per-link speed field (batched), else the older per-link field,
+        else the speed NVML gives for all links. NVML reports MBps (10^6 bytes/s)."""
+        api, p, gpu = self.api, self.p, self.gpu
         where = f"{gpu}/link{link}/speed"
-        mbps = p.get(where, lambda: api.field_value(gpu, FI_NVLINK_GET_SPEED, link))
+        got = p.answer(where, self.batch[(link, "speed")])
+        mbps = None if isinstance(got, _Miss) else got
         if mbps is None and link < len(_FI_LEGACY_SPEED):
             mbps = p.get(where, lambda: api.field_value(gpu, _FI_LEGACY_SPEED[link], 0))
         if mbps is None:
-            if not common:
-                common.append(
+            if not self.common_speed:
+                self.common_speed.append(
                     p.get(f"{gpu}/speed", lambda: api.field_value(gpu, FI_NVLINK_SPEED_COMMON, 0))
                 )
-            mbps = common[0]
+            mbps = self.common_speed[0]
         if mbps is None or mbps <= 0:
             return None
         return mbps * _MEGABYTE
+
+
+def _combine(p: _Pass, where: str, answers: Sequence[FieldAnswer]) -> tuple[int, ...] | _Miss:
+    """Several fields standing for one value: all their values, or the first entry's miss."""
+    values: list[int] = []
+    for answer in answers:
+        got = p.answer(where, answer)
+        if isinstance(got, _Miss):
+            return got
+        values.append(got)
+    return tuple(values)
 
 
 # -- findings -----------------------------------------------------------------------------

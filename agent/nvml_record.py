@@ -17,9 +17,16 @@ A recording is one JSON object::
 
 A key is the NVML function an :class:`~agent.nvml.NvmlApi` method stands for and the method's
 arguments, comma-joined (a GPU is its NVML index). A value is the method's return value in
-JSON (tuples as lists); an error is NVML's return-code name and number. ``events`` are XID
-events in the order the recorded node delivered them; :class:`ReplayNvml` hands them out
-through ``xid_wait`` and tests can add more with :meth:`ReplayNvml.feed_xid`.
+JSON (tuples as lists); an error is NVML's return-code name and number. A batched
+``nvmlDeviceGetFieldValues`` call is recorded entry by entry, each under the key of a
+one-field call (``nvmlDeviceGetFieldValues(<gpu>,<field>,<scope>)``), so recordings from
+before the sampler batched fields stay valid. ``events`` are XID events in the order the
+recorded node delivered them; :class:`ReplayNvml` hands them out through ``xid_wait`` and
+tests can add more with :meth:`ReplayNvml.feed_xid`.
+
+The sampler's first pass asks every question its later passes ask (they read subsets: a
+rotating share of the links' error counters, the static facts again), so a recording of one
+pass replays for any number of passes, each giving what the recorded pass gave.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeAlias, TypeVar
 
@@ -224,6 +232,26 @@ class ReplayNvml:
     def field_value(self, gpu: int, field_id: int, scope_id: int) -> int:
         return self._i("nvmlDeviceGetFieldValues", gpu, field_id, scope_id)
 
+    def field_values(
+        self, gpu: int, fields: Sequence[tuple[int, int]]
+    ) -> tuple[int | NvmlCallError, ...]:
+        """Each field from its own key, ``nvmlDeviceGetFieldValues(gpu,field,scope)``. A field
+        the recording has no key for answers NOT_SUPPORTED, strict or not: recordings made
+        before the sampler batched fields never asked them, and NOT_SUPPORTED sends the
+        sampler to the per-call path those recordings do hold (what the node answered)."""
+        call = "nvmlDeviceGetFieldValues"
+        out: list[int | NvmlCallError] = []
+        for field_id, scope_id in fields:
+            key = call_key(call, gpu, field_id, scope_id)
+            if key not in self._calls:
+                out.append(NvmlCallError(call, 3, "NOT_SUPPORTED"))
+                continue
+            try:
+                out.append(_int(self._answer(call, gpu, field_id, scope_id), key))
+            except NvmlCallError as exc:
+                out.append(exc)
+        return tuple(out)
+
     def xid_open(self) -> None:
         self._answer("nvmlEventSetCreate")
 
@@ -242,17 +270,26 @@ class ReplayNvml:
 
 class RecordingNvml:
     """:class:`~agent.nvml.NvmlApi` passing every call to ``inner`` and recording its answer,
-    errors included (XID wait timeouts excepted: they are the normal "nothing happened").
-    Thread-safe: the XID thread records events while a pass records calls."""
+    errors included (XID wait timeouts excepted: they are the normal "nothing happened"), and
+    counting the calls. Thread-safe: the XID thread records events while a pass records
+    calls. A key keeps its latest answer: a recording spanning several passes replays each
+    of them as the last one answered."""
 
     def __init__(self, inner: NvmlApi) -> None:
         self._inner = inner
         self._lock = threading.Lock()
         self.calls: dict[str, dict[str, JsonValue]] = {}
         self.events: list[XidEvent] = []
+        #: NVML calls made through this recorder, by function (a batched
+        #: nvmlDeviceGetFieldValues counts once), and field-value entries asked, by field id:
+        #: what a pass costs (``bench/bench_nvml.py``, the tests); clear them to count anew
+        self.counts: Counter[str] = Counter()
+        self.fields_read: Counter[int] = Counter()
 
     def _rec(self, call: str, args: tuple[int, ...], thunk: Callable[[], T]) -> T:
         key = call_key(call, *args)
+        with self._lock:
+            self.counts[call] += 1
         try:
             value = thunk()
         except NvmlCallError as exc:
@@ -403,11 +440,38 @@ class RecordingNvml:
         )
 
     def field_value(self, gpu: int, field_id: int, scope_id: int) -> int:
+        with self._lock:
+            self.fields_read[field_id] += 1
         return self._rec(
             "nvmlDeviceGetFieldValues",
             (gpu, field_id, scope_id),
             lambda: self._inner.field_value(gpu, field_id, scope_id),
         )
+
+    def field_values(
+        self, gpu: int, fields: Sequence[tuple[int, int]]
+    ) -> tuple[int | NvmlCallError, ...]:
+        """Recorded field by field under the keys :meth:`field_value` uses; an error of the
+        whole call is recorded as every field's answer (the sampler treats the two alike)."""
+        call = "nvmlDeviceGetFieldValues"
+        keys = [call_key(call, gpu, f, s) for f, s in fields]
+        with self._lock:
+            self.counts[call] += 1
+            self.fields_read.update(f for f, _ in fields)
+        try:
+            answers = self._inner.field_values(gpu, fields)
+        except NvmlCallError as exc:
+            with self._lock:
+                for key in keys:
+                    self.calls[key] = {"error": exc.name, "code": exc.code}
+            raise
+        with self._lock:
+            for key, answer in zip(keys, answers, strict=False):
+                if isinstance(answer, NvmlCallError):
+                    self.calls[key] = {"error": answer.name, "code": answer.code}
+                else:
+                    self.calls[key] = {"value": answer}
+        return answers
 
     def xid_open(self) -> None:
         self._rec("nvmlEventSetCreate", (), self._inner.xid_open)
@@ -430,7 +494,9 @@ def record(
 ) -> tuple[dict[str, JsonValue], NvmlSnapshot]:
     """One full sampling pass over ``api`` (XID registration included), then ``xid_seconds``
     of listening for XID events, all recorded. Returns the recording and the pass's snapshot.
-    Raises :class:`~agent.errors.NoData` when there is no driver or GPU."""
+    The first pass of a sampler reads every counter of every link, so the recording answers
+    every later pass too. Raises :class:`~agent.errors.NoData` when there is no driver or
+    GPU."""
     rec = RecordingNvml(api)
     wait_ms = min(1000, int(xid_seconds * 1000)) if xid_seconds > 0 else 200
     sampler = NvmlSampler(lambda: rec, xid_wait_ms=wait_ms)

@@ -1,11 +1,27 @@
-"""Cost of one NVML sampling pass on this machine (run it on a GPU node).
+"""Cost of NVML sampling passes: measured on this machine (run it on a GPU node), or modelled
+from a recording with per-call costs measured on a GPU node.
 
-Wall and CPU time per pass (median of --passes after 3 warm-up passes), NVML calls per
-pass, the per-GPU cost extrapolated to 8 GPUs x 18 NVLinks, this process's RSS with NVML
-loaded, and whether this process appears among any GPU's compute processes (it must not:
-NVML needs no CUDA context).
+Passes differ: the first reads everything; later ones read link states, the GPU-level
+counters and a rotating share of the NVLink error counters (1/3 of the links' replay,
+recovery and CRC-flit, 1/9 of their crc_data and ecc_data), and each GPU re-reads its static
+facts once per refresh period. So this reports the first pass apart, then the median and
+the max over ``--passes`` later passes (default: two slow rotations, and at least one static
+refresh of every GPU), NVML calls per pass (a batched nvmlDeviceGetFieldValues is one call;
+its entries are counted apart), and the per-GPU cost extrapolated to 8 GPUs x 18 NVLinks.
 
-    python bench/bench_nvml.py [--passes 20] [--json FILE]
+    python bench/bench_nvml.py [--passes N] [--json FILE]            # live NVML
+    python bench/bench_nvml.py --replay tests/fixtures/nvml/h200x2.recording.json --fields
+
+Live mode also reports this process's RSS with NVML loaded and whether it shows up among the
+GPUs' compute processes (it must not: NVML needs no CUDA context).
+
+Replay mode runs the same sampler over a recording (no GPU needed) and prices each pass's
+calls with CPU costs measured by ``bench/nvml_fieldvalues.py`` (``MEASURED`` below: the 2x
+H200 node, driver 580.159.04; ``--costs FILE`` takes that script's JSON output instead). A
+call it has no measurement for is priced twice, at 0 and at the cost of
+nvmlDeviceGetPcieReplayCounter (one driver round trip), and both totals are reported.
+``--fields`` first adds the batched field answers the recording lacks, as
+``tests/test_nvml_fixtures.with_field_values`` does (a node whose driver offers them).
 """
 
 from __future__ import annotations
@@ -17,24 +33,131 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.nvml import LiveNvml, NvmlApi, NvmlSampler
-from agent.nvml_record import RecordingNvml
+from agent.nvml import LiveNvml, NvmlApi, NvmlSampler, NvmlSnapshot
+from agent.nvml_record import RecordingNvml, ReplayNvml, load
+
+#: CPU seconds per call, ``bench/nvml_fieldvalues.py`` on the lent 2x H200 node (driver
+#: 580.159.04, nvidia-ml-py 13.610); 200 repetitions each (50 for the batches)
+MEASURED: dict[str, float] = {
+    "cpu_s_per_NvLinkErrorCounter": 0.00046039670499999996,
+    "cpu_s_per_NvLinkState": 1.5519299999999791e-06,
+    "cpu_s_per_PcieReplayCounter": 0.00018371677000000004,
+    "cpu_s_per_ComputeRunningProcesses": 1.1181114999999908e-05,
+    "cpu_s_FieldValues_1": 0.00020872429999999997,  # one link-scoped field
+    "cpu_s_FieldValues_108_links": 0.014518211440000001,  # 161-166 x 18 links
+    "cpu_s_FieldValues_7_gpu": 0.0002328012200000007,  # 3, 4, 94, 142-145
+}
+#: fields that are GPU-level (cheap in a batch); every other field is priced as a link field
+GPU_LEVEL_FIELDS = frozenset({3, 4, 94, 142, 143, 144, 145})
+TARGET_GPUS, TARGET_LINKS = 8, 18
 
 
-class Counting(RecordingNvml):
-    """Counts calls per pass (every NvmlApi method goes through ``_rec``)."""
+@dataclass(frozen=True)
+class CostModel:
+    """CPU seconds: per call of a function, and for nvmlDeviceGetFieldValues a base per call
+    plus a price per entry (link-scoped or GPU-level)."""
 
-    def __init__(self, inner: NvmlApi) -> None:
-        super().__init__(inner)
-        self.count: Counter[str] = Counter()
+    per_call: dict[str, float]
+    field_call: float
+    link_field: float
+    gpu_field: float
 
-    def _rec(self, call, args, thunk):  # type: ignore[no-untyped-def]
-        self.count[call] += 1
-        return super()._rec(call, args, thunk)
+    @classmethod
+    def from_measured(cls, m: dict[str, float]) -> CostModel:
+        one, many = m["cpu_s_FieldValues_1"], m["cpu_s_FieldValues_108_links"]
+        link_field = (many - one) / 107
+        base = max(0.0, one - link_field)
+        gpu_field = max(0.0, (m["cpu_s_FieldValues_7_gpu"] - base) / 7)
+        per_call = {
+            "nvmlDeviceGetNvLinkErrorCounter": m["cpu_s_per_NvLinkErrorCounter"],
+            "nvmlDeviceGetNvLinkState": m["cpu_s_per_NvLinkState"],
+            "nvmlDeviceGetPcieReplayCounter": m["cpu_s_per_PcieReplayCounter"],
+            "nvmlDeviceGetComputeRunningProcesses": m["cpu_s_per_ComputeRunningProcesses"],
+            "NVML_NVLINK_MAX_LINKS": 0.0,  # a constant of the binding, no call
+        }
+        return cls(per_call, base, link_field, gpu_field)
+
+    def price(
+        self, calls: Counter[str], fields: Counter[int], unmeasured: float
+    ) -> tuple[float, dict[str, int]]:
+        """CPU seconds of one pass's calls, and the calls priced at ``unmeasured``."""
+        total = 0.0
+        unknown: dict[str, int] = {}
+        for fn, n in calls.items():
+            if fn == "nvmlDeviceGetFieldValues":
+                total += n * self.field_call
+            elif fn in self.per_call:
+                total += n * self.per_call[fn]
+            elif fn != "nvmlInit":  # once per process, not a pass's cost
+                total += n * unmeasured
+                unknown[fn] = n
+        for field_id, n in fields.items():
+            total += n * (self.gpu_field if field_id in GPU_LEVEL_FIELDS else self.link_field)
+        return total, unknown
+
+
+@dataclass
+class PassRecord:
+    cpu_seconds: float
+    wall_seconds: float
+    calls: Counter[str]
+    fields: Counter[int]
+
+
+def run_passes(
+    api: RecordingNvml, sampler: NvmlSampler, passes: int
+) -> tuple[list[PassRecord], NvmlSnapshot]:
+    out: list[PassRecord] = []
+    snap = None
+    for _ in range(passes + 1):  # the first pass, then ``passes`` more
+        api.counts.clear()
+        api.fields_read.clear()
+        w0, c0 = time.perf_counter(), time.process_time()
+        snap = sampler.sample()
+        out.append(
+            PassRecord(
+                time.process_time() - c0,
+                time.perf_counter() - w0,
+                Counter(api.counts),
+                Counter(api.fields_read),
+            )
+        )
+    assert snap is not None
+    return out, snap
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "max": max(values)}
+
+
+def extrapolate(per_pass: float, gpus: int, links_per_gpu: float) -> float:
+    """Per-GPU cost of a pass scaled to 8 GPUs x 18 NVLinks (links scale the whole per-GPU
+    cost: an over-estimate where GPU-level calls dominate)."""
+    return per_pass / gpus * TARGET_GPUS * link_scale(links_per_gpu)
+
+
+def link_scale(links_per_gpu: float) -> float:
+    return max(1.0, TARGET_LINKS / max(1.0, links_per_gpu))
+
+
+def extrapolated(costs: Sequence[float], gpus: int, links_per_gpu: float) -> dict[str, float]:
+    """First, median and max pass on 8 GPUs x 18 links. The first pass and the median scale
+    with the GPUs; the max pass is a GPU's static refresh, and GPUs take turns (one per
+    pass), so only its excess over the median carries over, unscaled by GPUs."""
+    first, rest = costs[0], costs[1:]
+    median = statistics.median(rest)
+    return {
+        "first_pass": extrapolate(first, gpus, links_per_gpu),
+        "median": extrapolate(median, gpus, links_per_gpu),
+        "max": extrapolate(median, gpus, links_per_gpu)
+        + (max(rest) - median) * link_scale(links_per_gpu),
+    }
 
 
 def rss_bytes() -> int:
@@ -44,50 +167,123 @@ def rss_bytes() -> int:
     return -1
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--passes", type=int, default=20)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+def calls_report(records: Sequence[PassRecord]) -> dict[str, object]:
+    first, later = records[0], records[1:]
+    totals = [sum(r.calls.values()) for r in later]
+    entries = [sum(r.fields.values()) for r in later]
+    by_function: Counter[str] = Counter()
+    for r in later:
+        by_function.update(r.calls)
+    return {
+        "first_pass": sum(first.calls.values()),
+        "first_pass_field_entries": sum(first.fields.values()),
+        "later_passes_median": statistics.median(totals),
+        "later_passes_max": max(totals),
+        "later_field_entries_median": statistics.median(entries),
+        "later_by_function_mean": {
+            k: round(v / len(later), 2) for k, v in sorted(by_function.items())
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--passes", type=int, default=None, help="passes after the first")
+    ap.add_argument("--replay", default=None, help="model from this recording (no GPU)")
+    ap.add_argument("--fields", action="store_true", help="replay: add batched field answers")
+    ap.add_argument("--costs", default=None, help="replay: nvml_fieldvalues.py output JSON")
+    ap.add_argument("--rotation", type=int, default=3, help="link_error_rotation")
+    ap.add_argument("--slow-rotation", type=int, default=9, help="slow_error_rotation")
+    ap.add_argument("--static-refresh", type=int, default=40, help="static_refresh_passes")
+    ap.add_argument("--json", default=None, help="also write the result here")
+    args = ap.parse_args(argv)
     rss_before = rss_bytes()
-    api = Counting(LiveNvml())
-    sampler = NvmlSampler(lambda: api, watch_xid=False)
-    for _ in range(3):
-        snap = sampler.sample()
-    api.count.clear()
-    walls, cpus = [], []
-    for _ in range(args.passes):
-        w0, c0 = time.perf_counter(), time.process_time()
-        snap = sampler.sample()
-        walls.append(time.perf_counter() - w0)
-        cpus.append(time.process_time() - c0)
-    calls_per_pass = sum(api.count.values()) / args.passes
+    inner: NvmlApi
+    if args.replay:
+        recording = load(args.replay)
+        if args.fields:
+            from tests.test_nvml_fixtures import with_field_values
+
+            recording = with_field_values(recording)
+        inner = ReplayNvml(recording)
+    else:
+        inner = LiveNvml()
+    api = RecordingNvml(inner)
+    factory: Callable[[], NvmlApi] = lambda: api  # noqa: E731
+    sampler = NvmlSampler(
+        factory,
+        watch_xid=False,
+        link_error_rotation=args.rotation,
+        slow_error_rotation=args.slow_rotation,
+        static_refresh_passes=args.static_refresh,
+    )
+    try:
+        gpus_guess = 8  # enough passes for every GPU's refresh on an 8-GPU node
+        passes = args.passes or max(2 * args.slow_rotation, args.static_refresh + gpus_guess)
+        records, snap = run_passes(api, sampler, passes)
+    finally:
+        sampler.close()
     gpus = len(snap.gpus)
-    links = sum(len(g.nvlinks) for g in snap.gpus)
     up = sum(1 for g in snap.gpus for link in g.nvlinks if link.up)
-    cpu = statistics.median(cpus)
-    per_gpu_cpu = cpu / gpus
-    pids = {p.pid for g in snap.gpus for p in g.compute_processes}
-    result = {
+    links_per_gpu = up / max(1, gpus)
+    later = records[1:]
+    result: dict[str, object] = {
+        "mode": "replay" if args.replay else "live",
         "gpus": gpus,
-        "nvlinks_probed": links,
         "nvlinks_up": up,
-        "passes": args.passes,
-        "wall_seconds_median": statistics.median(walls),
-        "cpu_seconds_median": cpu,
-        "calls_per_pass": calls_per_pass,
-        "calls_by_function": dict(sorted((k, v / args.passes) for k, v in api.count.items())),
-        "per_gpu_cpu_seconds": per_gpu_cpu,
-        "extrapolated_8gpu_cpu_seconds": per_gpu_cpu * 8 * (18 / max(1, up / gpus)),
-        "rss_bytes_before_nvml": rss_before,
-        "rss_bytes_with_nvml": rss_bytes(),
-        "this_pid_is_a_gpu_compute_process": os.getpid() in pids,
+        "settings": {
+            "link_error_rotation": args.rotation,
+            "slow_error_rotation": args.slow_rotation,
+            "static_refresh_passes": args.static_refresh,
+        },
+        "passes_after_first": len(later),
+        "calls_per_pass": calls_report(records),
         "issues": [f"{i.path}: {i.reason}" for i in snap.issues],
     }
-    print(json.dumps(result, indent=2))
+    if args.replay:
+        measured = MEASURED if args.costs is None else json.loads(Path(args.costs).read_text())
+        model = CostModel.from_measured(measured)
+        unmeasured_at = measured["cpu_s_per_PcieReplayCounter"]
+        modelled: dict[str, object] = {
+            "field_values_model_seconds": {
+                "per_call": model.field_call,
+                "per_link_field": model.link_field,
+                "per_gpu_field": model.gpu_field,
+            },
+            "python_cpu_seconds_per_pass": summary([r.cpu_seconds for r in later]),
+        }
+        for label, price in (("unmeasured_at_0", 0.0), ("unmeasured_at_replay", unmeasured_at)):
+            costs = [model.price(r.calls, r.fields, price)[0] for r in records]
+            rest = costs[1:]
+            modelled[label] = {
+                "first_pass_cpu_seconds": costs[0],
+                "cpu_seconds": summary(rest),
+                "max_at_pass": 1 + rest.index(max(rest)),
+                "extrapolated_8gpu_18link_cpu_seconds": extrapolated(costs, gpus, links_per_gpu),
+            }
+        modelled["unmeasured_calls_per_median_pass"] = model.price(
+            later[len(later) // 2].calls, later[len(later) // 2].fields, 0.0
+        )[1]
+        result["modelled"] = modelled
+    else:
+        cpus = [r.cpu_seconds for r in later]
+        pids = {p.pid for g in snap.gpus for p in g.compute_processes or ()}
+        result |= {
+            "first_pass_cpu_seconds": records[0].cpu_seconds,
+            "cpu_seconds": summary(cpus),
+            "max_at_pass": 1 + cpus.index(max(cpus)),
+            "wall_seconds": summary([r.wall_seconds for r in later]),
+            "extrapolated_8gpu_18link_cpu_seconds": extrapolated(
+                [records[0].cpu_seconds, *cpus], gpus, links_per_gpu
+            ),
+            "rss_bytes_before_nvml": rss_before,
+            "rss_bytes_with_nvml": rss_bytes(),
+            "this_pid_is_a_gpu_compute_process": os.getpid() in pids,
+        }
+    text = json.dumps(result, indent=2)
+    print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    sampler.close()
+        Path(args.json).write_text(text + "\n")
     return 0
 
 

@@ -150,7 +150,10 @@ NVLINK_REMOTE_INFO = MetricSpec(
 NVLINK_ERRORS = MetricSpec(
     "fabricscope_nvlink_errors_total",
     "counter",
-    "NVLink data-link error counters, by reason: replay, recovery, crc_flit, crc_data, ecc_data.",
+    "NVLink data-link error counters, by reason: replay, recovery, crc_flit, crc_data, ecc_data. "
+    "NVML spends 0.13-0.46 ms of CPU per link and counter read, so each link's replay, "
+    "recovery and crc_flit are read every 3rd pass and crc_data and ecc_data every 9th (45 s "
+    "and 135 s at the default 15 s interval); between reads the last value is exported.",
     ("gpu", "link", "reason"),
 )
 

@@ -3,10 +3,12 @@ recordings (tests/test_nvml_fixtures.py) rather than mocked calls."""
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 
 import pynvml
 import pytest
@@ -31,7 +33,7 @@ from agent.nvml import (
     findings,
     normalize_pci_bus_id,
 )
-from agent.nvml_record import RecordingError, ReplayNvml
+from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml
 from agent.sysfs import ReadIssue
 from exporter import nvml as metrics
 from exporter.spec import Families
@@ -40,6 +42,7 @@ from tests.test_nvml_fixtures import (
     RecordingBuilder,
     h200x2_recording,
     with_call_error,
+    with_field_values,
     with_gpu_lost,
     with_link_down,
     with_nvlink_errors,
@@ -55,6 +58,15 @@ Samples = dict[tuple[str, tuple[str, ...]], float]
 def recorded_nvml() -> Recording:
     """A fresh copy of the H200 x2 recording (or its stand-in) for each test to edit."""
     return h200x2_recording()
+
+
+@pytest.fixture(params=["per-call", "batched"])
+def either_path(request: pytest.FixtureRequest) -> Recording:
+    """The H200 x2 recording as recorded (its NVML answers through the per-call path: it
+    holds no answers for the batched fields) and with the batched fields answering, as on
+    a node whose driver offers them (tests/fixtures/nvml/README.md)."""
+    rec = h200x2_recording()
+    return rec if request.param == "per-call" else with_field_values(rec)
 
 
 @pytest.fixture
@@ -191,6 +203,43 @@ def test_live_adapter_decodes_pynvml_structures() -> None:
     assert api.xid_wait(1000) == XidEvent(1, 79)
 
 
+def test_live_adapter_batches_field_values_in_one_call() -> None:
+    asked: list[object] = []
+    fields = (pynvml.c_nvmlFieldValue_t * 3)()
+    fields[0].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    fields[0].value.ullVal = 7
+    fields[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    fields[2].valueType = pynvml.NVML_VALUE_TYPE_DOUBLE
+    fields[2].value.dVal = 2.6
+    lost = pynvml.NVML_ERROR_GPU_IS_LOST
+
+    def get_fields(handle: object, ids: object) -> object:
+        asked.append(ids)
+        if handle == 1:
+            raise pynvml.NVMLError(lost)
+        return fields
+
+    api = LiveNvml(fake_pynvml(nvmlDeviceGetFieldValues=get_fields))
+    answers = api.field_values(0, [(161, 3), (162, 3), (94, 0)])
+    assert asked == [[(161, 3), (162, 3), (94, 0)]]  # one C call for all three
+    assert answers[0] == 7 and answers[2] == 3
+    assert isinstance(answers[1], NvmlCallError)
+    assert (answers[1].call, answers[1].name) == ("nvmlDeviceGetFieldValues", "NOT_SUPPORTED")
+    assert api.field_values(0, []) == ()
+    assert len(asked) == 1  # nothing asked, no call
+    with pytest.raises(NvmlCallError, match="GPU_IS_LOST"):  # an error of the whole call
+        api.field_values(1, [(161, 0)])
+    with pytest.raises(NvmlCallError) as info:
+        LiveNvml(fake_pynvml()).field_values(0, [(161, 0)])
+    assert info.value.name == "FUNCTION_NOT_FOUND"
+
+
+def test_sampler_settings_must_be_positive() -> None:
+    for setting in ("link_error_rotation", "slow_error_rotation", "static_refresh_passes"):
+        with pytest.raises(ValueError, match=setting):
+            NvmlSampler(**{setting: 0})  # type: ignore[arg-type]
+
+
 def test_nodata_when_the_nvml_library_cannot_load(monkeypatch: pytest.MonkeyPatch) -> None:
     # pynvml's own loader, with libnvidia-ml.so.1 absent (as on this CI machine; forced so
     # the test means the same on a GPU machine): nvmlInit raises NVMLError_LibraryNotFound
@@ -264,9 +313,9 @@ def test_normalize_pci_bus_id_refuses_garbage() -> None:
 
 
 def test_recorded_node_replays_its_documented_facts(
-    recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
+    either_path: Recording, replay_sampler: list[NvmlSampler]
 ) -> None:
-    snap = sample(recorded_nvml, replay_sampler)
+    snap = sample(either_path, replay_sampler)
     assert snap.driver_version == "580.159.04"
     assert [(g.index, g.name, g.pci_bus_id, g.lost) for g in snap.gpus] == [
         (0, "NVIDIA H200", "0000:00:06.0", False),
@@ -282,6 +331,23 @@ def test_recorded_node_replays_its_documented_facts(
     assert snap.issues == ()
     assert findings(snap) == []
     assert nvlink_matrix(snap) == {(0, 1): 18, (1, 0): 18}
+    assert snap.gpus[1].pcie.replays == 1
+    # crc_data (1-25) and ecc_data (2-39) are non-zero on every link of this healthy node
+    errors = [link.errors for g in snap.gpus for link in g.nvlinks]
+    assert all(e.crc_data and e.ecc_data for e in errors)
+    assert (min(e.crc_data or 0 for e in errors), max(e.crc_data or 0 for e in errors)) == (1, 25)
+
+
+def test_later_passes_give_the_same_snapshot(
+    either_path: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    """Through a whole slow rotation and two static refreshes: counters not read in a pass
+    carry their last value, so a node whose answers do not change looks the same."""
+    sampler = NvmlSampler(lambda: ReplayNvml(either_path), xid_wait_ms=50, static_refresh_passes=4)
+    replay_sampler.append(sampler)
+    first = sampler.sample()
+    for _ in range(2 * sampler.slow_error_rotation):
+        assert sampler.sample() == first
 
 
 def test_not_supported_leaves_the_series_absent_without_an_issue(
@@ -345,8 +411,8 @@ def test_a_malformed_answer_is_a_parse_issue(
 # -- each fault: exactly its finding and its metric ----------------------------------
 
 
-def test_nvlink_crc_errors(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
-    snap = sample(with_nvlink_errors(recorded_nvml, 0, 3, crc_flit=7, replay=2), replay_sampler)
+def test_nvlink_crc_errors(either_path: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    snap = sample(with_nvlink_errors(either_path, 0, 3, crc_flit=7, replay=2), replay_sampler)
     assert kinds(findings(snap)) == [("nvlink_errors", "gpu0/link3")]
     assert "crc_flit=7" in findings(snap)[0].detail
     out = rendered(snap)
@@ -355,8 +421,8 @@ def test_nvlink_crc_errors(recorded_nvml: Recording, replay_sampler: list[NvmlSa
     assert out[("fabricscope_nvlink_errors_total", ("0", "4", "crc_flit"))] == 0
 
 
-def test_nvlink_down(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
-    snap = sample(with_link_down(recorded_nvml, 0, 3), replay_sampler)
+def test_nvlink_down(either_path: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    snap = sample(with_link_down(either_path, 0, 3), replay_sampler)
     assert kinds(findings(snap)) == [("nvlink_down", "gpu0/link3")]
     out = rendered(snap)
     assert out[("fabricscope_nvlink_up", ("0", "3"))] == 0
@@ -364,9 +430,9 @@ def test_nvlink_down(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
     assert nvlink_matrix(snap) == {(0, 1): 17, (1, 0): 17}
 
 
-def test_gpu_lost_isolates(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
-    healthy = sample(recorded_nvml, replay_sampler)
-    snap = sample(with_gpu_lost(recorded_nvml, 1), replay_sampler)
+def test_gpu_lost_isolates(either_path: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    healthy = sample(either_path, replay_sampler)
+    snap = sample(with_gpu_lost(either_path, 1), replay_sampler)
     assert kinds(findings(snap)) == [("gpu_lost", "gpu1")]
     assert snap.gpus[0] == healthy.gpus[0]  # the other GPU fully sampled
     assert snap.gpus[1] == NvmlGpu(index=1, lost=True)
@@ -391,14 +457,14 @@ def test_xid_event(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) 
     assert rendered(snap)[("fabricscope_gpu_xid_errors_total", ("0", "79"))] == 1
 
 
-def test_pcie_link_degraded(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
-    snap = sample(with_pcie_width(recorded_nvml, 0, 8), replay_sampler)
+def test_pcie_link_degraded(either_path: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    snap = sample(with_pcie_width(either_path, 0, 8), replay_sampler)
     assert kinds(findings(snap)) == [("pcie_link_degraded", "gpu0")]
     assert rendered(snap)[("fabricscope_gpu_pcie_current_link_width", ("0",))] == 8
 
 
-def test_row_remap_failure(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
-    snap = sample(with_row_remap_failure(recorded_nvml, 1), replay_sampler)
+def test_row_remap_failure(either_path: Recording, replay_sampler: list[NvmlSampler]) -> None:
+    snap = sample(with_row_remap_failure(either_path, 1), replay_sampler)
     assert kinds(findings(snap)) == [("row_remap_failure", "gpu1")]
     out = rendered(snap)
     assert out[("fabricscope_gpu_row_remap_failure", ("1",))] == 1
@@ -477,6 +543,445 @@ def test_a_hung_call_blocks_no_later_pass(recorded_nvml: Recording) -> None:
     api.release.set()
     hung.join(5)
     assert not hung.is_alive()
+
+
+# -- what a pass reads: static facts cached, error counters rotated ---------------------
+
+
+class Passes:
+    """A sampler over a counting recorder around a strict replay of ``rec``. ``calls`` is
+    the replayed recording's answers (edit it between passes: the node changes); each
+    :meth:`run` returns the pass's snapshot, its NVML calls by function and the answer
+    keys it asked (a batched field-values call asks one key per field)."""
+
+    def __init__(self, rec: Recording, made: list[NvmlSampler], **settings: int) -> None:
+        rec = copy.deepcopy(rec)  # edited in place; the caller's stays as it was
+        calls = rec["calls"]
+        assert isinstance(calls, dict)
+        self.calls = calls
+        self.api = RecordingNvml(ReplayNvml(rec))
+        self.sampler = NvmlSampler(lambda: self.api, watch_xid=False, **settings)
+        made.append(self.sampler)
+
+    def run(self) -> tuple[NvmlSnapshot, Counter[str], set[str]]:
+        self.api.counts.clear()
+        self.api.calls.clear()
+        snap = self.sampler.sample()
+        return snap, Counter(self.api.counts), set(self.api.calls)
+
+    def edit(self, edited: Recording) -> None:
+        """The node now answers as ``edited`` does."""
+        new = edited["calls"]
+        assert isinstance(new, dict)
+        self.calls.update(new)
+
+
+def asked(keys: set[str], call: str, gpu: int, *, arg: int | None = None) -> set[int]:
+    """The link (or scope) argument of every ``call(gpu,link,...)`` key asked; with ``arg``,
+    only keys whose last argument is ``arg`` (a counter id or a field id)."""
+    out = set()
+    for key in keys:
+        name, _, args = key.partition("(")
+        if name != call:
+            continue
+        values = [int(a) for a in args.rstrip(")").split(",")]
+        if values[0] != gpu:
+            continue
+        if call == "nvmlDeviceGetFieldValues":  # (gpu, field, scope): arg is the field
+            if arg is None or values[1] == arg:
+                out.add(values[2])
+        elif arg is None or values[-1] == arg:
+            out.add(values[1])
+    return out
+
+
+#: per GPU and pass: the per-call path of the H200 recording (no field answers recorded)
+PER_CALL_FIRST = {
+    "nvmlDeviceGetPciInfo": 1,
+    "nvmlDeviceGetUUID": 1,
+    "nvmlDeviceGetName": 1,
+    "nvmlDeviceGetSerial": 1,
+    "nvmlDeviceGetVbiosVersion": 1,
+    "nvmlDeviceGetMaxPcieLinkGeneration": 1,
+    "nvmlDeviceGetMaxPcieLinkWidth": 1,
+    "nvmlDeviceGetNvLinkState": 36,  # links 0-35 probed once; 18-35 INVALID_ARGUMENT
+    "nvmlDeviceGetFieldValues": 1,  # all of it NOT_SUPPORTED: learned, not asked again
+    "nvmlDeviceGetPcieReplayCounter": 1,
+    "nvmlDeviceGetRemappedRows": 1,
+    "nvmlDeviceGetTotalEccErrors": 2,
+    "nvmlDeviceGetCurrPcieLinkGeneration": 1,
+    "nvmlDeviceGetCurrPcieLinkWidth": 1,
+    "nvmlDeviceGetCurrentClocksEventReasons": 1,
+    "nvmlDeviceGetComputeRunningProcesses": 1,
+    "nvmlDeviceGetNvLinkVersion": 18,
+    "nvmlDeviceGetNvLinkRemotePciInfo": 18,
+    "nvmlDeviceGetNvLinkRemoteDeviceType": 18,
+    "nvmlDeviceGetNvLinkErrorCounter": 90,  # 18 links x 5 counters: the first pass reads all
+}
+PER_CALL_STEADY = {
+    "nvmlDeviceGetNvLinkState": 18,
+    "nvmlDeviceGetPcieReplayCounter": 1,
+    "nvmlDeviceGetRemappedRows": 1,
+    "nvmlDeviceGetTotalEccErrors": 2,
+    "nvmlDeviceGetCurrPcieLinkGeneration": 1,
+    "nvmlDeviceGetCurrPcieLinkWidth": 1,
+    "nvmlDeviceGetCurrentClocksEventReasons": 1,
+    "nvmlDeviceGetComputeRunningProcesses": 1,
+    "nvmlDeviceGetNvLinkErrorCounter": 6 * 3 + 2 * 2,  # 18/3 links x 3, 18/9 links x 2
+}
+BATCHED_FIRST = {
+    k: v
+    for k, v in PER_CALL_FIRST.items()
+    if k
+    not in (
+        "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetTotalEccErrors",
+    )
+} | {"nvmlDeviceGetNvLinkErrorCounter": 18 * 2}  # crc_data, ecc_data: no field carries them
+BATCHED_STEADY = {
+    "nvmlDeviceGetNvLinkState": 18,
+    "nvmlDeviceGetFieldValues": 1,  # 7 GPU-level fields + 6 links x 3 counters
+    "nvmlDeviceGetCurrPcieLinkGeneration": 1,
+    "nvmlDeviceGetCurrPcieLinkWidth": 1,
+    "nvmlDeviceGetCurrentClocksEventReasons": 1,
+    "nvmlDeviceGetComputeRunningProcesses": 1,
+    "nvmlDeviceGetNvLinkErrorCounter": 2 * 2,
+}
+NODE_FIRST = {
+    "nvmlInit": 1,
+    "nvmlSystemGetDriverVersion": 1,
+    "nvmlSystemGetNVMLVersion": 1,
+    "nvmlDeviceGetCount": 1,
+    "NVML_NVLINK_MAX_LINKS": 1,
+}
+
+
+def per_node(per_gpu: dict[str, int], node: dict[str, int]) -> Counter[str]:
+    return Counter({k: 2 * v for k, v in per_gpu.items()}) + Counter(node)
+
+
+@pytest.mark.parametrize(
+    ("variant", "first", "steady", "fields_steady"),
+    [
+        ("per-call", PER_CALL_FIRST, PER_CALL_STEADY, 0),
+        ("batched", BATCHED_FIRST, BATCHED_STEADY, 2 * (7 + 6 * 3)),
+    ],
+)
+def test_calls_per_pass_drop_after_the_first(
+    replay_sampler: list[NvmlSampler],
+    variant: str,
+    first: dict[str, int],
+    steady: dict[str, int],
+    fields_steady: int,
+) -> None:
+    """Before caching and rotation every pass made 430 calls on this node (the recording's
+    answers, less init, shutdown and XID registration). Now the first pass reads everything
+    (per-call: 397 calls; batched: 281) and later passes only what can change (97; 55)."""
+    rec = h200x2_recording()
+    run = Passes(rec if variant == "per-call" else with_field_values(rec), replay_sampler)
+    _, calls, _ = run.run()
+    assert calls == per_node(first, NODE_FIRST)
+    assert sum(calls.values()) == (397 if variant == "per-call" else 281)
+    for _ in range(2 * run.sampler.slow_error_rotation):
+        run.api.fields_read.clear()
+        _, calls, _ = run.run()
+        assert calls == per_node(steady, {"nvmlDeviceGetCount": 1})
+        assert sum(run.api.fields_read.values()) == fields_steady
+    assert sum(calls.values()) == (97 if variant == "per-call" else 55)
+
+
+def test_rotation_reads_every_link_once_per_rotation(
+    either_path: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    """Pass k reads replay/recovery/crc_flit of the links with link % 3 == k % 3 and
+    crc_data/ecc_data of those with link % 9 == k % 9, on every GPU: within 3 (9) passes
+    every link is read exactly once."""
+    run = Passes(either_path, replay_sampler)
+    run.run()  # the first pass reads every link
+    batched = "nvmlDeviceGetFieldValues(0,161,0)" in run.calls
+    fast_seen: Counter[tuple[int, int]] = Counter()
+    slow_seen: Counter[tuple[int, int]] = Counter()
+    for k in range(1, 10):
+        _, _, keys = run.run()
+        for gpu in (0, 1):
+            if batched:
+                fast = asked(keys, "nvmlDeviceGetFieldValues", gpu, arg=161)
+            else:
+                fast = asked(keys, "nvmlDeviceGetNvLinkErrorCounter", gpu, arg=0)
+            slow = asked(keys, "nvmlDeviceGetNvLinkErrorCounter", gpu, arg=3)
+            assert fast == {n for n in range(18) if n % 3 == k % 3}
+            assert slow == {n for n in range(18) if n % 9 == k % 9}
+            assert asked(keys, "nvmlDeviceGetNvLinkErrorCounter", gpu, arg=4) == slow
+            fast_seen.update((gpu, n) for n in fast)
+            slow_seen.update((gpu, n) for n in slow)
+        if k == 3:
+            assert fast_seen == Counter({(g, n): 1 for g in (0, 1) for n in range(18)})
+    assert slow_seen == Counter({(g, n): 1 for g in (0, 1) for n in range(18)})
+
+
+def test_a_counter_change_shows_within_its_rotation(
+    either_path: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    run = Passes(either_path, replay_sampler)
+    first, _, _ = run.run()
+    crc_data = first.gpus[0].nvlinks[5].errors.crc_data
+    assert crc_data is not None
+    run.edit(with_nvlink_errors(either_path, 0, 5, crc_flit=7, crc_data=crc_data + 40))
+    seen = []
+    for _ in range(1, 10):
+        snap, _, _ = run.run()
+        errors = snap.gpus[0].nvlinks[5].errors
+        seen.append((errors.crc_flit, errors.crc_data))
+        assert (
+            errors.link_errors == (kinds(findings(snap)) == [("nvlink_errors", "gpu0/link5")]) * 7
+        )
+    # link 5 is read on pass 2 (5 % 3), crc_data on pass 5 (5 % 9); carried forward between
+    old, new = crc_data, crc_data + 40
+    assert (
+        seen
+        == [(0, old), (7, old), (7, old), (7, old), (7, new), (7, new), (7, new)] + [(7, new)] * 2
+    )
+
+
+def test_a_link_changing_state_has_its_static_info_read_again(
+    replay_sampler: list[NvmlSampler],
+) -> None:
+    rec = with_field_values(h200x2_recording())
+    run = Passes(rec, replay_sampler)
+    healthy, _, keys = run.run()
+    statics = ("nvmlDeviceGetNvLinkVersion", "nvmlDeviceGetNvLinkRemotePciInfo")
+    assert all(asked(keys, c, 0) == set(range(18)) for c in statics)
+    _, _, keys = run.run()
+    assert not any(asked(keys, c, g) for c in statics for g in (0, 1))  # cached
+    assert asked(keys, "nvmlDeviceGetFieldValues", 0, arg=164) == set()
+
+    run.edit(with_link_down(rec, 0, 3))
+    down, _, keys = run.run()
+    assert asked(keys, "nvmlDeviceGetNvLinkVersion", 0) == {3}
+    assert asked(keys, "nvmlDeviceGetNvLinkRemotePciInfo", 0) == set()  # down: no far end
+    link = down.gpus[0].nvlinks[3]
+    assert (link.up, link.speed_bytes_per_second, link.remote_pci_bus_id) == (False, None, None)
+    assert kinds(findings(down)) == [("nvlink_down", "gpu0/link3")]
+
+    run.edit(rec)  # trained again
+    back, _, keys = run.run()
+    for call in (*statics, "nvmlDeviceGetNvLinkRemoteDeviceType"):
+        assert asked(keys, call, 0) == {3}
+        assert asked(keys, call, 1) == set()
+    assert asked(keys, "nvmlDeviceGetFieldValues", 0, arg=164) == {3}
+    assert back == healthy
+
+
+def test_static_facts_are_read_again_every_static_refresh_passes(
+    either_path: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    """GPU g on the passes >= N with pass % N == g % N (GPUs take turns); the node's driver
+    and NVML versions on pass % N == 0. Nothing changes in between."""
+    run = Passes(either_path, replay_sampler, static_refresh_passes=5)
+    first, _, _ = run.run()
+    uuids, probes, drivers = {}, {}, []
+    for k in range(1, 13):
+        snap, calls, keys = run.run()
+        assert snap == first
+        uuids[k] = {g for g in (0, 1) if f"nvmlDeviceGetUUID({g})" in keys}
+        probes[k] = {g for g in (0, 1) if len(asked(keys, "nvmlDeviceGetNvLinkState", g)) == 36}
+        if calls["nvmlSystemGetDriverVersion"]:
+            drivers.append(k)
+        # a refresh reads every link's version and far end again; the counters carry on
+        # in rotation (they are no static fact)
+        for g in uuids[k]:
+            assert asked(keys, "nvmlDeviceGetNvLinkRemotePciInfo", g) == set(range(18))
+        for g in (0, 1):
+            slow = asked(keys, "nvmlDeviceGetNvLinkErrorCounter", g, arg=3)
+            assert slow == {n for n in range(18) if n % 9 == k % 9}
+    refreshed = {5: {0}, 6: {1}, 10: {0}, 11: {1}}
+    assert uuids == {k: refreshed.get(k, set()) for k in range(1, 13)}
+    assert probes == uuids
+    assert drivers == [5, 10]
+
+
+def test_a_static_fact_whose_read_failed_is_read_again_next_pass(
+    replay_sampler: list[NvmlSampler],
+) -> None:
+    rec = h200x2_recording()
+    run = Passes(with_call_error(rec, "nvmlDeviceGetUUID(0)", "UNKNOWN"), replay_sampler)
+    for k in range(2):  # not cached absent for a refresh period: asked each pass, an issue
+        snap, _, keys = run.run()
+        assert snap.gpus[0].uuid is None
+        assert [i.path for i in snap.issues] == ["nvml/0/nvmlDeviceGetUUID"]
+        assert "nvmlDeviceGetUUID(0)" in keys
+        assert ("nvmlDeviceGetUUID(1)" in keys) is (k == 0)  # GPU 1's is cached
+    run.edit(rec)
+    snap, _, _ = run.run()
+    assert (snap.gpus[0].uuid, snap.issues) == ("GPU-fcb7ca97-bfcc-fefd-ace7-bc505d8b2d51", ())
+    _, _, keys = run.run()
+    assert "nvmlDeviceGetUUID(0)" not in keys  # cached now
+
+
+def test_a_field_not_supported_falls_back_to_its_call_and_is_remembered(
+    replay_sampler: list[NvmlSampler],
+) -> None:
+    base = with_field_values(h200x2_recording())
+    rec = base
+    for key in (
+        "nvmlDeviceGetFieldValues(0,161,3)",  # replay of GPU 0 link 3
+        "nvmlDeviceGetFieldValues(0,94,0)",  # PCIe replays of GPU 0
+        "nvmlDeviceGetFieldValues(1,143,0)",  # one of GPU 1's four remapped-rows fields
+    ):
+        rec = with_call_error(rec, key, "NOT_SUPPORTED")
+    expected = Passes(base, replay_sampler)
+    run = Passes(rec, replay_sampler)
+    for k in range(10):
+        want, _, _ = expected.run()
+        snap, _, keys = run.run()
+        assert snap == want  # the same values, from the per-call answers
+        assert snap.issues == ()
+        assert ("nvmlDeviceGetPcieReplayCounter(0)" in keys) is True
+        assert ("nvmlDeviceGetRemappedRows(1)" in keys) is True
+        assert "nvmlDeviceGetPcieReplayCounter(1)" not in keys  # its field answers
+        link3 = k % 3 == 0  # link 3's turn (and pass 0)
+        assert ("nvmlDeviceGetNvLinkErrorCounter(0,3,0)" in keys) is link3
+        assert "nvmlDeviceGetNvLinkErrorCounter(0,3,1)" not in keys  # recovery: field 162
+        if k > 0:  # learned: the fields that said NOT_SUPPORTED are not asked again
+            assert asked(keys, "nvmlDeviceGetFieldValues", 0, arg=161) == (
+                {n for n in range(18) if n % 3 == k % 3} - {3}
+            )
+            assert "nvmlDeviceGetFieldValues(0,94,0)" not in keys
+            assert asked(keys, "nvmlDeviceGetFieldValues", 1, arg=142) == set()
+            assert "nvmlDeviceGetFieldValues(0,142,0)" in keys
+
+
+class _NoFieldValues(ReplayNvml):
+    """A binding without nvmlDeviceGetFieldValues: every batched call fails as a whole."""
+
+    def field_values(
+        self, gpu: int, fields: Sequence[tuple[int, int]]
+    ) -> tuple[int | NvmlCallError, ...]:
+        raise NvmlCallError("nvmlDeviceGetFieldValues", 13, "FUNCTION_NOT_FOUND")
+
+    def field_value(self, gpu: int, field_id: int, scope_id: int) -> int:
+        raise NvmlCallError("nvmlDeviceGetFieldValues", 13, "FUNCTION_NOT_FOUND")
+
+
+def test_without_field_values_everything_comes_from_the_calls(
+    replay_sampler: list[NvmlSampler],
+) -> None:
+    rec = with_field_values(h200x2_recording())
+    expected = NvmlSampler(lambda: ReplayNvml(rec), watch_xid=False)
+    api = RecordingNvml(_NoFieldValues(rec))
+    sampler = NvmlSampler(lambda: api, watch_xid=False)
+    replay_sampler += [expected, sampler]
+    for k in range(4):
+        api.counts.clear()
+        want = expected.sample()
+        snap = sampler.sample()
+        # speed has no per-link call: NVML's answer is absent, as it was before batching
+        assert snap.gpus[0].nvlinks[0].speed_bytes_per_second is None
+        assert snap.gpus == tuple(
+            NvmlGpu(**{**_fields(g), "nvlinks": tuple(_no_speed(n) for n in g.nvlinks)})
+            for g in want.gpus
+        )
+        assert snap.issues == ()
+        # pass 0: per GPU the batch, then speed through the older per-link fields (links
+        # 0-11) and the all-links field; all of it learned or cached: none after
+        assert api.counts["nvmlDeviceGetFieldValues"] == (2 * (1 + 12 + 1) if k == 0 else 0)
+
+
+def _fields(gpu: NvmlGpu) -> dict[str, object]:
+    return {name: getattr(gpu, name) for name in NvmlGpu.__dataclass_fields__}
+
+
+def _no_speed(link: NvLink) -> NvLink:
+    return NvLink(
+        link.link,
+        link.state,
+        link.version,
+        None,
+        link.remote_pci_bus_id,
+        link.remote_device_type,
+        link.errors,
+    )
+
+
+def test_a_gpu_lost_mid_run_is_isolated_and_read_again_when_back(
+    either_path: Recording, replay_sampler: list[NvmlSampler]
+) -> None:
+    run = Passes(either_path, replay_sampler)
+    healthy, _, _ = run.run()
+    run.run()
+    run.edit(with_gpu_lost(either_path, 1))
+    for _ in range(2):
+        snap, _, keys = run.run()
+        assert snap.gpus[0] == healthy.gpus[0]  # the other GPU fully sampled
+        was = healthy.gpus[1]
+        # a lost GPU still names itself (gpu_info), nothing else
+        assert snap.gpus[1] == NvmlGpu(
+            index=1,
+            lost=True,
+            pci_bus_id=was.pci_bus_id,
+            uuid=was.uuid,
+            name=was.name,
+            serial=was.serial,
+            vbios_version=was.vbios_version,
+        )
+        assert kinds(findings(snap)) == [("gpu_lost", "gpu1")]
+        assert snap.issues == ()
+    run.edit(either_path)  # reset and back: everything of GPU 1 is read again
+    snap, _, keys = run.run()
+    assert snap == healthy
+    assert "nvmlDeviceGetUUID(1)" in keys and "nvmlDeviceGetUUID(0)" not in keys
+    assert asked(keys, "nvmlDeviceGetNvLinkErrorCounter", 1, arg=3) == set(range(18))
+    assert asked(keys, "nvmlDeviceGetNvLinkErrorCounter", 0, arg=3) == {4, 13}  # pass 4
+
+
+def test_a_failed_counter_read_is_absent_and_read_again_next_pass(
+    replay_sampler: list[NvmlSampler],
+) -> None:
+    rec = h200x2_recording()
+    calls = rec["calls"]
+    assert isinstance(calls, dict)
+    calls["nvmlDeviceGetFieldValues(0,42,0)"] = {"error": "NOT_SUPPORTED", "code": 3}  # L3 field
+    healthy = Passes(copy.deepcopy(rec), replay_sampler).run()[0]
+    run = Passes(
+        with_call_error(rec, "nvmlDeviceGetNvLinkErrorCounter(0,3,3)", "UNKNOWN"), replay_sampler
+    )
+    for _ in range(2):
+        snap, _, keys = run.run()
+        assert snap.gpus[0].nvlinks[3].errors.crc_data is None
+        assert [i.path for i in snap.issues] == [
+            "nvml/0/nvmlDeviceGetNvLinkErrorCounter/link3/crc_data"
+        ]
+    run.edit(rec)
+    snap, _, keys = run.run()  # pass 2: not link 3's turn, but its last read failed
+    assert "nvmlDeviceGetNvLinkErrorCounter(0,3,3)" in keys
+    assert snap == healthy
+
+
+def test_a_hung_pass_returning_late_leaves_nothing_behind(
+    replay_sampler: list[NvmlSampler],
+) -> None:
+    """The runner abandons a hung pass and starts the next; when the hung one returns, its
+    (older) counter values must not replace the newer pass's, or a counter not read in the
+    following pass would go backwards."""
+    rec = h200x2_recording()
+    calls = rec["calls"]
+    assert isinstance(calls, dict)
+    api = _HangOnce(ReplayNvml(rec))
+    sampler = NvmlSampler(lambda: api, watch_xid=False)  # type: ignore[arg-type,return-value]
+    replay_sampler.append(sampler)
+    hung = threading.Thread(target=sampler.sample, daemon=True)
+    hung.start()
+    assert api.entered.wait(5)
+    calls.update(with_nvlink_errors(rec, 0, 4, crc_flit=5)["calls"])  # type: ignore[arg-type]
+    newer = sampler.sample()  # pass 1 (pass 0 hangs)
+    assert newer.gpus[0].nvlinks[4].errors.crc_flit == 5
+    calls.update(h200x2_recording()["calls"])  # type: ignore[arg-type]
+    api.release.set()  # pass 0 now reads the counters (0) and returns
+    hung.join(5)
+    assert not hung.is_alive()
+    later = sampler.sample()  # pass 2: link 4 is not read (4 % 3 != 2): carried from pass 1
+    assert later.gpus[0].nvlinks[4].errors.crc_flit == 5
 
 
 # -- topology ---------------------------------------------------------------------------
