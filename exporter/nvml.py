@@ -152,8 +152,8 @@ NVLINK_ERRORS = MetricSpec(
     "counter",
     "NVLink data-link error counters, by reason: replay, recovery, crc_flit, crc_data, ecc_data. "
     "NVML spends 0.13-0.46 ms of CPU per link and counter read, so each link's replay, "
-    "recovery and crc_flit are read every 3rd pass and crc_data and ecc_data every 9th (45 s "
-    "and 135 s at the default 15 s interval); between reads the last value is exported.",
+    "recovery and crc_flit are read every 6th pass and crc_data and ecc_data every 36th (90 s "
+    "and 9 min at the default 15 s interval); between reads the last value is exported.",
     ("gpu", "link", "reason"),
 )
 

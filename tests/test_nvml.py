@@ -343,7 +343,13 @@ def test_later_passes_give_the_same_snapshot(
 ) -> None:
     """Through a whole slow rotation and two static refreshes: counters not read in a pass
     carry their last value, so a node whose answers do not change looks the same."""
-    sampler = NvmlSampler(lambda: ReplayNvml(either_path), xid_wait_ms=50, static_refresh_passes=4)
+    sampler = NvmlSampler(
+        lambda: ReplayNvml(either_path),
+        xid_wait_ms=50,
+        static_refresh_passes=4,
+        link_error_rotation=3,
+        slow_error_rotation=9,
+    )
     replay_sampler.append(sampler)
     first = sampler.sample()
     for _ in range(2 * sampler.slow_error_rotation):
@@ -560,6 +566,9 @@ class Passes:
         assert isinstance(calls, dict)
         self.calls = calls
         self.api = RecordingNvml(ReplayNvml(rec))
+        # the mechanism is tested with short rotations (3 and 9 passes) so a whole slow
+        # rotation takes few passes; production defaults are longer (6 and 36)
+        settings = {"link_error_rotation": 3, "slow_error_rotation": 9} | settings
         self.sampler = NvmlSampler(lambda: self.api, watch_xid=False, **settings)
         made.append(self.sampler)
 
