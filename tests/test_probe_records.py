@@ -217,7 +217,7 @@ def test_spec_round_trips_and_defaults() -> None:
         kind="latency", rank=1, world_size=2, master_addr="::1", master_port=1
     )
     assert (minimal.backend, minimal.warmup, minimal.iterations) == ("auto", 5, 20)
-    assert minimal.max_memory_bytes == 2 << 30
+    assert minimal.max_memory_bytes == 1 << 30
 
 
 @pytest.mark.parametrize(
@@ -290,7 +290,7 @@ def test_device_and_sizes_resolution() -> None:
     assert (
         resolve_sizes(spec(), "nccl")
         == GPU_DEFAULT_SIZES
-        == (1 << 20, 64 << 20, 256 << 20, 1 << 30)
+        == (1 << 20, 64 << 20, 256 << 20)
     )
     assert resolve_sizes(spec(), "gloo") == CPU_DEFAULT_SIZES == (64 << 10, 1 << 20)
     assert resolve_sizes(spec(kind="latency"), "nccl") == (8,)

@@ -205,7 +205,7 @@ def test_sizes_above_the_memory_bound_are_refused_without_allocating() -> None:
     assert problems == []
     assert rec.reason == "init_failure"
     assert rec.error is not None
-    assert "above max_memory_bytes 2147483648 B; not allocated" in rec.error.detail
+    assert "above max_memory_bytes 1073741824 B; not allocated" in rec.error.detail
 
     mixed = worker.run_local(spec(sizes=(4096, 1 << 20), max_memory_bytes=1 << 20), 2)
     assert [(r.size_bytes, r.reason) for r in mixed] == [(4096, None), (1 << 20, "init_failure")]
