@@ -30,6 +30,16 @@ def main() -> None:
     out["cpu_s_per_ComputeRunningProcesses"] = timed(
         lambda: n.nvmlDeviceGetComputeRunningProcesses(h)
     )
+    out["cpu_s_per_CurrPcieLinkGeneration"] = timed(
+        lambda: n.nvmlDeviceGetCurrPcieLinkGeneration(h)
+    )
+    out["cpu_s_per_CurrPcieLinkWidth"] = timed(lambda: n.nvmlDeviceGetCurrPcieLinkWidth(h))
+    out["cpu_s_per_CurrentClocksEventReasons"] = timed(
+        lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h)
+    )
+    out["cpu_s_per_NvLinkVersion"] = timed(lambda: n.nvmlDeviceGetNvLinkVersion(h, 0))
+    out["cpu_s_per_NvLinkRemotePciInfo"] = timed(lambda: n.nvmlDeviceGetNvLinkRemotePciInfo(h, 0))
+    out["cpu_s_per_RemappedRows"] = timed(lambda: n.nvmlDeviceGetRemappedRows(h))
     scoped = [161, 162, 163, 164, 165, 166]
     one = [(165, 0)]
     links = [(f, link) for link in range(18) for f in scoped]
