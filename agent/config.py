@@ -56,8 +56,95 @@ class NetdevSettings:
     ethtool: bool = True
 
 
+#: The probe's rendezvous port when ``--probe.listen-address`` names none (the metrics port
+#: 10118 plus one).
+DEFAULT_PROBE_PORT = 10119
+PROBE_BACKENDS = ("auto", "nccl", "gloo")
+PROBE_KINDS = ("all_reduce", "sendrecv", "latency")
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    """The NCCL probe (``--probe.*``; docs in ``agent/probe/service.py``). Off unless enabled.
+
+    ``peers_file``: hostfile of the nodes that probe each other (None: intra-node probes only).
+    ``secret_file``: the shared secret peers prove (required with a peers file or a listen
+    address). ``listen_address``: ``HOST[:PORT]`` the rendezvous binds, this node's address
+    (port default :data:`DEFAULT_PROBE_PORT`); None: no rendezvous (no cross-node probes).
+    ``node_id``: this node's name in the peers file (default: the listen host).
+    ``round_seconds``: length of a pairing round. ``intra_seconds``: time between intra-node
+    probes (0: none). ``timeout_seconds``: hard limit of one probe (its workers are killed).
+    ``budget``: fraction of the node's GPU time probes may use (0 < budget <= 1).
+    ``budget_window_seconds``: the span the budget may be spent in at once (a burst).
+    ``backend``: auto (NCCL when NVML sees GPUs, else gloo), nccl or gloo. ``sizes``: message
+    sizes in bytes (empty: the backend's defaults). ``pair_kinds``: collectives of a node-pair
+    probe, each its own worker run. ``force``: probe GPUs that run compute processes too.
+    ``cpu_slots``: simulated devices under gloo. ``max_age_seconds``: results older than this
+    are dropped (None: 3 rounds for node pairs, 3 intra intervals for intra-node results).
+    ``max_memory_bytes``: memory one measurement may allocate (two buffers of a size).
+    """
+
+    enabled: bool = False
+    peers_file: str | None = None
+    secret_file: str | None = None
+    listen_address: str | None = None
+    node_id: str | None = None
+    round_seconds: float = 300.0
+    intra_seconds: float = 3600.0
+    timeout_seconds: float = 60.0
+    budget: float = 0.01
+    budget_window_seconds: float = 3600.0
+    backend: str = "auto"
+    sizes: tuple[int, ...] = ()
+    pair_kinds: tuple[str, ...] = ("sendrecv", "latency")
+    force: bool = False
+    cpu_slots: int = 2
+    max_age_seconds: float | None = None
+    max_memory_bytes: int = 2 << 30
+    iterations: int = 20
+    warmup: int = 5
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.round_seconds > 0:
+            problems.append("round seconds must be positive")
+        if not self.intra_seconds >= 0:
+            problems.append("intra-node interval must be >= 0 (0: off)")
+        if not self.timeout_seconds > 0:
+            problems.append("probe timeout must be positive")
+        if not 0 < self.budget <= 1:
+            problems.append("probe budget must be a fraction in (0, 1]")
+        if not self.budget_window_seconds > 0:
+            problems.append("probe budget window must be positive")
+        if self.backend not in PROBE_BACKENDS:
+            problems.append(f"probe backend must be one of {', '.join(PROBE_BACKENDS)}")
+        if any(s <= 0 or s % 4 for s in self.sizes):
+            problems.append("probe sizes must be positive multiples of 4 bytes")
+        if not self.pair_kinds or any(k not in PROBE_KINDS for k in self.pair_kinds):
+            problems.append(f"probe pair kinds must be some of {', '.join(PROBE_KINDS)}")
+        if self.cpu_slots < 1:
+            problems.append("probe CPU slots must be >= 1")
+        if self.max_age_seconds is not None and not self.max_age_seconds > 0:
+            problems.append("probe max age must be positive")
+        if self.max_memory_bytes <= 0 or self.iterations < 1 or self.warmup < 0:
+            problems.append("probe memory bound and iterations must be positive")
+        if (self.peers_file or self.listen_address) and not self.secret_file:
+            problems.append(
+                "--probe.secret-file is required with --probe.peers-file or "
+                "--probe.listen-address (peers must authenticate)"
+            )
+        if self.peers_file and not self.listen_address:
+            problems.append(
+                "--probe.listen-address HOST[:PORT] is required with --probe.peers-file "
+                "(this node's address, where peers reach its probe rendezvous)"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     paths: Paths = field(default_factory=Paths)
     sampling: Sampling = field(default_factory=Sampling)
     netdev: NetdevSettings = field(default_factory=NetdevSettings)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)

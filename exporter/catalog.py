@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.runner import SamplerStatus
-from exporter import infiniband, netdev, nvml, pci, selfmetrics
+from exporter import infiniband, netdev, nvml, pci, probe, selfmetrics
 from exporter.spec import Families, MetricSpec
 
 
@@ -28,6 +28,7 @@ AREAS: dict[str, Area] = {
         Area("netdev", netdev.SPECS, netdev.render),
         Area("nvml", nvml.SPECS, nvml.render),
         Area("pci", pci.SPECS, pci.render),
+        Area("probe", probe.SPECS, probe.render),
     )
 }
 

@@ -5,6 +5,7 @@ agent (samplers, runner) and the exporter (catalog, server).
     fabricscope agent --once     sample once, print the exposition, exit
     fabricscope topo             GPU/NIC topology matrix (table or JSON)
     fabricscope snapshot -o F    capture the sysfs files the samplers read
+    fabricscope probe            run one NCCL probe now (see exporter/probe_cli.py)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from agent.runner import Runner, SamplerSpec
 from agent.samplers import build_specs
 from agent.snapshot import NVML_RECORDING, SnapshotError, capture, extract
 from agent.sysfs import RecordingReader, SysfsReader
+from exporter import probe_cli
 from exporter.app import AgentApp
 
 log = logging.getLogger("fabricscope")
@@ -177,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.tar.gz",
         help="read sysfs from a snapshot taken by `fabricscope snapshot`",
     )
+    probe_cli.add_agent_flags(agent)
 
     topo = sub.add_parser("topo", help="print the GPU/NIC topology matrix and findings")
     _add_common(topo)
@@ -192,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(snap)
     _add_samplers(snap)
     snap.add_argument("--output", "-o", required=True, metavar="FILE.tar.gz")
+    probe_cli.add_parser(sub)
     return parser
 
 
@@ -205,6 +209,7 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
         paths=Paths(ns.path_sysfs, ns.path_procfs),
         sampling=sampling,
         netdev=NetdevSettings(ns.netdev_include, ns.netdev_ethtool_include, ns.netdev_ethtool),
+        probe=probe_cli.settings_from_args(ns),
     )
 
 
@@ -260,8 +265,14 @@ def cmd_agent(ns: argparse.Namespace) -> int:
             paths=replace(config.paths, sysfs=src.sysfs),
             sampling=replace(config.sampling, enabled=config.sampling.enabled - dropped),
         )
+        if ns.once and config.probe.enabled:
+            log.info("--once takes no probes: they run on their own schedule in the agent")
         specs = build_specs(
-            config, SysfsReader(src.sysfs), nvml_api=src.nvml_api, watch_xid=not ns.once
+            config,
+            SysfsReader(src.sysfs),
+            nvml_api=src.nvml_api,
+            watch_xid=not ns.once,
+            run_probes=not ns.once,
         )
         app = AgentApp(specs)
         if ns.once:
@@ -381,7 +392,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     setup_logging(ns.log_level, ns.log_format)
-    commands = {"agent": cmd_agent, "topo": cmd_topo, "snapshot": cmd_snapshot}
+    commands = {
+        "agent": cmd_agent,
+        "topo": cmd_topo,
+        "snapshot": cmd_snapshot,
+        "probe": probe_cli.cmd_probe,
+    }
     try:
         return commands[ns.command](ns)
     except ConfigError as exc:

@@ -50,9 +50,15 @@ LABELS: dict[str, str] = {
     "link": "NVLink index",
     "remote_type": "what is at the far end of an NVLink: GPU, NVSwitch, IBMNPU, unknown",
     "peer": "probe peer host",
+    "peer_gpu": "the probe peer's GPU index as NVML numbers it on that node",
+    "collective": "probe collective: all_reduce, sendrecv, latency",
+    "size_bytes": "probe message size in bytes",
     "namespace": "Kubernetes namespace",
     "pod": "Kubernetes pod name",
     "container": "Kubernetes container name",
+    "resource": "Kubernetes extended resource name as the kubelet reports it (nvidia.com/gpu)",
+    "device_id": "device id a device plugin gave the kubelet (GPU UUID, VF PCI address, ...)",
+    "method": "how a pod attribution was made: podresources (kubelet API) or cgroup",
     "cpus": "CPU list in kernel list format (0-31,64-95)",
 }
 
