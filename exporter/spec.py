@@ -60,6 +60,8 @@ LABELS: dict[str, str] = {
     "device_id": "device id a device plugin gave the kubelet (GPU UUID, VF PCI address, ...)",
     "method": "how a pod attribution was made: podresources (kubelet API) or cgroup",
     "cpus": "CPU list in kernel list format (0-31,64-95)",
+    "variable": "environment variable name, from a fixed allowlist (NCCL_IB_HCA)",
+    "value": "a setting's value as the process was started with it, or <redacted>",
 }
 
 _NAME = re.compile(r"^fabricscope_[a-z0-9_]+$")
