@@ -1,0 +1,405 @@
+"""The node's pods from the Kubernetes API server, kept current in a background thread.
+
+:class:`PodWatcher` lists the pods of one node once (``fieldSelector=spec.nodeName=<node>``)
+and then watches them from the list's resourceVersion, keeping an immutable
+:class:`PodIndex` (pod UID -> namespace, name, container ids -> names) that a sampling pass
+reads without waiting on the network. Only the few fields it needs are read from the raw JSON
+(no model deserialization). The ``kubernetes`` client is imported when the thread starts, so a
+node that never watches never pays for it (about 0.8 s and 47 MiB).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, cast
+
+from agent.cgroup import PodContainer
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient, CoreV1Api
+
+log = logging.getLogger(__name__)
+
+#: the error reasons the watcher reports through ``on_error``
+WATCH_ERROR_REASONS = ("api_error", "api_forbidden")
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    """What the index keeps of one pod (from its API object).
+
+    ``mirror_uid`` is a static pod's config hash (annotation ``kubernetes.io/config.mirror``):
+    its cgroup carries that hash, not the mirror pod's UID. ``containers`` maps runtime
+    container ids (``containerd://<id>`` less the scheme) to container names.
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    mirror_uid: str | None = None
+    containers: tuple[tuple[str, str], ...] = ()
+
+
+def _str(obj: Mapping[str, object], key: str) -> str | None:
+    value = obj.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def _dict(obj: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = obj.get(key)
+    return cast("Mapping[str, object]", value) if isinstance(value, dict) else {}
+
+
+def parse_pod(obj: object) -> PodMeta | None:
+    """A pod's index entry from its API JSON (``metadata``, ``status.*containerStatuses``);
+    None when it lacks a uid, name or namespace."""
+    if not isinstance(obj, dict):
+        return None
+    meta = _dict(obj, "metadata")
+    uid, name, namespace = _str(meta, "uid"), _str(meta, "name"), _str(meta, "namespace")
+    if uid is None or name is None or namespace is None:
+        return None
+    mirror = _str(_dict(meta, "annotations"), "kubernetes.io/config.mirror")
+    status = _dict(obj, "status")
+    containers: dict[str, str] = {}
+    for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+        statuses = status.get(key)
+        for cs in statuses if isinstance(statuses, list) else ():
+            if not isinstance(cs, dict):
+                continue
+            cid, cname = _str(cs, "containerID"), _str(cs, "name")
+            if cid is not None and cname is not None:
+                containers[cid.split("://", 1)[-1]] = cname
+    return PodMeta(uid, namespace, name, mirror, tuple(sorted(containers.items())))
+
+
+def resource_version(obj: object) -> str | None:
+    if not isinstance(obj, dict):
+        return None
+    return _str(_dict(obj, "metadata"), "resourceVersion")
+
+
+class PodIndex:
+    """An immutable index of the node's pods by UID (and static pods' config hash)."""
+
+    __slots__ = ("_by_uid", "_pods")
+
+    def __init__(self, pods: Iterable[PodMeta] = ()) -> None:
+        self._pods = {p.uid: p for p in pods}
+        self._by_uid = dict(self._pods)
+        for p in self._pods.values():
+            if p.mirror_uid:
+                self._by_uid.setdefault(p.mirror_uid, p)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def pods(self) -> list[PodMeta]:
+        return sorted(self._pods.values(), key=lambda p: (p.namespace, p.name))
+
+    def with_pod(self, pod: PodMeta) -> PodIndex:
+        return PodIndex([*(p for u, p in self._pods.items() if u != pod.uid), pod])
+
+    def without(self, uid: str) -> PodIndex:
+        return PodIndex(p for u, p in self._pods.items() if u != uid)
+
+    def lookup(self, where: PodContainer) -> tuple[PodMeta, str] | None:
+        """(pod, container name) of a process's cgroup identity; the name is "" when the
+        pod's status does not (yet) list that container id."""
+        pod = self._by_uid.get(where.pod_uid)
+        if pod is None:
+            return None
+        names = dict(pod.containers)
+        return pod, names.get(where.container_id or "", "")
+
+
+# --- the API watch ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WatchSettings:
+    """How :class:`PodWatcher` talks to the API server. Times in seconds.
+
+    ``watch_timeout_seconds``: the server ends each watch after this long (a new one starts
+    from the latest resourceVersion); ``read_timeout_seconds``: a watch silent for longer is
+    dropped as broken (bookmarks keep a healthy one talking); backoff doubles from
+    ``backoff_initial_seconds`` to ``backoff_max_seconds`` while requests fail.
+    """
+
+    watch_timeout_seconds: int = 300
+    connect_timeout_seconds: float = 5.0
+    list_timeout_seconds: float = 30.0
+    read_timeout_seconds: float = 330.0
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 60.0
+
+
+class _Expired(Exception):  # noqa: N818 - control flow: the watch's resourceVersion is gone
+    pass
+
+
+class _StatusError(Exception):
+    """An API ``Status`` delivered as a watch ERROR event."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"HTTP {code} {reason}")
+        self.code = code
+
+
+class HttpStream(Protocol):  # the urllib3 response of a request made with _preload_content=False
+    chunked: bool
+    data: bytes
+
+    def stream(
+        self, amt: int | None = ..., decode_content: bool | None = ...
+    ) -> Iterator[bytes]: ...
+
+    def read1(self, amt: int | None = ..., decode_content: bool | None = ...) -> bytes: ...
+
+    def release_conn(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def iter_lines(resp: HttpStream) -> Iterator[bytes]:
+    """Newline-delimited lines of a watch response, each as soon as it has arrived."""
+    if resp.chunked:
+        chunks: Iterator[bytes] = resp.stream(None)
+    else:
+        chunks = iter(lambda: resp.read1(65536), b"")
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        yield from (line for line in lines if line.strip())
+    if buf.strip():
+        yield buf
+
+
+def default_api_client() -> ApiClient:
+    """The in-cluster configuration when running in a pod, else the kubeconfig."""
+    from kubernetes import config
+    from kubernetes.client import ApiClient, Configuration
+
+    cfg = Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    return ApiClient(cfg)
+
+
+class PodWatcher:
+    """Keeps a :class:`PodIndex` of the pods on ``node_name`` current, in its own thread.
+
+    Lists once (``resourceVersion=0``: served from the API server's cache, as client-go's
+    reflector does), then watches from the list's resourceVersion with bookmarks. A watch that
+    ends is resumed from the latest resourceVersion; 410 Gone (as an HTTP status or a watch
+    ERROR event) relists; a 403 is reported to ``on_error`` as ``api_forbidden``, any other
+    failure as ``api_error``, and both back off. The index survives failures (it only misses
+    changes until recovery).
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        api_client: Callable[[], ApiClient],
+        on_error: Callable[[str], None],
+        settings: WatchSettings = WatchSettings(),
+    ) -> None:
+        self.node_name = node_name
+        self._factory = api_client
+        self._on_error = on_error
+        self._settings = settings
+        self._selector = f"spec.nodeName={node_name}"
+        self._index: PodIndex | None = None
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._resp: HttpStream | None = None
+        self._state = ""
+        self._lock = threading.Lock()
+        self.lists_total = 0
+
+    @property
+    def index(self) -> PodIndex | None:
+        """The latest index; None until the first list succeeded."""
+        return self._index
+
+    @property
+    def healthy(self) -> bool:
+        """True while the latest list or watch request succeeded."""
+        return self._state == "ok"
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self._synced.wait(timeout)
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"pod-watch-{self.node_name}", daemon=True
+                )
+                self._thread.start()
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            shutdown = getattr(resp, "shutdown", None)  # urllib3 >= 2.3 unblocks a read
+            try:
+                if callable(shutdown):
+                    shutdown()
+                resp.close()
+            except (OSError, ValueError, RuntimeError):
+                log.debug("pod watch: closing the stream failed", exc_info=True)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        from kubernetes.client import ApiException, CoreV1Api
+        from urllib3.exceptions import HTTPError
+
+        s = self._settings
+        api: CoreV1Api | None = None
+        version: str | None = None
+        delay = s.backoff_initial_seconds
+        while not self._stop.is_set():
+            try:
+                if api is None:
+                    api = CoreV1Api(self._factory())
+                if version is None:
+                    version = self._list(api)
+                version = self._watch(api, version)
+                delay = s.backoff_initial_seconds
+                continue
+            except _Expired:
+                version = None
+                continue
+            except ApiException as exc:
+                if exc.status == 410:
+                    version = None
+                    continue
+                reason = "api_forbidden" if exc.status == 403 else "api_error"
+                detail = f"HTTP {exc.status} {exc.reason}"
+            except _StatusError as exc:
+                reason = "api_forbidden" if exc.code == 403 else "api_error"
+                detail = str(exc)
+            except (HTTPError, OSError, ValueError) as exc:
+                reason, detail = "api_error", repr(exc)
+            except Exception as exc:  # the thread must outlive anything the client raises
+                reason, detail = "api_error", repr(exc)
+                if self._state != reason:
+                    log.exception("pod watch: unexpected failure")
+            if self._stop.is_set():
+                break
+            self._on_error(reason)
+            self._set_state(reason, detail)
+            self._stop.wait(delay)
+            delay = min(delay * 2, s.backoff_max_seconds)
+
+    def _list(self, api: CoreV1Api) -> str:
+        s = self._settings
+        resp = cast(
+            "HttpStream",
+            api.list_pod_for_all_namespaces(
+                field_selector=self._selector,
+                resource_version="0",
+                _preload_content=False,
+                _request_timeout=(s.connect_timeout_seconds, s.list_timeout_seconds),
+            ),
+        )
+        try:
+            body = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        if not isinstance(body, dict) or not isinstance(body.get("items"), list):
+            raise ValueError("pod list without items")
+        version = resource_version(body)
+        if version is None:
+            raise ValueError("pod list without metadata.resourceVersion")
+        pods = (parse_pod(item) for item in body["items"])
+        self._index = PodIndex(p for p in pods if p is not None)
+        self.lists_total += 1
+        self._synced.set()
+        self._set_state("ok", f"{len(self._index)} pods")
+        return version
+
+    def _watch(self, api: CoreV1Api, version: str) -> str:
+        s = self._settings
+        resp = cast(
+            "HttpStream",
+            api.list_pod_for_all_namespaces(
+                field_selector=self._selector,
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=s.watch_timeout_seconds,
+                _preload_content=False,
+                _request_timeout=(s.connect_timeout_seconds, s.read_timeout_seconds),
+            ),
+        )
+        self._resp = resp
+        self._set_state("ok", "watching")
+        started, events = time.monotonic(), 0
+        try:
+            for line in iter_lines(resp):
+                version = self._apply(json.loads(line), version)
+                events += 1
+                if self._stop.is_set():
+                    break
+        finally:
+            self._resp = None
+            resp.release_conn()
+        if not events and time.monotonic() - started < s.backoff_initial_seconds:
+            # a watch that ends at once (a proxy cutting it short): don't spin on the server
+            self._stop.wait(s.backoff_initial_seconds)
+        return version
+
+    def _apply(self, event: object, version: str) -> str:
+        if not isinstance(event, dict):
+            raise ValueError("watch event is not an object")
+        kind, obj = event.get("type"), event.get("object")
+        if kind == "ERROR":
+            status = obj if isinstance(obj, dict) else {}
+            code = status.get("code")
+            if code == 410:
+                raise _Expired
+            raise _StatusError(code if isinstance(code, int) else 0, str(status.get("reason")))
+        index = self._index if self._index is not None else PodIndex()
+        if kind in ("ADDED", "MODIFIED"):
+            pod = parse_pod(obj)
+            if pod is not None:
+                self._index = index.with_pod(pod)
+        elif kind == "DELETED":
+            pod = parse_pod(obj)
+            if pod is not None:
+                self._index = index.without(pod.uid)
+        return resource_version(obj) or version
+
+    def _set_state(self, state: str, detail: str) -> None:
+        previous, self._state = self._state, state
+        if state == previous:
+            return
+        if state == "ok":
+            log.info("pod watch on node %s: ok (%s)", self.node_name, detail)
+        else:
+            log.warning(
+                "pod watch on node %s failing: %s (%s); GPU processes of new pods stay "
+                "unattributed until it recovers",
+                self.node_name,
+                state,
+                detail,
+            )
