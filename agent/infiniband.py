@@ -448,6 +448,14 @@ def _read_pci_location(sys: SysfsReader, issues: Issues, base: str) -> tuple[str
     """(PCI address, directory holding the PCI function's attributes) of a device."""
     parent = _link_name(issues, f"{base}/device")
     if parent is not None:
+        if not is_pci_address(parent):
+            # the link's text need not end in the address (``device -> ../..`` is as valid as
+            # the kernel's ``../../../0000:1a:00.0``): resolve it
+            try:
+                parent = posixpath.basename(sys.realpath(f"{base}/device"))
+            except OSError as exc:
+                issues.add(f"{base}/device", classify_os_error(exc), exc.strerror or str(exc))
+                return None, f"{base}/device"
         return (parent if is_pci_address(parent) else None), f"{base}/device"
     try:
         resolved = sys.realpath(base)

@@ -81,3 +81,12 @@ def test_every_fault_raises_exactly_its_alarm_series(dgx_sys_root: Path) -> None
                     alarms.add((sample.name, tuple(sorted(sample.labels.items()))))
     assert watched > 100  # the healthy devices are watched too, not merely absent
     assert alarms == EXPECTED_ALARMS
+
+
+def test_every_rdma_device_knows_its_pci_address(dgx_sys_root: Path) -> None:
+    """The tree's ``device`` links read ``../..`` (valid, but not ending in the address, unlike
+    the kernel's ``../../../0000:1a:00.0``): the address must come from resolving the link."""
+    ib = infiniband.InfinibandSampler(SysfsReader(dgx_sys_root)).sample()
+    nics = {d.address for d in PciSampler(SysfsReader(dgx_sys_root)).sample().by_role("nic")}
+    assert {d.pci_bus_id for d in ib.devices} == nics
+    assert len(ib.devices) == 12
