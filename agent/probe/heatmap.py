@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -128,6 +129,38 @@ def cell_colour(value: float | None, best: float) -> RGB:
     return ramp(value / best if best > 0 else 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where things are in a heatmap image: its size, the grid's top-left corner (after the
+    label margins) and the cell size."""
+
+    width: int
+    height: int
+    left: int
+    top: int
+    cell: int
+
+    def cell_origin(self, row: int, col: int) -> tuple[int, int]:
+        """(x, y) of the top-left pixel of cell (row, col)."""
+        return (
+            self.left + _GAP + col * (self.cell + _GAP),
+            self.top + _GAP + row * (self.cell + _GAP),
+        )
+
+
+def layout(row_labels: Sequence[str], col_labels: Sequence[str], cell: int = 24) -> Layout:
+    """The layout of a heatmap with these labels (one per row and column)."""
+    left = max(_text_width(s) for s in row_labels) + 6
+    top = _GLYPH_H + 6
+    return Layout(
+        width=left + len(col_labels) * (cell + _GAP) + _GAP,
+        height=top + len(row_labels) * (cell + _GAP) + _GAP,
+        left=left,
+        top=top,
+        cell=cell,
+    )
+
+
 def heatmap_png(
     values: Sequence[Sequence[float | None]],
     *,
@@ -149,25 +182,22 @@ def heatmap_png(
     cols_l = list(col_labels) if col_labels is not None else [str(j) for j in range(n_cols)]
     if len(rows_l) != n_rows or len(cols_l) != n_cols:
         raise ValueError("one label per row and per column")
-    margin_left = max(_text_width(s) for s in rows_l) + 6
-    margin_top = _GLYPH_H + 6
-    width = margin_left + n_cols * (cell + _GAP) + _GAP
-    height = margin_top + n_rows * (cell + _GAP) + _GAP
-    canvas = _Canvas(width, height)
+    box = layout(rows_l, cols_l, cell)
+    canvas = _Canvas(box.width, box.height)
     measured = [v for r in values for v in r if v is not None]
     best = max(measured) if measured else 0.0
     for j, label in enumerate(cols_l):
-        x = margin_left + _GAP + j * (cell + _GAP) + (cell - _text_width(label)) // 2
-        canvas.text(x, 3, label)
+        x0, _ = box.cell_origin(0, j)
+        canvas.text(x0 + (cell - _text_width(label)) // 2, 3, label)
     for i, label in enumerate(rows_l):
-        y0 = margin_top + _GAP + i * (cell + _GAP)
-        canvas.text(margin_left - 3 - _text_width(label), y0 + (cell - _GLYPH_H) // 2, label)
+        _, y0 = box.cell_origin(i, 0)
+        canvas.text(box.left - 3 - _text_width(label), y0 + (cell - _GLYPH_H) // 2, label)
         for j, value in enumerate(values[i]):
-            x0 = margin_left + _GAP + j * (cell + _GAP)
+            x0, y0 = box.cell_origin(i, j)
             canvas.fill(x0, y0, cell, cell, cell_colour(value, best))
             if value is None:
                 for d in range(2, cell - 2):
                     for t in (0, 1):  # two pixels thick
                         canvas.put(x0 + d + t, y0 + d, FAILURE_MARK)
                         canvas.put(x0 + cell - 1 - d - t, y0 + d, FAILURE_MARK)
-    return png_bytes(width, height, canvas.rows())
+    return png_bytes(box.width, box.height, canvas.rows())
