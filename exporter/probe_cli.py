@@ -46,6 +46,7 @@ from agent.probe.rendezvous import (
 from agent.probe.service import (
     MANUAL_PREFIX,
     GpuSlot,
+    GuestOutcome,
     NvmlBusyGpus,
     discover_slots,
     failure_records,
@@ -67,6 +68,8 @@ MiB = 1 << 20
 #: one size per matrix pair: enough to reach a link's bandwidth, short enough for N x N pairs
 MATRIX_GPU_SIZE = 256 * MiB
 MATRIX_CPU_SIZE = 1 * MiB
+#: a peer that declines with gpu_busy is asked again this many times, a second apart
+BUSY_RETRIES = 5
 _SIZE = re.compile(r"^(\d+)([KMG]?)(i?B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -515,6 +518,30 @@ def _template(
     )
 
 
+def _probe(
+    peer: tuple[str, int],
+    *,
+    secret: bytes,
+    me: str,
+    offer: Offer,
+    template: WorkerSpec,
+    ns: argparse.Namespace,
+    abort: threading.Event,
+) -> GuestOutcome:
+    """One offer and, if accepted, the local rank (a ``gpu_busy`` decline is asked again)."""
+    return guest_probe(
+        peer,
+        secret=secret,
+        node_id=me,
+        offer=offer,
+        make_spec=_at_master(template),
+        launcher=launch_workers,
+        deadline_seconds=ns.probe_timeout,
+        abort=abort,
+        busy_retries=BUSY_RETRIES,
+    )
+
+
 def _pair(ns: argparse.Namespace, local: _Local, abort: threading.Event) -> int:
     host, port = _peer(ns)
     where = hostport(host, port)
@@ -529,14 +556,13 @@ def _pair(ns: argparse.Namespace, local: _Local, abort: threading.Event) -> int:
         template = _template(
             ns, kind=kind, backend=local.backend, sizes=sizes, slot=slot, me=me, peer=host
         )
-        outcome = guest_probe(
+        outcome = _probe(
             (host, port),
             secret=secret,
-            node_id=me,
+            me=me,
             offer=_offer(ns, kind, local.backend, sizes, None),
-            make_spec=_at_master(template),
-            launcher=launch_workers,
-            deadline_seconds=ns.probe_timeout,
+            template=template,
+            ns=ns,
             abort=abort,
         )
         if outcome.error is not None:
@@ -605,14 +631,13 @@ def _matrix(ns: argparse.Namespace, local: _Local, abort: threading.Event) -> in
             remote=str(j),
         )
         try:
-            outcome = guest_probe(
+            outcome = _probe(
                 (host, port),
                 secret=secret,
-                node_id=me,
+                me=me,
                 offer=_offer(ns, "sendrecv", local.backend, sizes, j),
-                make_spec=_at_master(template),
-                launcher=launch_workers,
-                deadline_seconds=ns.probe_timeout,
+                template=template,
+                ns=ns,
                 abort=abort,
             )
         except Exception as exc:  # a bug must cost this pair, not the matrix

@@ -357,7 +357,7 @@ def test_busy_or_locked_gpus_are_never_probed(
         "unknown": lambda: None,  # NVML cannot say: probe nothing
         "locked": frozenset,
     }[why]
-    host, guest = pair(make_service, host_busy=busy, host_launcher=NoLaunch())
+    host, guest = pair(make_service, host_busy=busy, host_launcher=NoLaunch(), guest_busy_retries=0)
     if why == "locked":  # a local probe holds both devices
         assert host.locks.try_acquire([0, 1])
     assert host.run_intra() is None
@@ -367,6 +367,19 @@ def test_busy_or_locked_gpus_are_never_probed(
     assert snap.runs == ()
     assert skipped(guest.snapshot(), "peer_declined") == 1
     assert guest.snapshot().runs == ()
+
+
+def test_a_guest_asks_again_while_the_hosts_gpu_is_still_held(
+    make_service: Callable[..., ProbeService],
+) -> None:
+    # the host's rank of the previous probe may still be exiting when the next offer comes
+    host, guest = pair(make_service, host_launcher=FakeLaunch(), guest_launcher=FakeLaunch())
+    assert host.locks.try_acquire([0, 1])
+    threading.Timer(1.5, host.locks.release, args=([0, 1],)).start()
+    guest.run_pair_round(2)
+    assert [(r.peer, r.reason) for r in guest.snapshot().runs] == [(A, None)]
+    assert skipped(guest.snapshot(), "peer_declined") == 0
+    assert skipped(host.snapshot(), "gpu_busy") in (1, 2)  # declined once or twice, then ok
 
 
 def test_force_probes_busy_gpus(make_service: Callable[..., ProbeService]) -> None:

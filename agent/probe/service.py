@@ -108,6 +108,9 @@ SKIP_REASONS = ("budget", "gpu_busy", "no_partner", "peer_declined")
 MANUAL_PREFIX = "cli-"
 #: longest a guest waits for a host's rendezvous answer
 RENDEZVOUS_TIMEOUT_SECONDS = 10.0
+#: a host that declines with gpu_busy is asked again this many times, a second apart (its
+#: rank of the previous probe may still be exiting)
+BUSY_RETRIES = 3
 #: a first probe of a kind is budgeted at this many seconds per GPU
 INITIAL_ESTIMATE_SECONDS = 10.0
 DETAIL_CHARS = 300
@@ -629,22 +632,34 @@ def guest_probe(
     rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_SECONDS,
     abort: threading.Event | None = None,
     expected_host_id: str | None = None,
+    busy_retries: int = 0,
+    retry_seconds: float = 1.0,
 ) -> GuestOutcome:
     """Propose ``offer`` to the host at ``peer``; if accepted, run rank 1 (the spec
-    ``make_spec(master_addr, master_port)``) against the host's store."""
+    ``make_spec(master_addr, master_port)``) against the host's store.
+
+    A ``gpu_busy`` decline is proposed again up to ``busy_retries`` times, ``retry_seconds``
+    apart: the host's rank of the previous probe may still be exiting and hold its GPU for a
+    moment after ours has."""
     host, port = peer
-    try:
-        answer = propose(
-            host,
-            port,
-            secret,
-            node_id,
-            offer,
-            rendezvous_timeout,
-            expected_host_id=expected_host_id,
-        )
-    except RendezvousError as exc:
-        return GuestOutcome(error=exc)
+    waiter = abort or threading.Event()
+    for attempt in range(busy_retries + 1):
+        try:
+            answer = propose(
+                host,
+                port,
+                secret,
+                node_id,
+                offer,
+                rendezvous_timeout,
+                expected_host_id=expected_host_id,
+            )
+        except RendezvousError as exc:
+            return GuestOutcome(error=exc)
+        if answer.accepted or answer.reason != "gpu_busy" or attempt == busy_retries:
+            break
+        if waiter.wait(retry_seconds):
+            break
     if not answer.accepted or answer.master_addr is None or answer.master_port is None:
         return GuestOutcome(answer=answer)
     addr = host if _unspecified(answer.master_addr) else answer.master_addr
@@ -664,7 +679,7 @@ class ProbeService:
     Injectable for tests: ``members`` (None: no pair rounds), ``busy`` (GPUs running compute
     processes), ``launcher`` (worker processes), ``clock`` (unix time; rounds and ages),
     ``peer_address`` (member -> its rendezvous address; default: the member at this node's
-    probe port).
+    probe port), ``busy_retries`` (times a ``gpu_busy`` decline is proposed again).
     """
 
     def __init__(
@@ -682,6 +697,7 @@ class ProbeService:
         clock: Callable[[], float] = time.time,
         peer_address: Callable[[str], tuple[str, int]] | None = None,
         rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_SECONDS,
+        busy_retries: int = BUSY_RETRIES,
     ) -> None:
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"backend {backend!r}: resolve auto before starting the service")
@@ -706,6 +722,7 @@ class ProbeService:
         port = listen[1] if listen is not None else DEFAULT_PROBE_PORT
         self._peer_address = peer_address or (lambda member: (member, port))
         self._rv_timeout = min(rendezvous_timeout, settings.timeout_seconds)
+        self._busy_retries = busy_retries
         self.locks = GpuLocks()
         self.budget = GpuBudget(
             settings.budget, len(self.slots), settings.budget_window_seconds, time.monotonic
@@ -1073,6 +1090,7 @@ class ProbeService:
             rendezvous_timeout=self._rv_timeout,
             abort=self._abort,
             expected_host_id=host,
+            busy_retries=self._busy_retries,
         )
         if outcome.answer is not None and not outcome.answer.accepted:
             self._skip("peer_declined", "%s declined %s (%s)", host, kind, outcome.answer.reason)
