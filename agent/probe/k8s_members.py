@@ -1,0 +1,469 @@
+"""Probe membership from the Kubernetes API: the Ready pods of the agent's own DaemonSet.
+
+:class:`KubernetesMembers` is a :class:`~agent.probe.membership.MembershipSource`. It lists
+the agent pods (``GET /api/v1/namespaces/<namespace>/pods?labelSelector=<selector>``) and
+then watches them from the list's resourceVersion in a background thread, so that
+``members()`` only returns the latest tuple and never waits on the API server.
+
+Who is a member
+    One entry per pod that is ``Running``, has the condition ``Ready=True``, is not being
+    deleted (no ``metadata.deletionTimestamp``) and has a ``status.hostIP``; the entry is that
+    host IP in canonical form (:func:`~agent.probe.membership.normalize_host`), sorted and
+    de-duplicated (two pods on one node during a DaemonSet surge are one member). A node that
+    is going away drops out as soon as its pod is deleted, or when the node lifecycle
+    controller marks the pod not Ready (node NotReady), so it is not scheduled.
+
+Why the host IP, not the node name
+    The probe service dials a member at ``(member, probe port)`` and checks, in the
+    rendezvous, that the host it reached calls itself ``member`` (its node id). The agents run
+    with ``hostNetwork``, so the host IP is where the rendezvous listens
+    (``--probe.listen-address`` from the downward API's ``status.hostIP``), and the default
+    node id is that listen host. Node names, by contrast, are usually not resolvable from
+    inside pods. So every agent must use its host IP as its node id; :attr:`self_address`
+    reads it from the API when ``self_node`` (the node name) is known.
+
+Agreement
+    Every agent watches the same objects, so all converge on the same list; between an event
+    and its arrival at each agent (normally well under a second) schedules may differ for a
+    round, which the pair protocol survives (a partner that does not expect the offer
+    declines or is unreachable). A full relist every ``resync_seconds`` bounds drift from a
+    missed event.
+
+Failures
+    410 Gone (an HTTP status or a watch ERROR event) relists, as client-go's reflector does,
+    and is not an error. A 403 counts ``api_forbidden``, any other failure (HTTP error,
+    connection refused, malformed JSON) ``api_error``; both keep the last good list, log one
+    warning on the way into failing (DEBUG after), and back off exponentially.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from agent.podwatch import (
+    HttpStream,
+    WatchSettings,
+    default_api_client,
+    iter_lines,
+    resource_version,
+)
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient, CoreV1Api
+
+log = logging.getLogger(__name__)
+
+#: the reasons of :attr:`KubernetesMembers.errors_total`
+ERROR_REASONS = ("api_error", "api_forbidden")
+
+
+# --- pure: pods -> members -------------------------------------------------------------------
+
+
+def _text(obj: Mapping[str, object], key: str) -> str | None:
+    value = obj.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def _mapping(obj: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = obj.get(key)
+    return cast("Mapping[str, object]", value) if isinstance(value, dict) else {}
+
+
+def _ready(status: Mapping[str, object]) -> bool:
+    conditions = status.get("conditions")
+    for cond in conditions if isinstance(conditions, list) else ():
+        if isinstance(cond, dict) and cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return False
+
+
+def _host_ip(status: Mapping[str, object]) -> str | None:
+    """``status.hostIP`` (else the first of ``status.hostIPs``) in canonical form."""
+    host = _text(status, "hostIP")
+    if host is None:
+        ips = status.get("hostIPs")
+        first = ips[0] if isinstance(ips, list) and ips else None
+        host = _text(first, "ip") if isinstance(first, dict) else None
+    if host is None:
+        return None
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPod:
+    """What is kept of one agent pod: its node, host IP (None when not yet assigned), and
+    whether it is a member now (Running, Ready, not terminating, with a host IP)."""
+
+    uid: str
+    node_name: str | None
+    host: str | None
+    terminating: bool
+    member: bool
+
+
+def parse_agent_pod(obj: object) -> AgentPod | None:
+    """One pod's API JSON -> :class:`AgentPod`; None when it has no uid (nor namespace and
+    name to stand in for one)."""
+    if not isinstance(obj, dict):
+        return None
+    meta = _mapping(obj, "metadata")
+    uid = _text(meta, "uid")
+    if uid is None:
+        name, namespace = _text(meta, "name"), _text(meta, "namespace")
+        if name is None or namespace is None:
+            return None
+        uid = f"{namespace}/{name}"
+    status = _mapping(obj, "status")
+    host = _host_ip(status)
+    terminating = meta.get("deletionTimestamp") is not None
+    member = (
+        not terminating and host is not None and status.get("phase") == "Running" and _ready(status)
+    )
+    return AgentPod(uid, _text(_mapping(obj, "spec"), "nodeName"), host, terminating, member)
+
+
+def _pod_items(pods_json: object) -> list[object]:
+    if isinstance(pods_json, dict):
+        items = pods_json.get("items")
+        if isinstance(items, list):
+            return items
+    elif isinstance(pods_json, list):
+        return pods_json
+    raise ValueError("not a pod list (no items)")
+
+
+def members_from_pods(pods: Mapping[str, AgentPod] | list[AgentPod]) -> tuple[str, ...]:
+    values = pods.values() if isinstance(pods, Mapping) else pods
+    return tuple(sorted({p.host for p in values if p.member and p.host is not None}))
+
+
+def members_from_pod_list(pods_json: object) -> tuple[str, ...]:
+    """A ``PodList`` (or its ``items`` list) as the API returns it -> the members: the
+    canonical host IPs of the Running, Ready, non-terminating pods, sorted and de-duplicated.
+    Items that are not pods are ignored; ValueError when ``pods_json`` has no item list."""
+    parsed = (parse_agent_pod(item) for item in _pod_items(pods_json))
+    return members_from_pods([p for p in parsed if p is not None])
+
+
+# --- the watch ---------------------------------------------------------------------------
+
+
+class _Expired(Exception):  # noqa: N818 - control flow: the watch's resourceVersion is gone
+    pass
+
+
+class _StatusError(Exception):
+    """An API ``Status`` delivered as a watch ERROR event."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"HTTP {code} {reason}")
+        self.code = code
+
+
+class KubernetesMembers:
+    """The probe members: Ready agent pods' host IPs, kept current by a list+watch thread.
+
+    ``namespace`` and ``label_selector`` select the DaemonSet's pods. ``api_client`` makes the
+    client (default: in-cluster configuration, else the kubeconfig). ``self_node`` is this
+    node's name (``spec.nodeName``, from the downward API) or host IP; it only serves
+    :attr:`self_address` and the log line saying when this node joins or leaves. A full
+    relist happens every ``resync_seconds``; ``settings`` holds timeouts and backoff.
+
+    The thread starts on :meth:`start` or the first :meth:`members` call; :meth:`close`
+    stops it. ``members()`` never blocks and never raises: before the first successful
+    list it returns ``()``, and on errors the last good list.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        label_selector: str,
+        *,
+        api_client: Callable[[], ApiClient] | None = None,
+        self_node: str | None = None,
+        resync_seconds: float = 300,
+        settings: WatchSettings | None = None,
+    ) -> None:
+        if not namespace:
+            raise ValueError("namespace must not be empty")
+        if not label_selector:
+            raise ValueError("label_selector must not be empty (it selects the agent pods)")
+        if not resync_seconds > 0:
+            raise ValueError(f"resync_seconds must be > 0, not {resync_seconds!r}")
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.resync_seconds = float(resync_seconds)
+        self._factory = api_client or default_api_client
+        self._self_node = self_node.strip().lower() if self_node else None
+        self._settings = settings or WatchSettings()
+        self._pods: dict[str, AgentPod] = {}  # the thread's own; published as tuples below
+        self._members: tuple[str, ...] = ()
+        self._self_address: str | None = None
+        self._self_member = False
+        self._errors = dict.fromkeys(ERROR_REASONS, 0)
+        self._state = ""
+        self._lock = threading.Lock()
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._resp: HttpStream | None = None
+        self.lists_total = 0
+
+    @property
+    def where(self) -> str:
+        return f"pods {self.label_selector!r} in namespace {self.namespace}"
+
+    # -- what the probe reads ------------------------------------------------------------
+
+    def members(self) -> tuple[str, ...]:
+        """The current members (canonical host IPs, sorted); starts the watch if needed."""
+        if self._thread is None and not self._stop.is_set():
+            self.start()
+        return self._members
+
+    @property
+    def errors_total(self) -> dict[str, int]:
+        """Failed list/watch requests by reason (every reason of :data:`ERROR_REASONS`)."""
+        with self._lock:
+            return dict(self._errors)
+
+    @property
+    def healthy(self) -> bool:
+        """True once a list succeeded and while the latest list or watch request succeeds."""
+        return self._state == "ok"
+
+    @property
+    def self_address(self) -> str | None:
+        """The host IP of this node's agent pod (``self_node`` matched against
+        ``spec.nodeName`` or the host IP), Ready or not, unless it is terminating; None when
+        ``self_node`` is unset or no such pod is known."""
+        return self._self_address
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the first successful list."""
+        return self._synced.wait(timeout)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="probe-k8s-members", daemon=True
+                )
+                self._thread.start()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the thread, interrupting an open watch; the last list stays readable."""
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            shutdown = getattr(resp, "shutdown", None)  # urllib3 >= 2.3 unblocks a read
+            try:
+                if callable(shutdown):
+                    shutdown()
+                resp.close()
+            except (OSError, ValueError, RuntimeError):
+                log.debug("probe members: closing the watch failed", exc_info=True)
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        from kubernetes.client import ApiException, CoreV1Api
+        from urllib3.exceptions import HTTPError
+
+        s = self._settings
+        api: CoreV1Api | None = None
+        version: str | None = None
+        listed_at = -math.inf
+        delay = s.backoff_initial_seconds
+        while not self._stop.is_set():
+            try:
+                if api is None:
+                    api = CoreV1Api(self._factory())
+                if version is None or time.monotonic() - listed_at >= self.resync_seconds:
+                    version = self._list(api)
+                    listed_at = time.monotonic()
+                remaining = self.resync_seconds - (time.monotonic() - listed_at)
+                version = self._watch(api, version, remaining)
+                delay = s.backoff_initial_seconds
+                continue
+            except _Expired:
+                version = None
+                continue
+            except ApiException as exc:
+                if exc.status == 410:
+                    version = None
+                    continue
+                reason = "api_forbidden" if exc.status == 403 else "api_error"
+                detail = f"HTTP {exc.status} {exc.reason}"
+            except _StatusError as exc:
+                reason = "api_forbidden" if exc.code == 403 else "api_error"
+                detail = str(exc)
+            except (HTTPError, OSError, ValueError) as exc:
+                reason, detail = "api_error", repr(exc)
+            except Exception as exc:  # the thread must outlive anything the client raises
+                reason, detail = "api_error", repr(exc)
+                if self._state != reason:
+                    log.exception("probe members: unexpected failure")
+            if self._stop.is_set():
+                break
+            with self._lock:
+                self._errors[reason] += 1
+            self._set_state(reason, detail)
+            self._stop.wait(delay)
+            delay = min(delay * 2, s.backoff_max_seconds)
+
+    def _list(self, api: CoreV1Api) -> str:
+        s = self._settings
+        resp = cast(
+            "HttpStream",
+            api.list_namespaced_pod(
+                self.namespace,
+                label_selector=self.label_selector,
+                resource_version="0",
+                _preload_content=False,
+                _request_timeout=(s.connect_timeout_seconds, s.list_timeout_seconds),
+            ),
+        )
+        try:
+            body = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        items = _pod_items(body)
+        version = resource_version(body)
+        if version is None:
+            raise ValueError("pod list without metadata.resourceVersion")
+        pods = (parse_agent_pod(item) for item in items)
+        self._pods = {p.uid: p for p in pods if p is not None}
+        self.lists_total += 1
+        self._publish()
+        self._synced.set()
+        self._set_state("ok", f"{len(self._members)} members")
+        return version
+
+    def _watch(self, api: CoreV1Api, version: str, remaining: float) -> str:
+        s = self._settings
+        timeout = max(1, math.ceil(min(s.watch_timeout_seconds, remaining)))
+        resp = cast(
+            "HttpStream",
+            api.list_namespaced_pod(
+                self.namespace,
+                label_selector=self.label_selector,
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout,
+                _preload_content=False,
+                _request_timeout=(s.connect_timeout_seconds, s.read_timeout_seconds),
+            ),
+        )
+        self._resp = resp
+        self._set_state("ok", "watching")
+        started, events = time.monotonic(), 0
+        try:
+            for line in iter_lines(resp):
+                version = self._apply(json.loads(line), version)
+                events += 1
+                if self._stop.is_set():
+                    break
+        finally:
+            self._resp = None
+            resp.release_conn()
+        if not events and time.monotonic() - started < s.backoff_initial_seconds:
+            # a watch that ends at once (a proxy cutting it short): don't spin on the server
+            self._stop.wait(s.backoff_initial_seconds)
+        return version
+
+    def _apply(self, event: object, version: str) -> str:
+        if not isinstance(event, dict):
+            raise ValueError("watch event is not an object")
+        kind, obj = event.get("type"), event.get("object")
+        if kind == "ERROR":
+            status = obj if isinstance(obj, dict) else {}
+            code = status.get("code")
+            if code == 410:
+                raise _Expired
+            raise _StatusError(code if isinstance(code, int) else 0, str(status.get("reason")))
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            pod = parse_agent_pod(obj)
+            if pod is not None:
+                if kind == "DELETED":
+                    self._pods.pop(pod.uid, None)
+                else:
+                    self._pods[pod.uid] = pod
+                self._publish()
+        return resource_version(obj) or version
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        """Swap in the members and self address computed from the thread's pods; log what
+        changed."""
+        members = members_from_pods(self._pods)
+        before, self._members = self._members, members
+        if members != before:
+            joined = sorted(set(members) - set(before))
+            left = sorted(set(before) - set(members))
+            log.info(
+                "probe members from %s: %d (joined %s, left %s)",
+                self.where,
+                len(members),
+                ", ".join(joined) or "none",
+                ", ".join(left) or "none",
+            )
+        if self._self_node is None:
+            return
+        mine = [
+            p
+            for p in self._pods.values()
+            if not p.terminating and self._self_node in (p.node_name, p.host)
+        ]
+        address = next((p.host for p in sorted(mine, key=lambda p: not p.member) if p.host), None)
+        self._self_address = address
+        is_member = address is not None and address in members
+        if is_member != self._self_member:
+            self._self_member = is_member
+            log.info(
+                "probe members: this node (%s, %s) %s",
+                self._self_node,
+                address or "no host IP",
+                "is a member" if is_member else "is no longer a member",
+            )
+
+    def _set_state(self, state: str, detail: str) -> None:
+        previous, self._state = self._state, state
+        if state == previous:
+            if state != "ok":
+                log.debug("probe members: still failing: %s (%s)", state, detail)
+            return
+        if state == "ok":
+            log.info("probe members from %s: ok (%s)", self.where, detail)
+        else:
+            log.warning(
+                "probe members from %s failing: %s (%s); keeping the last good list (%d members)",
+                self.where,
+                state,
+                detail,
+                len(self._members),
+            )
