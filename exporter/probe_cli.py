@@ -313,7 +313,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--matrix",
         action="store_true",
-        help="sendrecv of every (local GPU, remote GPU) pair with --peer; writes --csv, --png",
+        help="sendrecv of every (local GPU, remote GPU) pair with --peer, at 256M on GPUs "
+        "(1M on CPU) unless --probe.sizes; writes --csv and --png",
     )
     p.add_argument(
         "--collectives",

@@ -736,6 +736,7 @@ class ProbeService:
         self._members_count = 0
         self._issues: tuple[ReadIssue, ...] = ()
         self._warned: set[str] = set()
+        self._last_skip: str | None = None
         self._stop = threading.Event()
         self._abort = threading.Event()
         self._server: RendezvousServer | None = None
@@ -846,9 +847,15 @@ class ProbeService:
     # -- bookkeeping --------------------------------------------------------------------
 
     def _skip(self, reason: str, why: str, *args: object) -> None:
+        """Count a skip; log it when skipping for this reason starts (a probe running, or a
+        skip for another reason, ends a spell), at debug while it goes on."""
         with self._lock:
             self._skipped[reason] += 1
-        log.debug("probe skipped (%s): " + why, reason, *args)
+            first = self._last_skip != reason
+            self._last_skip = reason
+        log.log(
+            logging.INFO if first else logging.DEBUG, "probe skipped (%s): " + why, reason, *args
+        )
 
     def _warn_once(self, key: str, msg: str, *args: object) -> None:
         with self._lock:
@@ -876,6 +883,7 @@ class ProbeService:
             self._runs[run.key] = run
             counter = (run.collective, outcome)
             self._runs_total[counter] = self._runs_total.get(counter, 0) + 1
+            self._last_skip = None
             self._age_out(self._clock())
         where = f"{run.collective} {run.peer or 'intra-node'}"
         if run.gpu or run.peer_gpu:
