@@ -433,3 +433,11 @@ def _gpu_sort(a: GpuAttribution) -> tuple[str, str, str, int, str, str]:
 
 def _rdma_sort(a: RdmaAttribution) -> tuple[str, str, str, str, str]:
     return a.namespace, a.pod, a.container, a.resource, a.device_id
+
+
+def allocated_gpus(snap: AttributionSnapshot | None) -> frozenset[int]:
+    """GPU indices the kubelet has allocated to a pod, or a pod is seen using: the probe
+    never runs on them. Empty when there is no attribution (bare metal, Slurm)."""
+    if snap is None:
+        return frozenset()
+    return frozenset(a.gpu for a in snap.gpus if a.gpu is not None)

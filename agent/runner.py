@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from agent.errors import NoData
@@ -139,11 +139,12 @@ class Runner:
                 except Exception:
                     log.exception("closing sampler %s failed", slot.spec.sampler.name)
 
-    def run_once(self) -> dict[str, SamplerStatus]:
-        """Run every sampler once, in parallel, each under its timeout; return statuses."""
+    def run_once(self, names: Iterable[str] | None = None) -> dict[str, SamplerStatus]:
+        """Run every sampler (or those of ``names`` that exist) once, in parallel, each under
+        its timeout; return all statuses."""
+        chosen = self._slots if names is None else [n for n in names if n in self._slots]
         threads = [
-            threading.Thread(target=self.run_sampler, args=(name,), daemon=True)
-            for name in self._slots
+            threading.Thread(target=self.run_sampler, args=(name,), daemon=True) for name in chosen
         ]
         for t in threads:
             t.start()

@@ -3,16 +3,45 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
+from agent.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
 from agent.config import AgentConfig
-from agent.infiniband import InfinibandSampler
+from agent.infiniband import InfinibandSampler, InfinibandSnapshot
 from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
-from agent.nvml import NvmlApi, NvmlSampler
-from agent.pci import PciSampler
+from agent.nvml import NvmlApi, NvmlSampler, NvmlSnapshot
+from agent.pci import PciSampler, PciSnapshot
 from agent.probe.service import build_probe_sampler
 from agent.runner import SamplerSpec
-from agent.sampler import Sampler
+from agent.sampler import Sampler, Snapshot
 from agent.sysfs import SysfsReader
+from agent.workload import WorkloadSampler, pod_identities
+
+S = TypeVar("S")
+
+#: samplers that join other samplers' latest snapshots; ``--once`` runs them after the rest
+DEPENDENT = ("attribution", "workload")
+
+
+class Latest:
+    """The runner's latest snapshots, for samplers that join other samplers' data
+    (attribution needs NVML's and InfiniBand's; workload needs NVML's, PCI's and
+    attribution's). Bound after the runner exists; unbound, everything is absent."""
+
+    def __init__(self) -> None:
+        self._get: Callable[[str], Snapshot | None] = lambda name: None
+
+    def bind(self, get: Callable[[str], Snapshot | None]) -> None:
+        self._get = get
+
+    def of(self, name: str, kind: type[S]) -> Callable[[], S | None]:
+        """A callable returning sampler ``name``'s latest snapshot if it is a ``kind``."""
+
+        def latest() -> S | None:
+            snap = self._get(name)
+            return snap if isinstance(snap, kind) else None
+
+        return latest
 
 
 def build_samplers(
@@ -22,6 +51,7 @@ def build_samplers(
     nvml_api: Callable[[], NvmlApi] | None = None,
     watch_xid: bool = True,
     run_probes: bool = True,
+    latest: Latest | None = None,
 ) -> list[Sampler]:
     """The enabled samplers, sorted by name, all reading sysfs through ``sysfs``.
 
@@ -29,10 +59,36 @@ def build_samplers(
     for ``--snapshot``); ``watch_xid`` starts NVML's XID event thread (off for ``--once``).
     ``run_probes``: build the probe sampler when ``--probe`` is on; it starts the probe
     service, which binds the rendezvous port (off for ``--once``: probes run on their own
-    schedule, never in one pass).
+    schedule, never in one pass). ``latest`` feeds the joining samplers (attribution,
+    workload) and the probe's view of pod-allocated GPUs; bind it to the runner.
     """
+    latest = latest or Latest()
     out: list[Sampler] = []
     enabled = config.sampling.enabled
+    procfs = SysfsReader(config.paths.procfs)
+    nvml_snap = latest.of("nvml", NvmlSnapshot)
+    pods = latest.of("attribution", AttributionSnapshot)
+    if "attribution" in enabled:
+        k8s = config.kubernetes
+        out.append(
+            AttributionSampler(
+                gpus=nvml_snap,
+                rdma=latest.of("infiniband", InfinibandSnapshot),
+                procfs=procfs,
+                socket_path=k8s.pod_resources_socket,
+                node_name=k8s.node_name,
+            )
+        )
+    if "workload" in enabled:
+        out.append(
+            WorkloadSampler(
+                procfs,
+                sysfs,
+                nvml_snap,
+                latest.of("pci", PciSnapshot),
+                lambda: pod_identities(nvml_snap(), pods()),
+            )
+        )
     if "infiniband" in enabled:
         out.append(InfinibandSampler(sysfs))
     if "netdev" in enabled:
@@ -48,7 +104,7 @@ def build_samplers(
     if "pci" in enabled:
         out.append(PciSampler(sysfs))
     if config.probe.enabled and run_probes:
-        out.append(build_probe_sampler(config.probe))
+        out.append(build_probe_sampler(config.probe, allocated=lambda: allocated_gpus(pods())))
     return sorted(out, key=lambda s: s.name)
 
 
@@ -59,9 +115,15 @@ def build_specs(
     nvml_api: Callable[[], NvmlApi] | None = None,
     watch_xid: bool = True,
     run_probes: bool = True,
+    latest: Latest | None = None,
 ) -> list[SamplerSpec]:
     s = config.sampling
     samplers = build_samplers(
-        config, sysfs, nvml_api=nvml_api, watch_xid=watch_xid, run_probes=run_probes
+        config,
+        sysfs,
+        nvml_api=nvml_api,
+        watch_xid=watch_xid,
+        run_probes=run_probes,
+        latest=latest,
     )
     return [SamplerSpec(sampler, s.interval_seconds, s.timeout_seconds) for sampler in samplers]

@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from agent.attribution import AttributionSnapshot
 from agent.errors import NoData
 from agent.findings import Finding
 from agent.nvml import NvmlGpu, NvmlSnapshot
@@ -837,3 +838,30 @@ def findings(snap: WorkloadSnapshot) -> list[Finding]:
             )
         )
     return sorted(out)
+
+
+def pod_identities(
+    nvml: NvmlSnapshot | None, pods: AttributionSnapshot | None
+) -> dict[int, PodIdentity]:
+    """Which pod each GPU compute process belongs to: a process on GPUs that all belong to
+    one container gets that container's identity (and its exclusive CPUs, if any); a process
+    on a GPU shared by several containers, or on GPUs of different containers, gets none
+    (guessing would blame the wrong pod)."""
+    if nvml is None or pods is None:
+        return {}
+    owners: dict[int, set[tuple[str, str, str]]] = {}
+    for a in pods.gpus:
+        if a.gpu is not None:
+            owners.setdefault(a.gpu, set()).add((a.namespace, a.pod, a.container))
+    cpus = {(c.namespace, c.pod, c.container): c.cpu_ids for c in pods.cpus}
+    per_pid: dict[int, set[tuple[str, str, str]]] = {}
+    for gpu in nvml.gpus:
+        for proc in gpu.compute_processes or ():
+            per_pid.setdefault(proc.pid, set()).update(owners.get(gpu.index, {("", "", "")}))
+    out: dict[int, PodIdentity] = {}
+    for pid, who in per_pid.items():
+        if len(who) == 1:
+            ns, pod, container = next(iter(who))
+            if pod:
+                out[pid] = PodIdentity(ns, pod, container, cpus.get((ns, pod, container)) or None)
+    return out

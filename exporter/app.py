@@ -8,6 +8,8 @@ import threading
 from collections.abc import Sequence
 
 from agent.runner import Runner, SamplerSpec
+from agent.sampler import Snapshot
+from agent.samplers import DEPENDENT, Latest
 from exporter.catalog import SELF_OWNER, render_sampler, render_self
 from exporter.exposition import ExpositionCache, render_text
 from exporter.spec import Families
@@ -19,11 +21,13 @@ class AgentApp:
     """The runner plus the cache it feeds. ``ready()`` turns true once every sampler has
     made its first attempt."""
 
-    def __init__(self, specs: Sequence[SamplerSpec]) -> None:
+    def __init__(self, specs: Sequence[SamplerSpec], latest: Latest | None = None) -> None:
         self.cache = ExpositionCache()
         self._render_errors: dict[str, int] = {}
         self._lock = threading.Lock()
         self.runner = Runner(specs, on_update=self._on_update)
+        if latest is not None:
+            latest.bind(self._latest)
         self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))
 
     def _self_families(self) -> Families:
@@ -46,6 +50,13 @@ class AgentApp:
     def ready(self) -> bool:
         return all(st.attempts_total > 0 for st in self.runner.statuses().values())
 
+    def _latest(self, name: str) -> Snapshot | None:
+        return self.runner.status(name).snapshot if name in self.runner.names else None
+
     def run_once(self) -> bytes:
-        self.runner.run_once()
+        """One pass of every sampler: the independent ones in parallel, then the joining
+        ones in order (attribution needs NVML's pass, workload needs attribution's)."""
+        self.runner.run_once([n for n in self.runner.names if n not in DEPENDENT])
+        for name in DEPENDENT:
+            self.runner.run_once([name])
         return self.cache.body()

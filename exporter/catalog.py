@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.runner import SamplerStatus
-from exporter import infiniband, netdev, nvml, pci, probe, selfmetrics
+from exporter import attribution, infiniband, netdev, nvml, pci, probe, selfmetrics, workload
 from exporter.spec import Families, MetricSpec
 
 
@@ -24,11 +24,13 @@ class Area:
 AREAS: dict[str, Area] = {
     a.sampler: a
     for a in (
+        Area("attribution", attribution.SPECS, attribution.render),
         Area("infiniband", infiniband.SPECS, infiniband.render),
         Area("netdev", netdev.SPECS, netdev.render),
         Area("nvml", nvml.SPECS, nvml.render),
         Area("pci", pci.SPECS, pci.render),
         Area("probe", probe.SPECS, probe.render),
+        Area("workload", workload.SPECS, workload.render),
     )
 }
 

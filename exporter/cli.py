@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import signal
 import sys
@@ -24,7 +25,15 @@ from functools import partial
 from pathlib import Path
 
 from agent import __version__, topology
-from agent.config import SAMPLER_NAMES, AgentConfig, NetdevSettings, Paths, Sampling
+from agent.config import (
+    DEFAULT_POD_RESOURCES_SOCKET,
+    SAMPLER_NAMES,
+    AgentConfig,
+    KubernetesSettings,
+    NetdevSettings,
+    Paths,
+    Sampling,
+)
 from agent.errors import ConfigError, NoData
 from agent.gpu_topology import nvlinks_by_address
 from agent.logsetup import LEVELS, setup_logging
@@ -32,7 +41,7 @@ from agent.nvml import LiveNvml, NvmlApi, NvmlSampler, NvmlSnapshot
 from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml, dumps, load
 from agent.pci import PciSampler, PciSnapshot
 from agent.runner import Runner, SamplerSpec
-from agent.samplers import build_specs
+from agent.samplers import Latest, build_specs
 from agent.snapshot import NVML_RECORDING, SnapshotError, capture, extract
 from agent.sysfs import RecordingReader, SysfsReader
 from exporter import probe_cli
@@ -42,7 +51,10 @@ log = logging.getLogger("fabricscope")
 
 DEFAULT_LISTEN = ":10118"
 #: samplers whose source is not a file tree, so a snapshot cannot replay them
-NOT_REPLAYABLE = frozenset({"netdev"})
+NOT_REPLAYABLE = frozenset({"netdev", "attribution", "workload"})
+#: samplers a snapshot never captures: live Kubernetes state, and process environments
+#: (which hold secrets: the workload sampler refuses a recording reader)
+NOT_CAPTURED = frozenset({"attribution", "workload"})
 
 
 def _regex(value: str) -> re.Pattern[str]:
@@ -79,6 +91,25 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log.level", dest="log_level", choices=LEVELS, default="info")
     p.add_argument("--log.format", dest="log_format", choices=("text", "json"), default="text")
+
+
+def _add_kubernetes(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Kubernetes pod attribution")
+    g.add_argument(
+        "--kubelet.pod-resources-socket",
+        dest="pod_resources_socket",
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        metavar="PATH",
+        help="the kubelet's pod-resources socket; empty: not used (default: %(default)s)",
+    )
+    g.add_argument(
+        "--kubernetes.node-name",
+        dest="node_name",
+        default=os.environ.get("NODE_NAME", ""),
+        metavar="NAME",
+        help="this node's name: turns on the /proc cgroup fallback with an API-server pod "
+        "watch (default: $NODE_NAME; empty: off)",
+    )
 
 
 def _add_samplers(p: argparse.ArgumentParser) -> None:
@@ -146,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent = sub.add_parser("agent", help="run the node agent and serve /metrics")
     _add_common(agent)
     _add_samplers(agent)
+    _add_kubernetes(agent)
     agent.add_argument(
         "--web.listen-address",
         dest="listen",
@@ -210,6 +242,10 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
         sampling=sampling,
         netdev=NetdevSettings(ns.netdev_include, ns.netdev_ethtool_include, ns.netdev_ethtool),
         probe=probe_cli.settings_from_args(ns),
+        kubernetes=KubernetesSettings(
+            pod_resources_socket=getattr(ns, "pod_resources_socket", None) or None,
+            node_name=getattr(ns, "node_name", None) or None,
+        ),
     )
 
 
@@ -267,14 +303,16 @@ def cmd_agent(ns: argparse.Namespace) -> int:
         )
         if ns.once and config.probe.enabled:
             log.info("--once takes no probes: they run on their own schedule in the agent")
+        latest = Latest()
         specs = build_specs(
             config,
             SysfsReader(src.sysfs),
             nvml_api=src.nvml_api,
             watch_xid=not ns.once,
             run_probes=not ns.once,
+            latest=latest,
         )
-        app = AgentApp(specs)
+        app = AgentApp(specs, latest)
         if ns.once:
             sys.stdout.buffer.write(app.run_once())
             sys.stdout.flush()
@@ -347,6 +385,9 @@ def cmd_topo(ns: argparse.Namespace) -> int:
 
 def cmd_snapshot(ns: argparse.Namespace) -> int:
     config = _config(ns)
+    config = replace(
+        config, sampling=replace(config.sampling, enabled=config.sampling.enabled - NOT_CAPTURED)
+    )
     reader = RecordingReader(config.paths.sysfs)
     recorder: RecordingNvml | None = None
 
@@ -380,11 +421,11 @@ def cmd_snapshot(ns: argparse.Namespace) -> int:
         + (f"; NVML recording of {len(recorder.calls)} calls" if extra and recorder else ""),
         file=sys.stderr,
     )
-    if config.sampling.enabled & NOT_REPLAYABLE:
-        print(
-            "note: netdev statistics come from netlink and are not part of a snapshot",
-            file=sys.stderr,
-        )
+    print(
+        "note: netdev statistics (netlink), pod attribution and workload checks (live "
+        "process state) are not part of a snapshot",
+        file=sys.stderr,
+    )
     return 0
 
 

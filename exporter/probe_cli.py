@@ -199,6 +199,21 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help="hostfile of the nodes that probe each other, one per line (re-read on change)",
     )
     g.add_argument(
+        "--probe.kubernetes-selector",
+        dest="probe_kubernetes_selector",
+        default=None,
+        metavar="SELECTOR",
+        help="probe the nodes of the agent pods matching this label selector (Kubernetes "
+        "membership; instead of --probe.peers-file), e.g. app.kubernetes.io/name=fabricscope",
+    )
+    g.add_argument(
+        "--probe.kubernetes-namespace",
+        dest="probe_kubernetes_namespace",
+        default=None,
+        metavar="NS",
+        help="namespace of those pods (default: this pod's service-account namespace)",
+    )
+    g.add_argument(
         "--probe.secret-file",
         dest="probe_secret_file",
         default=None,
@@ -284,6 +299,8 @@ def settings_from_args(ns: argparse.Namespace) -> ProbeSettings:
             force=ns.probe_force,
             cpu_slots=ns.probe_cpu_slots,
             max_age_seconds=ns.probe_max_age,
+            kubernetes_selector=ns.probe_kubernetes_selector,
+            kubernetes_namespace=ns.probe_kubernetes_namespace,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

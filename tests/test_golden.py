@@ -31,6 +31,10 @@ def test_metrics_output_matches_golden_and_lints(tree: str, tmp_path: Path) -> N
             "--once",
             "--no-sampler.netdev",
             f"--path.sysfs={TREES[tree]}",
+            # an empty procfs: the workload sampler must not see this host's /proc/modules
+            f"--path.procfs={tmp_path}",
+            "--kubelet.pod-resources-socket=",
+            "--kubernetes.node-name=",
             "--log.level=error",
         ]
     )

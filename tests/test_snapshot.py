@@ -14,7 +14,18 @@ from agent.snapshot import capture, extract
 
 
 def _once(*args: str) -> str:
-    proc = fabricscope(["agent", "--once", "--no-sampler.netdev", "--log.level=error", *args])
+    # attribution and workload read live process/Kubernetes state, never part of a snapshot
+    proc = fabricscope(
+        [
+            "agent",
+            "--once",
+            "--no-sampler.netdev",
+            "--no-sampler.attribution",
+            "--no-sampler.workload",
+            "--log.level=error",
+            *args,
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     return normalise(proc.stdout)
 

@@ -784,9 +784,10 @@ class ProbeService:
             hosts = list(self._host_threads)
         for t in hosts:
             t.join(timeout)
-        close = getattr(self._busy, "close", None)
-        if callable(close):
-            close()
+        for owner in (self._busy, self._members):
+            close = getattr(owner, "close", None)
+            if callable(close):
+                close()
 
     # -- the schedule --------------------------------------------------------------------
 
@@ -839,6 +840,12 @@ class ProbeService:
             path = self._members.path
             reason = "parse" if os.path.exists(path) else "vanished"
             issues = (ReadIssue(path, reason, "peers file unusable; last good list in use"),)
+        elif not getattr(self._members, "healthy", True):
+            issues = (
+                ReadIssue(
+                    "kubernetes/probe-members", "io", "membership source failing; last good list"
+                ),
+            )
         with self._lock:
             self._members_count = len(members)
             self._issues = issues
@@ -1255,11 +1262,34 @@ class ProbeSampler:
         self.service.stop()
 
 
+class UnionBusy:
+    """GPUs busy by either check; unknown (None) when the first cannot tell. ``close`` is
+    passed on to the first (NVML's handle)."""
+
+    def __init__(self, first: BusyGpus, second: Callable[[], frozenset[int]]) -> None:
+        self._first = first
+        self._second = second
+
+    def __call__(self) -> frozenset[int] | None:
+        a = self._first()
+        return None if a is None else a | self._second()
+
+    def close(self) -> None:
+        close = getattr(self._first, "close", None)
+        if callable(close):
+            close()
+
+
 def build_probe_sampler(
-    settings: ProbeSettings, *, nvml: Callable[[], NvmlApi] | None = None
+    settings: ProbeSettings,
+    *,
+    nvml: Callable[[], NvmlApi] | None = None,
+    allocated: Callable[[], frozenset[int]] | None = None,
 ) -> ProbeSampler:
-    """Load the secret, open the peers file, find the devices, start the service (binding
-    the rendezvous port). ConfigError, one clear line, for anything the user must fix."""
+    """Load the secret, open the membership source (peers file or Kubernetes), find the
+    devices, start the service (binding the rendezvous port). ``allocated``: GPUs the kubelet
+    gave to pods (never probed, whatever NVML says). ConfigError, one clear line, for
+    anything the user must fix."""
     secret = load_secret(settings.secret_file) if settings.secret_file else None
     listen: tuple[str, int] | None = None
     if settings.listen_address:
@@ -1267,11 +1297,13 @@ def build_probe_sampler(
             listen = parse_hostport(settings.listen_address)
         except ValueError as exc:
             raise ConfigError(f"--probe.listen-address: {exc}") from None
-    members: PeersFile | None = None
+    members: MembershipSource | None = None
     if settings.peers_file:
         if not os.path.isfile(settings.peers_file):
             raise ConfigError(f"probe peers file {settings.peers_file} does not exist")
         members = PeersFile(settings.peers_file)
+    elif settings.kubernetes_selector:
+        members = _kubernetes_members(settings)
     node_id = settings.node_id or (listen[0] if listen else socket.gethostname())
     try:
         node_id = normalize_host(node_id)
@@ -1281,6 +1313,8 @@ def build_probe_sampler(
     busy: BusyGpus = (
         NvmlBusyGpus([s.label for s in slots], nvml) if backend == "nccl" else no_busy_gpus
     )
+    if allocated is not None and not settings.force:
+        busy = UnionBusy(busy, allocated)
     service = ProbeService(
         settings,
         node_id=node_id,
@@ -1293,3 +1327,27 @@ def build_probe_sampler(
     )
     service.start()
     return ProbeSampler(service)
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _kubernetes_members(settings: ProbeSettings) -> MembershipSource:
+    """The agent pods matching ``--probe.kubernetes-selector``, in their namespace (default:
+    the service account's). Imports the Kubernetes client only here."""
+    from agent.probe.k8s_members import KubernetesMembers
+
+    namespace = settings.kubernetes_namespace
+    if not namespace:
+        try:
+            with open(SERVICE_ACCOUNT_NAMESPACE) as f:
+                namespace = f.read().strip()
+        except OSError:
+            raise ConfigError(
+                "--probe.kubernetes-selector: no --probe.kubernetes-namespace given and "
+                f"{SERVICE_ACCOUNT_NAMESPACE} is unreadable (not in a pod?)"
+            ) from None
+    assert settings.kubernetes_selector is not None
+    return KubernetesMembers(
+        namespace, settings.kubernetes_selector, self_node=os.environ.get("NODE_NAME")
+    )
