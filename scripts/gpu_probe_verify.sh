@@ -18,17 +18,27 @@ nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 
 SMI=$!
 
 step "GPU-marked tests (live NVML record/replay)"
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/ -rs 2>&1 | tail -3 || rc=1
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_nvml_record.py tests/test_nvml.py -rs 2>&1 | tail -3 || rc=1
 
 step "NVML per-call costs"
 python3 bench/nvml_fieldvalues.py >"$OUT/nvml_costs.json" 2>&1 || rc=1
 python3 -c "import json;d=json.load(open('$OUT/nvml_costs.json'));print({k:round(v*1e3,3) for k,v in d.items() if k.startswith('cpu')})"
 
-step "intra-node probe (all_reduce, sendrecv; default sizes)"
-t0=$(date +%s.%N)
-$FS probe --collectives all_reduce,sendrecv || rc=1
-echo "wall: $(python3 -c "print(round($(date +%s.%N)-$t0,1))") s"
-echo "compute apps after the probe:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+peak() {  # peak MiB per GPU seen by the background monitor since line $1 of gpumem.csv
+  tail -n +"$1" "$OUT/gpumem.csv" | python3 -c "
+import sys, collections; m = collections.defaultdict(int)
+for l in sys.stdin:
+    i, v = l.split(','); m[i.strip()] = max(m[i.strip()], int(v))
+print(dict(m))"; }
+for buf in default 2097152; do
+  step "intra-node probe (all_reduce, sendrecv; default sizes), NCCL_BUFFSIZE=$buf"
+  from=$(($(wc -l <"$OUT/gpumem.csv") + 1))
+  t0=$(date +%s.%N)
+  if [ "$buf" = default ]; then $FS probe --collectives all_reduce,sendrecv || rc=1
+  else NCCL_BUFFSIZE=$buf $FS probe --collectives all_reduce,sendrecv || rc=1; fi
+  echo "wall: $(python3 -c "print(round($(date +%s.%N)-$t0,1))") s; peak GPU MiB: $(peak $from)"
+  echo "compute apps after the probe:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+done
 
 step "two agents, one GPU each, NCCL over its network transport, real rendezvous + auth"
 mkdir -p /tmp/fs && head -c 32 /dev/urandom | base64 >/tmp/fs/secret && chmod 600 /tmp/fs/secret
@@ -49,19 +59,17 @@ grep -h '^fabricscope_probe_\(busbw\|latency\|runs_total\|rendezvous\)' "$OUT/ag
 grep -q 'peer="127.0.0.2"' "$OUT/agent_a.prom" || { echo "FAIL: no node-pair result on A"; rc=1; }
 grep -ih "probe" /tmp/fs/a.log /tmp/fs/b.log | tail -8
 
-step "matrix against agent A (B stopped: it held GPU 1)"
-kill $B; wait $B 2>/dev/null
+step "matrix: agent A alone on GPU 0 (rendezvous, no peers), the CLI as guest on GPU 1"
+kill $A $B; wait $A $B 2>/dev/null
+CUDA_VISIBLE_DEVICES=0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 $FS agent --web.listen-address 127.0.0.1:9101 --probe.listen-address 127.0.0.1:10119 --sampling.interval 5 --sampling.timeout 5 --no-sampler.netdev --probe --probe.secret-file /tmp/fs/secret --probe.intra-seconds 0 >/tmp/fs/a2.log 2>&1 &
+A=$!
+for _ in $(seq 50); do get http://127.0.0.1:9101/healthz >/dev/null 2>&1 && break; sleep 0.2; done
 CUDA_VISIBLE_DEVICES=1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 $FS probe --matrix --peer 127.0.0.1:10119 --secret-file /tmp/fs/secret --peer-gpus 2 --csv "$OUT/matrix.csv" --png "$OUT/matrix.png"
 echo "matrix exit: $? (1 expected: agent A holds one GPU, so the (1,1) cell cannot run)"
 cat "$OUT/matrix.csv"
 kill $A; wait $A 2>/dev/null
 sleep 1; kill $SMI
 echo "compute apps at the end:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
-echo "peak GPU memory (MiB) per GPU during the run:"
-python3 -c "
-import collections; m=collections.defaultdict(int)
-for l in open('$OUT/gpumem.csv'):
-    i,v=l.split(','); m[i.strip()]=max(m[i.strip()],int(v))
-print(dict(m))"
+echo "peak GPU memory (MiB) per GPU during the whole run: $(peak 1)"
 step "done, rc=$rc"
 exit $rc
