@@ -45,11 +45,13 @@ Findings (each counted per GPU by ``fabricscope_workload_finding_processes``)
     ``gpudirect_rdma_unavailable`` (node): GPUs and RDMA NICs, but no GPUDirect RDMA path.
 
 Errors
-    PIDs are the host's (the agent needs ``hostPID``, and ``CAP_SYS_PTRACE`` to read the
-    environ of processes of other users). A process that exits mid-scan costs itself: an
-    issue with reason ``vanished`` and it is left out. An unreadable environ (``permission``)
-    leaves that process's NCCL settings unknown (``None``), the rest of it is kept. Issue
-    details carry only the OS error text, never file contents. ``NoData`` when there is no
+    PIDs are NVML's, the host's: read them through the host's /proc mounted at
+    ``--path.procfs`` (no ``hostPID`` needed; docs/deploy.md), with ``CAP_SYS_PTRACE`` to read
+    the environ of other users' processes (the optional ``workload-environ`` component).
+    A process that exits mid-scan costs itself: an issue with reason ``vanished`` and it is
+    left out. An unreadable environ (``permission``) leaves that process's NCCL settings
+    unknown (``None``), the rest of it is kept. Issue details carry only the OS error text,
+    never file contents. ``NoData`` when there is no
     GPU compute process and no RDMA NIC.
 """
 
