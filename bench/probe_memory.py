@@ -31,6 +31,8 @@ def rank_main(rank: int, port: int) -> None:
     torch.cuda.set_device(rank)
     torch.zeros(1, device="cuda")
     stages = [("cuda context", used_by_me(rank))]
+    if rank == 0:
+        print(f"{stages[0][1]:6d} MiB  {stages[0][0]}", flush=True)
     dist.init_process_group(
         "nccl",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -41,7 +43,7 @@ def rank_main(rank: int, port: int) -> None:
     t = torch.ones(2, device="cuda")
     dist.all_reduce(t)
     torch.cuda.synchronize()
-    stages.append(("+ NCCL communicator, 8 B all_reduce", used_by_me(rank)))
+    stages.append(("+ NCCL communicator, 8-byte all_reduce", used_by_me(rank)))
     for size in (64 * MiB, 256 * MiB):
         a = torch.ones(size // 4, device="cuda")
         b = torch.empty_like(a)
