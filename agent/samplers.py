@@ -100,7 +100,14 @@ def build_samplers(
             )
         )
     if "nvml" in enabled:
-        out.append(NvmlSampler(nvml_api, watch_xid=watch_xid))
+        out.append(
+            NvmlSampler(
+                nvml_api,
+                watch_xid=watch_xid,
+                link_error_rotation=config.nvml.link_error_rotation,
+                slow_error_rotation=config.nvml.slow_error_rotation,
+            )
+        )
     if "pci" in enabled:
         out.append(PciSampler(sysfs))
     if config.probe.enabled and run_probes:

@@ -140,3 +140,15 @@ def test_attribution_without_socket_or_node_name_is_quietly_absent(tmp_path: Pat
     assert 'fabricscope_sampler_success{sampler="attribution"} 1.0' in proc.stdout
     assert 'fabricscope_sampler_hardware_present{sampler="attribution"} 0.0' in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_nvml_rotation_settings_reach_the_sampler(tmp_path: Path) -> None:
+    from agent.config import NvmlSettings
+    from agent.samplers import build_samplers
+
+    config = AgentConfig(sampling=Sampling(frozenset({"nvml"})), nvml=NvmlSettings(18, 72))
+    (sampler,) = build_samplers(config, SysfsReader(tmp_path), watch_xid=False)
+    assert isinstance(sampler, NvmlSampler)
+    assert (sampler.link_error_rotation, sampler.slow_error_rotation) == (18, 72)
+    with pytest.raises(ValueError, match="rotations must be >= 1"):
+        NvmlSettings(0, 36)
