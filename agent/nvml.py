@@ -1079,16 +1079,19 @@ class NvmlSampler:
           with ``link % link_error_rotation == pass % link_error_rotation``, as entries of
           the same batched call (fields 161-163, scopeId = link), falling back per link and
           counter to ``nvmlDeviceGetNvLinkErrorCounter`` and then the older per-link fields.
-          With the default 6, each link's counters are at most 6 passes old (90 s at the
-          default 15 s interval): alert on their increase over 5 minutes or more.
-        * crc_data and ecc_data (no scoped field carries them: one 0.46 ms call each) of the
+          With the default 18, each link's counters are at most 18 passes old (4.5 min at
+          the default 15 s interval): alert on their increase over 15 minutes or more (the
+          shipped rule uses 1 h).
+        * crc_data and ecc_data (no scoped field carries them: one call per counter) of the
           links with ``link % slow_error_rotation == pass % slow_error_rotation``: default
-          36, at most 36 passes old (9 min). They are no findings (non-zero on healthy
-          links); alert on their rate over an hour.
+          72, at most 72 passes old (18 min). They are no findings (non-zero on healthy
+          links); alert on their rate over hours.
 
-        The defaults (6, 36) keep a steady 8-GPU x 18-link pass near 20 ms of CPU at the
-        per-call costs measured on an H200 (bench/nvml_fieldvalues.py); 3 and 9 would cost
-        about 36-41 ms.
+        Why: on an H200 NVML spends about 0.85 ms of CPU per NVLink touched per call (the
+        driver asks the GPU's firmware), whatever the number of fields. Measured there on 2
+        GPUs (bench/bench_nvml.py): rotations 6/36 cost 12.5 ms per steady pass (50 ms
+        extrapolated to 8 GPUs); the defaults 18/72 cost 4.7 ms (18.8 ms for 8). Link state
+        is still read every pass (0.07 ms a link), so a link going down shows at once.
         * once per ``static_refresh_passes`` passes (default 40, 10 min at 15 s; GPU ``g``
           on the passes where ``pass % N == g % N``, so GPUs do not all refresh at once),
           after GPU_IS_LOST, and while a previous read of them failed: what cannot change
@@ -1121,8 +1124,8 @@ class NvmlSampler:
         *,
         watch_xid: bool = True,
         xid_wait_ms: int = 1000,
-        link_error_rotation: int = 6,
-        slow_error_rotation: int = 36,
+        link_error_rotation: int = 18,
+        slow_error_rotation: int = 72,
         static_refresh_passes: int = 40,
     ) -> None:
         for name, value in (

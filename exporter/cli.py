@@ -129,7 +129,7 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
         "--nvml.link-error-rotation",
         dest="nvml_link_error_rotation",
         type=_rotation,
-        default=6,
+        default=18,
         metavar="PASSES",
         help="read each NVLink's replay/recovery/CRC-flit counters every PASSES passes "
         "(about 0.85 ms CPU per link read on an H200; default: %(default)s)",
@@ -138,7 +138,7 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
         "--nvml.slow-error-rotation",
         dest="nvml_slow_error_rotation",
         type=_rotation,
-        default=36,
+        default=72,
         metavar="PASSES",
         help="read each NVLink's crc_data/ecc_data counters every PASSES passes "
         "(default: %(default)s)",

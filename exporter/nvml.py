@@ -151,9 +151,10 @@ NVLINK_ERRORS = MetricSpec(
     "fabricscope_nvlink_errors_total",
     "counter",
     "NVLink data-link error counters, by reason: replay, recovery, crc_flit, crc_data, ecc_data. "
-    "NVML spends 0.13-0.46 ms of CPU per link and counter read, so each link's replay, "
-    "recovery and crc_flit are read every 6th pass and crc_data and ecc_data every 36th (90 s "
-    "and 9 min at the default 15 s interval); between reads the last value is exported.",
+    "NVML spends about 0.85 ms of CPU per link read (H200), so each link's replay, recovery "
+    "and crc_flit are read every 18th pass and crc_data and ecc_data every 72nd (4.5 and 18 min "
+    "at the default 15 s interval; --nvml.*-rotation); between reads the last value is "
+    "exported.",
     ("gpu", "link", "reason"),
 )
 
