@@ -287,7 +287,7 @@ def test_device_and_sizes_resolution() -> None:
     assert spec_device(spec(rank=1)) == 1
     assert spec_device(spec(rank=1, devices=(4, 6))) == 6
     assert spec_device(spec(rank=1, world_size=2, local_rank=0, devices=(4,))) == 4
-    assert resolve_sizes(spec(), "nccl") == GPU_DEFAULT_SIZES == (1 << 20, 64 << 20, 256 << 20)
+    assert resolve_sizes(spec(), "nccl") == GPU_DEFAULT_SIZES == (1 << 20, 16 << 20, 64 << 20)
     assert resolve_sizes(spec(), "gloo") == CPU_DEFAULT_SIZES == (64 << 10, 1 << 20)
     assert resolve_sizes(spec(kind="latency"), "nccl") == (8,)
     assert resolve_sizes(spec(sizes=(4096,)), "nccl") == (4096,)

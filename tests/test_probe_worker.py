@@ -300,13 +300,17 @@ def test_library_prints_go_to_stderr_not_between_records() -> None:
 
 
 def test_nccl_env_defaults_are_set_but_never_override() -> None:
-    env = {"NCCL_NVLS_ENABLE": "1"}
+    env = {"NCCL_NVLS_ENABLE": "1", "NCCL_BUFFSIZE": "4194304"}
     worker.apply_env_defaults(env)
     assert env == {
         "NCCL_NVLS_ENABLE": "1",
+        "NCCL_BUFFSIZE": "4194304",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
         "NVSHMEM_DISABLE_NVLS": "1",
     }
+    fresh: dict[str, str] = {}
+    worker.apply_env_defaults(fresh)
+    assert fresh["NCCL_BUFFSIZE"] == "2097152"  # the memory-bound default
     child = worker._child_env({"PYTHONPATH": "/x"})
     assert child["NCCL_NVLS_ENABLE"] == "0"
     assert child["PYTHONPATH"] == f"{ROOT}{os.pathsep}/x"
