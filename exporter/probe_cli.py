@@ -30,6 +30,7 @@ from pathlib import Path
 from agent.config import DEFAULT_PROBE_PORT, PROBE_BACKENDS, PROBE_KINDS, ProbeSettings
 from agent.errors import ConfigError
 from agent.logsetup import LEVELS
+from agent.probe.launch import failure_records, launch_workers
 from agent.probe.matrix import MatrixCell, format_grid, heatmap, matrix_rounds, run_matrix, to_csv
 from agent.probe.membership import normalize_host
 from agent.probe.plan import main_plan
@@ -49,10 +50,8 @@ from agent.probe.service import (
     GuestOutcome,
     NvmlBusyGpus,
     discover_slots,
-    failure_records,
     guest_probe,
     hostport,
-    launch_workers,
     parse_hostport,
     probe_id,
     worker_timeout,

@@ -20,6 +20,7 @@ import pytest
 
 from agent.config import ProbeSettings
 from agent.errors import ConfigError
+from agent.probe.launch import WorkerRun, launch_workers
 from agent.probe.membership import StaticMembers
 from agent.probe.records import ProbeError, ProbeRecord, WorkerSpec
 from agent.probe.rendezvous import RendezvousStats
@@ -30,9 +31,7 @@ from agent.probe.service import (
     ProbeRun,
     ProbeService,
     ProbeSnapshot,
-    WorkerRun,
     discover_slots,
-    launch_workers,
     parse_hostport,
     probe_id,
     requested_slot,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.probe import worker
+from agent.probe.launch import worker_env
 from agent.probe.records import (
     CPU_DEFAULT_SIZES,
     ProbeRecord,
@@ -311,7 +312,7 @@ def test_nccl_env_defaults_are_set_but_never_override() -> None:
     fresh: dict[str, str] = {}
     worker.apply_env_defaults(fresh)
     assert fresh["NCCL_BUFFSIZE"] == "2097152"  # the memory-bound default
-    child = worker._child_env({"PYTHONPATH": "/x"})
+    child = worker_env({"PYTHONPATH": "/x"}, "gloo")
     assert child["NCCL_NVLS_ENABLE"] == "0"
     assert child["PYTHONPATH"] == f"{ROOT}{os.pathsep}/x"
 

@@ -52,9 +52,7 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
@@ -70,11 +68,9 @@ from agent.probe.records import (
     SpecError,
     WorkerSpec,
     memory_needed_bytes,
-    parse_records,
     parse_spec,
     resolve_sizes,
     spec_device,
-    spec_to_json,
     to_json,
 )
 
@@ -578,20 +574,6 @@ def free_port(addr: str = "127.0.0.1") -> int:
         return port
 
 
-def _child_env(base: Mapping[str, str]) -> dict[str, str]:
-    env = dict(base)
-    apply_env_defaults(env)
-    root = str(Path(__file__).resolve().parents[2])
-    path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = root if not path else f"{root}{os.pathsep}{path}"
-    return env
-
-
-def _last_line(path: Path) -> str:
-    lines = path.read_text(errors="replace").strip().splitlines()
-    return lines[-1][:DETAIL_CHARS] if lines else ""
-
-
 def run_local(
     spec_base: WorkerSpec,
     world_size: int,
@@ -618,89 +600,10 @@ def run_local(
     if deadline_seconds is None:
         planned = len(spec_base.sizes or GPU_DEFAULT_SIZES)
         deadline_seconds = spec_base.timeout_seconds * (planned + 3) + 30.0
-    child_env = _child_env(os.environ if env is None else env)
-    killed = False
-    with tempfile.TemporaryDirectory(prefix="fabricscope-probe-") as tmp:
-        outs = [Path(tmp, f"rank{r}.out") for r in range(world_size)]
-        errs = [Path(tmp, f"rank{r}.err") for r in range(world_size)]
-        procs: list[subprocess.Popen[bytes]] = []
-        try:
-            for spec, out, err in zip(specs, outs, errs, strict=True):
-                with out.open("wb") as out_f, err.open("wb") as err_f:
-                    procs.append(
-                        subprocess.Popen(
-                            [python, "-m", "agent.probe.worker", "--spec", spec_to_json(spec)],
-                            stdin=subprocess.DEVNULL,
-                            stdout=out_f,
-                            stderr=err_f,
-                            env=child_env,
-                        )
-                    )
-            end = time.monotonic() + deadline_seconds
-            for proc in procs:
-                try:
-                    proc.wait(timeout=max(0.0, end - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    killed = True
-                    break
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        records, problems = parse_records(outs[0].read_text(errors="replace"))
-        for problem in problems:
-            log.warning("probe worker rank 0 printed a bad record: %s", problem)
-        for rank, proc in enumerate(procs):
-            if proc.returncode != 0:
-                log.warning(
-                    "probe worker rank %s exited with %s: %s",
-                    rank,
-                    proc.returncode,
-                    _last_line(errs[rank]),
-                )
-        rank0_rc = procs[0].returncode if procs else None
-        rank0_err = _last_line(errs[0])
-    return records + _synthesized(
-        spec_base,
-        world_size,
-        records=records,
-        killed=killed,
-        returncode=rank0_rc,
-        stderr_tail=rank0_err,
-    )
+    from agent.probe.launch import launch_workers  # imports this module: import at call
 
-
-def _synthesized(
-    spec: WorkerSpec,
-    world_size: int,
-    *,
-    records: Sequence[ProbeRecord],
-    killed: bool,
-    returncode: int | None,
-    stderr_tail: str,
-) -> list[ProbeRecord]:
-    """Failure records for the sizes rank 0 printed nothing for."""
-    if records:
-        backend = records[0].backend
-    elif spec.backend != "auto":
-        backend = spec.backend
-    else:
-        backend = "nccl" if spec.devices else "gloo"
-    expected = resolve_sizes(spec, backend)
-    missing = expected[len(records) :]
-    if not missing:
-        return []
-    local = replace(spec, rank=0, world_size=world_size, local_rank=None)
-    if killed:
-        reason, detail = "timeout", "worker killed at the probe deadline"
-    else:
-        reason = "crashed"
-        detail = f"worker rank 0 exited with code {returncode}: {stderr_tail}"[:DETAIL_CHARS]
-    return [failure_record(local, backend, size, reason, detail) for size in missing]
-
-
-# --- CLI --------------------------------------------------------------------------------
+    run = launch_workers(specs, deadline_seconds=deadline_seconds, env=env, python=python)
+    return list(run.records)
 
 
 def _records_stream() -> TextIO:
