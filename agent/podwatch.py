@@ -46,12 +46,14 @@ class PodMeta:
     containers: tuple[tuple[str, str], ...] = ()
 
 
-def _str(obj: Mapping[str, object], key: str) -> str | None:
+def text_field(obj: Mapping[str, object], key: str) -> str | None:
+    """``obj[key]`` if it is a non-empty string, else None (API JSON is untrusted)."""
     value = obj.get(key)
     return value if isinstance(value, str) and value else None
 
 
-def _dict(obj: Mapping[str, object], key: str) -> Mapping[str, object]:
+def mapping_field(obj: Mapping[str, object], key: str) -> Mapping[str, object]:
+    """``obj[key]`` if it is an object, else an empty mapping."""
     value = obj.get(key)
     return cast("Mapping[str, object]", value) if isinstance(value, dict) else {}
 
@@ -61,19 +63,23 @@ def parse_pod(obj: object) -> PodMeta | None:
     None when it lacks a uid, name or namespace."""
     if not isinstance(obj, dict):
         return None
-    meta = _dict(obj, "metadata")
-    uid, name, namespace = _str(meta, "uid"), _str(meta, "name"), _str(meta, "namespace")
+    meta = mapping_field(obj, "metadata")
+    uid, name, namespace = (
+        text_field(meta, "uid"),
+        text_field(meta, "name"),
+        text_field(meta, "namespace"),
+    )
     if uid is None or name is None or namespace is None:
         return None
-    mirror = _str(_dict(meta, "annotations"), "kubernetes.io/config.mirror")
-    status = _dict(obj, "status")
+    mirror = text_field(mapping_field(meta, "annotations"), "kubernetes.io/config.mirror")
+    status = mapping_field(obj, "status")
     containers: dict[str, str] = {}
     for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
         statuses = status.get(key)
         for cs in statuses if isinstance(statuses, list) else ():
             if not isinstance(cs, dict):
                 continue
-            cid, cname = _str(cs, "containerID"), _str(cs, "name")
+            cid, cname = text_field(cs, "containerID"), text_field(cs, "name")
             if cid is not None and cname is not None:
                 containers[cid.split("://", 1)[-1]] = cname
     return PodMeta(uid, namespace, name, mirror, tuple(sorted(containers.items())))
@@ -82,7 +88,7 @@ def parse_pod(obj: object) -> PodMeta | None:
 def resource_version(obj: object) -> str | None:
     if not isinstance(obj, dict):
         return None
-    return _str(_dict(obj, "metadata"), "resourceVersion")
+    return text_field(mapping_field(obj, "metadata"), "resourceVersion")
 
 
 class PodIndex:
@@ -140,11 +146,11 @@ class WatchSettings:
     backoff_max_seconds: float = 60.0
 
 
-class _Expired(Exception):  # noqa: N818 - control flow: the watch's resourceVersion is gone
+class WatchExpired(Exception):  # noqa: N818 - control flow: the watch's resourceVersion is gone
     pass
 
 
-class _StatusError(Exception):
+class WatchStatusError(Exception):
     """An API ``Status`` delivered as a watch ERROR event."""
 
     def __init__(self, code: int, reason: str) -> None:
@@ -180,6 +186,50 @@ def iter_lines(resp: HttpStream) -> Iterator[bytes]:
         yield from (line for line in lines if line.strip())
     if buf.strip():
         yield buf
+
+
+def watch_event(event: object) -> tuple[object, object]:
+    """(type, object) of one watch event; an ERROR event raises :class:`WatchExpired` (410:
+    relist) or :class:`WatchStatusError`."""
+    if not isinstance(event, dict):
+        raise ValueError("watch event is not an object")
+    kind, obj = event.get("type"), event.get("object")
+    if kind == "ERROR":
+        status = obj if isinstance(obj, dict) else {}
+        code = status.get("code")
+        if code == 410:
+            raise WatchExpired
+        raise WatchStatusError(code if isinstance(code, int) else 0, str(status.get("reason")))
+    return kind, obj
+
+
+def consume_watch(
+    resp: HttpStream,
+    apply: Callable[[object, str], str],
+    version: str,
+    *,
+    stop: threading.Event,
+    backoff_seconds: float,
+    detach: Callable[[], None],
+) -> str:
+    """Apply every event of an open watch stream (``apply(event, version) -> version``)
+    until it ends or ``stop`` is set; ``detach`` runs before the connection is released.
+    A watch that ends at once with no event (a proxy cutting it short) waits
+    ``backoff_seconds`` so the caller does not spin on the server. Returns the last
+    resourceVersion seen."""
+    started, events = time.monotonic(), 0
+    try:
+        for line in iter_lines(resp):
+            version = apply(json.loads(line), version)
+            events += 1
+            if stop.is_set():
+                break
+    finally:
+        detach()
+        resp.release_conn()
+    if not events and time.monotonic() - started < backoff_seconds:
+        stop.wait(backoff_seconds)
+    return version
 
 
 def default_api_client() -> ApiClient:
@@ -285,7 +335,7 @@ class PodWatcher:
                 version = self._watch(api, version)
                 delay = s.backoff_initial_seconds
                 continue
-            except _Expired:
+            except WatchExpired:
                 version = None
                 continue
             except ApiException as exc:
@@ -294,7 +344,7 @@ class PodWatcher:
                     continue
                 reason = "api_forbidden" if exc.status == 403 else "api_error"
                 detail = f"HTTP {exc.status} {exc.reason}"
-            except _StatusError as exc:
+            except WatchStatusError as exc:
                 reason = "api_forbidden" if exc.code == 403 else "api_error"
                 detail = str(exc)
             except (HTTPError, OSError, ValueError) as exc:
@@ -353,31 +403,20 @@ class PodWatcher:
         )
         self._resp = resp
         self._set_state("ok", "watching")
-        started, events = time.monotonic(), 0
-        try:
-            for line in iter_lines(resp):
-                version = self._apply(json.loads(line), version)
-                events += 1
-                if self._stop.is_set():
-                    break
-        finally:
-            self._resp = None
-            resp.release_conn()
-        if not events and time.monotonic() - started < s.backoff_initial_seconds:
-            # a watch that ends at once (a proxy cutting it short): don't spin on the server
-            self._stop.wait(s.backoff_initial_seconds)
-        return version
+        return consume_watch(
+            resp,
+            self._apply,
+            version,
+            stop=self._stop,
+            backoff_seconds=s.backoff_initial_seconds,
+            detach=self._detach,
+        )
+
+    def _detach(self) -> None:
+        self._resp = None
 
     def _apply(self, event: object, version: str) -> str:
-        if not isinstance(event, dict):
-            raise ValueError("watch event is not an object")
-        kind, obj = event.get("type"), event.get("object")
-        if kind == "ERROR":
-            status = obj if isinstance(obj, dict) else {}
-            code = status.get("code")
-            if code == 410:
-                raise _Expired
-            raise _StatusError(code if isinstance(code, int) else 0, str(status.get("reason")))
+        kind, obj = watch_event(event)
         index = self._index if self._index is not None else PodIndex()
         if kind in ("ADDED", "MODIFIED"):
             pod = parse_pod(obj)

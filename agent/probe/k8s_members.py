@@ -50,10 +50,15 @@ from typing import TYPE_CHECKING, cast
 
 from agent.podwatch import (
     HttpStream,
+    WatchExpired,
     WatchSettings,
+    WatchStatusError,
+    consume_watch,
     default_api_client,
-    iter_lines,
+    mapping_field,
     resource_version,
+    text_field,
+    watch_event,
 )
 
 if TYPE_CHECKING:
@@ -68,16 +73,6 @@ ERROR_REASONS = ("api_error", "api_forbidden")
 # --- pure: pods -> members -------------------------------------------------------------------
 
 
-def _text(obj: Mapping[str, object], key: str) -> str | None:
-    value = obj.get(key)
-    return value if isinstance(value, str) and value else None
-
-
-def _mapping(obj: Mapping[str, object], key: str) -> Mapping[str, object]:
-    value = obj.get(key)
-    return cast("Mapping[str, object]", value) if isinstance(value, dict) else {}
-
-
 def _ready(status: Mapping[str, object]) -> bool:
     conditions = status.get("conditions")
     for cond in conditions if isinstance(conditions, list) else ():
@@ -88,11 +83,11 @@ def _ready(status: Mapping[str, object]) -> bool:
 
 def _host_ip(status: Mapping[str, object]) -> str | None:
     """``status.hostIP`` (else the first of ``status.hostIPs``) in canonical form."""
-    host = _text(status, "hostIP")
+    host = text_field(status, "hostIP")
     if host is None:
         ips = status.get("hostIPs")
         first = ips[0] if isinstance(ips, list) and ips else None
-        host = _text(first, "ip") if isinstance(first, dict) else None
+        host = text_field(first, "ip") if isinstance(first, dict) else None
     if host is None:
         return None
     try:
@@ -118,20 +113,22 @@ def parse_agent_pod(obj: object) -> AgentPod | None:
     name to stand in for one)."""
     if not isinstance(obj, dict):
         return None
-    meta = _mapping(obj, "metadata")
-    uid = _text(meta, "uid")
+    meta = mapping_field(obj, "metadata")
+    uid = text_field(meta, "uid")
     if uid is None:
-        name, namespace = _text(meta, "name"), _text(meta, "namespace")
+        name, namespace = text_field(meta, "name"), text_field(meta, "namespace")
         if name is None or namespace is None:
             return None
         uid = f"{namespace}/{name}"
-    status = _mapping(obj, "status")
+    status = mapping_field(obj, "status")
     host = _host_ip(status)
     terminating = meta.get("deletionTimestamp") is not None
     member = (
         not terminating and host is not None and status.get("phase") == "Running" and _ready(status)
     )
-    return AgentPod(uid, _text(_mapping(obj, "spec"), "nodeName"), host, terminating, member)
+    return AgentPod(
+        uid, text_field(mapping_field(obj, "spec"), "nodeName"), host, terminating, member
+    )
 
 
 def _pod_items(pods_json: object) -> list[object]:
@@ -158,18 +155,6 @@ def members_from_pod_list(pods_json: object) -> tuple[str, ...]:
 
 
 # --- the watch ---------------------------------------------------------------------------
-
-
-class _Expired(Exception):  # noqa: N818 - control flow: the watch's resourceVersion is gone
-    pass
-
-
-class _StatusError(Exception):
-    """An API ``Status`` delivered as a watch ERROR event."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(f"HTTP {code} {reason}")
-        self.code = code
 
 
 class KubernetesMembers:
@@ -308,7 +293,7 @@ class KubernetesMembers:
                 version = self._watch(api, version, remaining)
                 delay = s.backoff_initial_seconds
                 continue
-            except _Expired:
+            except WatchExpired:
                 version = None
                 continue
             except ApiException as exc:
@@ -317,7 +302,7 @@ class KubernetesMembers:
                     continue
                 reason = "api_forbidden" if exc.status == 403 else "api_error"
                 detail = f"HTTP {exc.status} {exc.reason}"
-            except _StatusError as exc:
+            except WatchStatusError as exc:
                 reason = "api_forbidden" if exc.code == 403 else "api_error"
                 detail = str(exc)
             except (HTTPError, OSError, ValueError) as exc:
@@ -380,31 +365,20 @@ class KubernetesMembers:
         )
         self._resp = resp
         self._set_state("ok", "watching")
-        started, events = time.monotonic(), 0
-        try:
-            for line in iter_lines(resp):
-                version = self._apply(json.loads(line), version)
-                events += 1
-                if self._stop.is_set():
-                    break
-        finally:
-            self._resp = None
-            resp.release_conn()
-        if not events and time.monotonic() - started < s.backoff_initial_seconds:
-            # a watch that ends at once (a proxy cutting it short): don't spin on the server
-            self._stop.wait(s.backoff_initial_seconds)
-        return version
+        return consume_watch(
+            resp,
+            self._apply,
+            version,
+            stop=self._stop,
+            backoff_seconds=s.backoff_initial_seconds,
+            detach=self._detach,
+        )
+
+    def _detach(self) -> None:
+        self._resp = None
 
     def _apply(self, event: object, version: str) -> str:
-        if not isinstance(event, dict):
-            raise ValueError("watch event is not an object")
-        kind, obj = event.get("type"), event.get("object")
-        if kind == "ERROR":
-            status = obj if isinstance(obj, dict) else {}
-            code = status.get("code")
-            if code == 410:
-                raise _Expired
-            raise _StatusError(code if isinstance(code, int) else 0, str(status.get("reason")))
+        kind, obj = watch_event(event)
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             pod = parse_agent_pod(obj)
             if pod is not None:
