@@ -232,6 +232,41 @@ def consume_watch(
     return version
 
 
+def interrupt_stream(resp: HttpStream | None, what: str) -> None:
+    """Unblock a thread reading ``resp`` (an open watch) and close it."""
+    if resp is None:
+        return
+    shutdown = getattr(resp, "shutdown", None)  # urllib3 >= 2.3 unblocks a read
+    try:
+        if callable(shutdown):
+            shutdown()
+        resp.close()
+    except (OSError, ValueError, RuntimeError):
+        log.debug("%s: closing the stream failed", what, exc_info=True)
+
+
+def classify_watch_error(exc: Exception) -> tuple[str, str, bool] | None:
+    """What a list/watch failure means: None when the resourceVersion expired (410: relist
+    at once), else (reason ``api_forbidden`` | ``api_error``, detail, expected). An
+    unexpected exception is still an ``api_error`` (the thread must outlive anything the
+    client raises); ``expected`` False asks the caller to log its traceback."""
+    from kubernetes.client import ApiException
+    from urllib3.exceptions import HTTPError
+
+    if isinstance(exc, WatchExpired):
+        return None
+    if isinstance(exc, ApiException):
+        if exc.status == 410:
+            return None
+        reason = "api_forbidden" if exc.status == 403 else "api_error"
+        return reason, f"HTTP {exc.status} {exc.reason}", True
+    if isinstance(exc, WatchStatusError):
+        return ("api_forbidden" if exc.code == 403 else "api_error"), str(exc), True
+    if isinstance(exc, (HTTPError, OSError, ValueError)):
+        return "api_error", repr(exc), True
+    return "api_error", repr(exc), False
+
+
 def default_api_client() -> ApiClient:
     """The in-cluster configuration when running in a pod, else the kubeconfig."""
     from kubernetes import config
@@ -304,23 +339,14 @@ class PodWatcher:
 
     def close(self, timeout: float = 2.0) -> None:
         self._stop.set()
-        resp = self._resp
-        if resp is not None:
-            shutdown = getattr(resp, "shutdown", None)  # urllib3 >= 2.3 unblocks a read
-            try:
-                if callable(shutdown):
-                    shutdown()
-                resp.close()
-            except (OSError, ValueError, RuntimeError):
-                log.debug("pod watch: closing the stream failed", exc_info=True)
+        interrupt_stream(self._resp, "pod watch")
         if self._thread is not None:
             self._thread.join(timeout)
 
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        from kubernetes.client import ApiException, CoreV1Api
-        from urllib3.exceptions import HTTPError
+        from kubernetes.client import CoreV1Api
 
         s = self._settings
         api: CoreV1Api | None = None
@@ -335,23 +361,13 @@ class PodWatcher:
                 version = self._watch(api, version)
                 delay = s.backoff_initial_seconds
                 continue
-            except WatchExpired:
-                version = None
-                continue
-            except ApiException as exc:
-                if exc.status == 410:
+            except Exception as exc:  # the thread must outlive anything the client raises
+                outcome = classify_watch_error(exc)
+                if outcome is None:
                     version = None
                     continue
-                reason = "api_forbidden" if exc.status == 403 else "api_error"
-                detail = f"HTTP {exc.status} {exc.reason}"
-            except WatchStatusError as exc:
-                reason = "api_forbidden" if exc.code == 403 else "api_error"
-                detail = str(exc)
-            except (HTTPError, OSError, ValueError) as exc:
-                reason, detail = "api_error", repr(exc)
-            except Exception as exc:  # the thread must outlive anything the client raises
-                reason, detail = "api_error", repr(exc)
-                if self._state != reason:
+                reason, detail, expected = outcome
+                if not expected and self._state != reason:
                     log.exception("pod watch: unexpected failure")
             if self._stop.is_set():
                 break

@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING, cast
 
 from agent.podwatch import (
     HttpStream,
-    WatchExpired,
     WatchSettings,
-    WatchStatusError,
+    classify_watch_error,
     consume_watch,
     default_api_client,
+    interrupt_stream,
     mapping_field,
     resource_version,
     text_field,
@@ -257,15 +257,7 @@ class KubernetesMembers:
     def close(self, timeout: float = 2.0) -> None:
         """Stop the thread, interrupting an open watch; the last list stays readable."""
         self._stop.set()
-        resp = self._resp
-        if resp is not None:
-            shutdown = getattr(resp, "shutdown", None)  # urllib3 >= 2.3 unblocks a read
-            try:
-                if callable(shutdown):
-                    shutdown()
-                resp.close()
-            except (OSError, ValueError, RuntimeError):
-                log.debug("probe members: closing the watch failed", exc_info=True)
+        interrupt_stream(self._resp, "probe members")
         with self._lock:
             thread = self._thread
         if thread is not None:
@@ -274,8 +266,7 @@ class KubernetesMembers:
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        from kubernetes.client import ApiException, CoreV1Api
-        from urllib3.exceptions import HTTPError
+        from kubernetes.client import CoreV1Api
 
         s = self._settings
         api: CoreV1Api | None = None
@@ -293,23 +284,13 @@ class KubernetesMembers:
                 version = self._watch(api, version, remaining)
                 delay = s.backoff_initial_seconds
                 continue
-            except WatchExpired:
-                version = None
-                continue
-            except ApiException as exc:
-                if exc.status == 410:
+            except Exception as exc:  # the thread must outlive anything the client raises
+                outcome = classify_watch_error(exc)
+                if outcome is None:
                     version = None
                     continue
-                reason = "api_forbidden" if exc.status == 403 else "api_error"
-                detail = f"HTTP {exc.status} {exc.reason}"
-            except WatchStatusError as exc:
-                reason = "api_forbidden" if exc.code == 403 else "api_error"
-                detail = str(exc)
-            except (HTTPError, OSError, ValueError) as exc:
-                reason, detail = "api_error", repr(exc)
-            except Exception as exc:  # the thread must outlive anything the client raises
-                reason, detail = "api_error", repr(exc)
-                if self._state != reason:
+                reason, detail, expected = outcome
+                if not expected and self._state != reason:
                     log.exception("probe members: unexpected failure")
             if self._stop.is_set():
                 break
