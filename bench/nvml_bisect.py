@@ -1,0 +1,211 @@
+"""Bisects the NVML heap corruption seen on a 2x H200 node (issue 13): which pattern of NVML
+calls corrupts memory. Each variant runs in its own process under ``MALLOC_CHECK_=3`` and
+faulthandler for ``--duration`` seconds; the parent reports how each ended (exit code or
+signal), how many loops it ran, and the last lines of its stderr. Run on a GPU node:
+
+    python3 bench/nvml_bisect.py --duration 240 --out DIR
+
+Variants (one variable each):
+
+* ``sampler_r1_xid``: the agent's NvmlSampler at rotations 1/1 with its XID thread (the
+  shape that crashed), in a tight loop.
+* ``sampler_r1_noxid``: the same without the XID thread.
+* ``sampler_r1_xidpoll``: without the thread, XID events polled with a 0 ms wait after
+  each pass from the sampling thread (every NVML call on one thread).
+* ``batch_single``: raw pynvml, one thread, one nvmlDeviceGetFieldValues per GPU holding
+  every link's scoped error fields plus the GPU-level fields.
+* ``batch_xidwait``: ``batch_single`` plus a second thread blocked in nvmlEventSetWait_v2.
+* ``batch_two_threads``: two threads doing ``batch_single`` at once.
+* ``errcounter_xidwait``: per-link nvmlDeviceGetNvLinkErrorCounter calls plus the waiting
+  thread.
+* ``sampler_default_xid``: the agent's defaults (18/72) with the XID thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+SCOPED = (161, 162, 163)
+GPU_FIELDS = (3, 4, 94, 142, 143, 144, 145)
+XID_EVENT = 0x0000000000000008  # nvmlEventTypeXidCriticalError
+
+
+def _links(n, h):  # type: ignore[no-untyped-def]
+    out = []
+    for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            n.nvmlDeviceGetNvLinkState(h, link)
+        except n.NVMLError:
+            continue
+        out.append(link)
+    return out
+
+
+def _xid_waiter(n, handles, stop: threading.Event) -> None:  # type: ignore[no-untyped-def]
+    es = n.nvmlEventSetCreate()
+    for h in handles:
+        with contextlib.suppress(n.NVMLError):
+            n.nvmlDeviceRegisterEvents(h, XID_EVENT, es)
+    while not stop.is_set():
+        with contextlib.suppress(n.NVMLError):
+            n.nvmlEventSetWait_v2(es, 1000)
+
+
+def _raw(variant: str, deadline: float, counter: list[int]) -> None:
+    import pynvml as n
+
+    n.nvmlInit()
+    handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+    fields = {
+        id(h): [(f, link) for link in _links(n, h) for f in SCOPED] + [(f, 0) for f in GPU_FIELDS]
+        for h in handles
+    }
+    stop = threading.Event()
+    if variant in ("batch_xidwait", "errcounter_xidwait"):
+        threading.Thread(target=_xid_waiter, args=(n, handles, stop), daemon=True).start()
+
+    def batch_loop() -> None:
+        while time.monotonic() < deadline:
+            for h in handles:
+                n.nvmlDeviceGetFieldValues(h, fields[id(h)])
+            counter[0] += 1
+
+    def errcounter_loop() -> None:
+        links = {id(h): _links(n, h) for h in handles}
+        while time.monotonic() < deadline:
+            for h in handles:
+                for link in links[id(h)]:
+                    for c in (3, 4):  # crc_data, ecc_data
+                        with contextlib.suppress(n.NVMLError):
+                            n.nvmlDeviceGetNvLinkErrorCounter(h, link, c)
+            counter[0] += 1
+
+    if variant == "batch_two_threads":
+        t = threading.Thread(target=batch_loop, daemon=True)
+        t.start()
+        batch_loop()
+        t.join()
+    elif variant == "errcounter_xidwait":
+        errcounter_loop()
+    else:
+        batch_loop()
+    stop.set()
+
+
+def _sampler(variant: str, deadline: float, counter: list[int]) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from agent.nvml import LiveNvml, NvmlCallError, NvmlSampler
+
+    rot = (18, 72) if variant == "sampler_default_xid" else (1, 1)
+    xid_thread = variant.endswith("_xid")
+    api = LiveNvml()
+    s = NvmlSampler(
+        lambda: api,
+        watch_xid=xid_thread,
+        link_error_rotation=rot[0],
+        slow_error_rotation=rot[1],
+    )
+    polled = False
+    while time.monotonic() < deadline:
+        snap = s.sample()
+        counter[0] += 1
+        if variant == "sampler_r1_xidpoll":
+            if not polled:
+                api.xid_open()
+                for g in range(len(snap.gpus)):
+                    api.xid_register(g)
+                polled = True
+            while True:
+                try:
+                    api.xid_wait(0)
+                except NvmlCallError:
+                    break
+
+
+def child(variant: str, duration: float, progress: Path) -> None:
+    faulthandler.enable()
+    deadline = time.monotonic() + duration
+    counter = [0]
+
+    def report() -> None:
+        while True:
+            progress.write_text(str(counter[0]))
+            time.sleep(1.0)
+
+    threading.Thread(target=report, daemon=True).start()
+    if variant.startswith("sampler_"):
+        _sampler(variant, deadline, counter)
+    else:
+        _raw(variant, deadline, counter)
+    progress.write_text(str(counter[0]))
+
+
+PLAN = (
+    ("sampler_r1_xid", 2),
+    ("sampler_r1_noxid", 2),
+    ("sampler_r1_xidpoll", 1),
+    ("batch_single", 2),
+    ("batch_xidwait", 2),
+    ("batch_two_threads", 1),
+    ("errcounter_xidwait", 1),
+    ("sampler_default_xid", 1),
+)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=240.0)
+    ap.add_argument("--out", type=Path, default=Path("bench/out/nvml_bisect"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--progress", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.duration, args.progress)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, MALLOC_CHECK_="3", MALLOC_PERTURB_="165", PYTHONFAULTHANDLER="1")
+    procs = []
+    for variant, reps in PLAN:
+        for r in range(reps):
+            tag = f"{variant}.{r}"
+            err = (args.out / f"{tag}.stderr").open("w")
+            prog = args.out / f"{tag}.progress"
+            p = subprocess.Popen(
+                [sys.executable, "-X", "faulthandler", __file__, "--child", variant,
+                 "--duration", str(args.duration), "--progress", str(prog)],
+                env=env, stdout=subprocess.DEVNULL, stderr=err,
+            )  # fmt: skip
+            procs.append((tag, p, prog, err, time.monotonic()))
+    results = []
+    for tag, p, prog, err, _t0 in procs:
+        try:
+            rc = p.wait(timeout=args.duration + 120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = p.wait()
+        err.close()
+        loops = prog.read_text() if prog.exists() else "0"
+        how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
+        tail = (args.out / f"{tag}.stderr").read_text(errors="replace").splitlines()[-12:]
+        results.append({"run": tag, "ended": how, "loops": int(loops or 0), "tail": tail})
+        print(f"{tag:24} {how:16} loops={loops}", flush=True)
+    (args.out / "summary.json").write_text(json.dumps(results, indent=1))
+    for r in results:
+        if r["ended"] != "exit 0":
+            print(f"--- {r['run']}: {r['ended']}")
+            print("\n".join(r["tail"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
