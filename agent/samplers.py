@@ -9,7 +9,8 @@ from agent.attribution import AttributionSampler, AttributionSnapshot, allocated
 from agent.config import AgentConfig
 from agent.infiniband import InfinibandSampler, InfinibandSnapshot
 from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
-from agent.nvml import NvmlApi, NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml_api import NvmlApi
 from agent.pci import PciSampler, PciSnapshot
 from agent.probe.service import build_probe_sampler
 from agent.runner import SamplerSpec

@@ -38,7 +38,8 @@ from agent.config import (
 from agent.errors import ConfigError, NoData
 from agent.gpu_topology import nvlinks_by_address
 from agent.logsetup import LEVELS, setup_logging
-from agent.nvml import LiveNvml, NvmlApi, NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml_api import LiveNvml, NvmlApi
 from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml, dumps, load
 from agent.pci import PciSampler, PciSnapshot
 from agent.runner import Runner, SamplerSpec

@@ -561,7 +561,8 @@ def run_smi(smi: str, *args: str, timeout: float = 60.0) -> tuple[int, str]:
 
 def _in_process() -> tuple[str, dict[tuple[int, int], int]]:
     from agent.gpu_topology import nvlink_matrix
-    from agent.nvml import NvmlSampler, findings
+    from agent.nvml import NvmlSampler
+    from agent.nvml_findings import findings
     from exporter import nvml
     from exporter.exposition import render_text
     from exporter.spec import Families
