@@ -1034,3 +1034,15 @@ def _combine(p: _Pass, where: str, answers: Sequence[FieldAnswer]) -> tuple[int,
             return got
         values.append(got)
     return tuple(values)
+
+
+def child_sampler(
+    *, watch_xid: bool = True, link_error_rotation: int = 18, slow_error_rotation: int = 72
+) -> NvmlSampler:
+    """The live NVML sampler as the agent's child process builds it (:mod:`agent.isolation`:
+    ``ChildSpec("agent.nvml:child_sampler", {...})``)."""
+    return NvmlSampler(
+        watch_xid=watch_xid,
+        link_error_rotation=link_error_rotation,
+        slow_error_rotation=slow_error_rotation,
+    )

@@ -527,3 +527,21 @@ def load(path: str | Path) -> dict[str, JsonValue]:
 def dumps(recording: Mapping[str, JsonValue]) -> str:
     """Stable text for a recording (sorted keys, one call per line)."""
     return json.dumps(recording, indent=1, sort_keys=True) + "\n"
+
+
+def replay_sampler(
+    *,
+    recording: str,
+    watch_xid: bool = True,
+    link_error_rotation: int = 18,
+    slow_error_rotation: int = 72,
+) -> NvmlSampler:
+    """An NVML sampler replaying the recording file ``recording``: what an isolated child
+    runs in benchmarks and tests without a GPU (``agent.nvml_record:replay_sampler``)."""
+    data = load(recording)
+    return NvmlSampler(
+        lambda: ReplayNvml(data),
+        watch_xid=watch_xid,
+        link_error_rotation=link_error_rotation,
+        slow_error_rotation=slow_error_rotation,
+    )
