@@ -32,14 +32,14 @@ The pipe
     and the samplers' frozen snapshot dataclasses. The child writes frames to a duplicate of
     its stdout and points its fd 1 at stderr, so a library printing to stdout cannot corrupt
     the stream; its log lines (same level and format as the agent's) and faulthandler's
-    traceback of a crash go to the agent's stderr. The child dies with the agent
-    (``PR_SET_PDEATHSIG``). ``close()`` closes the pipe; the child closes its sampler
+    traceback of a crash go to the agent's stderr. The child exits within a second of the
+    agent's death, even while hung (a thread of its own watches the parent pid).
+    ``close()`` closes the pipe; the child closes its sampler
     (``nvmlShutdown``) and exits, and is killed after ``close_grace_seconds``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import importlib
 import logging
@@ -162,8 +162,9 @@ class _FrameReader:
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
 
-    def read(self, deadline: float) -> tuple[object, ...]:
-        """Raises _Died at end of stream, _Hung at the deadline (time.monotonic)."""
+    def read(self, timeout: float) -> tuple[object, ...]:
+        """Raises _Died at end of stream, _Hung after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
         while True:
             if len(self._buf) >= _HEADER.size:
                 (size,) = _HEADER.unpack_from(self._buf)
@@ -304,7 +305,7 @@ class IsolatedSampler:
         limit = self.call_deadline_seconds()
         try:
             self._send(("sample",))
-            reply = reader.read(self._mono() + limit)
+            reply = reader.read(limit)
         except (BrokenPipeError, _Died) as exc:
             returncode = self._reap(kill_after=1.0)
             raise self._failed(
@@ -313,7 +314,7 @@ class IsolatedSampler:
         except _Hung:
             self._reap(kill_after=0.0)
             raise self._failed(
-                "hung", f"child process {proc.pid} gave no answer in {limit:.1f}s; killed"
+                "hung", f"child process {proc.pid} gave no answer in {limit:g}s; killed"
             ) from None
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
             self._reap(kill_after=0.0)
@@ -400,15 +401,18 @@ class IsolatedSampler:
 # -- the child side -----------------------------------------------------------------------
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask the kernel for SIGKILL when the parent dies (Linux); exit if it already has."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError) as exc:
-        log.debug("PR_SET_PDEATHSIG unavailable: %s", exc)
-    if os.getppid() != parent:
+def _die_with_parent(parent: int, every: float = 1.0) -> None:
+    """Exit when the agent is gone, even while the sampler hangs in the library: a thread
+    that only compares ``getppid()`` (it never calls the library). Not PR_SET_PDEATHSIG: that
+    fires when the parent *thread* that started the child exits, and the runner starts it
+    from a short-lived one."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
         os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _stats() -> tuple[int, float, int]:
