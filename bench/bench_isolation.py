@@ -105,7 +105,8 @@ def main() -> int:
         spec = ChildSpec("agent.nvml:child_sampler", settings)
         local = lambda: child_sampler(**settings)  # type: ignore[arg-type]  # noqa: E731
     else:
-        spec = ChildSpec("agent.nvml_record:replay_sampler", {**settings, "recording": ns.recording})
+        replay = {**settings, "recording": ns.recording}
+        spec = ChildSpec("agent.nvml_record:replay_sampler", replay)
         local = lambda: replay_sampler(recording=ns.recording, **settings)  # type: ignore[arg-type]  # noqa: E731
     base_rss = rss_bytes()
     in_process = local()
