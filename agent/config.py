@@ -172,6 +172,9 @@ class NvmlSettings:
 
     link_error_rotation: int = 18
     slow_error_rotation: int = 72
+    #: run the live NVML sampler in a supervised child process (agent/isolation.py), so a
+    #: crash or hang in the driver library costs a pass, not the agent
+    isolate: bool = True
 
     def __post_init__(self) -> None:
         if self.link_error_rotation < 1 or self.slow_error_rotation < 1:

@@ -9,3 +9,13 @@ class NoData(Exception):  # noqa: N818 - named after node_exporter's ErrNoData o
 
 class ConfigError(Exception):
     """A user-supplied setting or file is invalid. The message says which and why."""
+
+
+class SamplerFailure(Exception):  # noqa: N818 - a pass's outcome, like NoData
+    """A pass failed for a reason the runner counts apart from ``exception``: ``reason`` is
+    one of :data:`agent.runner.ERROR_REASONS` (``crashed``, ``hung``, ``backoff``: a sampler
+    run in a child process, :mod:`agent.isolation`)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -1,15 +1,9 @@
 """The NVML sampler: per-GPU identity, PCIe link, NVLink (state, speed, far end, error
 counters), row remapping, volatile ECC, clock-event reasons, compute processes and XID errors.
 
-The adapter
-    Every NVML call the sampler makes goes through :class:`NvmlApi`: one method per call,
-    each returning plain Python values (``int``, ``str``, tuples) or raising
-    :class:`NvmlCallError` with NVML's return code and its name (``NOT_SUPPORTED``,
-    ``GPU_IS_LOST`` ...). :class:`LiveNvml` is the one implementation that imports
-    ``pynvml``; :class:`agent.nvml_record.ReplayNvml` answers from a JSON recording of what
-    a real node said, and :class:`agent.nvml_record.RecordingNvml` records a live node, so
-    tests replay recorded answers instead of mocking calls. NVML needs no CUDA context: the
-    agent never creates one and never holds GPU memory.
+Every NVML call goes through the adapter in :mod:`agent.nvml_api` (:class:`NvmlApi`), so
+tests replay recorded answers (:mod:`agent.nvml_record`) instead of mocking calls. Findings
+are in :mod:`agent.nvml_findings`.
 
 What is exported and what is not
     Only what the hardware answers. ``NOT_SUPPORTED`` and ``FUNCTION_NOT_FOUND`` (an older
@@ -36,22 +30,26 @@ NVLink
     :class:`NvmlSampler` says what a pass reads and why.
 
 XID errors
-    A background thread, started by the first :meth:`NvmlSampler.sample`, waits on an NVML
-    event set registered for ``nvmlEventTypeXidCriticalError`` on every GPU and counts events
-    per (GPU, XID code). The counts only grow (unlike dcgm-exporter's last-value gauge,
-    dcgm-exporter #500/#190). A GPU that refuses registration is noted in the snapshot, not
-    fatal. :meth:`NvmlSampler.close` stops the thread.
+    The first pass creates an NVML event set registered for ``nvmlEventTypeXidCriticalError``
+    on every GPU; every pass ends by collecting the events queued since the last one
+    (``nvmlEventSetWait_v2`` with a 0 ms timeout, called until it answers ``TIMEOUT``: NVML
+    hands out one queued event per call) and counts them per (GPU, XID code). The counts only
+    grow (unlike dcgm-exporter's last-value gauge, dcgm-exporter #500/#190) while the process
+    holding the event set lives. A GPU that refuses registration is noted in the snapshot,
+    not fatal. There is no XID thread: every NVML call of a sampler is made on the thread
+    running its pass, one at a time, so NVML is never entered from two threads at once (a
+    2x H200 node corrupted its heap when an event wait in one thread overlapped field-value
+    reads in another; issue 13).
 
 Hung calls
-    The runner abandons a sampling call that exceeds its timeout. ``sample`` holds its lock
-    only to take a pass number and to hand its caches over, and the XID thread holds its lock
-    only to update or copy its counts, never across an NVML call, so a hung NVML call can
-    block nothing but the thread it hangs in.
+    The runner abandons a sampling call that exceeds its timeout (in the agent, the pass runs
+    in a child process that is killed instead: :mod:`agent.isolation`). ``sample`` holds its
+    lock only to take a pass number and to hand its caches over, never across an NVML call,
+    so a hung NVML call can block nothing but the thread it hangs in.
 """
 
 from __future__ import annotations
 
-import ctypes
 import enum
 import functools
 import logging
@@ -59,506 +57,43 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import NoReturn, Protocol, TypeAlias, TypeVar, cast
+from typing import NoReturn, TypeAlias, TypeVar
 
 from agent.errors import NoData
-from agent.findings import Finding
+from agent.nvml_api import (
+    CLOCKS_EVENT_REASONS,
+    FI_ECC_DBE_VOL_TOTAL,
+    FI_ECC_SBE_VOL_TOTAL,
+    FI_LEGACY_ERRORS,
+    FI_LEGACY_SPEED,
+    FI_NVLINK_GET_SPEED,
+    FI_NVLINK_SPEED_COMMON,
+    FI_PCIE_REPLAY_COUNTER,
+    FI_REMAPPED_ROWS,
+    FI_SCOPED_ERRORS,
+    MEMORY_ERROR_CORRECTED,
+    MEMORY_ERROR_UNCORRECTED,
+    NO_DRIVER,
+    NVLINK_DEVICE_TYPES,
+    NVLINK_ERROR_COUNTERS,
+    NVLINK_STATE_INACTIVE,
+    UNSUPPORTED,
+    VOLATILE_ECC,
+    LiveNvml,
+    NvmlAnswerError,
+    NvmlApi,
+    NvmlCallError,
+)
 from agent.sysfs import ReadIssue
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# -- NVML constants (nvml.h), copied so that only LiveNvml imports pynvml ------------------
-
-#: nvmlReturn_t codes and the names fabricscope uses for them (``NVML_ERROR_<name>``).
-NVML_ERROR_NAMES: dict[int, str] = {
-    1: "UNINITIALIZED",
-    2: "INVALID_ARGUMENT",
-    3: "NOT_SUPPORTED",
-    4: "NO_PERMISSION",
-    5: "ALREADY_INITIALIZED",
-    6: "NOT_FOUND",
-    7: "INSUFFICIENT_SIZE",
-    8: "INSUFFICIENT_POWER",
-    9: "DRIVER_NOT_LOADED",
-    10: "TIMEOUT",
-    11: "IRQ_ISSUE",
-    12: "LIBRARY_NOT_FOUND",
-    13: "FUNCTION_NOT_FOUND",
-    14: "CORRUPTED_INFOROM",
-    15: "GPU_IS_LOST",
-    16: "RESET_REQUIRED",
-    17: "OPERATING_SYSTEM",
-    18: "LIB_RM_VERSION_MISMATCH",
-    19: "IN_USE",
-    20: "MEMORY",
-    21: "NO_DATA",
-    22: "VGPU_ECC_NOT_SUPPORTED",
-    23: "INSUFFICIENT_RESOURCES",
-    24: "FREQ_NOT_SUPPORTED",
-    25: "ARGUMENT_VERSION_MISMATCH",
-    26: "DEPRECATED",
-    27: "NOT_READY",
-    28: "GPU_NOT_FOUND",
-    29: "INVALID_STATE",
-    30: "RESET_TYPE_NOT_SUPPORTED",
-    999: "UNKNOWN",
-}
-ERROR_CODES: dict[str, int] = {name: code for code, name in NVML_ERROR_NAMES.items()}
-
-#: errors meaning "this GPU / driver does not offer that value": absent, quietly
-UNSUPPORTED = frozenset({"NOT_SUPPORTED", "FUNCTION_NOT_FOUND"})
-#: errors with which nvmlInit says "no NVIDIA driver here": the sampler raises NoData
-NO_DRIVER = frozenset({"LIBRARY_NOT_FOUND", "DRIVER_NOT_LOADED"})
-
 #: the NVLink error counters that make a finding (what ``nvidia-smi nvlink -e`` shows)
 FINDING_NVLINK_ERRORS = frozenset({"replay", "recovery", "crc_flit"})
-
-#: nvmlNvLinkErrorCounter_t, in fabricscope's names (``reason`` label values)
-NVLINK_ERROR_COUNTERS: tuple[tuple[str, int], ...] = (
-    ("replay", 0),  # NVML_NVLINK_ERROR_DL_REPLAY
-    ("recovery", 1),  # NVML_NVLINK_ERROR_DL_RECOVERY
-    ("crc_flit", 2),  # NVML_NVLINK_ERROR_DL_CRC_FLIT
-    ("crc_data", 3),  # NVML_NVLINK_ERROR_DL_CRC_DATA
-    ("ecc_data", 4),  # NVML_NVLINK_ERROR_DL_ECC_DATA
-)
-#: per-link field values carrying the same counters (scopeId = link)
-_FI_SCOPED_ERRORS = {"replay": 161, "recovery": 162, "crc_flit": 163}
-#: older per-link fields, ``*_ERROR_COUNT_L0..L11``: the field id for link n (scopeId 0)
-_FI_LEGACY_ERRORS: dict[str, tuple[int, ...]] = {
-    "crc_flit": (*range(32, 38), *range(96, 102)),
-    "crc_data": (*range(39, 45), *range(102, 108)),
-    "replay": (*range(46, 52), *range(108, 114)),
-    "recovery": (*range(53, 59), *range(114, 120)),
-    "ecc_data": tuple(range(148, 160)),
-}
-FI_NVLINK_GET_SPEED = 164  # NVML_FI_DEV_NVLINK_GET_SPEED, MBps, scopeId = link
-FI_ECC_SBE_VOL_TOTAL = 3  # NVML_FI_DEV_ECC_SBE_VOL_TOTAL: volatile corrected ECC errors
-FI_ECC_DBE_VOL_TOTAL = 4  # NVML_FI_DEV_ECC_DBE_VOL_TOTAL: volatile uncorrected ECC errors
-FI_PCIE_REPLAY_COUNTER = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
-#: NVML_FI_DEV_REMAPPED_COR, _UNC, _PENDING, _FAILURE: nvmlDeviceGetRemappedRows' four values
-FI_REMAPPED_ROWS = (142, 143, 144, 145)
-_FI_LEGACY_SPEED = (*range(84, 90), *range(132, 138))  # NVML_FI_DEV_NVLINK_SPEED_MBPS_L0..L11
-FI_NVLINK_SPEED_COMMON = 90  # NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON
 _MEGABYTE = 1_000_000
-
-NVLINK_STATE_INACTIVE = 0  # NVML_FEATURE_DISABLED / NVML_NVLINK_STATE_INACTIVE
-#: nvmlIntNvLinkDeviceType_t
-NVLINK_DEVICE_TYPES = {0: "GPU", 1: "IBMNPU", 2: "NVSwitch", 0xFF: "unknown"}
-
-#: nvmlClocksEventReason* bits (the older nvmlClocksThrottleReason* share them), by the
-#: ``reason`` label value fabricscope gives each
-CLOCKS_EVENT_REASONS: tuple[tuple[str, int], ...] = (
-    ("gpu_idle", 0x1),
-    ("applications_clocks_setting", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
-    ("display_clock_setting", 0x100),
-)
-
-MEMORY_ERROR_CORRECTED = 0  # NVML_MEMORY_ERROR_TYPE_CORRECTED
-MEMORY_ERROR_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-VOLATILE_ECC = 0  # NVML_VOLATILE_ECC
-EVENT_TYPE_XID = 0x8  # nvmlEventTypeXidCriticalError
-
 _PCI_BUS_ID = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
-
-
-def error_name(code: int) -> str:
-    """NVML's name for a return code (``GPU_IS_LOST``), ``CODE_<n>`` for one it lacks."""
-    return NVML_ERROR_NAMES.get(code, f"CODE_{code}")
-
-
-class NvmlAnswerError(ValueError):
-    """An NVML call answered something of the wrong shape (a binding or recording fault)."""
-
-    def __init__(self, call: str, detail: str) -> None:
-        super().__init__(f"{call}: {detail}")
-        self.call = call
-
-
-class NvmlCallError(Exception):
-    """One NVML call answered an error. ``call`` is the NVML function (``nvmlDeviceGetUUID``),
-    ``code`` the nvmlReturn_t value and ``name`` its name (``NOT_SUPPORTED``)."""
-
-    def __init__(self, call: str, code: int, name: str) -> None:
-        super().__init__(f"{call}: NVML_ERROR_{name} ({code})")
-        self.call = call
-        self.code = code
-        self.name = name
-
-    @classmethod
-    def of(cls, call: str, code: int) -> NvmlCallError:
-        return cls(call, code, error_name(code))
-
-
-@dataclass(frozen=True, slots=True)
-class XidEvent:
-    """One ``nvmlEventTypeXidCriticalError`` event: the GPU's index (-1 when the event's
-    device handle matches no GPU the agent knows) and the XID code."""
-
-    gpu: int
-    xid: int
-
-
-class NvmlApi(Protocol):
-    """The NVML calls the sampler makes. ``gpu`` is NVML's device index. Each method returns
-    plain values or raises :class:`NvmlCallError`."""
-
-    def init(self) -> None:
-        """nvmlInit."""
-
-    def shutdown(self) -> None:
-        """nvmlShutdown."""
-
-    def nvlink_max_links(self) -> int:
-        """NVML_NVLINK_MAX_LINKS of the NVML binding in use."""
-
-    def driver_version(self) -> str:
-        """nvmlSystemGetDriverVersion."""
-
-    def nvml_version(self) -> str:
-        """nvmlSystemGetNVMLVersion."""
-
-    def device_count(self) -> int:
-        """nvmlDeviceGetCount."""
-
-    def pci_bus_id(self, gpu: int) -> str:
-        """nvmlDeviceGetPciInfo's busId, as NVML spells it (``00000000:19:00.0``)."""
-
-    def uuid(self, gpu: int) -> str:
-        """nvmlDeviceGetUUID."""
-
-    def name(self, gpu: int) -> str:
-        """nvmlDeviceGetName."""
-
-    def serial(self, gpu: int) -> str:
-        """nvmlDeviceGetSerial."""
-
-    def vbios_version(self, gpu: int) -> str:
-        """nvmlDeviceGetVbiosVersion."""
-
-    def pcie_current_link_generation(self, gpu: int) -> int:
-        """nvmlDeviceGetCurrPcieLinkGeneration."""
-
-    def pcie_max_link_generation(self, gpu: int) -> int:
-        """nvmlDeviceGetMaxPcieLinkGeneration."""
-
-    def pcie_current_link_width(self, gpu: int) -> int:
-        """nvmlDeviceGetCurrPcieLinkWidth."""
-
-    def pcie_max_link_width(self, gpu: int) -> int:
-        """nvmlDeviceGetMaxPcieLinkWidth."""
-
-    def pcie_replay_counter(self, gpu: int) -> int:
-        """nvmlDeviceGetPcieReplayCounter."""
-
-    def remapped_rows(self, gpu: int) -> tuple[int, int, int, int]:
-        """nvmlDeviceGetRemappedRows: (correctable, uncorrectable, pending, failure)."""
-
-    def total_ecc_errors(self, gpu: int, error_type: int, counter_type: int) -> int:
-        """nvmlDeviceGetTotalEccErrors."""
-
-    def clocks_event_reasons(self, gpu: int) -> int:
-        """nvmlDeviceGetCurrentClocksEventReasons (ThrottleReasons on older drivers)."""
-
-    def compute_processes(self, gpu: int) -> tuple[tuple[int, int | None], ...]:
-        """nvmlDeviceGetComputeRunningProcesses: (pid, used GPU memory in bytes or None)."""
-
-    def nvlink_state(self, gpu: int, link: int) -> int:
-        """nvmlDeviceGetNvLinkState."""
-
-    def nvlink_version(self, gpu: int, link: int) -> int:
-        """nvmlDeviceGetNvLinkVersion."""
-
-    def nvlink_remote_pci_bus_id(self, gpu: int, link: int) -> str:
-        """nvmlDeviceGetNvLinkRemotePciInfo(_v2)'s busId."""
-
-    def nvlink_remote_device_type(self, gpu: int, link: int) -> int:
-        """nvmlDeviceGetNvLinkRemoteDeviceType."""
-
-    def nvlink_error_counter(self, gpu: int, link: int, counter: int) -> int:
-        """nvmlDeviceGetNvLinkErrorCounter."""
-
-    def field_value(self, gpu: int, field_id: int, scope_id: int) -> int:
-        """nvmlDeviceGetFieldValues for one field; the field's own return code raises."""
-
-    def field_values(
-        self, gpu: int, fields: Sequence[tuple[int, int]]
-    ) -> tuple[int | NvmlCallError, ...]:
-        """One nvmlDeviceGetFieldValues call for every ``(field id, scope id)`` in ``fields``:
-        per field, in order, its value or its own return code as an :class:`NvmlCallError`
-        (one field NOT_SUPPORTED does not cost the others). An error of the whole call
-        (GPU_IS_LOST, FUNCTION_NOT_FOUND ...) raises."""
-
-    def xid_open(self) -> None:
-        """nvmlEventSetCreate (one event set per API object)."""
-
-    def xid_register(self, gpu: int) -> None:
-        """nvmlDeviceRegisterEvents(handle, nvmlEventTypeXidCriticalError, set)."""
-
-    def xid_wait(self, timeout_ms: int) -> XidEvent:
-        """nvmlEventSetWait_v2; raises ``TIMEOUT`` when nothing came."""
-
-    def xid_close(self) -> None:
-        """nvmlEventSetFree."""
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
-
-
-def _int(value: object, call: str) -> int:
-    if isinstance(value, int):
-        return int(value)
-    raise NvmlAnswerError(call, f"answered {type(value).__name__}, expected an integer")
-
-
-class _PciInfo(Protocol):  # pynvml's nvmlPciInfo_t, the fields used
-    busId: bytes  # noqa: N815 - NVML's names
-    busIdLegacy: bytes  # noqa: N815
-
-
-class _Process(Protocol):  # pynvml's friendly object for nvmlProcessInfo_t
-    pid: int
-    usedGpuMemory: int | None  # noqa: N815
-
-
-class _FieldValue(Protocol):  # pynvml's c_nvmlFieldValue_t
-    valueType: int  # noqa: N815
-    nvmlReturn: int  # noqa: N815
-    value: object
-
-
-class _EventData(Protocol):  # pynvml's c_nvmlEventData_t
-    device: object
-    eventData: int  # noqa: N815
-
-
-#: c_nvmlValue_t member holding each nvmlValueType_t
-_VALUE_MEMBERS = {
-    0: "dVal",
-    1: "uiVal",
-    2: "ulVal",
-    3: "ullVal",
-    4: "sllVal",
-    5: "siVal",
-    6: "usVal",
-}
-
-
-def _field_answer(call: str, v: _FieldValue) -> int | NvmlCallError:
-    """One c_nvmlFieldValue_t: its value, or its own return code as an error."""
-    code = int(v.nvmlReturn)
-    if code != 0:
-        return NvmlCallError.of(call, code)
-    raw: object = getattr(v.value, _VALUE_MEMBERS.get(int(v.valueType), "ullVal"))
-    return round(raw) if isinstance(raw, float) else _int(raw, call)
-
-
-class LiveNvml:
-    """:class:`NvmlApi` over pynvml (nvidia-ml-py), the only code that imports it. Device
-    handles are fetched by index once and kept. ``nvml`` replaces the pynvml module (tests).
-    Every error, a missing handle's included, is named after the call it stands for."""
-
-    def __init__(self, nvml: ModuleType | None = None) -> None:
-        if nvml is None:
-            try:
-                import pynvml
-            except ImportError as exc:
-                raise NvmlCallError("import pynvml", 12, "LIBRARY_NOT_FOUND") from exc
-            nvml = pynvml
-        self._nv = nvml
-        # pynvml raises this for an unversioned function the driver lacks
-        mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
-        self._mismatch: tuple[type[Exception], ...] = (mismatch,) if mismatch else ()
-        self._handles: dict[int, object] = {}
-        self._event_set: object | None = None
-
-    def _call(self, call: str, *args: object, name: str | None = None) -> object:
-        """``pynvml.<name or call>(*args)``; pynvml's errors become NvmlCallError(call)."""
-        fn = getattr(self._nv, name or call, None)
-        if fn is None:
-            raise NvmlCallError(call, 13, "FUNCTION_NOT_FOUND")
-        try:
-            result: object = fn(*args)
-        except self._nv.NVMLError as exc:
-            raise NvmlCallError.of(call, int(exc.value)) from exc
-        except self._mismatch as exc:
-            raise NvmlCallError(call, 13, "FUNCTION_NOT_FOUND") from exc
-        return result
-
-    def _dev(self, call: str, gpu: int, *args: object, name: str | None = None) -> object:
-        """``call(handle(gpu), *args)``."""
-        handle = self._handles.get(gpu)
-        if handle is None:
-            handle = self._call(call, gpu, name="nvmlDeviceGetHandleByIndex")
-            self._handles[gpu] = handle
-        return self._call(call, handle, *args, name=name)
-
-    def _dint(self, call: str, gpu: int, *args: object, name: str | None = None) -> int:
-        return _int(self._dev(call, gpu, *args, name=name), call)
-
-    def init(self) -> None:
-        self._call("nvmlInit")
-
-    def shutdown(self) -> None:
-        self._handles.clear()
-        self._call("nvmlShutdown")
-
-    def nvlink_max_links(self) -> int:
-        return _int(getattr(self._nv, "NVML_NVLINK_MAX_LINKS", 18), "NVML_NVLINK_MAX_LINKS")
-
-    def driver_version(self) -> str:
-        return _text(self._call("nvmlSystemGetDriverVersion"))
-
-    def nvml_version(self) -> str:
-        return _text(self._call("nvmlSystemGetNVMLVersion"))
-
-    def device_count(self) -> int:
-        return _int(self._call("nvmlDeviceGetCount"), "nvmlDeviceGetCount")
-
-    def pci_bus_id(self, gpu: int) -> str:
-        info = cast(_PciInfo, self._dev("nvmlDeviceGetPciInfo", gpu))
-        return _text(info.busId) or _text(info.busIdLegacy)
-
-    def uuid(self, gpu: int) -> str:
-        return _text(self._dev("nvmlDeviceGetUUID", gpu))
-
-    def name(self, gpu: int) -> str:
-        return _text(self._dev("nvmlDeviceGetName", gpu))
-
-    def serial(self, gpu: int) -> str:
-        return _text(self._dev("nvmlDeviceGetSerial", gpu))
-
-    def vbios_version(self, gpu: int) -> str:
-        return _text(self._dev("nvmlDeviceGetVbiosVersion", gpu))
-
-    def pcie_current_link_generation(self, gpu: int) -> int:
-        return self._dint("nvmlDeviceGetCurrPcieLinkGeneration", gpu)
-
-    def pcie_max_link_generation(self, gpu: int) -> int:
-        return self._dint("nvmlDeviceGetMaxPcieLinkGeneration", gpu)
-
-    def pcie_current_link_width(self, gpu: int) -> int:
-        return self._dint("nvmlDeviceGetCurrPcieLinkWidth", gpu)
-
-    def pcie_max_link_width(self, gpu: int) -> int:
-        return self._dint("nvmlDeviceGetMaxPcieLinkWidth", gpu)
-
-    def pcie_replay_counter(self, gpu: int) -> int:
-        return self._dint("nvmlDeviceGetPcieReplayCounter", gpu)
-
-    def remapped_rows(self, gpu: int) -> tuple[int, int, int, int]:
-        raw = cast(Sequence[object], self._dev("nvmlDeviceGetRemappedRows", gpu))
-        corr, unc, pending, failure = (_int(v, "nvmlDeviceGetRemappedRows") for v in raw)
-        return corr, unc, pending, failure
-
-    def total_ecc_errors(self, gpu: int, error_type: int, counter_type: int) -> int:
-        return self._dint("nvmlDeviceGetTotalEccErrors", gpu, error_type, counter_type)
-
-    def clocks_event_reasons(self, gpu: int) -> int:
-        call = "nvmlDeviceGetCurrentClocksEventReasons"
-        try:
-            return self._dint(call, gpu)
-        except NvmlCallError as exc:
-            if exc.name != "FUNCTION_NOT_FOUND":
-                raise
-        # drivers and pynvml before r535 know only the older name of the same bitmask
-        return self._dint(call, gpu, name="nvmlDeviceGetCurrentClocksThrottleReasons")
-
-    def compute_processes(self, gpu: int) -> tuple[tuple[int, int | None], ...]:
-        call = "nvmlDeviceGetComputeRunningProcesses"
-        try:
-            raw = self._dev(call, gpu)
-        except NvmlCallError as exc:
-            if exc.name != "FUNCTION_NOT_FOUND":
-                raise
-            raw = self._dev(call, gpu, name=call + "_v2")  # drivers before the _v3 struct
-        procs = cast(Sequence[_Process], raw)
-        return tuple(
-            (_int(p.pid, call), None if p.usedGpuMemory is None else _int(p.usedGpuMemory, call))
-            for p in procs
-        )
-
-    def nvlink_state(self, gpu: int, link: int) -> int:
-        return self._dint("nvmlDeviceGetNvLinkState", gpu, link)
-
-    def nvlink_version(self, gpu: int, link: int) -> int:
-        return self._dint("nvmlDeviceGetNvLinkVersion", gpu, link)
-
-    def nvlink_remote_pci_bus_id(self, gpu: int, link: int) -> str:
-        call = "nvmlDeviceGetNvLinkRemotePciInfo"
-        # the _v2 binding where pynvml has one; recent pynvml calls the _v2 C function under
-        # the plain name
-        name = call + "_v2" if hasattr(self._nv, call + "_v2") else call
-        info = cast(_PciInfo, self._dev(call, gpu, link, name=name))
-        return _text(info.busId) or _text(info.busIdLegacy)
-
-    def nvlink_remote_device_type(self, gpu: int, link: int) -> int:
-        return self._dint("nvmlDeviceGetNvLinkRemoteDeviceType", gpu, link)
-
-    def nvlink_error_counter(self, gpu: int, link: int, counter: int) -> int:
-        return self._dint("nvmlDeviceGetNvLinkErrorCounter", gpu, link, counter)
-
-    def field_value(self, gpu: int, field_id: int, scope_id: int) -> int:
-        answer = self.field_values(gpu, ((field_id, scope_id),))[0]
-        if isinstance(answer, NvmlCallError):
-            raise answer
-        return answer
-
-    def field_values(
-        self, gpu: int, fields: Sequence[tuple[int, int]]
-    ) -> tuple[int | NvmlCallError, ...]:
-        call = "nvmlDeviceGetFieldValues"
-        if not fields:
-            return ()
-        values = cast(Sequence[_FieldValue], self._dev(call, gpu, [(f, s) for f, s in fields]))
-        if len(values) != len(fields):
-            raise NvmlAnswerError(call, f"{len(values)} answers to {len(fields)} fields")
-        return tuple(_field_answer(call, v) for v in values)
-
-    def xid_open(self) -> None:
-        self._event_set = self._call("nvmlEventSetCreate")
-
-    def xid_register(self, gpu: int) -> None:
-        self._dev("nvmlDeviceRegisterEvents", gpu, EVENT_TYPE_XID, self._event_set)
-
-    def xid_wait(self, timeout_ms: int) -> XidEvent:
-        data = cast(_EventData, self._call("nvmlEventSetWait_v2", self._event_set, timeout_ms))
-        return XidEvent(self._index_of(data.device), _int(data.eventData, "nvmlEventSetWait_v2"))
-
-    def _index_of(self, handle: object) -> int:
-        try:
-            return _int(self._call("nvmlDeviceGetIndex", handle), "nvmlDeviceGetIndex")
-        except (NvmlCallError, NvmlAnswerError):
-            pass  # match the handle against the ones fetched by index
-        want = _address(handle)
-        for index, known in list(self._handles.items()):
-            if _address(known) == want:
-                return index
-        return -1
-
-    def xid_close(self) -> None:
-        if self._event_set is None:
-            return
-        event_set, self._event_set = self._event_set, None
-        self._call("nvmlEventSetFree", event_set)
-
-
-def _address(handle: object) -> int | None:
-    try:
-        return ctypes.cast(handle, ctypes.c_void_p).value  # type: ignore[arg-type]
-    except (TypeError, ctypes.ArgumentError):
-        return None
 
 
 # -- samples -----------------------------------------------------------------------------
@@ -972,22 +507,23 @@ class _GpuBuilder:
         )
 
 
-class _XidWatcher:
-    """Counts XID events in a background thread. Its lock guards the counts only."""
+#: the most XID events one pass collects (the rest wait for the next pass)
+XID_EVENTS_PER_PASS = 1000
 
-    def __init__(self, api: NvmlApi, wait_ms: int) -> None:
+
+class _XidEvents:
+    """The XID event set and the counts. Used only from the thread running a pass: it
+    registers the GPUs on the first pass and collects queued events at the end of each."""
+
+    def __init__(self, api: NvmlApi) -> None:
         self._api = api
-        self._wait_ms = wait_ms
-        self._cond = threading.Condition()
         self._counts: dict[tuple[int, int], int] = {}
-        self._seen = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._opened = False
+        self._failing = False
         self.registrations: tuple[XidRegistration, ...] = ()
 
-    def start(self, gpus: Sequence[int]) -> None:
-        """Create the event set and register every GPU; start waiting if any accepted."""
+    def open(self, gpus: Sequence[int]) -> None:
+        """Create the event set and register every GPU (a refusal is noted, not fatal)."""
         try:
             self._api.xid_open()
         except NvmlCallError as exc:
@@ -1005,62 +541,49 @@ class _XidWatcher:
             else:
                 regs.append(XidRegistration(gpu, True))
         self.registrations = tuple(regs)
-        if any(r.watched for r in regs):
-            self._thread = threading.Thread(target=self._run, name="nvml-xid", daemon=True)
-            self._thread.start()
 
-    def _run(self) -> None:
-        failing = False
-        while not self._stop.is_set():
+    def poll(self, wait_ms: int = 0) -> int:
+        """Count the events queued (waiting up to ``wait_ms`` for the first); how many."""
+        if not any(r.watched for r in self.registrations):
+            return 0
+        n = 0
+        while n < XID_EVENTS_PER_PASS:
             try:
-                event = self._api.xid_wait(self._wait_ms)
+                event = self._api.xid_wait(wait_ms if n == 0 else 0)
             except NvmlCallError as exc:
-                if exc.name == "TIMEOUT":
-                    continue
-                if not failing:
-                    log.error("waiting for XID events failed: %s; retrying every second", exc)
-                failing = True
-                self._stop.wait(1.0)
-                continue
-            if failing:
-                log.info("waiting for XID events works again")
-                failing = False
+                if exc.name != "TIMEOUT":
+                    if not self._failing:
+                        log.error("collecting XID events failed: %s; trying every pass", exc)
+                    self._failing = True
+                    return n
+                break
             log.warning("GPU %d: XID %d", event.gpu, event.xid)
-            with self._cond:
-                key = (event.gpu, event.xid)
-                self._counts[key] = self._counts.get(key, 0) + 1
-                self._seen += 1
-                self._cond.notify_all()
+            key = (event.gpu, event.xid)
+            self._counts[key] = self._counts.get(key, 0) + 1
+            n += 1
+        if self._failing:
+            log.info("collecting XID events works again")
+            self._failing = False
+        return n
 
     def counts(self) -> tuple[XidCount, ...]:
-        with self._cond:
-            return tuple(XidCount(g, x, n) for (g, x), n in sorted(self._counts.items()))
+        return tuple(XidCount(g, x, n) for (g, x), n in sorted(self._counts.items()))
 
-    def wait_for(self, events: int, timeout: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self._seen >= events, timeout)
-
-    def stop(self, timeout: float) -> bool:
-        """Stop waiting; free the event set once the thread has left NVML. False if it
-        is still inside a (hung) call."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                return False
+    def close(self) -> None:
         if not self._opened:
-            return True
+            return
+        self._opened = False
         try:
             self._api.xid_close()
         except NvmlCallError as exc:
             log.debug("freeing the XID event set: %s", exc)
-        return True
 
 
 class NvmlSampler:
     """Samples every GPU NVML sees. ``api_factory`` builds the :class:`NvmlApi` (default:
     :class:`LiveNvml`); it is called, and ``nvmlInit`` run, once, on the first pass that
-    finds a driver. ``watch_xid`` starts the XID thread on the first successful pass.
+    finds a driver. ``watch_xid``: register for XID events on the first successful pass and
+    collect them at the end of every pass.
 
     What a pass costs, and why it does not read everything
         NVML's per-link reads are expensive in CPU (measured on a 2x H200 node, driver
@@ -1123,7 +646,6 @@ class NvmlSampler:
         api_factory: Callable[[], NvmlApi] | None = None,
         *,
         watch_xid: bool = True,
-        xid_wait_ms: int = 1000,
         link_error_rotation: int = 18,
         slow_error_rotation: int = 72,
         static_refresh_passes: int = 40,
@@ -1138,8 +660,7 @@ class NvmlSampler:
         self._factory: Callable[[], NvmlApi] = api_factory or LiveNvml
         self._api: NvmlApi | None = None
         self._watch_xid = watch_xid
-        self._xid_wait_ms = xid_wait_ms
-        self._xid: _XidWatcher | None = None
+        self._xid: _XidEvents | None = None
         self.link_error_rotation = link_error_rotation
         self.slow_error_rotation = slow_error_rotation
         self.static_refresh_passes = static_refresh_passes
@@ -1193,8 +714,10 @@ class NvmlSampler:
             if k > self._state.pass_index:  # a hung pass returning late keeps nothing
                 self._state = _State(node, caches, k)
         if self._watch_xid and self._xid is None:
-            self._xid = _XidWatcher(api, self._xid_wait_ms)
-            self._xid.start(range(count))
+            self._xid = _XidEvents(api)
+            self._xid.open(range(count))
+        if self._xid is not None:
+            self._xid.poll()
         return NvmlSnapshot(
             driver_version=node.driver_version,
             nvml_version=node.nvml_version,
@@ -1204,16 +727,16 @@ class NvmlSampler:
             issues=tuple(p.issues),
         )
 
-    def wait_for_xid_events(self, events: int, timeout: float) -> bool:
-        """Block until the XID thread has counted ``events`` events in all (tests, tools)."""
-        return self._xid is not None and self._xid.wait_for(events, timeout)
+    def poll_xid(self, wait_ms: int = 0) -> int:
+        """Collect XID events now, waiting up to ``wait_ms`` for the first (recording tools);
+        how many. Call it from the thread that runs the passes, never beside one."""
+        return 0 if self._xid is None else self._xid.poll(wait_ms)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the XID thread and shut NVML down (skipped while a call hangs in it)."""
+    def close(self) -> None:
+        """Free the XID event set and shut NVML down."""
         xid, self._xid = self._xid, None
-        if xid is not None and not xid.stop(timeout):
-            log.warning("XID thread still inside NVML after %.1fs; leaving NVML up", timeout)
-            return
+        if xid is not None:
+            xid.close()
         api, self._api = self._api, None
         with self._lock:  # a new NVML session: nothing cached carries over
             self._passes = 0
@@ -1330,7 +853,7 @@ class NvmlSampler:
             due[link] = names
             for name in names:
                 if cache.via.get((link, name), _default_via(name)) is _Via.FIELD:
-                    batch.ask((link, name), _FI_SCOPED_ERRORS[name], link)
+                    batch.ask((link, name), FI_SCOPED_ERRORS[name], link)
         batch.run(api, gpu)
 
         replays = gp.gpu_value("pcie_replays", g, lambda: (api.pcie_replay_counter(gpu),))
@@ -1382,7 +905,7 @@ class NvmlSampler:
 
 
 def _default_via(name: str) -> _Via:
-    return _Via.FIELD if name in _FI_SCOPED_ERRORS else _Via.CALL
+    return _Via.FIELD if name in FI_SCOPED_ERRORS else _Via.CALL
 
 
 def _paths(order: tuple[_Via, ...], start: _Via) -> tuple[_Via, ...]:
@@ -1432,7 +955,7 @@ class _GpuPass:
         ``nvmlDeviceGetNvLinkErrorCounter``, else the older per-link field."""
         key = (link, name)
         where = f"{self.gpu}/link{link}/{name}"
-        legacy = _FI_LEGACY_ERRORS[name]
+        legacy = FI_LEGACY_ERRORS[name]
         first_failed: _Via | None = None
         for via in _paths(_COUNTER_PATHS, self.cache.via.get(key, _default_via(name))):
             got: int | _Miss
@@ -1489,8 +1012,8 @@ class _GpuPass:
         where = f"{gpu}/link{link}/speed"
         got = p.answer(where, self.batch[(link, "speed")])
         mbps = None if isinstance(got, _Miss) else got
-        if mbps is None and link < len(_FI_LEGACY_SPEED):
-            mbps = p.get(where, lambda: api.field_value(gpu, _FI_LEGACY_SPEED[link], 0))
+        if mbps is None and link < len(FI_LEGACY_SPEED):
+            mbps = p.get(where, lambda: api.field_value(gpu, FI_LEGACY_SPEED[link], 0))
         if mbps is None:
             if not self.common_speed:
                 self.common_speed.append(
@@ -1513,87 +1036,13 @@ def _combine(p: _Pass, where: str, answers: Sequence[FieldAnswer]) -> tuple[int,
     return tuple(values)
 
 
-# -- findings -----------------------------------------------------------------------------
-
-
-def findings(snap: NvmlSnapshot) -> list[Finding]:
-    """What an SRE should act on, sorted.
-
-    * ``nvlink_down`` (``gpu0/link3``): a link NVML lists as inactive, on a node that uses
-      NVLink (some link of some GPU is up). A node where no link is up at all (PCIe cards
-      without bridges) reports none: nothing says it should have NVLink.
-    * ``nvlink_errors`` (``gpu0/link3``): a replay, recovery or CRC-flit counter above 0
-      (see :attr:`NvLinkErrorCounts.link_errors` for why not crc_data / ecc_data).
-    * ``gpu_lost`` (``gpu1``): NVML answered GPU_IS_LOST.
-    * ``pcie_link_degraded`` (``gpu0``): current PCIe width below the maximum. Not the
-      generation: GPUs drop it at idle by design.
-    * ``row_remap_failure`` (``gpu0``): a row remap failed; the GPU needs service.
-    * ``xid`` (``gpu0/xid79``): XID events counted since the agent started.
-    """
-    out: list[Finding] = []
-    node_uses_nvlink = any(link.up for gpu in snap.gpus for link in gpu.nvlinks)
-    for gpu in snap.gpus:
-        name = f"gpu{gpu.index}"
-        where = f"GPU {gpu.index}" + (f" ({gpu.pci_bus_id})" if gpu.pci_bus_id else "")
-        if gpu.lost:
-            out.append(
-                Finding(
-                    "gpu_lost",
-                    name,
-                    f"{where}: NVML answers GPU_IS_LOST (fallen off the bus or inaccessible); "
-                    "drain the node and reset or replace the GPU.",
-                )
-            )
-        for link in gpu.nvlinks:
-            if node_uses_nvlink and not link.up:
-                out.append(
-                    Finding(
-                        "nvlink_down",
-                        f"{name}/link{link.link}",
-                        f"{where}: NVLink {link.link} is inactive while other links of this "
-                        "node are up; NCCL traffic over it falls back or stalls.",
-                    )
-                )
-            if link.errors.link_errors > 0:
-                counts = ", ".join(
-                    f"{k}={v}" for k, v in link.errors.items() if k in FINDING_NVLINK_ERRORS and v
-                )
-                out.append(
-                    Finding(
-                        "nvlink_errors",
-                        f"{name}/link{link.link}",
-                        f"{where}: NVLink {link.link} error counters are not zero ({counts}).",
-                    )
-                )
-        pcie = gpu.pcie
-        if (
-            pcie.current_width is not None
-            and pcie.max_width is not None
-            and pcie.current_width < pcie.max_width
-        ):
-            out.append(
-                Finding(
-                    "pcie_link_degraded",
-                    name,
-                    f"{where}: PCIe link runs x{pcie.current_width} of x{pcie.max_width}.",
-                )
-            )
-        if gpu.remapped_rows is not None and gpu.remapped_rows.failure:
-            out.append(
-                Finding(
-                    "row_remap_failure",
-                    name,
-                    f"{where}: a memory row remap failed; the GPU needs service.",
-                )
-            )
-    for xid in snap.xid_errors:
-        if xid.count > 0:
-            out.append(
-                Finding(
-                    "xid",
-                    f"gpu{xid.gpu}/xid{xid.xid}",
-                    f"GPU {xid.gpu} reported XID {xid.xid} {xid.count} time(s) since the "
-                    "agent started.",
-                )
-            )
-    return sorted(out)
+def child_sampler(
+    *, watch_xid: bool = True, link_error_rotation: int = 18, slow_error_rotation: int = 72
+) -> NvmlSampler:
+    """The live NVML sampler as the agent's child process builds it (:mod:`agent.isolation`:
+    ``ChildSpec("agent.nvml:child_sampler", {...})``)."""
+    return NvmlSampler(
+        watch_xid=watch_xid,
+        link_error_rotation=link_error_rotation,
+        slow_error_rotation=slow_error_rotation,
+    )

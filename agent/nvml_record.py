@@ -15,7 +15,7 @@ A recording is one JSON object::
       "events": [{"gpu": 0, "xid": 79}]
     }
 
-A key is the NVML function an :class:`~agent.nvml.NvmlApi` method stands for and the method's
+A key is the NVML function an :class:`~agent.nvml_api.NvmlApi` method stands for and the method's
 arguments, comma-joined (a GPU is its NVML index). A value is the method's return value in
 JSON (tuples as lists); an error is NVML's return-code name and number. A batched
 ``nvmlDeviceGetFieldValues`` call is recorded entry by entry, each under the key of a
@@ -40,14 +40,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeAlias, TypeVar
 
-from agent.nvml import (
-    NvmlAnswerError,
-    NvmlApi,
-    NvmlCallError,
-    NvmlSampler,
-    NvmlSnapshot,
-    XidEvent,
-)
+from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml_api import NvmlAnswerError, NvmlApi, NvmlCallError, XidEvent
 
 FORMAT = "fabricscope-nvml-recording/1"
 
@@ -96,7 +90,7 @@ def _list(value: JsonValue, key: str) -> list[JsonValue]:
 
 
 class ReplayNvml:
-    """:class:`~agent.nvml.NvmlApi` answering from a recording. ``strict``: a question the
+    """:class:`~agent.nvml_api.NvmlApi` answering from a recording. ``strict``: a question the
     recording lacks raises :class:`NotRecordedError` (else it is answered ``NOT_SUPPORTED``)."""
 
     def __init__(self, recording: Mapping[str, JsonValue], *, strict: bool = True) -> None:
@@ -269,7 +263,7 @@ class ReplayNvml:
 
 
 class RecordingNvml:
-    """:class:`~agent.nvml.NvmlApi` passing every call to ``inner`` and recording its answer,
+    """:class:`~agent.nvml_api.NvmlApi` passing every call to ``inner`` and recording its answer,
     errors included (XID wait timeouts excepted: they are the normal "nothing happened"), and
     counting the calls. Thread-safe: the XID thread records events while a pass records
     calls. A key keeps its latest answer: a recording spanning several passes replays each
@@ -498,12 +492,16 @@ def record(
     every later pass too. Raises :class:`~agent.errors.NoData` when there is no driver or
     GPU."""
     rec = RecordingNvml(api)
-    wait_ms = min(1000, int(xid_seconds * 1000)) if xid_seconds > 0 else 200
-    sampler = NvmlSampler(lambda: rec, xid_wait_ms=wait_ms)
+    sampler = NvmlSampler(lambda: rec)
     try:
         snap = sampler.sample()
-        if xid_seconds > 0:
-            time.sleep(xid_seconds)
+        deadline = time.monotonic() + xid_seconds
+        watched = any(r.watched for r in snap.xid_registrations)
+        while (left := deadline - time.monotonic()) > 0:
+            if not watched:  # nothing to wait on: just keep the promised time
+                time.sleep(left)
+                break
+            sampler.poll_xid(max(1, min(1000, int(left * 1000))))
     finally:
         sampler.close()
     facts: dict[str, JsonValue] = {
@@ -529,3 +527,21 @@ def load(path: str | Path) -> dict[str, JsonValue]:
 def dumps(recording: Mapping[str, JsonValue]) -> str:
     """Stable text for a recording (sorted keys, one call per line)."""
     return json.dumps(recording, indent=1, sort_keys=True) + "\n"
+
+
+def replay_sampler(
+    *,
+    recording: str,
+    watch_xid: bool = True,
+    link_error_rotation: int = 18,
+    slow_error_rotation: int = 72,
+) -> NvmlSampler:
+    """An NVML sampler replaying the recording file ``recording``: what an isolated child
+    runs in benchmarks and tests without a GPU (``agent.nvml_record:replay_sampler``)."""
+    data = load(recording)
+    return NvmlSampler(
+        lambda: ReplayNvml(data),
+        watch_xid=watch_xid,
+        link_error_rotation=link_error_rotation,
+        slow_error_rotation=slow_error_rotation,
+    )

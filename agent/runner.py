@@ -6,6 +6,13 @@ worker thread and is abandoned (not killed: Python cannot) when it exceeds the t
 until that hung call returns, no new call of the same sampler starts, so a hung read costs
 at most one thread, never a pile of them. Scrapes read :meth:`Runner.statuses` and never
 touch the hardware.
+
+A sampler that runs its work in a child process (:mod:`agent.isolation`) kills that child
+itself at its deadline and fails the pass with :class:`~agent.errors.SamplerFailure`
+(``crashed``, ``hung``, ``backoff``), each counted under its own reason. Such a sampler has
+``call_deadline_seconds()``: the runner waits that long plus :data:`SELF_TIMED_MARGIN`
+instead of its timeout, so the sampler's own verdict is the one counted. Its optional
+``restarts_total`` (children started to replace a failed one) is copied into the status.
 """
 
 from __future__ import annotations
@@ -16,13 +23,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from agent.errors import NoData
+from agent.errors import NoData, SamplerFailure
 from agent.sampler import Sampler, Snapshot
 
 log = logging.getLogger(__name__)
 
-#: reasons counted in ``SamplerStatus.errors_total``
-ERROR_REASONS = ("exception", "timeout", "still_running")
+#: reasons counted in ``SamplerStatus.errors_total``: the last three are a sampler's child
+#: process dying in a pass, killed for not answering in time, and not restarted yet
+CHILD_REASONS = ("crashed", "hung", "backoff")
+ERROR_REASONS = ("exception", "timeout", "still_running", *CHILD_REASONS)
+#: seconds the runner waits beyond a self-timed sampler's own deadline
+SELF_TIMED_MARGIN = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +64,8 @@ class SamplerStatus:
     errors_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in ERROR_REASONS)
     read_errors_total: tuple[tuple[str, int], ...] = ()
     generation: int = 0
+    #: children started to replace a crashed or hung one (None: not run in a child)
+    child_restarts_total: int | None = None
 
     def error_count(self, reason: str) -> int:
         return dict(self.errors_total).get(reason, 0)
@@ -174,6 +187,10 @@ class Runner:
             return slot.status
 
         box: dict[str, object] = {}
+        limit = spec.timeout_seconds
+        deadline_of = getattr(spec.sampler, "call_deadline_seconds", None)
+        if callable(deadline_of):
+            limit = float(deadline_of()) + SELF_TIMED_MARGIN
 
         def call() -> None:
             t0 = time.perf_counter()
@@ -181,6 +198,8 @@ class Runner:
                 box["snapshot"] = spec.sampler.sample()
             except NoData as exc:
                 box["nodata"] = exc
+            except SamplerFailure as exc:
+                box["failure"] = exc
             except Exception as exc:  # the runner is the one place that isolates failures
                 box["error"] = exc
             box["duration"] = time.perf_counter() - t0
@@ -188,14 +207,19 @@ class Runner:
         worker = threading.Thread(target=call, name=f"sample-{name}", daemon=True)
         slot.inflight = worker
         worker.start()
-        worker.join(spec.timeout_seconds)
+        worker.join(limit)
         if worker.is_alive():
-            self._finish(slot, "timeout", None, float(spec.timeout_seconds), None)
+            self._finish(slot, "timeout", None, float(limit), None)
             return slot.status
         slot.inflight = None
         duration = box.get("duration")
         assert isinstance(duration, float)
-        if "error" in box:
+        if "failure" in box:
+            failure = box["failure"]
+            assert isinstance(failure, SamplerFailure)
+            reason = failure.reason if failure.reason in ERROR_REASONS else "exception"
+            self._finish(slot, reason, None, duration, failure)
+        elif "error" in box:
             exc = box["error"]
             assert isinstance(exc, Exception)
             self._finish(slot, "exception", None, duration, exc)
@@ -217,7 +241,13 @@ class Runner:
         name = slot.spec.sampler.name
         with self._lock:
             st = slot.status
-            st = replace(st, attempts_total=st.attempts_total + 1, generation=st.generation + 1)
+            restarts = getattr(slot.spec.sampler, "restarts_total", None)
+            st = replace(
+                st,
+                attempts_total=st.attempts_total + 1,
+                generation=st.generation + 1,
+                child_restarts_total=restarts if isinstance(restarts, int) else None,
+            )
             if outcome == "ok":
                 assert snapshot is not None
                 counts = st.read_errors_total
@@ -268,7 +298,8 @@ class Runner:
         exc: BaseException | None,
     ) -> None:
         """Log state changes only: a sampler starting to fail or recovering, a file starting
-        or ceasing to fail. Never one line per pass."""
+        or ceasing to fail, and every child process lost (crashed or hung: at most one per
+        restart backoff). Never one line per pass."""
         name = slot.spec.sampler.name
         if outcome != previous:
             if outcome == "ok" and previous:
@@ -281,6 +312,10 @@ class Runner:
                 log.error("sampler %s: previous call still hung; skipping this pass", name)
             elif outcome == "exception":
                 log.error("sampler %s failed: %r", name, exc, exc_info=exc)
+            elif outcome == "backoff":
+                log.debug("sampler %s: %s", name, exc)
+        if outcome in ("crashed", "hung"):  # every time: each is a child lost
+            log.error("sampler %s %s: %s", name, outcome, exc)
         if snapshot is None:
             return
         now_failing = {i.path: i for i in snapshot.issues}

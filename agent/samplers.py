@@ -8,8 +8,10 @@ from typing import TypeVar
 from agent.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
 from agent.config import AgentConfig
 from agent.infiniband import InfinibandSampler, InfinibandSnapshot
+from agent.isolation import ChildSpec, IsolatedSampler
 from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
-from agent.nvml import NvmlApi, NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml_api import NvmlApi
 from agent.pci import PciSampler, PciSnapshot
 from agent.probe.service import build_probe_sampler
 from agent.runner import SamplerSpec
@@ -55,8 +57,10 @@ def build_samplers(
 ) -> list[Sampler]:
     """The enabled samplers, sorted by name, all reading sysfs through ``sysfs``.
 
-    ``nvml_api`` builds the NVML adapter (default: the live library; a replayed recording
-    for ``--snapshot``); ``watch_xid`` starts NVML's XID event thread (off for ``--once``).
+    ``nvml_api`` builds the NVML adapter (default: the live library, run in a child process
+    unless ``config.nvml.isolate`` is off; a replayed recording for ``--snapshot``, a
+    recording one for ``fabricscope snapshot``: both in this process); ``watch_xid``
+    registers for XID events (off for ``--once``).
     ``run_probes``: build the probe sampler when ``--probe`` is on; it starts the probe
     service, which binds the rendezvous port (off for ``--once``: probes run on their own
     schedule, never in one pass). ``latest`` feeds the joining samplers (attribution,
@@ -100,14 +104,19 @@ def build_samplers(
             )
         )
     if "nvml" in enabled:
-        out.append(
-            NvmlSampler(
-                nvml_api,
-                watch_xid=watch_xid,
-                link_error_rotation=config.nvml.link_error_rotation,
-                slow_error_rotation=config.nvml.slow_error_rotation,
+        nv = config.nvml
+        settings = {
+            "watch_xid": watch_xid,
+            "link_error_rotation": nv.link_error_rotation,
+            "slow_error_rotation": nv.slow_error_rotation,
+        }
+        if nv.isolate and nvml_api is None:  # the live library: in a child process
+            spec = ChildSpec("agent.nvml:child_sampler", settings)
+            out.append(
+                IsolatedSampler("nvml", spec, timeout_seconds=config.sampling.timeout_seconds)
             )
-        )
+        else:  # a replay (pure Python), a recording, or --no-nvml.isolate
+            out.append(NvmlSampler(nvml_api, **settings))  # type: ignore[arg-type]
     if "pci" in enabled:
         out.append(PciSampler(sysfs))
     if config.probe.enabled and run_probes:

@@ -39,7 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.nvml import LiveNvml, NvmlApi, NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml_api import LiveNvml, NvmlApi
 from agent.nvml_record import RecordingNvml, ReplayNvml, load
 
 #: CPU seconds per call, ``bench/nvml_fieldvalues.py`` on the lent 2x H200 node (driver

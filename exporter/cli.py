@@ -38,7 +38,8 @@ from agent.config import (
 from agent.errors import ConfigError, NoData
 from agent.gpu_topology import nvlinks_by_address
 from agent.logsetup import LEVELS, setup_logging
-from agent.nvml import LiveNvml, NvmlApi, NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml_api import LiveNvml, NvmlApi
 from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml, dumps, load
 from agent.pci import PciSampler, PciSnapshot
 from agent.runner import Runner, SamplerSpec
@@ -142,6 +143,14 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
         metavar="PASSES",
         help="read each NVLink's crc_data/ecc_data counters every PASSES passes "
         "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--nvml.isolate",
+        dest="nvml_isolate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run NVML in a supervised child process: a crash or hang in the driver library "
+        "costs a pass, counted, never /metrics (default: on; off only to debug)",
     )
     for name in SAMPLER_NAMES:
         g.add_argument(
@@ -271,7 +280,9 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
         sampling=sampling,
         netdev=NetdevSettings(ns.netdev_include, ns.netdev_ethtool_include, ns.netdev_ethtool),
         probe=probe_cli.settings_from_args(ns),
-        nvml=NvmlSettings(ns.nvml_link_error_rotation, ns.nvml_slow_error_rotation),
+        nvml=NvmlSettings(
+            ns.nvml_link_error_rotation, ns.nvml_slow_error_rotation, isolate=ns.nvml_isolate
+        ),
         kubernetes=KubernetesSettings(
             pod_resources_socket=getattr(ns, "pod_resources_socket", None) or None,
             node_name=getattr(ns, "node_name", None) or None,

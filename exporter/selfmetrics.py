@@ -6,7 +6,7 @@ import platform
 from collections.abc import Mapping
 
 from agent import __version__
-from agent.runner import ERROR_REASONS, SamplerStatus
+from agent.runner import CHILD_REASONS, ERROR_REASONS, SamplerStatus
 from exporter.spec import Families, MetricSpec
 
 BUILD_INFO = MetricSpec(
@@ -51,7 +51,9 @@ SAMPLER_ERRORS = MetricSpec(
     "fabricscope_sampler_errors_total",
     "counter",
     "Failed sampling attempts, by reason: exception, timeout, still_running (the previous "
-    "call was still hung, so this pass was skipped).",
+    "call was still hung, so this pass was skipped); for a sampler run in a child process "
+    "(nvml): crashed (the child died, e.g. a segfault in the driver library), hung (killed "
+    "at the timeout), backoff (not restarted yet).",
     ("sampler", "reason"),
 )
 SAMPLER_READ_ERRORS = MetricSpec(
@@ -76,8 +78,17 @@ SAMPLER_RENDER_ERRORS = MetricSpec(
     ("sampler",),
 )
 
+SAMPLER_CHILD_RESTARTS = MetricSpec(
+    "fabricscope_sampler_child_restarts_total",
+    "counter",
+    "Child processes started to replace one that crashed or hung, for samplers run in a "
+    "supervised child process (nvml).",
+    ("sampler",),
+)
+
 SPECS = (
     SAMPLER_RENDER_ERRORS,
+    SAMPLER_CHILD_RESTARTS,
     BUILD_INFO,
     SAMPLER_SUCCESS,
     SAMPLER_HARDWARE_PRESENT,
@@ -99,8 +110,12 @@ def render(
     for name, st in statuses.items():
         out.add(SAMPLER_ATTEMPTS, st.attempts_total, name)
         out.add(SAMPLER_RENDER_ERRORS, render_errors.get(name, 0), name)
+        in_child = st.child_restarts_total is not None
         for reason in ERROR_REASONS:
-            out.add(SAMPLER_ERRORS, st.error_count(reason), name, reason)
+            if in_child or reason not in CHILD_REASONS:  # the child's reasons, where one runs
+                out.add(SAMPLER_ERRORS, st.error_count(reason), name, reason)
+        if st.child_restarts_total is not None:
+            out.add(SAMPLER_CHILD_RESTARTS, st.child_restarts_total, name)
         for reason, count in st.read_errors_total:
             out.add(SAMPLER_READ_ERRORS, count, name, reason)
         if st.attempts_total == 0:

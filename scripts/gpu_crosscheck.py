@@ -559,14 +559,22 @@ def run_smi(smi: str, *args: str, timeout: float = 60.0) -> tuple[int, str]:
     return proc.returncode, proc.stdout if proc.returncode == 0 else proc.stdout + proc.stderr
 
 
-def _in_process() -> tuple[str, dict[tuple[int, int], int]]:
+def _in_process(recording: str | None = None) -> tuple[str, dict[tuple[int, int], int]]:
+    """One pass of the sampler over the live library, or over ``recording`` (a recording
+    made on this node in this run: live against live, through the replay path)."""
     from agent.gpu_topology import nvlink_matrix
-    from agent.nvml import NvmlSampler, findings
+    from agent.nvml import NvmlSampler
+    from agent.nvml_findings import findings
+    from agent.nvml_record import ReplayNvml, load
     from exporter import nvml
     from exporter.exposition import render_text
     from exporter.spec import Families
 
-    sampler = NvmlSampler(watch_xid=False)
+    if recording is None:
+        sampler = NvmlSampler(watch_xid=False)
+    else:
+        data = load(recording)
+        sampler = NvmlSampler(lambda: ReplayNvml(data), watch_xid=False)
     try:
         snap = sampler.sample()
     finally:
@@ -583,6 +591,12 @@ def _in_process() -> tuple[str, dict[tuple[int, int], int]]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--metrics-url", help="check a running agent's /metrics instead")
+    p.add_argument(
+        "--recording",
+        metavar="FILE",
+        help="replay this NVML recording (scripts/nvml_record.py, made on this node just "
+        "before) instead of calling NVML",
+    )
     p.add_argument("--nvidia-smi", default="nvidia-smi", help="nvidia-smi binary")
     p.add_argument("--strict", action="store_true", help="MISSING fails too")
     p.add_argument("--show-metrics", action="store_true", help="print the metrics text too")
@@ -593,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with urllib.request.urlopen(ns.metrics_url, timeout=30) as resp:
             text = resp.read().decode()
     else:
-        text, matrix = _in_process()
+        text, matrix = _in_process(ns.recording)
     if ns.show_metrics:
         print(text)
     checks: list[Check] = []

@@ -1,56 +1,89 @@
 #!/usr/bin/env bash
-# Issue #3 verification on a GPU node, in one run: records NVML, runs the GPU tests and the
-# replay tests on the fresh recording, cross-checks the live agent's /metrics against
-# nvidia-smi, measures an NVML pass, and takes a fabricscope snapshot.
+# Verification on any GPU node (any GPU count), in one run: records NVML, replays that fresh
+# recording and cross-checks it against this node's nvidia-smi (live against live), runs the
+# NVML tests (they replay the committed fixtures and, where NVML is present, the live
+# library), cross-checks the sampler in-process and a live agent's /metrics (NVML in its
+# child process) against nvidia-smi, measures an NVML pass and what isolation costs, runs a
+# 60 s soak, and takes a fabricscope snapshot. Never writes into the repository: everything
+# goes to OUTDIR.
 #   bash scripts/gpu_verify.sh OUTDIR
 # Needs python3 with the agent's dependencies (PYTHONPATH may point at carried wheels).
 set -uo pipefail
 OUT=${1:?usage: gpu_verify.sh OUTDIR}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 step() { echo; echo "=== $*"; }
 rc=0
+tree_sum() { find agent exporter tests scripts bench -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 md5sum | md5sum; }
+before=$(tree_sum)
 
 step "nvidia-smi facts"
 { nvidia-smi; nvidia-smi topo -m; nvidia-smi nvlink --status; nvidia-smi nvlink -e;
   nvidia-smi -q; } >"$OUT/nvidia-smi.txt" 2>&1
 head -20 "$OUT/nvidia-smi.txt"
 
-step "record NVML"
-python3 scripts/nvml_record.py -o "$OUT/h200x2.recording.json" || rc=1
-cp "$OUT/h200x2.recording.json" tests/fixtures/nvml/h200x2.recording.json
+step "record NVML (into $OUT, never over tests/fixtures)"
+python3 scripts/nvml_record.py -o "$OUT/live.recording.json" || rc=1
 
-step "GPU tests and replay tests on the fresh recording"
+step "cross-check: this run's recording, replayed, against this node's nvidia-smi"
+python3 scripts/gpu_crosscheck.py --recording "$OUT/live.recording.json" || rc=1
+
+step "NVML tests (committed fixtures, and the live library where the test asks for it)"
 python3 -m pytest -q -p no:cacheprovider tests/test_nvml.py tests/test_nvml_record.py \
   tests/test_nvml_fixtures.py tests/test_nvml_crosscheck.py -rs || rc=1
 
 step "cross-check, in-process"
 python3 scripts/gpu_crosscheck.py || rc=1
 
-step "agent: live /metrics, cross-check, GPU memory, RSS"
-python3 -m exporter.cli agent --web.listen-address=127.0.0.1:10118 --log.level=info &
+step "agent: live /metrics (NVML in a child process), cross-check, GPU memory, RSS"
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+python3 -m exporter.cli agent --web.listen-address=127.0.0.1:$PORT --log.level=info \
+  2>"$OUT/agent.log" &
 AGENT=$!
 get() { python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"; }
-for _ in $(seq 100); do get http://127.0.0.1:10118/healthz >/dev/null 2>&1 && break; sleep 0.1; done
-get http://127.0.0.1:10118/metrics >"$OUT/metrics.txt"
+for _ in $(seq 100); do get http://127.0.0.1:$PORT/healthz >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 100); do get http://127.0.0.1:$PORT/metrics | grep -q '^fabricscope_gpu_info' && break; sleep 0.1; done
+get http://127.0.0.1:$PORT/metrics >"$OUT/metrics.txt"
 grep -c '^fabricscope_' "$OUT/metrics.txt"
-python3 scripts/gpu_crosscheck.py --metrics-url http://127.0.0.1:10118/metrics || rc=1
-echo "agent pid $AGENT; compute apps:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv
-if nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qw "$AGENT"; then
-  echo "FAIL: the agent holds a GPU context"; rc=1; else echo "PASS: agent holds no GPU context"; fi
-grep VmRSS /proc/$AGENT/status
-kill $AGENT; wait $AGENT
+grep '^fabricscope_sampler_.*sampler="nvml"' "$OUT/metrics.txt"
+python3 scripts/gpu_crosscheck.py --metrics-url http://127.0.0.1:$PORT/metrics || rc=1
+CHILD=$(python3 -c 'import pathlib,sys
+for s in pathlib.Path("/proc").glob("[0-9]*/stat"):
+    try: f = s.read_text().rsplit(")", 1)[1].split()
+    except OSError: continue
+    if f[1] == sys.argv[1]: print(s.parent.name); break' "$AGENT")
+echo "agent pid $AGENT, NVML child pid ${CHILD:-none}; compute apps:"
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+if nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qwE "$AGENT${CHILD:+|$CHILD}"; then
+  echo "FAIL: the agent or its child holds a GPU context"; rc=1; else echo "PASS: no GPU context"; fi
+echo "agent $(grep VmRSS /proc/$AGENT/status)"; [ -n "$CHILD" ] && echo "child $(grep VmRSS /proc/$CHILD/status)"
+[ -n "$CHILD" ] || { echo "FAIL: no NVML child process"; rc=1; }
+kill $AGENT; wait $AGENT || { echo "FAIL: agent exit status $?"; rc=1; }
 
 step "NVML pass cost"
 python3 bench/bench_nvml.py --json "$OUT/bench_nvml.json" || rc=1
 
+step "isolation cost (in-process against child process, live NVML)"
+python3 bench/bench_isolation.py --live --json "$OUT/bench_isolation.json" || rc=1
+python3 bench/bench_isolation.py --live --link-error-rotation 1 --slow-error-rotation 1 \
+  --json "$OUT/bench_isolation_rot1.json" || rc=1
+
+step "soak, 60 s (bench/gpu_soak.py; the long one runs detached, see the README)"
+python3 bench/gpu_soak.py --duration 60 --out "$OUT/soak60" || rc=1
+
 step "topo and snapshot"
 python3 -m exporter.cli topo | tee "$OUT/topo.txt"
-python3 -m exporter.cli snapshot -o "$OUT/h200x2-snapshot.tar.gz" || rc=1
-python3 -m exporter.cli agent --once --snapshot "$OUT/h200x2-snapshot.tar.gz" >"$OUT/replay.txt"
+python3 -m exporter.cli snapshot -o "$OUT/snapshot.tar.gz" || rc=1
+python3 -m exporter.cli agent --once --snapshot "$OUT/snapshot.tar.gz" >"$OUT/replay.txt"
 echo "replayed series: $(grep -c '^fabricscope_' "$OUT/replay.txt")"
+
+step "the repository is unchanged"
+if [ "$(tree_sum)" != "$before" ]; then
+  echo "FAIL: the run changed files under agent/ exporter/ tests/ scripts/ bench/"; rc=1
+else echo "PASS"; fi
 
 step "done, rc=$rc"
 exit $rc

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.errors import NoData
-from agent.nvml import LiveNvml, NvmlApi
+from agent.nvml_api import LiveNvml, NvmlApi
 from agent.nvml_record import JsonValue, dumps, record
 
 

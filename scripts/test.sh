@@ -16,6 +16,7 @@ command -v prometheus-alertmanager >/dev/null || pkgs+=(prometheus-alertmanager)
 command -v prometheus-node-exporter >/dev/null || pkgs+=(prometheus-node-exporter)
 command -v ip >/dev/null || pkgs+=(iproute2)
 command -v openssl >/dev/null || pkgs+=(openssl)
+command -v gcc >/dev/null || pkgs+=(gcc)  # builds the stand-in NVML library (tests)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
 if [ ${#pkgs[@]} -gt 0 ]; then
   echo "== installing system packages: ${pkgs[*]}"

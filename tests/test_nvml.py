@@ -17,22 +17,24 @@ from agent.errors import NoData
 from agent.findings import Finding
 from agent.gpu_topology import nvlink_matrix
 from agent.nvml import (
-    NVML_ERROR_NAMES,
-    LiveNvml,
     NvLink,
     NvLinkErrorCounts,
-    NvmlAnswerError,
-    NvmlApi,
-    NvmlCallError,
     NvmlGpu,
     NvmlSampler,
     NvmlSnapshot,
     XidCount,
-    XidEvent,
-    error_name,
-    findings,
     normalize_pci_bus_id,
 )
+from agent.nvml_api import (
+    NVML_ERROR_NAMES,
+    LiveNvml,
+    NvmlAnswerError,
+    NvmlApi,
+    NvmlCallError,
+    XidEvent,
+    error_name,
+)
+from agent.nvml_findings import findings
 from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml
 from agent.sysfs import ReadIssue
 from exporter import nvml as metrics
@@ -71,7 +73,7 @@ def either_path(request: pytest.FixtureRequest) -> Recording:
 
 @pytest.fixture
 def replay_sampler() -> Iterator[list[NvmlSampler]]:
-    """Collects the samplers a test builds and closes them (stops their XID threads)."""
+    """Collects the samplers a test builds and closes them (frees their XID event sets)."""
     made: list[NvmlSampler] = []
     yield made
     for s in made:
@@ -79,7 +81,7 @@ def replay_sampler() -> Iterator[list[NvmlSampler]]:
 
 
 def sample(rec: Recording, made: list[NvmlSampler]) -> NvmlSnapshot:
-    sampler = NvmlSampler(lambda: ReplayNvml(rec), xid_wait_ms=50)
+    sampler = NvmlSampler(lambda: ReplayNvml(rec))
     made.append(sampler)
     return sampler.sample()
 
@@ -345,7 +347,6 @@ def test_later_passes_give_the_same_snapshot(
     carry their last value, so a node whose answers do not change looks the same."""
     sampler = NvmlSampler(
         lambda: ReplayNvml(either_path),
-        xid_wait_ms=50,
         static_refresh_passes=4,
         link_error_rotation=3,
         slow_error_rotation=9,
@@ -454,11 +455,9 @@ def test_gpu_lost_isolates(either_path: Recording, replay_sampler: list[NvmlSamp
 
 
 def test_xid_event(recorded_nvml: Recording, replay_sampler: list[NvmlSampler]) -> None:
-    sampler = NvmlSampler(lambda: ReplayNvml(with_xid(recorded_nvml, 0, 79)), xid_wait_ms=50)
+    sampler = NvmlSampler(lambda: ReplayNvml(with_xid(recorded_nvml, 0, 79)))
     replay_sampler.append(sampler)
-    sampler.sample()
-    assert sampler.wait_for_xid_events(1, timeout=5)
-    snap = sampler.sample()
+    snap = sampler.sample()  # the pass collects the event queued before it ended
     assert kinds(findings(snap)) == [("xid", "gpu0/xid79")]
     assert rendered(snap)[("fabricscope_gpu_xid_errors_total", ("0", "79"))] == 1
 
@@ -481,26 +480,62 @@ def test_xid_counters_only_grow_across_passes(
     recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
 ) -> None:
     api = ReplayNvml(recorded_nvml)
-    sampler = NvmlSampler(lambda: api, xid_wait_ms=50)
+    sampler = NvmlSampler(lambda: api)
     replay_sampler.append(sampler)
     assert sampler.sample().xid_errors == ()
     api.feed_xid(0, 79)
-    assert sampler.wait_for_xid_events(1, timeout=5)
     assert sampler.sample().xid_errors == (XidCount(0, 79, 1),)
     api.feed_xid(0, 48)
     api.feed_xid(0, 79)
-    assert sampler.wait_for_xid_events(3, timeout=5)
     third = sampler.sample()
     assert third.xid_errors == (XidCount(0, 48, 1), XidCount(0, 79, 2))
     assert sampler.sample().xid_errors == third.xid_errors  # a pass without events: unchanged
 
 
-def test_close_stops_the_xid_thread(recorded_nvml: Recording) -> None:
-    sampler = NvmlSampler(lambda: ReplayNvml(recorded_nvml), xid_wait_ms=50)
+class _OneThread:
+    """Wraps an API and records which threads call it, and whether two calls overlap."""
+
+    def __init__(self, inner: ReplayNvml) -> None:
+        self.inner = inner
+        self.threads: set[int] = set()
+        self.calls: list[str] = []
+        self._inside = threading.Lock()
+        self.overlapped = False
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: object) -> object:
+            if not self._inside.acquire(blocking=False):
+                self.overlapped = True
+                self._inside.acquire()
+            try:
+                self.threads.add(threading.get_ident())
+                self.calls.append(name)
+                return attr(*args)
+            finally:
+                self._inside.release()
+
+        return call
+
+
+def test_every_nvml_call_is_made_on_the_passing_thread(recorded_nvml: Recording) -> None:
+    """No XID thread: the event set is opened, polled and freed by the thread running the
+    passes (issue 13: NVML entered from two threads corrupted a real node's heap)."""
+    api = _OneThread(ReplayNvml(recorded_nvml))
+    before = {t.ident for t in threading.enumerate()}
+    sampler = NvmlSampler(lambda: api)  # type: ignore[arg-type,return-value]
     sampler.sample()
-    assert any(t.name == "nvml-xid" for t in threading.enumerate())
+    api.inner.feed_xid(1, 31)
+    assert sampler.sample().xid_errors == (XidCount(1, 31, 1),)
+    assert {t.ident for t in threading.enumerate()} == before  # no thread started
     sampler.close()
-    assert not any(t.name == "nvml-xid" for t in threading.enumerate())
+    assert api.threads == {threading.get_ident()}
+    assert not api.overlapped
+    assert api.calls.count("xid_wait") == 3  # pass 1: TIMEOUT; pass 2: the event, TIMEOUT
+    assert api.calls[-2:] == ["xid_close", "shutdown"]
 
 
 def test_xid_registration_refused_is_noted_not_fatal(

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.nvml import ERROR_CODES, NVLINK_ERROR_COUNTERS, NvmlSampler
+from agent.nvml import NvmlSampler
+from agent.nvml_api import ERROR_CODES, NVLINK_ERROR_COUNTERS
 from agent.nvml_record import FORMAT, JsonValue, ReplayNvml, call_key, load
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -222,7 +223,7 @@ def test_the_base_recording_replays_completely_and_is_json(
 ) -> None:
     rec = variant()
     assert json.loads(json.dumps(rec)) == rec
-    sampler = NvmlSampler(lambda: ReplayNvml(rec), xid_wait_ms=50, static_refresh_passes=5)
+    sampler = NvmlSampler(lambda: ReplayNvml(rec), static_refresh_passes=5)
     try:  # strict replay: a question it cannot answer raises; a full rotation and refreshes
         snaps = [sampler.sample() for _ in range(2 * sampler.slow_error_rotation + 1)]
     finally:

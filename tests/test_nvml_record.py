@@ -12,7 +12,8 @@ from types import ModuleType
 
 import pytest
 
-from agent.nvml import LiveNvml, NvmlCallError, NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml_api import LiveNvml, NvmlCallError
 from agent.nvml_record import FORMAT, RecordingNvml, ReplayNvml, dumps, load, record
 from tests.test_nvml_fixtures import (
     Recording,
@@ -39,7 +40,7 @@ REFRESH = 7
 
 def replayed_passes(rec: Recording, passes: int = PASSES) -> list[NvmlSnapshot]:
     """Snapshots of ``passes`` passes of one sampler over a strict replay of ``rec``."""
-    sampler = NvmlSampler(lambda: ReplayNvml(rec), xid_wait_ms=50, static_refresh_passes=REFRESH)
+    sampler = NvmlSampler(lambda: ReplayNvml(rec), static_refresh_passes=REFRESH)
     try:
         return [sampler.sample() for _ in range(passes)]
     finally:
@@ -98,7 +99,7 @@ def test_a_recording_of_many_passes_replays_them(recorded_nvml: Recording) -> No
     every answer those passes got; replaying it gives the same passes."""
     base = with_field_values(recorded_nvml)
     rec = RecordingNvml(ReplayNvml(base))
-    sampler = NvmlSampler(lambda: rec, xid_wait_ms=50, static_refresh_passes=REFRESH)
+    sampler = NvmlSampler(lambda: rec, static_refresh_passes=REFRESH)
     live = [sampler.sample() for _ in range(PASSES)]
     sampler.close()
     assert replayed_passes(rec.recording()) == live

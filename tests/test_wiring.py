@@ -13,6 +13,7 @@ from agentrun import fabricscope
 
 from agent.attribution import AttributionSnapshot, ContainerCpus, GpuAttribution, allocated_gpus
 from agent.config import AgentConfig, ProbeSettings, Sampling
+from agent.isolation import ChildSpec, IsolatedSampler
 from agent.nvml import ComputeProcess, NvmlSampler, NvmlSnapshot
 from agent.nvml_record import ReplayNvml, load
 from agent.probe.service import UnionBusy
@@ -146,9 +147,20 @@ def test_nvml_rotation_settings_reach_the_sampler(tmp_path: Path) -> None:
     from agent.config import NvmlSettings
     from agent.samplers import build_samplers
 
-    config = AgentConfig(sampling=Sampling(frozenset({"nvml"})), nvml=NvmlSettings(18, 72))
+    config = AgentConfig(
+        sampling=Sampling(frozenset({"nvml"}), 15.0, 4.0), nvml=NvmlSettings(6, 36, isolate=False)
+    )
     (sampler,) = build_samplers(config, SysfsReader(tmp_path), watch_xid=False)
     assert isinstance(sampler, NvmlSampler)
-    assert (sampler.link_error_rotation, sampler.slow_error_rotation) == (18, 72)
+    assert (sampler.link_error_rotation, sampler.slow_error_rotation) == (6, 36)
+    # isolated (the default): the same settings travel to the child, with the timeout
+    config = dataclasses.replace(config, nvml=NvmlSettings(6, 36))
+    (isolated,) = build_samplers(config, SysfsReader(tmp_path), watch_xid=False)
+    assert isinstance(isolated, IsolatedSampler)
+    assert isolated.timeout_seconds == 4.0
+    assert isolated.spec == ChildSpec(
+        "agent.nvml:child_sampler",
+        {"watch_xid": False, "link_error_rotation": 6, "slow_error_rotation": 36},
+    )
     with pytest.raises(ValueError, match="rotations must be >= 1"):
         NvmlSettings(0, 36)

@@ -65,7 +65,7 @@ from typing import Protocol
 
 from agent.config import DEFAULT_PROBE_PORT, ProbeSettings
 from agent.errors import ConfigError
-from agent.nvml import LiveNvml, NvmlApi, NvmlCallError
+from agent.nvml_api import LiveNvml, NvmlApi, NvmlCallError
 from agent.probe.launch import (
     WorkerRun,
     failure_records,

@@ -1,0 +1,117 @@
+/*
+ * A stand-in libnvidia-ml.so.1 for tests/test_nvml_isolation.py: one GPU that answers the
+ * few calls below, and misbehaves on command. pynvml loads it exactly as it loads the real
+ * library (CDLL("libnvidia-ml.so.1"), found through LD_LIBRARY_PATH) and resolves each
+ * function by name when first called: a function missing here answers
+ * NVML_ERROR_FUNCTION_NOT_FOUND, which the sampler treats as "not offered" (absent quietly).
+ *
+ * The misbehaviour: every nvmlDeviceGetCount_v2 (once per sampling pass) reads the file named
+ * by $FABRICSCOPE_STANDIN_TRIGGER; "segv" dereferences NULL (a real SIGSEGV), "abort" calls
+ * abort() (SIGABRT), "hang" blocks until the file says something else. The real NVML's
+ * crashes in issue 13 were a segfault and glibc's abort on a corrupted heap.
+ *
+ * Build: gcc -shared -fPIC -o libnvidia-ml.so.1 libnvidia-ml.c
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NVML_SUCCESS 0
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+
+typedef void *nvmlDevice_t;
+static int the_device; /* its address is the one device handle */
+
+static void trigger_word(char *word, size_t size) {
+    const char *path = getenv("FABRICSCOPE_STANDIN_TRIGGER");
+    word[0] = '\0';
+    if (path == NULL) return;
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return;
+    size_t n = fread(word, 1, size - 1, f);
+    fclose(f);
+    word[n] = '\0';
+    while (n > 0 && (word[n - 1] == '\n' || word[n - 1] == ' ')) word[--n] = '\0';
+}
+
+static void misbehave(void) {
+    char word[32];
+    trigger_word(word, sizeof word);
+    if (strcmp(word, "segv") == 0) {
+        volatile int *nowhere = NULL;
+        *nowhere = 1;
+    } else if (strcmp(word, "abort") == 0) {
+        abort();
+    }
+    while (strcmp(word, "hang") == 0) {
+        usleep(10000);
+        trigger_word(word, sizeof word);
+    }
+}
+
+static int copy_text(char *out, unsigned int length, const char *text) {
+    if (out == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(text) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(out, text);
+    return NVML_SUCCESS;
+}
+
+int nvmlInitWithFlags(unsigned int flags) { (void)flags; return NVML_SUCCESS; }
+int nvmlInit_v2(void) { return NVML_SUCCESS; }
+int nvmlShutdown(void) { return NVML_SUCCESS; }
+
+const char *nvmlErrorString(int result) {
+    switch (result) {
+    case 0: return "Success";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 7: return "Insufficient Size";
+    case 13: return "Function Not Found";
+    default: return "Unknown Error";
+    }
+}
+
+int nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    return copy_text(version, length, "999.0-standin");
+}
+
+int nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    return copy_text(version, length, "99.999-standin");
+}
+
+int nvmlDeviceGetCount_v2(unsigned int *count) {
+    misbehave();
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 1;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (index != 0 || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &the_device;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    (void)device;
+    return copy_text(uuid, length, "GPU-00000000-0000-0000-0000-57a9d1a00001");
+}
+
+int nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    (void)device;
+    return copy_text(name, length, "fabricscope stand-in GPU");
+}
+
+static int uint_answer(unsigned int *out, unsigned int value) {
+    if (out == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *out = value;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 5); }
+int nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 5); }
+int nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 16); }
+int nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 16); }
+int nvmlDeviceGetPcieReplayCounter(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 0); }
