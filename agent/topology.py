@@ -375,12 +375,18 @@ def findings(topo: Topology) -> list[Finding]:
         if slot in seen_links:
             continue
         seen_links.add(slot)
+        partner = snap.get(link.partner) if link.partner else None
+        both = partner is not None and (partner.link.max_width or 0) > 0
+        support = (
+            f"both ends support x{link.expected_width}"
+            if both
+            else f"the device supports x{link.expected_width} (its upstream port reports no width)"
+        )
         out.append(
             Finding(
                 "pci_link_width_degraded",
                 link.device,
-                f"PCIe link {link.partner} -> {link.device} trained at x{link.width}, "
-                f"both ends support x{link.expected_width}",
+                f"PCIe link {link.partner} -> {link.device} trained at x{link.width}, {support}",
             )
         )
     for addr in topo.acs_redirect:
