@@ -15,7 +15,8 @@ What it reads
       bridge (``devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:01.0/0000:19:00.0``:
       root port, switch upstream port, switch downstream port).
 
-    Per device: vendor, device id, class, ``numa_node`` (``-1`` kept: the platform reports
+    Per device: vendor, device id, class, whether it is an SR-IOV virtual function (a
+    ``physfn`` link), ``numa_node`` (``-1`` kept: the platform reports
     none), ``local_cpulist``, current/max link speed (``"32.0 GT/s PCIe"`` -> transfers per
     second) and width, and the bound driver (basename of the ``driver`` link). For bridges,
     the binary ``config`` space gives the PCIe port type (standard capability list) and the
@@ -148,6 +149,9 @@ class PciDevice:
     first, parent last (empty for a function directly on a root bus). ``port_type`` comes
     from config space when readable (bridges only), else ``None``. ``acs`` is ``None`` when
     unknown or not read (non-bridges). ``cpus`` is ``local_cpulist`` as sorted CPU numbers.
+    ``virtfn`` is True for an SR-IOV virtual function (it has a ``physfn`` link): a VF's
+    Link Status register is reserved (reads 0), so its link width and speed say nothing.
+    Inside a VM a passed-through VF has no ``physfn``; it reads width 0 / speed Unknown.
     """
 
     address: str
@@ -166,6 +170,7 @@ class PciDevice:
     acs: AcsState | None = None
     rdma_devices: tuple[str, ...] = ()
     netdevs: tuple[str, ...] = ()
+    virtfn: bool = False
 
     @property
     def parent(self) -> str | None:
@@ -467,7 +472,19 @@ class PciSampler:
             acs=acs,
             rdma_devices=self._listdir_optional(f"{path}/infiniband", p.issues),
             netdevs=self._listdir_optional(f"{path}/net", p.issues) if role == "nic" else (),
+            virtfn=self._is_virtfn(path, p.issues),
         )
+
+    def _is_virtfn(self, path: str, issues: Issues) -> bool:
+        rel = f"{path}/physfn"
+        try:
+            self.sys.readlink(rel)
+        except FileNotFoundError:
+            return False  # a physical function, or a VF seen from inside a VM
+        except OSError as exc:
+            issues.add(rel, classify_os_error(exc), exc.strerror or str(exc))
+            return False
+        return True
 
     def _read_driver(self, path: str, issues: Issues) -> str | None:
         rel = f"{path}/driver"

@@ -28,8 +28,38 @@ Links
     Both ends of a PCIe link report its width. Each link is judged once, at its downstream
     end (an endpoint, or a switch upstream port); root ports and switch downstream ports
     report the link below them, which their child judges. A link is *width-degraded* when
-    its current width is below what both ends support (``min`` of the two max widths).
-    Speed is not judged: GPUs and NICs drop their link speed when idle, by design.
+    its current width is below what both ends support (``min`` of the max widths the ends
+    report). Speed is not judged: GPUs and NICs drop their link speed when idle, by design.
+
+    A link is judged only on values actually reported. *Not reported* (``reported`` False,
+    ``degraded`` None, never a finding): an SR-IOV virtual function (its Link Status
+    register is reserved and reads 0), a current width of 0 or absent (with speed
+    ``Unknown``: a VF passed into a VM, which has no ``physfn`` there), or no end reporting
+    a maximum width above 0. Width is what is judged, so a reported width is judged whatever
+    the speed file says. An end that reports a maximum width of 0
+    (an emulated or virtual port without link reporting, as hypervisors' PCIe switches
+    present them) is left out of the expected width instead of making the link look wide
+    or narrow.
+
+ACS
+    Every bridge on a GPU's or NIC's path gets an :class:`AcsCheck`: ``redirect`` (P2P
+    Request or Completion Redirect set), ``no_redirect``, ``no_capability`` (no ACS
+    extended capability: nothing can redirect) or ``unreadable`` (config space beyond 64
+    bytes needs CAP_SYS_ADMIN, or the read failed). A redirect is a finding on switch ports
+    and other bridges, never on a root port. Why: ACS redirect decides between a peer route
+    and an upstream route only where the paths of two peers diverge (Linux's p2pdma
+    evaluates it there). Below a PCIe switch that is the switch's downstream ports: with
+    redirect on, GPU<->GPU and GPU<->NIC traffic that would turn around inside the switch
+    climbs to the root complex and back, which is what NCCL's troubleshooting guide warns
+    of ("If PCI switches have ACS enabled, it needs to be disabled"). Peers behind
+    *different* root ports diverge in the root complex itself: their traffic crosses it
+    (the PHB/NODE/SYS path) with or without the redirect bit, which then only selects
+    whether the root complex's IOMMU translates it, a property of the IOMMU mode
+    (``iommu=pt``), not of the PCIe path. Linux sets redirect on every ACS-capable root
+    port when an IOMMU is active; judging root ports would flag every such server while
+    naming no path that gets longer. The series ``fabricscope_pci_acs_p2p_redirect_enabled``
+    still reads 1 for a root port (the register's value); the shipped alert leaves root
+    ports out by joining ``fabricscope_pci_device_info{port_type="root_port"}``.
 """
 
 from __future__ import annotations
@@ -39,7 +69,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agent.findings import Finding
-from agent.pci import PciDevice, PciSnapshot, format_cpulist
+from agent.pci import PciDevice, PciSnapshot
 
 PathType = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
 PATH_TYPES: tuple[PathType, ...] = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -88,7 +118,9 @@ class GpuAffinity:
 class LinkCheck:
     """One PCIe link on a GPU/NIC path, judged at its downstream end ``device``.
 
-    ``expected_width`` is the narrower of the two ends' max widths (None if unknown).
+    ``expected_width`` is the narrower of the max widths the two ends report (None if
+    neither does). ``reported`` is False when the link state is not reported (see the
+    module docstring); ``not_reported`` then says why and ``degraded`` is None.
     """
 
     device: str
@@ -96,6 +128,36 @@ class LinkCheck:
     width: int | None
     expected_width: int | None
     degraded: bool | None
+    reported: bool = True
+    not_reported: str | None = None
+
+
+AcsStateName = Literal["redirect", "no_redirect", "no_capability", "unreadable"]
+
+#: how ``fabricscope topo`` words each ACS state
+ACS_STATE_TEXT: dict[str, str] = {
+    "redirect": "P2P redirect on",
+    "no_redirect": "ACS capability present, P2P redirect off",
+    "no_capability": "no ACS capability",
+    "unreadable": "config space not readable (privilege: needs CAP_SYS_ADMIN)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AcsCheck:
+    """ACS on one bridge of a GPU/NIC path. ``control`` is the ACS Control register (None
+    unless the capability was read). ``judged`` is False for root ports (see the module
+    docstring); ``finding`` is True when a redirect is judged."""
+
+    address: str
+    port_type: str | None
+    state: AcsStateName
+    control: int | None
+    judged: bool
+
+    @property
+    def finding(self) -> bool:
+        return self.judged and self.state == "redirect"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +172,7 @@ class Topology:
     links: tuple[LinkCheck, ...]
     acs_redirect: tuple[str, ...]
     snapshot: PciSnapshot
+    acs: tuple[AcsCheck, ...] = ()
 
     def path(self, a: str, b: str) -> PathType | None:
         for p in (*self.gpu_nic, *self.gpu_gpu):
@@ -165,6 +228,17 @@ def path_type(a: PciDevice, b: PciDevice, snap: PciSnapshot) -> PathType:
 # -- analysis ----------------------------------------------------------------------------
 
 
+def _not_reported(dev: PciDevice) -> str | None:
+    """Why ``dev``'s side of its upstream link reports nothing, or None when it does."""
+    if dev.virtfn:
+        return "SR-IOV virtual function: its Link Status register is reserved"
+    if dev.link.width is None or dev.link.width == 0:
+        if dev.link.speed_transfers_per_second is None:
+            return "width 0 and speed Unknown: the link state is not reported"
+        return "current width not reported (0 or absent)"
+    return None
+
+
 def _link_checks(snap: PciSnapshot, on_paths: Iterable[str]) -> tuple[LinkCheck, ...]:
     out = []
     for addr in sorted(set(on_paths)):
@@ -188,8 +262,32 @@ def _link_checks(snap: PciSnapshot, on_paths: Iterable[str]) -> tuple[LinkCheck,
         known = [w for w in widths if w is not None and w > 0]
         expected = min(known) if known else None
         width = dev.link.width
-        degraded = None if width is None or expected is None else width < expected
-        out.append(LinkCheck(addr, dev.upstream[-1], width, expected, degraded))
+        why = _not_reported(dev)
+        if why is None and expected is None:
+            why = "no end reports a maximum width"
+        if why is not None:
+            out.append(LinkCheck(addr, dev.upstream[-1], width, expected, None, False, why))
+            continue
+        assert width is not None and expected is not None
+        out.append(LinkCheck(addr, dev.upstream[-1], width, expected, width < expected))
+    return tuple(out)
+
+
+def _acs_checks(snap: PciSnapshot, on_paths: Iterable[str]) -> tuple[AcsCheck, ...]:
+    out = []
+    for addr in sorted(set(on_paths)):
+        d = snap.get(addr)
+        if d is None or d.role != "bridge":
+            continue
+        state: AcsStateName
+        if d.acs is None:
+            state = "unreadable"
+        elif d.acs.offset is None:
+            state = "no_capability"
+        else:
+            state = "redirect" if d.acs.p2p_redirect else "no_redirect"
+        control = d.acs.control if d.acs is not None and d.acs.offset is not None else None
+        out.append(AcsCheck(addr, d.port_type, state, control, judged=not _is_root_port(d)))
     return tuple(out)
 
 
@@ -221,15 +319,7 @@ def analyse(snap: PciSnapshot) -> Topology:
             GpuAffinity(g.address, index, g.numa_node, g.cpus, nearest, best_type, cross)
         )
     on_paths = [a for d in (*gpus, *nics) for a in (d.address, *d.upstream)]
-    acs = tuple(
-        a
-        for a in sorted(set(on_paths))
-        if (d := snap.get(a)) is not None
-        and d.role == "bridge"
-        and d.acs is not None
-        and d.acs.p2p_redirect
-        and not _is_root_port(d)
-    )
+    acs = _acs_checks(snap, on_paths)
     return Topology(
         gpus=gpus,
         nics=nics,
@@ -237,8 +327,9 @@ def analyse(snap: PciSnapshot) -> Topology:
         gpu_gpu=gpu_gpu,
         affinity=tuple(affinity),
         links=_link_checks(snap, on_paths),
-        acs_redirect=acs,
+        acs_redirect=tuple(c.address for c in acs if c.finding),
         snapshot=snap,
+        acs=acs,
     )
 
 
@@ -257,8 +348,8 @@ def _nic_name(n: PciDevice | None, address: str) -> str:
 def findings(topo: Topology) -> list[Finding]:
     """Conditions to act on: ``nic_cross_numa`` (subject: the GPU), ``pci_link_width_degraded``
     (the downstream end of the narrow link; one finding per link even for multi-function
-    devices), ``acs_p2p_redirect`` (the bridge; root ports are not judged: P2P between root
-    ports crosses the root complex anyway). Sorted."""
+    devices; links whose state is not reported are never one), ``acs_p2p_redirect`` (the
+    bridge; root ports are not judged: see the module docstring). Sorted."""
     snap = topo.snapshot
     out: list[Finding] = []
     for aff in topo.affinity:
@@ -284,12 +375,18 @@ def findings(topo: Topology) -> list[Finding]:
         if slot in seen_links:
             continue
         seen_links.add(slot)
+        partner = snap.get(link.partner) if link.partner else None
+        both = partner is not None and (partner.link.max_width or 0) > 0
+        support = (
+            f"both ends support x{link.expected_width}"
+            if both
+            else f"the device supports x{link.expected_width} (its upstream port reports no width)"
+        )
         out.append(
             Finding(
                 "pci_link_width_degraded",
                 link.device,
-                f"PCIe link {link.partner} -> {link.device} trained at x{link.width}, "
-                f"both ends support x{link.expected_width}",
+                f"PCIe link {link.partner} -> {link.device} trained at x{link.width}, {support}",
             )
         )
     for addr in topo.acs_redirect:
@@ -304,102 +401,3 @@ def findings(topo: Topology) -> list[Finding]:
             )
         )
     return sorted(out)
-
-
-# -- presentation ------------------------------------------------------------------------
-
-
-def _numa_text(node: int | None) -> str:
-    return "N/A" if node is None or node < 0 else str(node)
-
-
-def _gpu_cell(topo: Topology, a: str, b: str, nvlinks: NvlinkCounts) -> str:
-    n = nvlinks.get((a, b))
-    return f"NV{n}" if n else (topo.path(a, b) or "?")
-
-
-def format_table(topo: Topology, nvlinks: NvlinkCounts | None = None) -> str:
-    """An ``nvidia-smi topo -m``-like matrix: GPU rows, GPU and NIC columns, then CPU and
-    NUMA affinity, legends and the findings. GPUs are numbered in PCI bus order. A GPU pair
-    joined by NVLink shows ``NV#`` (from ``nvlinks``) instead of its PCIe path."""
-    nv = nvlinks or {}
-    gpu_names = [f"GPU{i}" for i in range(len(topo.gpus))]
-    nic_names = [f"NIC{i}" for i in range(len(topo.nics))]
-    header = ["", *gpu_names, *nic_names, "CPU Affinity", "NUMA Affinity"]
-    rows = [header]
-    for i, g in enumerate(topo.gpus):
-        cells = [gpu_names[i]]
-        for h in topo.gpus:
-            cells.append(" X " if h is g else _gpu_cell(topo, g.address, h.address, nv))
-        for n in topo.nics:
-            cells.append(topo.path(g.address, n.address) or "?")
-        cells.append(format_cpulist(g.cpus) if g.cpus is not None else "N/A")
-        cells.append(_numa_text(g.numa_node))
-        rows.append(cells)
-    lines = ["\t".join(r).rstrip() for r in rows]
-    lines += ["", "Legend:", ""]
-    lines += [f"  {k:<4} = {v}" for k, v in LEGEND]
-    lines += ["", "GPU Legend:", ""]
-    lines += [f"  {gpu_names[i]}: {g.address}" for i, g in enumerate(topo.gpus)] or ["  none"]
-    if topo.nics:
-        lines += ["", "NIC Legend:", ""]
-        for i, n in enumerate(topo.nics):
-            name = ",".join(n.rdma_devices) if n.rdma_devices else "(no RDMA device)"
-            lines.append(f"  {nic_names[i]}: {name} ({n.address})")
-    found = findings(topo)
-    lines += ["", "Findings:", ""]
-    lines += [f"  {f.kind} {f.subject}: {f.detail}" for f in found] or ["  none"]
-    return "\n".join(lines) + "\n"
-
-
-def to_json(topo: Topology, nvlinks: NvlinkCounts | None = None) -> dict[str, object]:
-    """A JSON-serialisable view with stable keys (``fabricscope topo --json``)."""
-    nv = nvlinks or {}
-
-    def device(d: PciDevice) -> dict[str, object]:
-        return {
-            "pci_bus_id": d.address,
-            "numa_node": d.numa_node,
-            "cpus": format_cpulist(d.cpus) if d.cpus is not None else None,
-            "rdma_devices": list(d.rdma_devices),
-            "netdevs": list(d.netdevs),
-            "upstream": list(d.upstream),
-        }
-
-    return {
-        "gpus": [
-            {
-                **device(g),
-                "index": a.index,
-                "nearest_nics": list(a.nearest_nics),
-                "nearest_path_type": a.nearest_path_type,
-                "nearest_nic_cross_numa": a.cross_numa,
-            }
-            for g, a in zip(topo.gpus, topo.affinity, strict=True)
-        ],
-        "nics": [device(n) for n in topo.nics],
-        "gpu_nic_paths": [{"gpu": p.a, "nic": p.b, "path_type": p.path_type} for p in topo.gpu_nic],
-        "gpu_gpu_paths": [
-            {
-                "gpu": p.a,
-                "peer_gpu": p.b,
-                "path_type": p.path_type,
-                "nvlinks": nv.get((p.a, p.b), 0),
-            }
-            for p in topo.gpu_gpu
-        ],
-        "links": [
-            {
-                "pci_bus_id": c.device,
-                "upstream_pci_bus_id": c.partner,
-                "width": c.width,
-                "expected_width": c.expected_width,
-                "degraded": c.degraded,
-            }
-            for c in topo.links
-        ],
-        "acs_p2p_redirect": list(topo.acs_redirect),
-        "findings": [
-            {"kind": f.kind, "subject": f.subject, "detail": f.detail} for f in findings(topo)
-        ],
-    }

@@ -7,18 +7,18 @@ signal), how many loops it ran, and the last lines of its stderr. Run on a GPU n
 
 Variants (one variable each):
 
-* ``sampler_r1_xid``: the agent's NvmlSampler at rotations 1/1 with its XID thread (the
-  shape that crashed), in a tight loop.
+* ``sampler_r1_xid``: the agent's NvmlSampler at rotations 1/1 with a second thread blocked
+  in nvmlEventSetWait_v2 (the shape of the agent that crashed: its old XID thread).
 * ``sampler_r1_noxid``: the same without the XID thread.
-* ``sampler_r1_xidpoll``: without the thread, XID events polled with a 0 ms wait after
-  each pass from the sampling thread (every NVML call on one thread).
+* ``sampler_r1_xidpoll``: the sampler as shipped now: no thread, XID events polled with a
+  0 ms wait at the end of each pass (every NVML call on one thread).
 * ``batch_single``: raw pynvml, one thread, one nvmlDeviceGetFieldValues per GPU holding
   every link's scoped error fields plus the GPU-level fields.
 * ``batch_xidwait``: ``batch_single`` plus a second thread blocked in nvmlEventSetWait_v2.
 * ``batch_two_threads``: two threads doing ``batch_single`` at once.
 * ``errcounter_xidwait``: per-link nvmlDeviceGetNvLinkErrorCounter calls plus the waiting
   thread.
-* ``sampler_default_xid``: the agent's defaults (18/72) with the XID thread.
+* ``sampler_default_xid``: the agent's defaults (18/72) with the waiting thread.
 """
 
 from __future__ import annotations
@@ -104,32 +104,29 @@ def _raw(variant: str, deadline: float, counter: list[int]) -> None:
 
 def _sampler(variant: str, deadline: float, counter: list[int]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from agent.nvml import LiveNvml, NvmlCallError, NvmlSampler
+    import pynvml as n
+
+    from agent.nvml import NvmlSampler
+    from agent.nvml_api import LiveNvml
 
     rot = (18, 72) if variant == "sampler_default_xid" else (1, 1)
-    xid_thread = variant.endswith("_xid")
     api = LiveNvml()
+    # the fix: XID events polled by the sampling thread itself at the end of each pass
     s = NvmlSampler(
         lambda: api,
-        watch_xid=xid_thread,
+        watch_xid=variant == "sampler_r1_xidpoll",
         link_error_rotation=rot[0],
         slow_error_rotation=rot[1],
     )
-    polled = False
+    stop = threading.Event()
+    s.sample()
+    if variant.endswith("_xid"):  # the shape that crashed: a second thread waiting in NVML
+        handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+        threading.Thread(target=_xid_waiter, args=(n, handles, stop), daemon=True).start()
     while time.monotonic() < deadline:
-        snap = s.sample()
+        s.sample()
         counter[0] += 1
-        if variant == "sampler_r1_xidpoll":
-            if not polled:
-                api.xid_open()
-                for g in range(len(snap.gpus)):
-                    api.xid_register(g)
-                polled = True
-            while True:
-                try:
-                    api.xid_wait(0)
-                except NvmlCallError:
-                    break
+    stop.set()
 
 
 def child(variant: str, duration: float, progress: Path) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from agent.runner import Runner, SamplerSpec
 from agent.sampler import Snapshot
 from agent.samplers import DEPENDENT, Latest
+from exporter import findings
 from exporter.catalog import SELF_OWNER, render_sampler, render_self
 from exporter.exposition import ExpositionCache, render_text
 from exporter.spec import Families
@@ -45,7 +46,21 @@ class AgentApp:
                 self._render_errors[name] = self._render_errors.get(name, 0) + 1
             data = b""
         self.cache.set_fragment(name, data)
+        self.cache.set_fragment(findings.OWNER, self._findings_text())
         self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))
+
+    def _findings_text(self) -> bytes:
+        """The node's findings across samplers; a failure costs this fragment, counted."""
+        out = Families()
+        try:
+            findings.render(self.runner.statuses(), out)
+        except Exception:
+            log.exception("rendering the node's findings failed; their series are withdrawn")
+            with self._lock:
+                n = self._render_errors.get("findings", 0)
+                self._render_errors["findings"] = n + 1
+            return b""
+        return render_text(out)
 
     def ready(self) -> bool:
         return all(st.attempts_total > 0 for st in self.runner.statuses().values())

@@ -8,7 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.runner import SamplerStatus
-from exporter import attribution, infiniband, netdev, nvml, pci, probe, selfmetrics, workload
+from exporter import (
+    attribution,
+    findings,
+    infiniband,
+    netdev,
+    nvml,
+    pci,
+    probe,
+    selfmetrics,
+    workload,
+)
 from exporter.spec import Families, MetricSpec
 
 
@@ -40,7 +50,11 @@ SELF_OWNER = "_self"
 def all_specs() -> list[MetricSpec]:
     """Every spec, sorted by name; raises if two areas claim one name."""
     seen: dict[str, MetricSpec] = {}
-    for spec in [*selfmetrics.SPECS, *(s for a in AREAS.values() for s in a.specs)]:
+    for spec in [
+        *selfmetrics.SPECS,
+        *findings.SPECS,
+        *(s for a in AREAS.values() for s in a.specs),
+    ]:
         if spec.name in seen:
             raise ValueError(f"metric {spec.name} defined twice")
         seen[spec.name] = spec

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from agent import __version__, topology
+from agent import __version__, topo_report, topology
 from agent.config import (
     DEFAULT_POD_RESOURCES_SOCKET,
     SAMPLER_NAMES,
@@ -37,7 +37,9 @@ from agent.config import (
 )
 from agent.errors import ConfigError, NoData
 from agent.gpu_topology import nvlinks_by_address
+from agent.infiniband import InfinibandSampler, InfinibandSnapshot
 from agent.logsetup import LEVELS, setup_logging
+from agent.node_findings import collect
 from agent.nvml import NvmlSampler, NvmlSnapshot
 from agent.nvml_api import LiveNvml, NvmlApi
 from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml, dumps, load
@@ -46,6 +48,7 @@ from agent.runner import Runner, SamplerSpec
 from agent.samplers import Latest, build_specs
 from agent.snapshot import NVML_RECORDING, SnapshotError, capture, extract
 from agent.sysfs import RecordingReader, SysfsReader
+from agent.workload import WorkloadSampler, WorkloadSnapshot
 from exporter import probe_cli
 from exporter.app import AgentApp
 
@@ -251,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     probe_cli.add_agent_flags(agent)
 
-    topo = sub.add_parser("topo", help="print the GPU/NIC topology matrix and findings")
+    topo = sub.add_parser(
+        "topo", help="print the GPU/NIC topology matrix, RDMA ports and every finding"
+    )
     _add_common(topo)
     topo.add_argument("--format", choices=("table", "json"), default="table")
     topo.add_argument(
@@ -397,9 +402,15 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
 
 
 def cmd_topo(ns: argparse.Namespace) -> int:
+    """PCI, InfiniBand and NVML once, then the workload checks on their snapshots (live
+    host only: a snapshot holds no process state); every finding of the node is printed."""
     with ExitStack() as stack:
         src = _open_source(stack, ns)
-        specs = [SamplerSpec(PciSampler(SysfsReader(src.sysfs)), 30.0, 30.0)]
+        sysfs = SysfsReader(src.sysfs)
+        specs = [
+            SamplerSpec(PciSampler(sysfs), 30.0, 30.0),
+            SamplerSpec(InfinibandSampler(sysfs), 30.0, 30.0),
+        ]
         if "nvml" not in src.unavailable:
             specs.append(SamplerSpec(NvmlSampler(src.nvml_api, watch_xid=False), 30.0, 30.0))
         statuses = Runner(specs).run_once()
@@ -410,17 +421,29 @@ def cmd_topo(ns: argparse.Namespace) -> int:
             else:
                 print("reading the PCI topology failed; see the log above", file=sys.stderr)
             return 1
-        nvml = statuses.get("nvml")
-        nvlinks = (
-            nvlinks_by_address(nvml.snapshot)
-            if nvml is not None and isinstance(nvml.snapshot, NvmlSnapshot)
-            else {}
+        pci_snap = pci.snapshot
+        ib_st, nvml_st = statuses["infiniband"], statuses.get("nvml")
+        ib = ib_st.snapshot if isinstance(ib_st.snapshot, InfinibandSnapshot) else None
+        gpu = (
+            nvml_st.snapshot
+            if nvml_st is not None and isinstance(nvml_st.snapshot, NvmlSnapshot)
+            else None
         )
-        topo = topology.analyse(pci.snapshot)
+        work = None
+        if "workload" not in src.unavailable and gpu is not None:
+            workload = WorkloadSampler(
+                SysfsReader(ns.path_procfs), sysfs, lambda: gpu, lambda: pci_snap
+            )
+            w = Runner([SamplerSpec(workload, 30.0, 30.0)]).run_once()["workload"]
+            work = w.snapshot if isinstance(w.snapshot, WorkloadSnapshot) else None
+        nvlinks = nvlinks_by_address(gpu) if gpu is not None else {}
+        topo = topology.analyse(pci_snap)
+        node = collect(pci=topo, ib=ib, gpu=gpu, work=work)
         if ns.format == "json":
-            print(json.dumps(topology.to_json(topo, nvlinks), indent=2, sort_keys=True))
+            doc = topo_report.to_json(topo, node, ib, nvlinks)
+            print(json.dumps(doc, indent=2, sort_keys=True))
         else:
-            print(topology.format_table(topo, nvlinks))
+            print(topo_report.format_table(topo, node, ib, nvlinks))
         return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from agent.findings import KINDS
 from exporter.catalog import all_specs
 from exporter.spec import LABELS
 
@@ -28,6 +29,24 @@ def render_markdown() -> str:
     used = {label for spec in all_specs() for label in spec.labels}
     for label in sorted(used):
         lines.append(f"| `{label}` | {LABELS[label]} |")
+    lines += [
+        "",
+        "## Findings",
+        "",
+        "Every finding kind, from the registry in `agent/findings.py`. Each appears in "
+        "`fabricscope topo` (table and JSON, with its severity), is counted by "
+        "`fabricscope_findings{kind}`, and is carried per object by the series named here; "
+        "the alert is the shipped rule on that series (deploy/rules).",
+        "",
+        "| kind | area | severity | series | alert | meaning |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for k in sorted(KINDS.values(), key=lambda k: (k.area, k.kind)):
+        alert = f"`{k.alert}`" if k.alert else "none shipped"
+        meaning = (k.help + (f" {k.alert_note}" if k.alert_note else "")).replace("|", "\\|")
+        lines.append(
+            f"| `{k.kind}` | {k.area} | {k.severity} | `{k.series}` | {alert} | {meaning} |"
+        )
     return "\n".join(lines) + "\n"
 
 

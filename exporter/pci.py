@@ -17,9 +17,20 @@ DEVICE_INFO = MetricSpec(
     "fabricscope_pci_device_info",
     "gauge",
     "A GPU, RDMA NIC or a bridge on their path to the root complex; always 1. vendor and "
-    "model are PCI ids (0x10de, 0x2330); parent_pci_bus_id is the upstream bridge; empty "
-    "values are attributes the device does not expose.",
-    ("pci_bus_id", "role", "vendor", "model", "driver", "parent_pci_bus_id", "numa_node"),
+    "model are PCI ids (0x10de, 0x2330); parent_pci_bus_id is the upstream bridge; "
+    "port_type is the PCIe port type from config space (bridges only: root_port, "
+    "upstream_port, downstream_port ...); empty values are attributes the device does not "
+    "expose or that could not be read.",
+    (
+        "pci_bus_id",
+        "role",
+        "vendor",
+        "model",
+        "driver",
+        "parent_pci_bus_id",
+        "numa_node",
+        "port_type",
+    ),
 )
 LINK_SPEED = MetricSpec(
     "fabricscope_pci_link_speed_transfers_per_second",
@@ -52,7 +63,18 @@ LINK_WIDTH_DEGRADED = MetricSpec(
     "gauge",
     "1 when the link between this device and its upstream port trained narrower than both "
     "ends support, else 0. Exported at the downstream end of each link on a GPU or NIC path "
-    "(endpoints and switch upstream ports).",
+    "(endpoints and switch upstream ports). Absent where the link state is not reported "
+    "(fabricscope_pci_link_reported 0).",
+    _ID,
+)
+LINK_REPORTED = MetricSpec(
+    "fabricscope_pci_link_reported",
+    "gauge",
+    "1 when the link between this device and its upstream port reports its state (current "
+    "width and speed, and a maximum width at either end), else 0: SR-IOV virtual functions "
+    "(Link Status reserved), width 0, speed Unknown, emulated ports without link reporting. "
+    "Exported where fabricscope_pci_link_width_degraded would be, so a dashboard tells "
+    "unknown from healthy.",
     _ID,
 )
 ACS_P2P_REDIRECT = MetricSpec(
@@ -60,8 +82,17 @@ ACS_P2P_REDIRECT = MetricSpec(
     "gauge",
     "1 when the bridge's ACS Control redirects peer-to-peer requests or completions to the "
     "root complex, else 0 (also 0 without an ACS capability). Absent when config space is "
-    "unreadable (needs CAP_SYS_ADMIN).",
+    "unreadable (needs CAP_SYS_ADMIN). Reads the register on root ports too, where it is no "
+    "finding: peers behind different root ports cross the root complex either way.",
     _ID,
+)
+ACS_INFO = MetricSpec(
+    "fabricscope_pci_acs_info",
+    "gauge",
+    "ACS state of a bridge on a GPU or NIC path; always 1. state is redirect (P2P request "
+    "or completion redirect on), no_redirect, no_capability (no ACS capability) or "
+    "unreadable (config space beyond 64 bytes needs CAP_SYS_ADMIN, or the read failed).",
+    ("pci_bus_id", "state"),
 )
 NUMA_NODE_INFO = MetricSpec(
     "fabricscope_numa_node_info",
@@ -102,7 +133,9 @@ SPECS: tuple[MetricSpec, ...] = (
     LINK_WIDTH,
     LINK_MAX_WIDTH,
     LINK_WIDTH_DEGRADED,
+    LINK_REPORTED,
     ACS_P2P_REDIRECT,
+    ACS_INFO,
     NUMA_NODE_INFO,
     GPU_NIC_PATH_INFO,
     GPU_NIC_PATH_RANK,
@@ -130,6 +163,7 @@ def _render_device(d: PciDevice, out: Families) -> None:
         _label(d.driver),
         _label(d.parent),
         _label(d.numa_node),
+        _label(d.port_type),
     )
     out.add(LINK_SPEED, d.link.speed_transfers_per_second, d.address)
     out.add(LINK_MAX_SPEED, d.link.max_speed_transfers_per_second, d.address)
@@ -148,6 +182,9 @@ def render(snap: PciSnapshot, out: Families) -> None:
     topo = analyse(snap)
     for link in topo.links:
         out.add(LINK_WIDTH_DEGRADED, link.degraded, link.device)
+        out.add(LINK_REPORTED, link.reported, link.device)
+    for acs in topo.acs:
+        out.add(ACS_INFO, 1, acs.address, acs.state)
     nics = {n.address: n for n in topo.nics}
     for p in topo.gpu_nic:
         for rdma in nics[p.b].rdma_devices:  # a NIC without an RDMA device has nothing to join

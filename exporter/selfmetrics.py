@@ -107,6 +107,9 @@ def render(
     out.add(BUILD_INFO, 1, __version__, platform.python_version())
     for spec in SPECS:
         out.declare(spec)
+    for name, n in render_errors.items():
+        if name not in statuses:  # a renderer that joins samplers ("findings")
+            out.add(SAMPLER_RENDER_ERRORS, n, name)
     for name, st in statuses.items():
         out.add(SAMPLER_ATTEMPTS, st.attempts_total, name)
         out.add(SAMPLER_RENDER_ERRORS, render_errors.get(name, 0), name)

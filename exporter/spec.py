@@ -34,6 +34,7 @@ LABELS: dict[str, str] = {
     "model": "PCI device id or model name",
     "parent_pci_bus_id": "PCI address of the upstream bridge",
     "path_type": "nvidia-smi topo -m path type: PIX, PXB, PHB, NODE, SYS",
+    "port_type": "PCIe port type from config space: root_port, upstream_port, downstream_port",
     "kind": "a finding's kind, from a fixed vocabulary",
     "fw_ver": "firmware version",
     "board_id": "board identifier (PSID)",

@@ -59,6 +59,8 @@ PENDING_METRICS: dict[str, tuple[str, ...]] = {}
 #: (an intra-node probe has no peer and no GPU pair: exporter/probe.py).
 MAY_BE_EMPTY: dict[str, set[str]] = {
     "fabricscope_probe_busbw_bytes_per_second": {"peer", "gpu", "peer_gpu"},
+    # a root port has no parent bridge; GPUs and NICs have no port type (exporter/pci.py)
+    "fabricscope_pci_device_info": {"parent_pci_bus_id", "port_type", "driver"},
 }
 
 SEVERITIES = ("critical", "warning", "info")

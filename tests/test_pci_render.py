@@ -101,6 +101,7 @@ def test_render_small_snapshot_exactly() -> None:
                 ("driver", "pcieport"),
                 ("parent_pci_bus_id", ""),
                 ("numa_node", "0"),
+                ("port_type", "root_port"),
             ),
         ): 1.0,
         (
@@ -113,6 +114,7 @@ def test_render_small_snapshot_exactly() -> None:
                 ("driver", "nvidia"),
                 ("parent_pci_bus_id", "0000:00:01.0"),
                 ("numa_node", "0"),
+                ("port_type", ""),
             ),
         ): 1.0,
         (
@@ -125,6 +127,7 @@ def test_render_small_snapshot_exactly() -> None:
                 ("driver", ""),
                 ("parent_pci_bus_id", "0000:20:03.1"),
                 ("numa_node", "-1"),
+                ("port_type", ""),
             ),
         ): 1.0,
         (
@@ -137,6 +140,7 @@ def test_render_small_snapshot_exactly() -> None:
                 ("driver", ""),
                 ("parent_pci_bus_id", ""),
                 ("numa_node", ""),
+                ("port_type", ""),
             ),
         ): 1.0,
         (
@@ -169,6 +173,14 @@ def test_render_small_snapshot_exactly() -> None:
         ("fabricscope_pci_acs_p2p_redirect_enabled", (("pci_bus_id", "0000:00:01.0"),)): 1.0,
         ("fabricscope_pci_link_width_degraded", (("pci_bus_id", "0000:01:00.0"),)): 0.0,
         ("fabricscope_pci_link_width_degraded", (("pci_bus_id", "0000:21:00.0"),)): 1.0,
+        ("fabricscope_pci_link_reported", (("pci_bus_id", "0000:01:00.0"),)): 1.0,
+        ("fabricscope_pci_link_reported", (("pci_bus_id", "0000:21:00.0"),)): 1.0,
+        # ACS per bridge on a path: the root port's register, and a bridge never read
+        ("fabricscope_pci_acs_info", (("pci_bus_id", "0000:00:01.0"), ("state", "redirect"))): 1.0,
+        (
+            "fabricscope_pci_acs_info",
+            (("pci_bus_id", "0000:20:03.1"), ("state", "unreadable")),
+        ): 1.0,
         ("fabricscope_numa_node_info", (("numa_node", "0"), ("cpus", "0-3"))): 1.0,
         ("fabricscope_numa_node_info", (("numa_node", "1"), ("cpus", ""))): 1.0,
         (
@@ -193,9 +205,11 @@ def test_render_dgx(dgx_series: Series) -> None:
     s = dgx_series
     info = named(s, "fabricscope_pci_device_info")
     assert len(info) == 54
-    assert ("0000:19:00.0", "gpu", "0x10de", "0x2330", "nvidia", "0000:17:01.0", "0") in info
-    assert ("0000:5e:00.0", "nic", "0x15b3", "0x1021", "mlx5_core", "0000:5b:02.0", "1") in info
-    assert ("0000:15:01.0", "bridge", "0x8086", "0x352a", "pcieport", "", "0") in info
+    gpu = ("0000:19:00.0", "gpu", "0x10de", "0x2330", "nvidia", "0000:17:01.0", "0", "")
+    assert gpu in info
+    nic = ("0000:5e:00.0", "nic", "0x15b3", "0x1021", "mlx5_core", "0000:5b:02.0", "1", "")
+    assert nic in info
+    assert ("0000:15:01.0", "bridge", "0x8086", "0x352a", "pcieport", "", "0", "root_port") in info
     acs = named(s, "fabricscope_pci_acs_p2p_redirect_enabled")
     assert len(acs) == 34  # every bridge: root privileges read the whole config space
     assert {k for k, v in acs.items() if v == 1} == {("0000:b9:01.0",), ("0000:b9:02.0",)}

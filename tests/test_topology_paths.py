@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 from agent.findings import Finding
+from agent.node_findings import collect
 from agent.pci import AcsState, PciDevice, PciLink, PciSampler, PciSnapshot, PortType, Role
 from agent.sysfs import SysfsReader
+from agent.topo_report import format_table, to_json
 from agent.topology import (
     PATH_RANK,
     GpuAffinity,
     LinkCheck,
     analyse,
     findings,
-    format_table,
     path_type,
-    to_json,
 )
 
 
@@ -204,7 +204,15 @@ def test_link_checks_judge_each_link_once_at_its_downstream_end() -> None:
         LinkCheck("0000:04:00.0", "0000:02:01.0", 8, 8, False),
         LinkCheck("0000:05:00.0", "0000:02:02.0", 4, 16, True),
         LinkCheck("0000:05:00.1", "0000:02:02.0", 4, 16, True),
-        LinkCheck("0000:06:00.0", "0000:02:03.0", None, 16, None),
+        LinkCheck(
+            "0000:06:00.0",
+            "0000:02:03.0",
+            None,
+            16,
+            None,
+            False,
+            "width 0 and speed Unknown: the link state is not reported",
+        ),
     )
     degraded = [f.subject for f in findings(topo) if f.kind == "pci_link_width_degraded"]
     assert degraded == ["0000:01:00.0", "0000:05:00.0"]  # one finding per physical link
@@ -241,7 +249,7 @@ SMALL = snapshot(
 
 
 def test_format_table_exact() -> None:
-    assert format_table(analyse(SMALL)) == (
+    assert format_table(analyse(SMALL), collect(pci=SMALL)) == (
         "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\n"
         "GPU0\t X \tSYS\tPIX\tN/A\t0\n"
         "GPU1\tSYS\t X \tSYS\tN/A\t1\n"
@@ -267,15 +275,28 @@ def test_format_table_exact() -> None:
         "\n"
         "  NIC0: mlx5_0 (0000:02:00.0)\n"
         "\n"
+        "PCIe links on GPU/NIC paths: 3 judged, 0 degraded, 0 not reported\n"
+        "\n"
+        "ACS on bridges of GPU/NIC paths:\n"
+        "\n"
+        "  0000:00:01.0 bridge: config space not readable (privilege: needs CAP_SYS_ADMIN)\n"
+        "  0000:80:01.0 bridge: config space not readable (privilege: needs CAP_SYS_ADMIN)\n"
+        "\n"
+        "RDMA ports:\n"
+        "\n"
+        "  not read (no InfiniBand sampler data)\n"
+        "\n"
         "Findings:\n"
         "\n"
-        "  nic_cross_numa 0000:81:00.0: GPU 0000:81:00.0 is on NUMA node 1 but its nearest "
-        "NIC mlx5_0 (0000:02:00.0) (SYS) is on NUMA node 0\n"
+        "  warning  nic_cross_numa 0000:81:00.0: GPU 0000:81:00.0 is on NUMA node 1 but its "
+        "nearest NIC mlx5_0 (0000:02:00.0) (SYS) is on NUMA node 0\n"
+        "\n"
+        "  not checked (no data): infiniband, nvml, workload\n"
     )
 
 
 def test_to_json_exact_and_serialisable() -> None:
-    doc = to_json(analyse(SMALL))
+    doc = to_json(analyse(SMALL), collect(pci=SMALL))
     assert json.loads(json.dumps(doc)) == doc
     assert doc == {
         "gpus": [
@@ -286,6 +307,7 @@ def test_to_json_exact_and_serialisable() -> None:
                 "rdma_devices": [],
                 "netdevs": [],
                 "upstream": ["0000:00:01.0"],
+                "virtual_function": False,
                 "index": 0,
                 "nearest_nics": ["0000:02:00.0"],
                 "nearest_path_type": "PIX",
@@ -298,6 +320,7 @@ def test_to_json_exact_and_serialisable() -> None:
                 "rdma_devices": [],
                 "netdevs": [],
                 "upstream": ["0000:80:01.0"],
+                "virtual_function": False,
                 "index": 1,
                 "nearest_nics": ["0000:02:00.0"],
                 "nearest_path_type": "SYS",
@@ -312,6 +335,7 @@ def test_to_json_exact_and_serialisable() -> None:
                 "rdma_devices": ["mlx5_0"],
                 "netdevs": [],
                 "upstream": ["0000:00:01.0"],
+                "virtual_function": False,
             }
         ],
         "gpu_nic_paths": [
@@ -327,6 +351,8 @@ def test_to_json_exact_and_serialisable() -> None:
                 "upstream_pci_bus_id": "0000:00:01.0",
                 "width": 16,
                 "expected_width": 16,
+                "reported": True,
+                "not_reported": None,
                 "degraded": False,
             },
             {
@@ -334,6 +360,8 @@ def test_to_json_exact_and_serialisable() -> None:
                 "upstream_pci_bus_id": "0000:00:01.0",
                 "width": 16,
                 "expected_width": 16,
+                "reported": True,
+                "not_reported": None,
                 "degraded": False,
             },
             {
@@ -341,18 +369,35 @@ def test_to_json_exact_and_serialisable() -> None:
                 "upstream_pci_bus_id": "0000:80:01.0",
                 "width": 16,
                 "expected_width": 16,
+                "reported": True,
+                "not_reported": None,
                 "degraded": False,
             },
         ],
+        "acs": [
+            {
+                "pci_bus_id": a,
+                "port_type": None,
+                "state": "unreadable",
+                "control": None,
+                "judged": False,
+                "finding": False,
+            }
+            for a in ("0000:00:01.0", "0000:80:01.0")
+        ],
         "acs_p2p_redirect": [],
+        "rdma_ports": None,
         "findings": [
             {
                 "kind": "nic_cross_numa",
+                "severity": "warning",
                 "subject": "0000:81:00.0",
                 "detail": "GPU 0000:81:00.0 is on NUMA node 1 but its nearest NIC mlx5_0 "
                 "(0000:02:00.0) (SYS) is on NUMA node 0",
+                "alert": "FabricscopeGpuNearestNicCrossNuma",
             }
         ],
+        "areas_not_checked": ["infiniband", "nvml", "workload"],
     }
 
 
@@ -440,6 +485,6 @@ def test_asus_esc8000a_matches_its_nvidia_smi_topo_m(asus_sys_root: Path) -> Non
         ("mlx5_3",),
     ]
     # the CPU and NUMA affinity columns
-    table = format_table(topo).splitlines()
+    table = format_table(topo, collect(pci=topo)).splitlines()
     assert [line.split("\t")[-2:] for line in table[1:5]] == [[r[9], r[10]] for r in rows[:4]]
     assert findings(topo) == []

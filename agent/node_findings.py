@@ -1,0 +1,66 @@
+"""Every finding of a node, from whichever snapshots exist: the join behind
+``fabricscope topo`` and the ``fabricscope_findings{kind}`` series. Pure.
+
+Each area contributes its own kinds (registered in :data:`agent.findings.KINDS`); an area
+whose snapshot is absent (sampler off, no hardware, snapshot replay without it) contributes
+nothing and is listed in :attr:`NodeFindings.areas_missing`, so "no finding" and "not
+looked" stay apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent import infiniband, nvml_findings, topology, workload
+from agent.findings import KINDS, Area, Finding
+from agent.infiniband import InfinibandSnapshot
+from agent.nvml import NvmlSnapshot
+from agent.pci import PciSnapshot
+from agent.workload import WorkloadSnapshot
+
+AREAS: tuple[Area, ...] = ("infiniband", "pci", "nvml", "workload")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFindings:
+    """``findings`` sorted; ``areas_checked`` the areas whose snapshot was there."""
+
+    findings: tuple[Finding, ...]
+    areas_checked: tuple[Area, ...]
+
+    @property
+    def areas_missing(self) -> tuple[Area, ...]:
+        return tuple(a for a in AREAS if a not in self.areas_checked)
+
+    def counts(self) -> dict[str, int]:
+        """Findings per kind, 0 for every registered kind of a checked area."""
+        out = {k.kind: 0 for k in KINDS.values() if k.area in self.areas_checked}
+        for f in self.findings:
+            out[f.kind] = out.get(f.kind, 0) + 1
+        return out
+
+
+def collect(
+    *,
+    pci: PciSnapshot | topology.Topology | None = None,
+    ib: InfinibandSnapshot | None = None,
+    gpu: NvmlSnapshot | None = None,
+    work: WorkloadSnapshot | None = None,
+) -> NodeFindings:
+    """All findings of the snapshots given (``pci`` may be an already analysed topology)."""
+    found: list[Finding] = []
+    checked: list[Area] = []
+    if ib is not None:
+        found += infiniband.findings(ib)
+        checked.append("infiniband")
+    if pci is not None:
+        topo = pci if isinstance(pci, topology.Topology) else topology.analyse(pci)
+        found += topology.findings(topo)
+        checked.append("pci")
+    if gpu is not None:
+        found += nvml_findings.findings(gpu)
+        checked.append("nvml")
+    if work is not None:
+        found += workload.findings(work)
+        checked.append("workload")
+    return NodeFindings(tuple(sorted(found)), tuple(checked))

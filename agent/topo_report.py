@@ -1,0 +1,206 @@
+"""``fabricscope topo``: the GPU/NIC matrix, the PCIe links and ACS state on the paths, the
+RDMA ports and every finding of the node, as a table for people and JSON for programs.
+Pure: it formats what :mod:`agent.topology` and :mod:`agent.node_findings` derived.
+"""
+
+from __future__ import annotations
+
+from agent.findings import KINDS
+from agent.infiniband import InfinibandSnapshot
+from agent.node_findings import NodeFindings
+from agent.pci import PciDevice, format_cpulist
+from agent.topology import ACS_STATE_TEXT, LEGEND, NvlinkCounts, Topology
+
+
+def _numa_text(node: int | None) -> str:
+    return "N/A" if node is None or node < 0 else str(node)
+
+
+def _gpu_cell(topo: Topology, a: str, b: str, nvlinks: NvlinkCounts) -> str:
+    n = nvlinks.get((a, b))
+    return f"NV{n}" if n else (topo.path(a, b) or "?")
+
+
+def _matrix(topo: Topology, nv: NvlinkCounts) -> list[str]:
+    gpu_names = [f"GPU{i}" for i in range(len(topo.gpus))]
+    nic_names = [f"NIC{i}" for i in range(len(topo.nics))]
+    rows = [["", *gpu_names, *nic_names, "CPU Affinity", "NUMA Affinity"]]
+    for i, g in enumerate(topo.gpus):
+        cells = [gpu_names[i]]
+        for h in topo.gpus:
+            cells.append(" X " if h is g else _gpu_cell(topo, g.address, h.address, nv))
+        for n in topo.nics:
+            cells.append(topo.path(g.address, n.address) or "?")
+        cells.append(format_cpulist(g.cpus) if g.cpus is not None else "N/A")
+        cells.append(_numa_text(g.numa_node))
+        rows.append(cells)
+    lines = ["\t".join(r).rstrip() for r in rows]
+    lines += ["", "Legend:", ""]
+    lines += [f"  {k:<4} = {v}" for k, v in LEGEND]
+    lines += ["", "GPU Legend:", ""]
+    lines += [f"  {gpu_names[i]}: {g.address}" for i, g in enumerate(topo.gpus)] or ["  none"]
+    if topo.nics:
+        lines += ["", "NIC Legend:", ""]
+        for i, n in enumerate(topo.nics):
+            name = ",".join(n.rdma_devices) if n.rdma_devices else "(no RDMA device)"
+            lines.append(f"  {nic_names[i]}: {name} ({n.address})")
+    return lines
+
+
+def _links(topo: Topology) -> list[str]:
+    bad = [c for c in topo.links if c.degraded]
+    unknown = [c for c in topo.links if not c.reported]
+    lines = [
+        "",
+        f"PCIe links on GPU/NIC paths: {len(topo.links)} judged, {len(bad)} degraded, "
+        f"{len(unknown)} not reported",
+    ]
+    if bad or unknown:
+        lines.append("")
+    for c in bad:
+        lines.append(f"  {c.partner} -> {c.device}: x{c.width} of x{c.expected_width} (degraded)")
+    for c in unknown:
+        lines.append(f"  {c.partner} -> {c.device}: not reported ({c.not_reported})")
+    return lines
+
+
+def _acs(topo: Topology) -> list[str]:
+    lines = ["", "ACS on bridges of GPU/NIC paths:", ""]
+    for c in topo.acs:
+        ctl = f" (ACS Control 0x{c.control:04x})" if c.control is not None else ""
+        note = ""
+        if c.state == "redirect":
+            note = ": finding" if c.judged else ": root port, not a finding"
+        kind = c.port_type or "bridge"
+        lines.append(f"  {c.address} {kind}: {ACS_STATE_TEXT[c.state]}{ctl}{note}")
+    return lines if topo.acs else [*lines, "  none"]
+
+
+def _ports(ib: InfinibandSnapshot | None) -> list[str]:
+    lines = ["", "RDMA ports:", ""]
+    if ib is None:
+        return [*lines, "  not read (no InfiniBand sampler data)"]
+    for dev in ib.devices:
+        for p in dev.ports:
+            state = p.state.name if p.state else "unknown"
+            phys = p.phys_state.name if p.phys_state else "unknown"
+            nets = ",".join(p.netdevs) or "-"
+            lines.append(
+                f"  {dev.name}/{p.port} ({dev.pci_bus_id or '?'}, {p.link_layer or '?'}, "
+                f"{nets}): {state} / {phys}"
+            )
+    return lines if len(lines) > 3 else [*lines, "  none"]
+
+
+def format_table(
+    topo: Topology,
+    node: NodeFindings,
+    ib: InfinibandSnapshot | None = None,
+    nvlinks: NvlinkCounts | None = None,
+) -> str:
+    """An ``nvidia-smi topo -m``-like matrix (GPUs in PCI bus order; a GPU pair joined by
+    NVLink shows ``NV#``), then links, ACS, RDMA ports and every finding of the node."""
+    lines = _matrix(topo, nvlinks or {})
+    lines += _links(topo) + _acs(topo) + _ports(ib)
+    lines += ["", "Findings:", ""]
+    lines += [f"  {f.severity:<8} {f.kind} {f.subject}: {f.detail}" for f in node.findings] or [
+        "  none"
+    ]
+    if node.areas_missing:
+        lines += ["", f"  not checked (no data): {', '.join(node.areas_missing)}"]
+    return "\n".join(lines) + "\n"
+
+
+def _device(d: PciDevice) -> dict[str, object]:
+    return {
+        "pci_bus_id": d.address,
+        "numa_node": d.numa_node,
+        "cpus": format_cpulist(d.cpus) if d.cpus is not None else None,
+        "rdma_devices": list(d.rdma_devices),
+        "netdevs": list(d.netdevs),
+        "upstream": list(d.upstream),
+        "virtual_function": d.virtfn,
+    }
+
+
+def to_json(
+    topo: Topology,
+    node: NodeFindings,
+    ib: InfinibandSnapshot | None = None,
+    nvlinks: NvlinkCounts | None = None,
+) -> dict[str, object]:
+    """A JSON-serialisable view with stable keys (``fabricscope topo --format json``)."""
+    nv = nvlinks or {}
+    return {
+        "gpus": [
+            {
+                **_device(g),
+                "index": a.index,
+                "nearest_nics": list(a.nearest_nics),
+                "nearest_path_type": a.nearest_path_type,
+                "nearest_nic_cross_numa": a.cross_numa,
+            }
+            for g, a in zip(topo.gpus, topo.affinity, strict=True)
+        ],
+        "nics": [_device(n) for n in topo.nics],
+        "gpu_nic_paths": [{"gpu": p.a, "nic": p.b, "path_type": p.path_type} for p in topo.gpu_nic],
+        "gpu_gpu_paths": [
+            {
+                "gpu": p.a,
+                "peer_gpu": p.b,
+                "path_type": p.path_type,
+                "nvlinks": nv.get((p.a, p.b), 0),
+            }
+            for p in topo.gpu_gpu
+        ],
+        "links": [
+            {
+                "pci_bus_id": c.device,
+                "upstream_pci_bus_id": c.partner,
+                "width": c.width,
+                "expected_width": c.expected_width,
+                "reported": c.reported,
+                "not_reported": c.not_reported,
+                "degraded": c.degraded,
+            }
+            for c in topo.links
+        ],
+        "acs": [
+            {
+                "pci_bus_id": c.address,
+                "port_type": c.port_type,
+                "state": c.state,
+                "control": c.control,
+                "judged": c.judged,
+                "finding": c.finding,
+            }
+            for c in topo.acs
+        ],
+        "acs_p2p_redirect": list(topo.acs_redirect),
+        "rdma_ports": None
+        if ib is None
+        else [
+            {
+                "device": dev.name,
+                "port": p.port,
+                "pci_bus_id": dev.pci_bus_id,
+                "link_layer": p.link_layer,
+                "netdevs": list(p.netdevs),
+                "state": p.state.name if p.state else None,
+                "physical_state": p.phys_state.name if p.phys_state else None,
+            }
+            for dev in ib.devices
+            for p in dev.ports
+        ],
+        "findings": [
+            {
+                "kind": f.kind,
+                "severity": f.severity,
+                "subject": f.subject,
+                "detail": f.detail,
+                "alert": KINDS[f.kind].alert,
+            }
+            for f in node.findings
+        ],
+        "areas_not_checked": list(node.areas_missing),
+    }
