@@ -24,14 +24,15 @@ def shipped_alerts() -> dict[str, str]:
     for f in sorted((ROOT / "deploy" / "rules").glob("*.rules.yaml")):
         for group in yaml.safe_load(f.read_text())["groups"]:
             for rule in group["rules"]:
-                out[rule["alert"]] = rule["expr"]
+                if "alert" in rule:
+                    out[rule["alert"]] = rule["expr"]
     return out
 
 
 def raised_kinds() -> set[str]:
     """Kinds named in Finding(...) calls of the analysis modules, read from their source."""
     kinds: set[str] = set()
-    for name in ("infiniband", "topology", "nvml", "workload"):
+    for name in ("infiniband", "topology", "nvml", "nvml_findings", "workload"):
         text = (ROOT / "agent" / f"{name}.py").read_text()
         kinds |= set(re.findall(r'Finding\(\s*"([a-z0-9_]+)"', text))
     return kinds
