@@ -8,7 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.runner import SamplerStatus
-from exporter import attribution, infiniband, netdev, nvml, pci, probe, selfmetrics, workload
+from exporter import (
+    attribution,
+    infiniband,
+    netdev,
+    nvml,
+    pci,
+    probe,
+    selfmetrics,
+    throughput,
+    workload,
+)
 from exporter.spec import Families, MetricSpec
 
 
@@ -30,6 +40,7 @@ AREAS: dict[str, Area] = {
         Area("nvml", nvml.SPECS, nvml.render),
         Area("pci", pci.SPECS, pci.render),
         Area("probe", probe.SPECS, probe.render),
+        Area("throughput", throughput.SPECS, throughput.render),
         Area("workload", workload.SPECS, workload.render),
     )
 }

@@ -294,7 +294,9 @@ ETCD = pod_json(
 
 
 def test_parse_pod_reads_identity_container_ids_and_the_mirror_hash() -> None:
-    assert parse_pod(EVAL) == PodMeta(EVAL_UID, "ml", "eval-1", None, ((EVAL_CID, "eval"),))
+    assert parse_pod(EVAL) == PodMeta(
+        EVAL_UID, "ml", "eval-1", None, ((EVAL_CID, "eval"),), labels=(("app", "eval"),)
+    )
     etcd = parse_pod(ETCD)
     assert etcd is not None and etcd.mirror_uid == ETCD_HASH
     assert parse_pod({"metadata": {"name": "x"}}) is None
