@@ -302,7 +302,9 @@ def test_parse_pod_reads_identity_container_ids_and_the_mirror_hash() -> None:
     assert parse_pod({"metadata": {"name": "x"}}) is None
     assert parse_pod("not a pod") is None
     pending = pod_json(TRAINER_UID, "trainer-0", "ml", {})
-    assert parse_pod(pending) == PodMeta(TRAINER_UID, "ml", "trainer-0")
+    assert parse_pod(pending) == PodMeta(
+        TRAINER_UID, "ml", "trainer-0", labels=(("app", "trainer"),)
+    )
 
 
 def test_index_lookup_by_uid_and_static_pod_hash() -> None:
