@@ -247,7 +247,8 @@ _HF_DICT = re.compile(
     + _NUM
 )
 _TQDM = re.compile(r"(?<![\d.?])(\d+(?:\.\d+)?)(it/s|s/it)")
-_LIGHTNING = re.compile(r"(?:^|\r)(?:Epoch|Validation|Training) [^\r]*\|[^\r]*$")
+#: descriptions of Lightning's bars: training (``Epoch N``) and the loops that are not
+_LIGHTNING_BARS = ("Epoch ", "Validation", "Testing", "Predicting", "Sanity Checking")
 
 
 def parse_hf_trainer(line: str) -> Reading | None:
@@ -273,9 +274,19 @@ def parse_hf_trainer(line: str) -> Reading | None:
             return Reading("hf_trainer", **found)
     if "it/s" not in line and "s/it" not in line:
         return None
-    if _LIGHTNING.search(line):
+    if _last_segment(line).lstrip().startswith(_LIGHTNING_BARS):
         return None
     return _tqdm("hf_trainer", line)
+
+
+def _last_segment(line: str) -> str:
+    """The latest redraw of a ``\r``-separated progress bar (empty redraws skipped)."""
+    if "\r" not in line:
+        return line
+    for seg in reversed(line.split("\r")):
+        if seg.strip():
+            return seg
+    return ""
 
 
 def _tqdm(fmt: str, text: str) -> Reading | None:
@@ -305,12 +316,9 @@ def parse_lightning(line: str) -> Reading | None:
     """
     if "Epoch " not in line or ("it/s" not in line and "s/it" not in line):
         return None
-    last = line.rsplit("\r", 1)[-1] if "\r" in line else line
-    segments = [s for s in line.split("\r") if s.lstrip().startswith("Epoch ")]
-    if not segments:
-        return None
+    last = _last_segment(line)
     if not last.lstrip().startswith("Epoch "):
-        last = segments[-1]
+        return None
     return _tqdm("lightning", last)
 
 
@@ -318,7 +326,9 @@ def parse_lightning(line: str) -> Reading | None:
 
 _NANO_ITER = re.compile(r"^iter \d+: loss [^,]*, time " + _NUM + r"ms(?:, mfu " + _NUM + "%)?")
 _MODDED = re.compile(r"^step:\d+/\d+ .*step_avg:" + _NUM + "ms")
-_LLMC = re.compile(r"^step +\d+/\d+ \|.*\(" + _NUM + r" ms \| " + _NUM + r" tok/s\)")
+_LLMC = re.compile(
+    r"^step +\d+/\d+ \|.*\| " + _NUM + r" ms \|(?: " + _NUM + r"% bf16 MFU \|)? " + _NUM + " tok/s"
+)
 
 
 def parse_nanogpt(line: str) -> Reading | None:
@@ -326,11 +336,13 @@ def parse_nanogpt(line: str) -> Reading | None:
 
         iter 100: loss 4.1234, time 123.45ms, mfu 31.23%          (karpathy/nanoGPT)
         step:2/1490 train_time:108ms step_avg:53.87ms             (modded-nanogpt)
-        step    1/74 | train loss 7.57 | ... | (1054.43 ms | 497228 tok/s)   (llm.c)
+        step    2/32000 | loss 10.539388 (+nanz)| norm 43.5996 (+nanz)| lr 1.71e-06 |
+        2747.19 ms | 47.4% bf16 MFU | 381690 tok/s                      (llm.c)
 
-    The time per step in ms -> step seconds and iterations/s; ``mfu`` percent -> ratio;
-    llm.c's ``tok/s`` -> tokens/s. modded-nanogpt's ``step_avg`` is the running mean since
-    the start of timing (``nanms`` before the first timed step: skipped).
+    The time per step in ms -> step seconds and iterations/s; ``mfu`` percent -> ratio
+    (llm.c prints -100% when it does not know the GPU's peak: absent); ``tok/s`` ->
+    tokens/s. modded-nanogpt's ``step_avg`` is the running mean since the start of timing
+    (``nanms`` before the first timed step: skipped).
     """
     s = line.lstrip()
     if not s.startswith(("iter ", "step")):
@@ -356,7 +368,8 @@ def parse_nanogpt(line: str) -> Reading | None:
         return Reading("nanogpt", iterations_per_second=1000.0 / ms, step_seconds=ms / 1000.0)
     m = _LLMC.match(s)
     if m:
-        ms, tok = _nonneg(number(m.group(1))), _nonneg(number(m.group(2)))
+        ms, tok = _nonneg(number(m.group(1))), _nonneg(number(m.group(3)))
+        mfu = _nonneg(number(m.group(2))) if m.group(2) else None
         if not ms:
             return None
         return Reading(
@@ -364,6 +377,7 @@ def parse_nanogpt(line: str) -> Reading | None:
             tokens_per_second=tok,
             iterations_per_second=1000.0 / ms,
             step_seconds=ms / 1000.0,
+            mfu_ratio=mfu / 100.0 if mfu is not None else None,
         )
     return None
 
