@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 #: Every sampler, in the order they are listed in ``--help``.
-SAMPLER_NAMES = ("attribution", "infiniband", "netdev", "nvml", "pci", "workload")
+SAMPLER_NAMES = ("attribution", "infiniband", "netdev", "nvml", "pci", "throughput", "workload")
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +197,46 @@ class KubernetesSettings:
     node_name: str | None = None
 
 
+DEFAULT_POD_LOGS = "/var/log/pods"
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputFile:
+    """One ``--throughput.file PATH[=JOB]``: a path or glob, and the job name its series
+    carry (None: ``--throughput.job``, else the file's stem)."""
+
+    pattern: str
+    job: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputSettings:
+    """The throughput sampler (``agent/throughput``): which logs it reads.
+
+    ``files``: plain log files (``--throughput.file``). ``job``: job name for files given
+    without ``=JOB``. ``pod_logs``: the kubelet's pod log directory (``--path.pod-logs``).
+    ``pods``: ``gpu`` (pods holding a GPU of this node) or ``all``; ``namespaces`` and
+    ``selector`` (a label selector) narrow it. ``max_line_bytes``: longest line read; longer
+    ones are skipped and counted. ``initial_bytes``: how far before the end of an already
+    written log reading starts.
+    """
+
+    files: tuple[ThroughputFile, ...] = ()
+    job: str | None = None
+    pod_logs: str = DEFAULT_POD_LOGS
+    pods: str = "gpu"
+    namespaces: tuple[str, ...] = ()
+    selector: str | None = None
+    max_line_bytes: int = 1 << 20
+    initial_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.pods not in ("gpu", "all"):
+            raise ValueError("throughput pods must be gpu or all")
+        if self.max_line_bytes < 1024 or self.initial_bytes < 0:
+            raise ValueError("throughput max line bytes must be >= 1024, initial bytes >= 0")
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     paths: Paths = field(default_factory=Paths)
@@ -205,3 +245,4 @@ class AgentConfig:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     nvml: NvmlSettings = field(default_factory=NvmlSettings)
+    throughput: ThroughputSettings = field(default_factory=ThroughputSettings)

@@ -37,6 +37,10 @@ class PodMeta:
     ``mirror_uid`` is a static pod's config hash (annotation ``kubernetes.io/config.mirror``):
     its cgroup carries that hash, not the mirror pod's UID. ``containers`` maps runtime
     container ids (``containerd://<id>`` less the scheme) to container names.
+    ``labels``: the pod's labels (for label selectors); ``annotations``: only those under
+    :data:`KEPT_ANNOTATION_PREFIX` (fabricscope's own settings); ``owner``: the name of the
+    controller that owns the pod (a ReplicaSet's pod-template-hash suffix removed), the
+    job a training pod belongs to.
     """
 
     uid: str
@@ -44,6 +48,16 @@ class PodMeta:
     name: str
     mirror_uid: str | None = None
     containers: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+    owner: str | None = None
+
+    def annotation(self, key: str) -> str | None:
+        return dict(self.annotations).get(key)
+
+
+#: pod annotations the index keeps (others may hold anything, secrets included)
+KEPT_ANNOTATION_PREFIX = "fabricscope.io/"
 
 
 def text_field(obj: Mapping[str, object], key: str) -> str | None:
@@ -71,7 +85,12 @@ def parse_pod(obj: object) -> PodMeta | None:
     )
     if uid is None or name is None or namespace is None:
         return None
-    mirror = text_field(mapping_field(meta, "annotations"), "kubernetes.io/config.mirror")
+    raw_annotations = mapping_field(meta, "annotations")
+    mirror = text_field(raw_annotations, "kubernetes.io/config.mirror")
+    labels = _strings(mapping_field(meta, "labels"))
+    annotations = tuple(
+        (k, v) for k, v in _strings(raw_annotations) if k.startswith(KEPT_ANNOTATION_PREFIX)
+    )
     status = mapping_field(obj, "status")
     containers: dict[str, str] = {}
     for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
@@ -82,7 +101,37 @@ def parse_pod(obj: object) -> PodMeta | None:
             cid, cname = text_field(cs, "containerID"), text_field(cs, "name")
             if cid is not None and cname is not None:
                 containers[cid.split("://", 1)[-1]] = cname
-    return PodMeta(uid, namespace, name, mirror, tuple(sorted(containers.items())))
+    return PodMeta(
+        uid,
+        namespace,
+        name,
+        mirror,
+        tuple(sorted(containers.items())),
+        labels,
+        annotations,
+        _owner(meta, dict(labels)),
+    )
+
+
+def _strings(obj: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in obj.items() if isinstance(v, str)))
+
+
+def _owner(meta: Mapping[str, object], labels: Mapping[str, str]) -> str | None:
+    """The controlling owner's name; a ReplicaSet's ``-<pod-template-hash>`` is removed so
+    a Deployment's pods share one name."""
+    refs = meta.get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else ():
+        if not isinstance(ref, dict) or ref.get("controller") is not True:
+            continue
+        name = text_field(ref, "name")
+        if name is None:
+            continue
+        tmpl = labels.get("pod-template-hash")
+        if text_field(ref, "kind") == "ReplicaSet" and tmpl and name.endswith("-" + tmpl):
+            name = name[: -len(tmpl) - 1]
+        return name
+    return None
 
 
 def resource_version(obj: object) -> str | None:
@@ -114,6 +163,9 @@ class PodIndex:
 
     def without(self, uid: str) -> PodIndex:
         return PodIndex(p for u, p in self._pods.items() if u != uid)
+
+    def by_uid(self, uid: str) -> PodMeta | None:
+        return self._pods.get(uid)
 
     def lookup(self, where: PodContainer) -> tuple[PodMeta, str] | None:
         """(pod, container name) of a process's cgroup identity; the name is "" when the

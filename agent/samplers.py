@@ -17,12 +17,13 @@ from agent.probe.service import build_probe_sampler
 from agent.runner import SamplerSpec
 from agent.sampler import Sampler, Snapshot
 from agent.sysfs import SysfsReader
+from agent.throughput.sampler import ThroughputSampler
 from agent.workload import WorkloadSampler, pod_identities
 
 S = TypeVar("S")
 
 #: samplers that join other samplers' latest snapshots; ``--once`` runs them after the rest
-DEPENDENT = ("attribution", "workload")
+DEPENDENT = ("attribution", "workload", "throughput")
 
 
 class Latest:
@@ -54,6 +55,7 @@ def build_samplers(
     watch_xid: bool = True,
     run_probes: bool = True,
     latest: Latest | None = None,
+    once: bool = False,
 ) -> list[Sampler]:
     """The enabled samplers, sorted by name, all reading sysfs through ``sysfs``.
 
@@ -63,7 +65,8 @@ def build_samplers(
     registers for XID events (off for ``--once``).
     ``run_probes``: build the probe sampler when ``--probe`` is on; it starts the probe
     service, which binds the rendezvous port (off for ``--once``: probes run on their own
-    schedule, never in one pass). ``latest`` feeds the joining samplers (attribution,
+    schedule, never in one pass). ``once``: the throughput sampler reads its logs whole
+    (``--once``). ``latest`` feeds the joining samplers (attribution,
     workload) and the probe's view of pod-allocated GPUs; bind it to the runner.
     """
     latest = latest or Latest()
@@ -72,17 +75,17 @@ def build_samplers(
     procfs = SysfsReader(config.paths.procfs)
     nvml_snap = latest.of("nvml", NvmlSnapshot)
     pods = latest.of("attribution", AttributionSnapshot)
+    attribution: AttributionSampler | None = None
     if "attribution" in enabled:
         k8s = config.kubernetes
-        out.append(
-            AttributionSampler(
-                gpus=nvml_snap,
-                rdma=latest.of("infiniband", InfinibandSnapshot),
-                procfs=procfs,
-                socket_path=k8s.pod_resources_socket,
-                node_name=k8s.node_name,
-            )
+        attribution = AttributionSampler(
+            gpus=nvml_snap,
+            rdma=latest.of("infiniband", InfinibandSnapshot),
+            procfs=procfs,
+            socket_path=k8s.pod_resources_socket,
+            node_name=k8s.node_name,
         )
+        out.append(attribution)
     if "workload" in enabled:
         out.append(
             WorkloadSampler(
@@ -119,9 +122,26 @@ def build_samplers(
             out.append(NvmlSampler(nvml_api, **settings))  # type: ignore[arg-type]
     if "pci" in enabled:
         out.append(PciSampler(sysfs))
+    if "throughput" in enabled:
+        watcher = attribution.watcher if attribution is not None else None
+        out.append(
+            ThroughputSampler(
+                config.throughput,
+                gpu_pods=lambda: gpu_pods(pods()),
+                pod_index=lambda: watcher.index if watcher is not None else None,
+                once=once,
+            )
+        )
     if config.probe.enabled and run_probes:
         out.append(build_probe_sampler(config.probe, allocated=lambda: allocated_gpus(pods())))
     return sorted(out, key=lambda s: s.name)
+
+
+def gpu_pods(snap: AttributionSnapshot | None) -> frozenset[tuple[str, str]] | None:
+    """(namespace, pod) of the pods holding a GPU of this node; None without attribution."""
+    if snap is None:
+        return None
+    return frozenset((a.namespace, a.pod) for a in snap.gpus)
 
 
 def build_specs(
@@ -132,6 +152,7 @@ def build_specs(
     watch_xid: bool = True,
     run_probes: bool = True,
     latest: Latest | None = None,
+    once: bool = False,
 ) -> list[SamplerSpec]:
     s = config.sampling
     samplers = build_samplers(
@@ -141,5 +162,6 @@ def build_specs(
         watch_xid=watch_xid,
         run_probes=run_probes,
         latest=latest,
+        once=once,
     )
     return [SamplerSpec(sampler, s.interval_seconds, s.timeout_seconds) for sampler in samplers]

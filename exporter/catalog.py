@@ -17,6 +17,7 @@ from exporter import (
     pci,
     probe,
     selfmetrics,
+    throughput,
     workload,
 )
 from exporter.spec import Families, MetricSpec
@@ -40,6 +41,7 @@ AREAS: dict[str, Area] = {
         Area("nvml", nvml.SPECS, nvml.render),
         Area("pci", pci.SPECS, pci.render),
         Area("probe", probe.SPECS, probe.render),
+        Area("throughput", throughput.SPECS, throughput.render),
         Area("workload", workload.SPECS, workload.render),
     )
 }

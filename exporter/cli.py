@@ -26,6 +26,7 @@ from pathlib import Path
 
 from agent import __version__, topo_report, topology
 from agent.config import (
+    DEFAULT_POD_LOGS,
     DEFAULT_POD_RESOURCES_SOCKET,
     SAMPLER_NAMES,
     AgentConfig,
@@ -34,6 +35,8 @@ from agent.config import (
     NvmlSettings,
     Paths,
     Sampling,
+    ThroughputFile,
+    ThroughputSettings,
 )
 from agent.errors import ConfigError, NoData
 from agent.gpu_topology import nvlinks_by_address
@@ -48,6 +51,7 @@ from agent.runner import Runner, SamplerSpec
 from agent.samplers import Latest, build_specs
 from agent.snapshot import NVML_RECORDING, SnapshotError, capture, extract
 from agent.sysfs import RecordingReader, SysfsReader
+from agent.throughput.pods import parse_selector
 from agent.workload import WorkloadSampler, WorkloadSnapshot
 from exporter import probe_cli
 from exporter.app import AgentApp
@@ -114,6 +118,77 @@ def _add_kubernetes(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="this node's name: turns on the /proc cgroup fallback with an API-server pod "
         "watch (default: $NODE_NAME; empty: off)",
+    )
+
+
+def _throughput_file(value: str) -> ThroughputFile:
+    path, sep, job = value.rpartition("=")
+    if sep and path and job and "/" not in job:
+        return ThroughputFile(path, job)
+    if not value:
+        raise argparse.ArgumentTypeError("empty path")
+    return ThroughputFile(value)
+
+
+def _selector(value: str) -> str:
+    try:
+        parse_selector(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return value
+
+
+def _add_throughput(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training throughput from logs")
+    g.add_argument(
+        "--throughput.file",
+        dest="throughput_files",
+        type=_throughput_file,
+        action="append",
+        default=[],
+        metavar="PATH[=JOB]",
+        help="a plain log file (or glob) a training job writes; repeatable; JOB names its "
+        "job_name label (default: --throughput.job, else the file's stem). With --once the "
+        "file is read whole",
+    )
+    g.add_argument(
+        "--throughput.job",
+        dest="throughput_job",
+        default=None,
+        metavar="NAME",
+        help="job_name of --throughput.file paths given without =JOB",
+    )
+    g.add_argument(
+        "--path.pod-logs",
+        dest="path_pod_logs",
+        default=DEFAULT_POD_LOGS,
+        metavar="DIR",
+        help="the kubelet's pod log directory (CRI format) (default: %(default)s)",
+    )
+    g.add_argument(
+        "--throughput.pods",
+        dest="throughput_pods",
+        choices=("gpu", "all"),
+        default="gpu",
+        help="whose container logs to read: pods holding a GPU of this node, or all "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--throughput.namespace",
+        dest="throughput_namespaces",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="read only pods of this namespace; repeatable",
+    )
+    g.add_argument(
+        "--throughput.selector",
+        dest="throughput_selector",
+        type=_selector,
+        default=None,
+        metavar="SELECTOR",
+        help="read only pods whose labels match this label selector (app=llm,tier!=eval); "
+        "needs the API-server pod watch (--kubernetes.node-name)",
     )
 
 
@@ -252,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.tar.gz",
         help="read sysfs from a snapshot taken by `fabricscope snapshot`",
     )
+    _add_throughput(agent)
     probe_cli.add_agent_flags(agent)
 
     topo = sub.add_parser(
@@ -287,6 +363,14 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
         probe=probe_cli.settings_from_args(ns),
         nvml=NvmlSettings(
             ns.nvml_link_error_rotation, ns.nvml_slow_error_rotation, isolate=ns.nvml_isolate
+        ),
+        throughput=ThroughputSettings(
+            files=tuple(getattr(ns, "throughput_files", ())),
+            job=getattr(ns, "throughput_job", None),
+            pod_logs=getattr(ns, "path_pod_logs", DEFAULT_POD_LOGS),
+            pods=getattr(ns, "throughput_pods", "gpu"),
+            namespaces=tuple(getattr(ns, "throughput_namespaces", ())),
+            selector=getattr(ns, "throughput_selector", None),
         ),
         kubernetes=KubernetesSettings(
             pod_resources_socket=getattr(ns, "pod_resources_socket", None) or None,
@@ -357,6 +441,7 @@ def cmd_agent(ns: argparse.Namespace) -> int:
             watch_xid=not ns.once,
             run_probes=not ns.once,
             latest=latest,
+            once=ns.once,
         )
         app = AgentApp(specs, latest)
         if ns.once:

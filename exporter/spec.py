@@ -63,6 +63,10 @@ LABELS: dict[str, str] = {
     "cpus": "CPU list in kernel list format (0-31,64-95)",
     "variable": "environment variable name, from a fixed allowlist (NCCL_IB_HCA)",
     "value": "a setting's value as the process was started with it, or <redacted>",
+    "job_name": "a training job's name: --throughput.file PATH=JOB, --throughput.job or the "
+    "file's stem; in Kubernetes the pod annotation fabricscope.io/job, else the pod's owner",
+    "format": "the log format whose parser read a throughput line (composer, hf_trainer, "
+    "megatron, deepspeed, torchtitan, lightning, nanogpt, custom)",
 }
 
 _NAME = re.compile(r"^fabricscope_[a-z0-9_]+$")

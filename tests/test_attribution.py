@@ -294,13 +294,17 @@ ETCD = pod_json(
 
 
 def test_parse_pod_reads_identity_container_ids_and_the_mirror_hash() -> None:
-    assert parse_pod(EVAL) == PodMeta(EVAL_UID, "ml", "eval-1", None, ((EVAL_CID, "eval"),))
+    assert parse_pod(EVAL) == PodMeta(
+        EVAL_UID, "ml", "eval-1", None, ((EVAL_CID, "eval"),), labels=(("app", "eval"),)
+    )
     etcd = parse_pod(ETCD)
     assert etcd is not None and etcd.mirror_uid == ETCD_HASH
     assert parse_pod({"metadata": {"name": "x"}}) is None
     assert parse_pod("not a pod") is None
     pending = pod_json(TRAINER_UID, "trainer-0", "ml", {})
-    assert parse_pod(pending) == PodMeta(TRAINER_UID, "ml", "trainer-0")
+    assert parse_pod(pending) == PodMeta(
+        TRAINER_UID, "ml", "trainer-0", labels=(("app", "trainer"),)
+    )
 
 
 def test_index_lookup_by_uid_and_static_pod_hash() -> None:

@@ -30,7 +30,7 @@ import jsonschema
 import pytest
 import yaml
 
-from agent.config import DEFAULT_PROBE_PORT
+from agent.config import DEFAULT_POD_LOGS, DEFAULT_PROBE_PORT
 from agent.probe.membership import parse_peers
 from exporter.cli import build_parser
 
@@ -322,6 +322,7 @@ def test_rbac_is_exactly_read_pods(built: dict[str, list[Doc]], build: str) -> N
 
 HOST_PATHS = {"/sys": "/host/sys", "/proc": "/host/proc"}
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+POD_LOGS = "/var/log/pods"
 
 
 def capabilities_added(docs: list[Doc]) -> list[str]:
@@ -386,13 +387,17 @@ def host_mounts(docs: list[Doc]) -> dict[str, tuple[str, bool]]:
 @pytest.mark.parametrize("build", BUILDS)
 def test_host_paths_are_few_and_read_only(built: dict[str, list[Doc]], build: str) -> None:
     mounts = host_mounts(built[build])
-    expected = {"/sys", "/proc"} | ({POD_RESOURCES} if "nonroot" not in build else set())
+    # nonroot: no pod attribution, so no pod-resources socket and no pod logs to pick from
+    kube = {POD_RESOURCES, POD_LOGS}
+    expected = {"/sys", "/proc"} | (kube if "nonroot" not in build else set())
     assert set(mounts) == expected
     assert all(read_only for _, read_only in mounts.values())
     assert mounts["/sys"][0] == "/host/sys" and mounts["/proc"][0] == "/host/proc"
     if POD_RESOURCES in mounts:
         # the agent's default socket path (agent/podresources.py) lies under the mount
         assert mounts[POD_RESOURCES][0] == POD_RESOURCES
+    if POD_LOGS in mounts:  # where --path.pod-logs looks by default
+        assert mounts[POD_LOGS][0] == DEFAULT_POD_LOGS == POD_LOGS
     args = agent_container(built[build])["args"]
     assert "--path.sysfs=/host/sys" in args and "--path.procfs=/host/proc" in args
 
@@ -604,7 +609,7 @@ def extracted_rules(docs: list[Doc], tmp_path: Path) -> Path:
 def test_built_rules_are_the_rule_files_and_pass_promtool(
     built: dict[str, list[Doc]], build: str, tmp_path: Path
 ) -> None:
-    sources = ["agent.rules.yaml", "hardware.rules.yaml"]
+    sources = ["agent.rules.yaml", "hardware.rules.yaml", "throughput.rules.yaml"]
     if build == "probe":
         sources.append("probe.rules.yaml")
     expected = [

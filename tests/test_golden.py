@@ -35,6 +35,8 @@ def test_metrics_output_matches_golden_and_lints(tree: str, tmp_path: Path) -> N
             f"--path.procfs={tmp_path}",
             "--kubelet.pod-resources-socket=",
             "--kubernetes.node-name=",
+            # no pod logs: the throughput sampler must not read this host's /var/log/pods
+            f"--path.pod-logs={tmp_path / 'no-pod-logs'}",
             "--log.level=error",
         ]
     )

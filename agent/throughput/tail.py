@@ -1,0 +1,403 @@
+"""Incremental tailing of log files: each pass reads only what was appended since the last.
+
+A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory:
+
+- it keeps its file open between passes and remembers the offset, so a pass reads only the
+  new bytes (at most ``Limits.max_bytes_per_pass``; the rest waits for the next pass);
+- rotation (the path now names another inode, or no file): the old file is read to its end
+  through the still-open descriptor, then the new file from its start; a line cut by the
+  rotation is joined across the two files;
+- truncation (the file is shorter than the offset): read again from the start, counted;
+- a file found already written starts ``Limits.initial_bytes`` before its end (the latest
+  values, without re-reading a gigabyte), or from the start when that is None (``--once``);
+- a line longer than ``Limits.max_line_bytes`` is skipped to its end and counted; the
+  partial-line buffer never grows past that bound;
+- the kubelet's CRI format (``<RFC3339Nano> <stream> <P|F> <message>``) is decoded:
+  ``P`` (partial) pieces are joined until the ``F`` piece, within the same bound;
+- invalid UTF-8 is counted and decoded with replacement characters (the numbers, ASCII,
+  survive);
+- a FIFO, socket, device or directory in place of the file is never opened for reading
+  (``stat`` first; opened ``O_NONBLOCK``; ``fstat`` again): counted as ``not_regular_file``.
+
+Gzip'd files (rotated kubelet logs, ``*.gz`` given to ``--throughput.file``) are read whole
+with :func:`read_gzip_tail` (they never grow).
+
+Events are counted in a :class:`collections.Counter` by reason (the sampler's
+``errors_total``); a persistent problem with the file is returned as a ``(reason, detail)``
+pair for the runner to log once. Nothing here logs or keeps a line beyond handing it on.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import os
+import stat
+import struct
+import zlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+#: (text, CRI timestamp in seconds or None for plain files)
+LineSink = Callable[[str, float | None], None]
+
+#: reasons counted by the tailer (a subset of the sampler's error reasons)
+TAIL_REASONS = (
+    "cri_parse",
+    "gzip",
+    "invalid_utf8",
+    "io",
+    "line_too_long",
+    "not_regular_file",
+    "permission",
+    "rotated",
+    "truncated",
+    "vanished",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds of the tailer. Sizes in bytes.
+
+    ``max_line_bytes``: longest line (a CRI message joined from its pieces) kept; longer
+    lines are skipped and counted. ``max_bytes_per_pass``: most bytes read from one file in
+    one pass (None: no bound, for ``--once``). ``initial_bytes``: how far before the end of
+    an already-written file reading starts (None: from the start). ``chunk_bytes``: one
+    ``read`` call's size.
+    """
+
+    max_line_bytes: int = 1 << 20
+    max_bytes_per_pass: int | None = 16 << 20
+    initial_bytes: int | None = 1 << 20
+    chunk_bytes: int = 64 << 10
+
+    def __post_init__(self) -> None:
+        if self.max_line_bytes < 1 or self.chunk_bytes < 1:
+            raise ValueError("line and chunk bounds must be positive")
+
+
+WHOLE_FILE = Limits(max_bytes_per_pass=None, initial_bytes=None)
+
+
+def parse_cri_timestamp(raw: bytes) -> float | None:
+    """Seconds since the epoch of a CRI log timestamp (``2024-04-06T02:55:45.123456789Z``
+    or with a ``+hh:mm`` offset); None when it is not one."""
+    text = raw.decode("ascii", errors="replace")
+    if "." in text:
+        head, _, rest = text.partition(".")
+        digits = ""
+        for i, ch in enumerate(rest):
+            if not ch.isdigit():
+                tz = rest[i:]
+                break
+            digits += ch
+        else:
+            tz = ""
+        text = f"{head}.{(digits + '000000')[:6]}{tz}"
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+class LineSplitter:
+    """Bytes in, complete lines out, in bounded memory; decodes CRI when asked."""
+
+    __slots__ = (
+        "_buf",
+        "_counts",
+        "_cri",
+        "_cri_buf",
+        "_cri_skip",
+        "_limits",
+        "_sink",
+        "_skip",
+    )
+
+    def __init__(self, sink: LineSink, counts: Counter[str], *, cri: bool, limits: Limits) -> None:
+        self._sink = sink
+        self._counts = counts
+        self._cri = cri
+        self._limits = limits
+        self._buf = bytearray()
+        self._skip = False  # inside an over-long raw line: drop bytes until its newline
+        self._cri_buf = bytearray()
+        self._cri_skip = False  # inside an over-long CRI message: drop pieces until F
+
+    def reset(self) -> None:
+        """Forget a partial line (after a truncation: its rest is gone)."""
+        self._buf.clear()
+        self._skip = False
+        self._cri_buf.clear()
+        self._cri_skip = False
+
+    def skip_to_next_line(self) -> None:
+        """Start mid-file: the bytes up to the next newline are the tail of a line not read."""
+        self._buf.clear()
+        self._skip = True
+
+    def feed(self, data: bytes) -> None:
+        start = 0
+        limit = self._limits.max_line_bytes
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                rest = len(data) - start
+                if self._skip or rest == 0:
+                    return
+                if len(self._buf) + rest > limit:
+                    self._counts["line_too_long"] += 1
+                    self._buf.clear()
+                    self._skip = True
+                    return
+                self._buf += data[start:]
+                return
+            if self._skip:
+                self._skip = False
+            elif self._buf:
+                if len(self._buf) + nl - start > limit:
+                    self._counts["line_too_long"] += 1
+                else:
+                    self._buf += data[start:nl]
+                    self._line(bytes(self._buf))
+                self._buf.clear()
+            elif nl - start > limit:
+                self._counts["line_too_long"] += 1
+            else:
+                self._line(data[start:nl])
+            start = nl + 1
+
+    def _line(self, raw: bytes) -> None:
+        if not self._cri:
+            self._emit(raw, None)
+            return
+        parts = raw.split(b" ", 3)
+        if len(parts) < 3 or parts[2] not in (b"P", b"F"):
+            self._counts["cri_parse"] += 1
+            return
+        msg = parts[3] if len(parts) == 4 else b""
+        if parts[2] == b"P":
+            if self._cri_skip:
+                return
+            if len(self._cri_buf) + len(msg) > self._limits.max_line_bytes:
+                self._counts["line_too_long"] += 1
+                self._cri_buf.clear()
+                self._cri_skip = True
+                return
+            self._cri_buf += msg
+            return
+        if self._cri_skip:  # the F piece ends the over-long message
+            self._cri_skip = False
+            return
+        if self._cri_buf:
+            if len(self._cri_buf) + len(msg) > self._limits.max_line_bytes:
+                self._counts["line_too_long"] += 1
+                self._cri_buf.clear()
+                return
+            self._cri_buf += msg
+            msg = bytes(self._cri_buf)
+            self._cri_buf.clear()
+        self._emit(msg, parse_cri_timestamp(parts[0]))
+
+    def _emit(self, raw: bytes, ts: float | None) -> None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self._counts["invalid_utf8"] += 1
+            text = raw.decode("utf-8", errors="replace")
+        self._sink(text, ts)
+
+
+def _classify(exc: OSError) -> str:
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "vanished"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission"
+    return "io"
+
+
+class FileTail:
+    """Follows one path across rotation and truncation; see the module docstring.
+
+    ``poll`` reads what is new and hands each complete line to ``sink``; it returns None,
+    or ``(reason, detail)`` when the path cannot be read now (the detail names no line).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        sink: LineSink,
+        counts: Counter[str],
+        *,
+        cri: bool,
+        limits: Limits,
+        new_file: bool = False,
+    ) -> None:
+        """``new_file``: the file appeared after tailing began (a restarted container's
+        next log): read it from its start rather than from ``initial_bytes`` before its end."""
+        self.path = path
+        self._counts = counts
+        self._limits = limits
+        self._split = LineSplitter(sink, counts, cri=cri, limits=limits)
+        self._fd: int | None = None
+        self._ident: tuple[int, int] = (0, 0)
+        self._offset = 0
+        self._opened_before = new_file
+        self.last_read_mtime: float | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _open(self, *, from_start: bool) -> tuple[str, str] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            return _classify(exc), exc.strerror or str(exc)
+        if not stat.S_ISREG(st.st_mode):
+            self._counts["not_regular_file"] += 1
+            return "not_regular_file", "not a regular file (FIFO, socket, device or directory)"
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            reason = _classify(exc)
+            self._counts[reason] += 1
+            return reason, exc.strerror or str(exc)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped between stat and open
+            os.close(fd)
+            self._counts["not_regular_file"] += 1
+            return "not_regular_file", "not a regular file (FIFO, socket, device or directory)"
+        same = self._ident == (st.st_dev, st.st_ino) and st.st_size >= self._offset > 0
+        self._fd = fd
+        self._ident = (st.st_dev, st.st_ino)
+        initial = self._limits.initial_bytes
+        if same:  # reopened after an error: carry on where reading stopped
+            os.lseek(fd, self._offset, os.SEEK_SET)
+        elif not from_start and initial is not None and st.st_size > initial:
+            self._offset = st.st_size - initial
+            os.lseek(fd, self._offset, os.SEEK_SET)
+            self._split.skip_to_next_line()
+        else:
+            self._offset = 0
+        self._opened_before = True
+        return None
+
+    def poll(self) -> tuple[str, str] | None:
+        budget = self._limits.max_bytes_per_pass
+        if self._fd is None:
+            problem = self._open(from_start=self._opened_before)
+            if problem is not None:
+                return problem
+        for _ in range(64):  # rotations handled in one pass (bounded: never spin)
+            assert self._fd is not None
+            try:
+                size = os.fstat(self._fd).st_size
+                if size < self._offset:
+                    self._counts["truncated"] += 1
+                    self._split.reset()
+                    self._offset = 0
+                    os.lseek(self._fd, 0, os.SEEK_SET)
+                read, at_eof = self._read(budget)
+            except OSError as exc:
+                self.close()
+                reason = _classify(exc)
+                self._counts[reason] += 1
+                return reason, exc.strerror or str(exc)
+            if budget is not None:
+                budget -= read
+            if not at_eof:
+                return None  # budget spent: the rest next pass
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                return None  # rotated away, no new file yet: keep the old one open
+            except OSError as exc:
+                return _classify(exc), exc.strerror or str(exc)
+            if (st.st_dev, st.st_ino) == self._ident:
+                return None
+            # rotated or replaced: the old file is read to its end; now the new one
+            self._counts["rotated"] += 1
+            self.close()
+            problem = self._open(from_start=True)
+            if problem is not None:
+                return problem
+        return None
+
+    def _read(self, budget: int | None) -> tuple[int, bool]:
+        assert self._fd is not None
+        total = 0
+        chunk = self._limits.chunk_bytes
+        while budget is None or total < budget:
+            want = chunk if budget is None else min(chunk, budget - total)
+            data = os.read(self._fd, want)
+            if not data:
+                if total:
+                    self.last_read_mtime = os.fstat(self._fd).st_mtime
+                return total, True
+            total += len(data)
+            self._offset += len(data)
+            self._split.feed(data)
+        if total:
+            self.last_read_mtime = os.fstat(self._fd).st_mtime
+        return total, False
+
+
+def gzip_size(path: str) -> int | None:
+    """The uncompressed size of a single-member gzip file (its trailer, mod 2**32)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-4, os.SEEK_END)
+            (size,) = struct.unpack("<I", f.read(4))
+            return int(size)
+    except (OSError, struct.error):
+        return None
+
+
+def read_gzip_tail(
+    path: str, sink: LineSink, counts: Counter[str], *, cri: bool, limits: Limits
+) -> tuple[str, str] | None:
+    """Read a gzip'd log (a rotated kubelet log, a compressed plain log): its last
+    ``limits.initial_bytes`` of uncompressed content, or all of it when that is None.
+    Decompression streams in chunks: memory stays bounded whatever the file's size."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return _classify(exc), exc.strerror or str(exc)
+    if not stat.S_ISREG(st.st_mode):
+        counts["not_regular_file"] += 1
+        return "not_regular_file", "not a regular file (FIFO, socket, device or directory)"
+    split = LineSplitter(sink, counts, cri=cri, limits=limits)
+    skip = 0
+    size = gzip_size(path)
+    if limits.initial_bytes is not None and size is not None and size > limits.initial_bytes:
+        skip = size - limits.initial_bytes
+        split.skip_to_next_line()
+    try:
+        with gzip.open(path, "rb") as f:
+            while skip > 0:
+                dropped = f.read(min(skip, limits.chunk_bytes))
+                if not dropped:
+                    break
+                skip -= len(dropped)
+            while True:
+                data = f.read(limits.chunk_bytes)
+                if not data:
+                    break
+                split.feed(data)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        counts["gzip"] += 1
+        return "gzip", f"not a readable gzip file: {exc}"
+    except OSError as exc:
+        reason = _classify(exc)
+        counts[reason] += 1
+        return reason, exc.strerror or str(exc)
+    return None

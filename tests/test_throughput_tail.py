@@ -1,0 +1,346 @@
+"""Fault tests for the log tailer (agent/throughput/tail.py) on real files, FIFOs and
+directories: rotation mid-line, truncation, an unreadable file, a FIFO or directory in place
+of the log, a 50 MB single line, invalid UTF-8, gzip'd rotated logs. Each time the tailer
+carries on, counts the fault, and loses no value it could read."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from agent.throughput.formats import parse_line
+from agent.throughput.tail import (
+    WHOLE_FILE,
+    FileTail,
+    Limits,
+    parse_cri_timestamp,
+    read_gzip_tail,
+)
+
+T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC).timestamp()
+TOKENS = "\t Train throughput/tokens_per_sec: {}\n"
+
+
+class Collector:
+    """Lines and the latest tokens/s they state."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, float | None]] = []
+        self.tokens: list[float] = []
+
+    def __call__(self, text: str, ts: float | None) -> None:
+        self.lines.append((text, ts))
+        r = parse_line(text)
+        if r is not None and r.tokens_per_second is not None:
+            self.tokens.append(r.tokens_per_second)
+
+
+def tail(
+    path: Path, *, cri: bool = False, limits: Limits | None = None
+) -> tuple[FileTail, Collector, Counter[str]]:
+    sink, counts = Collector(), Counter[str]()
+    return FileTail(str(path), sink, counts, cri=cri, limits=limits or Limits()), sink, counts
+
+
+def cri(msg: str, tag: str = "F", ts: str = "2026-11-20T10:00:00.123456789Z") -> str:
+    return f"{ts} stdout {tag} {msg}\n"
+
+
+def test_appended_lines_only_are_read_each_pass(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(TOKENS.format("55803.1245"))
+    t, sink, counts = tail(log)
+    assert t.poll() is None
+    assert sink.tokens == [55803.1245]
+    assert t.poll() is None
+    assert sink.tokens == [55803.1245]  # nothing new, nothing re-read
+    with log.open("a") as f:
+        f.write(TOKENS.format("36769.6582"))
+    assert t.poll() is None
+    assert sink.tokens == [55803.1245, 36769.6582]
+    assert counts == Counter()
+
+
+def test_rotation_mid_line_joins_the_line_across_the_two_files(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(TOKENS.format("1.0") + "\t Train throughput/tokens_per_sec: 5580")
+    t, sink, counts = tail(log)
+    t.poll()
+    assert sink.tokens == [1.0]
+    with log.open("a") as f:  # the writer still had the old file open
+        f.write("3.12")
+    log.rename(tmp_path / "train.log.1")
+    log.write_text("45\n" + TOKENS.format("36769.6582"))
+    assert t.poll() is None
+    assert sink.tokens == [1.0, 55803.1245, 36769.6582]
+    assert counts["rotated"] == 1
+
+
+def test_cri_partial_lines_are_joined_across_rotation(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    log.write_text(cri("\t Train throughput/tokens_per_", "P"))
+    t, sink, counts = tail(log, cri=True)
+    t.poll()
+    assert sink.tokens == []
+    log.rename(tmp_path / "0.log.20261120-100000")
+    log.write_text(cri("sec: 55803.1245", "F", "2026-11-20T10:00:01.5Z"))
+    t.poll()
+    assert sink.tokens == [55803.1245]
+    assert sink.lines[-1][1] == pytest.approx(parse_cri_timestamp(b"2026-11-20T10:00:01.5Z"))
+    assert counts["rotated"] == 1
+
+
+def test_rotated_away_without_a_new_file_keeps_reading_the_old_one(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(TOKENS.format("1.0"))
+    t, sink, _ = tail(log)
+    t.poll()
+    old = tmp_path / "train.log.1"
+    log.rename(old)
+    with old.open("a") as f:
+        f.write(TOKENS.format("2.0"))
+    assert t.poll() is None
+    assert sink.tokens == [1.0, 2.0]
+    log.write_text(TOKENS.format("3.0"))
+    t.poll()
+    assert sink.tokens == [1.0, 2.0, 3.0]
+
+
+def test_truncation_reads_again_from_the_start_and_counts(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(TOKENS.format("1.0") + TOKENS.format("2.0"))
+    t, sink, counts = tail(log)
+    t.poll()
+    with log.open("r+") as f:  # copytruncate
+        f.truncate(0)
+    with log.open("a") as f:
+        f.write(TOKENS.format("3.0"))
+    t.poll()
+    assert sink.tokens == [1.0, 2.0, 3.0]
+    assert counts["truncated"] == 1
+
+
+def test_fifo_in_place_of_the_log_is_never_opened_for_reading(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    os.mkfifo(log)  # no writer: a blocking open would hang forever
+    t, sink, counts = tail(log)
+    start = time.monotonic()
+    for _ in range(2):
+        problem = t.poll()
+        assert problem is not None and problem[0] == "not_regular_file"
+    assert time.monotonic() - start < 1.0
+    assert sink.lines == []
+    assert counts["not_regular_file"] == 2
+    assert not t.is_open
+
+
+def test_log_replaced_by_a_fifo_or_directory_after_rotation(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(TOKENS.format("1.0"))
+    t, sink, counts = tail(log)
+    t.poll()
+    with log.open("a") as f:
+        f.write(TOKENS.format("2.0"))
+    log.rename(tmp_path / "old.log")
+    log.mkdir()
+    problem = t.poll()
+    assert problem is not None and problem[0] == "not_regular_file"
+    assert sink.tokens == [1.0, 2.0]  # the old file was read to its end first
+    log.rmdir()
+    os.mkfifo(log)
+    assert t.poll() is not None
+    log.unlink()
+    log.write_text(TOKENS.format("3.0"))
+    assert t.poll() is None
+    assert sink.tokens == [1.0, 2.0, 3.0]
+    assert counts["not_regular_file"] == 2
+
+
+def test_directory_in_place_of_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    log.mkdir()
+    t, _, counts = tail(log)
+    problem = t.poll()
+    assert problem is not None and problem[0] == "not_regular_file"
+    assert counts["not_regular_file"] == 1
+
+
+def as_nobody(check: Callable[[], None]) -> None:
+    """Run ``check`` in a forked child as uid/gid 65534 (root reads any file whatever its
+    mode, so an unreadable file needs an unprivileged reader); fail if it fails."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            check()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_unreadable_file_is_counted_and_the_rest_carries_on() -> None:
+    base = Path(tempfile.mkdtemp(prefix="fabricscope-unreadable-"))
+    try:
+        base.chmod(0o755)
+        secret = base / "secret.log"
+        secret.write_text(TOKENS.format("9.0"))
+        secret.chmod(0o000)
+        fine = base / "fine.log"
+        fine.write_text(TOKENS.format("55803.1245"))
+        fine.chmod(0o644)
+
+        def check() -> None:
+            t1, s1, c1 = tail(secret)
+            assert t1.poll() == ("permission", "Permission denied")
+            assert c1["permission"] == 1 and s1.tokens == []
+            t2, s2, _ = tail(fine)
+            assert t2.poll() is None and s2.tokens == [55803.1245]
+
+        if os.geteuid() == 0:
+            as_nobody(check)
+        else:
+            check()
+    finally:
+        for p in base.iterdir():
+            p.unlink()
+        base.rmdir()
+
+
+def test_reopen_after_a_failure_resumes_at_the_offset(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(TOKENS.format("1.0"))
+    t, sink, _ = tail(log)
+    t.poll()
+    t.close()  # as after an I/O error
+    with log.open("a") as f:
+        f.write(TOKENS.format("2.0"))
+    t.poll()
+    assert sink.tokens == [1.0, 2.0]  # 1.0 not read twice
+
+
+def test_50_mb_single_line_is_skipped_in_bounded_memory(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    with log.open("wb") as f:
+        f.write(TOKENS.format("1.0").encode())
+        block = b"x" * (1 << 20)
+        for _ in range(50):
+            f.write(block)
+        f.write(b"\n" + TOKENS.format("2.0").encode())
+    t, sink, counts = tail(log, limits=Limits(max_bytes_per_pass=None, initial_bytes=None))
+    tracemalloc.start()
+    t.poll()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert sink.tokens == [1.0, 2.0]
+    assert counts["line_too_long"] == 1
+    assert peak < 4 << 20, f"peak {peak} bytes while skipping a 50 MB line"
+
+
+def test_50_mb_cri_message_in_16k_pieces_is_skipped(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    piece = cri("x" * 16384, "P")
+    with log.open("w") as f:
+        f.write(cri(TOKENS.format("1.0").rstrip("\n")))
+        for _ in range(50 * 64):  # 50 MiB of partial pieces, as the kubelet splits them
+            f.write(piece)
+        f.write(cri("end of the long message"))
+        f.write(cri(TOKENS.format("2.0").rstrip("\n")))
+    t, sink, counts = tail(log, cri=True, limits=WHOLE_FILE)
+    tracemalloc.start()
+    t.poll()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert sink.tokens == [1.0, 2.0]
+    assert counts["line_too_long"] == 1
+    assert peak < 4 << 20
+
+
+def test_a_pass_reads_at_most_its_budget_and_continues_next_pass(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("".join(TOKENS.format(f"{i}.0") for i in range(1000)))
+    size = log.stat().st_size
+    t, sink, _ = tail(log, limits=Limits(max_bytes_per_pass=size // 4, initial_bytes=None))
+    t.poll()
+    assert 200 <= len(sink.tokens) <= 260
+    for _ in range(4):
+        t.poll()
+    assert sink.tokens == [float(i) for i in range(1000)]
+
+
+def test_invalid_utf8_is_counted_and_its_numbers_still_read(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"\xff\xfe\xc3" + TOKENS.format("55803.1245").encode() + b"ok\n")
+    t, sink, counts = tail(log)
+    t.poll()
+    assert sink.tokens == [55803.1245]
+    assert counts["invalid_utf8"] == 1
+
+
+def test_a_file_found_written_starts_near_its_end(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("".join(TOKENS.format(f"{i}.0") for i in range(100000)))
+    t, sink, _ = tail(log, limits=Limits(initial_bytes=4096))
+    t.poll()
+    assert sink.tokens[-1] == 99999.0
+    assert len(sink.tokens) < 4096 // 30  # the window only, first partial line dropped
+    assert all(v == int(v) for v in sink.tokens)
+
+
+def test_malformed_cri_lines_are_counted(tmp_path: Path) -> None:
+    log = tmp_path / "0.log"
+    log.write_text("not a cri line\n" + cri(TOKENS.format("2.0").rstrip("\n")))
+    t, sink, counts = tail(log, cri=True)
+    t.poll()
+    assert sink.tokens == [2.0]
+    assert counts["cri_parse"] == 1
+
+
+def test_gzip_rotated_log_is_read_from_its_last_window(tmp_path: Path) -> None:
+    gz = tmp_path / "0.log.20261120-100000.gz"
+    with gzip.open(gz, "wt") as f:
+        for i in range(20000):
+            f.write(cri(TOKENS.format(f"{i}.5").rstrip("\n")))
+    sink, counts = Collector(), Counter[str]()
+    assert (
+        read_gzip_tail(str(gz), sink, counts, cri=True, limits=Limits(initial_bytes=8192)) is None
+    )
+    assert sink.tokens[-1] == 19999.5 and len(sink.tokens) < 200
+    sink2 = Collector()
+    assert read_gzip_tail(str(gz), sink2, counts, cri=True, limits=WHOLE_FILE) is None
+    assert len(sink2.tokens) == 20000
+
+
+def test_corrupt_gzip_is_counted(tmp_path: Path) -> None:
+    gz = tmp_path / "0.log.20261120-100000.gz"
+    gz.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    sink, counts = Collector(), Counter[str]()
+    problem = read_gzip_tail(str(gz), sink, counts, cri=True, limits=WHOLE_FILE)
+    assert problem is not None and problem[0] == "gzip"
+    assert counts["gzip"] == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"2026-11-20T10:00:00.123456789Z", T0 + 0.123456),
+        (b"2026-11-20T10:00:00Z", T0),
+        (b"2026-11-20T11:00:00.5+01:00", T0 + 0.5),
+        (b"yesterday", None),
+    ],
+)
+def test_parse_cri_timestamp(raw: bytes, expected: float | None) -> None:
+    got = parse_cri_timestamp(raw)
+    assert got == (pytest.approx(expected) if expected is not None else None)
