@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from grafana_foundation_sdk.models import dashboard as dm
 
 from exporter.catalog import all_specs
@@ -118,13 +119,19 @@ def _mean(series: dict[str, object]) -> float:
 # --- structure -----------------------------------------------------------------------------
 
 
-def test_committed_json_is_what_the_generator_writes() -> None:
-    stale = [
-        generate.path_of(b).name
-        for b in generate.BOARDS
-        if generate.path_of(b).read_text() != generate.render(b)
-    ]
+def test_committed_files_are_what_the_generator_writes() -> None:
+    stale = [p.name for p, text in generate.outputs().items() if p.read_text() != text]
     assert not stale, f"regenerate: python dashboards/generate.py ({stale})"
+
+
+def test_configmaps_carry_the_sidecar_label_and_exactly_the_dashboards() -> None:
+    docs = list(yaml.safe_load_all(generate.CONFIGMAP.read_text()))
+    assert len(docs) == len(generate.BOARDS)
+    for doc, board in zip(docs, generate.BOARDS, strict=True):
+        assert doc["kind"] == "ConfigMap"
+        assert doc["metadata"]["labels"] == {"grafana_dashboard": "1"}
+        name = generate.path_of(board).name
+        assert json.loads(doc["data"][name]) == json.loads(generate.path_of(board).read_text())
 
 
 @pytest.mark.parametrize("board", generate.BOARDS, ids=lambda b: b.uid)
