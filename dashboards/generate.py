@@ -330,7 +330,7 @@ NODE_BOARD = Board(
             w=6,
         ),
         Panel(
-            "Ports not up",
+            "Port state (1 = up)",
             "bargauge",
             (
                 (
