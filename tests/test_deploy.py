@@ -51,6 +51,9 @@ COMBINATIONS = {
     "standard-environ": (
         "resources: [../standard]\ncomponents: [../../components/workload-environ]\n"
     ),
+    "standard-dashboards": (
+        "resources: [../standard]\ncomponents: [../../components/grafana-dashboards]\n"
+    ),
     "probe-all": (
         "resources: [../probe]\ncomponents:\n  - ../../components/probe-rdma\n"
         "  - ../../components/acs\n  - ../../components/workload-environ\n"
