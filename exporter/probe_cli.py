@@ -150,7 +150,8 @@ def _add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
         type=parse_sizes,
         default=(),
         metavar="LIST",
-        help="message sizes, e.g. 1M,64M,256M (default: 1M,16M,64M on GPUs, 64K,1M on CPU)",
+        help="message sizes, e.g. 1M,64M,256M (default: 8K,64K,256K,1M,16M,64M on GPUs, "
+        "64K,1M on CPU)",
     )
     p.add_argument(
         "--probe.timeout",
