@@ -23,6 +23,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -704,7 +705,11 @@ def _matrix(ns: argparse.Namespace, local: _Local, abort: threading.Event) -> in
     remote_labels = [str(j) for j in range(remote_n)]
     try:
         ns.csv.write_text(to_csv(cells))
-        ns.png.write_bytes(heatmap(cells, local_labels, remote_labels))
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        png = heatmap(
+            cells, local_labels, remote_labels, local_node=me, remote_node=where, when=when
+        )
+        ns.png.write_bytes(png)
     except OSError as exc:
         raise ProbeCliError(f"cannot write the matrix: {exc}") from None
     print(f"# sendrecv busbw (GB/s) at {max(sizes)} B, {me} -> {where}")
