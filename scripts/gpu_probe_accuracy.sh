@@ -26,7 +26,11 @@ step "build nccl-tests against torch's NCCL"
 NCCL_DIR=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])")
 echo "NCCL from $NCCL_DIR: $(ls "$NCCL_DIR/include/nccl.h" "$NCCL_DIR"/lib/libnccl.so* 2>&1 | tr '\n' ' ')"
 [ -e "$NCCL_DIR/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$NCCL_DIR/lib/libnccl.so"
-CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+if [ -z "${CUDA_HOME:-}" ]; then
+  if command -v nvcc >/dev/null; then CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+  else CUDA_HOME=/usr/local/cuda; fi
+fi
+echo "CUDA from $CUDA_HOME: $("$CUDA_HOME/bin/nvcc" --version | tail -1)"
 BUILD=$(mktemp -d); tar -xzf "$TARBALL" -C "$BUILD"; SRC=$(find "$BUILD" -maxdepth 2 -name Makefile -path '*nccl-tests*' -printf '%h\n' | head -1)
 # sm_90 only (H100/H200): a build for every architecture takes minutes
 (cd "$SRC" && make -j16 MPI=0 CUDA_HOME="$CUDA_HOME" NCCL_HOME="$NCCL_DIR" \
