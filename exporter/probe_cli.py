@@ -23,6 +23,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -150,7 +151,8 @@ def _add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
         type=parse_sizes,
         default=(),
         metavar="LIST",
-        help="message sizes, e.g. 1M,64M,256M (default: 1M,16M,64M on GPUs, 64K,1M on CPU)",
+        help="message sizes, e.g. 1M,64M,256M (default: 8K,64K,256K,1M,16M,64M on GPUs, "
+        "64K,1M on CPU)",
     )
     p.add_argument(
         "--probe.timeout",
@@ -703,7 +705,11 @@ def _matrix(ns: argparse.Namespace, local: _Local, abort: threading.Event) -> in
     remote_labels = [str(j) for j in range(remote_n)]
     try:
         ns.csv.write_text(to_csv(cells))
-        ns.png.write_bytes(heatmap(cells, local_labels, remote_labels))
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        png = heatmap(
+            cells, local_labels, remote_labels, local_node=me, remote_node=where, when=when
+        )
+        ns.png.write_bytes(png)
     except OSError as exc:
         raise ProbeCliError(f"cannot write the matrix: {exc}") from None
     print(f"# sendrecv busbw (GB/s) at {max(sizes)} B, {me} -> {where}")

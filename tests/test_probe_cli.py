@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_probe_matrix import decode_png
+from test_probe_matrix import decode_png, hex_rgb, pixel
 
 from agent.probe import heatmap
 from agent.probe.worker import free_port
@@ -230,14 +230,14 @@ def test_probe_matrix_writes_csv_and_png(agent: Agent, mark: str, tmp_path: Path
         else:
             assert (r["status"], r["reason"]) == ("ok", "")
             assert float(r["busbw_bytes_per_second"]) > 0
-    width, height, pixels = decode_png(out_png.read_bytes())
-    box = heatmap.layout(["0", "1"], ["0", "1", "2"])
-    assert (width, height) == (box.width, box.height)
+    image = decode_png(out_png.read_bytes())
+    box = heatmap.layout(2, 3, failures=True)
+    assert image.size == box.size_px
+    red = hex_rgb(heatmap.FAILURE_FILL)
     for i in range(2):
         for j in range(3):
-            x, y = box.cell_origin(i, j)
-            colour = pixels[y + 1][x + box.cell // 2]
-            assert (colour == heatmap.FAILURE) == (j == 2), (i, j, colour)
+            colour = pixel(image, box.cell_px(i, j, dy=-0.35))
+            assert (colour == red) == (j == 2), (i, j, colour)
     assert "local\\remote" in proc.stdout and "FAIL" in proc.stdout
 
 

@@ -1,55 +1,64 @@
-"""The GPU-pair matrix: its schedule, parallel rounds, CSV, and the stdlib PNG heatmap decoded
-back byte by byte."""
+"""The GPU-pair matrix: its schedule, parallel rounds, CSV, and the matplotlib heatmap decoded
+back (Pillow) and sampled cell by cell."""
 
 from __future__ import annotations
 
 import csv
 import io
 import itertools
-import struct
 import threading
-import zlib
 
+import matplotlib
 import pytest
+from PIL import Image
+from PIL.Image import Image as PngImage
 
 from agent.probe import heatmap
+from agent.probe.heatmap import Axis
 from agent.probe.matrix import (
     CSV_COLUMNS,
     MatrixCell,
     format_grid,
     grid,
     matrix_rounds,
+    reasons_grid,
     run_matrix,
     to_csv,
+)
+from agent.probe.matrix import (
+    heatmap as matrix_heatmap,
 )
 
 RGB = tuple[int, int, int]
 
 
-def decode_png(data: bytes) -> tuple[int, int, list[list[RGB]]]:
-    """(width, height, pixels) of an 8-bit RGB, non-interlaced, filter-0 PNG; checks the
-    signature, every chunk's CRC and the IHDR fields on the way."""
+def decode_png(data: bytes) -> PngImage:
+    """The PNG decoded (Pillow, an independent decoder), as RGB; checks it is a PNG."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, []
-    while pos < len(data):
-        (length,) = struct.unpack("!I", data[pos : pos + 4])
-        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
-        (crc,) = struct.unpack("!I", data[pos + 8 + length : pos + 12 + length])
-        assert zlib.crc32(kind + body) == crc, kind
-        chunks.append((kind, body))
-        pos += 12 + length
-    assert [k for k, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"]
-    width, height, depth, colour, comp, filt, interlace = struct.unpack("!IIBBBBB", chunks[0][1])
-    assert (depth, colour, comp, filt, interlace) == (8, 2, 0, 0, 0)
-    raw = zlib.decompress(chunks[1][1])
-    stride = 1 + 3 * width
-    assert len(raw) == height * stride
-    pixels = []
-    for y in range(height):
-        line = raw[y * stride : (y + 1) * stride]
-        assert line[0] == 0  # filter type None
-        pixels.append([(line[1 + 3 * x], line[2 + 3 * x], line[3 + 3 * x]) for x in range(width)])
-    return width, height, pixels
+    image = Image.open(io.BytesIO(data))
+    assert image.format == "PNG"
+    image.load()
+    return image.convert("RGB")
+
+
+def pixel(image: PngImage, xy: tuple[int, int]) -> RGB:
+    value = image.getpixel(xy)
+    assert isinstance(value, tuple)
+    r, g, b = value[:3]
+    return (int(r), int(g), int(b))
+
+
+def hex_rgb(colour: str) -> RGB:
+    return (int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16))
+
+
+def viridis(x: float) -> RGB:
+    r, g, b, _ = matplotlib.colormaps["viridis"](x)
+    return (round(r * 255), round(g * 255), round(b * 255))
+
+
+def close(a: RGB, b: RGB, tolerance: int = 3) -> bool:
+    return all(abs(p - q) <= tolerance for p, q in zip(a, b, strict=True))
 
 
 # --- the schedule -------------------------------------------------------------------------
@@ -143,40 +152,89 @@ def test_the_grid_takes_the_largest_size_and_fails_a_pair_with_any_failed_size()
 # --- the PNG --------------------------------------------------------------------------------
 
 
-def test_heatmap_is_a_valid_png_with_failures_in_red_and_the_best_in_yellow() -> None:
-    values: list[list[float | None]] = [[10.0, 5.0, None], [0.0, None, 2.5]]
-    data = heatmap.heatmap_png(values, cell=12)
-    width, height, pixels = decode_png(data)
-    box = heatmap.layout(["0", "1"], ["0", "1", "2"], 12)
-    assert (width, height) == (box.width, box.height)
-
-    def centre(i: int, j: int) -> RGB:
-        x, y = box.cell_origin(i, j)
-        return pixels[y + 1][x + box.cell // 2]  # on the cell, off the failure X
-
-    assert centre(0, 0) == heatmap.RAMP[-1]  # the best pair
-    assert centre(1, 0) == heatmap.RAMP[0]  # 0 B/s
-    assert centre(0, 1) == heatmap.ramp(0.5)
-    assert centre(0, 2) == centre(1, 1) == heatmap.FAILURE
-    x, y = box.cell_origin(0, 2)
-    assert pixels[y + box.cell // 2][x + box.cell // 2] == heatmap.FAILURE_MARK  # the X
-    measured = {centre(0, 0), centre(1, 0), centre(0, 1), centre(1, 2)}
-    assert heatmap.FAILURE not in measured  # a failure never looks like a slow pair
+def axis(title: str, n: int, groups: tuple[tuple[str, int], ...] = ()) -> Axis:
+    return Axis(title, tuple(str(i) for i in range(n)), groups)
 
 
-def test_heatmap_draws_the_labels() -> None:
-    _, _, pixels = decode_png(heatmap.heatmap_png([[1.0]], row_labels=["7"], col_labels=["3"]))
-    ink = sum(px == heatmap.TEXT for row in pixels for px in row)
-    assert ink == 2 * 2 * (7 + 11)  # "7" and "3" have 7 and 11 glyph pixels, drawn 2x2
-
-
-def test_ramp_is_clamped_and_interpolated() -> None:
-    assert heatmap.ramp(-1.0) == heatmap.RAMP[0]
-    assert heatmap.ramp(2.0) == heatmap.RAMP[-1]
-    assert heatmap.ramp(0.25) == heatmap.RAMP[1]
-    assert heatmap.ramp(0.125) == tuple(
-        round((a + b) / 2) for a, b in zip(heatmap.RAMP[0], heatmap.RAMP[1], strict=True)
+def test_heatmap_cells_are_coloured_failed_red_and_not_measured_grey() -> None:
+    values: list[list[float | None]] = [[10e9, 5e9, None], [0.0, None, 2.5e9]]
+    reasons = [["", "", "timeout"], ["", "", ""]]
+    data = heatmap.heatmap_png(
+        values, rows=axis("node-a GPU", 2), cols=axis("node-b GPU", 3), title="t", reasons=reasons
     )
+    image = decode_png(data)
+    box = heatmap.layout(2, 3, failures=True)
+    assert image.size == box.size_px
+
+    def cell(i: int, j: int) -> RGB:  # near the cell's top edge: off the text and the X
+        return pixel(image, box.cell_px(i, j, dy=-0.35))
+
+    assert close(cell(0, 0), viridis(1.0))  # the best pair: the top of the scale
+    assert close(cell(1, 0), viridis(0.0))  # 0 B/s: the bottom
+    assert close(cell(0, 1), viridis(0.5))
+    assert cell(0, 2) == hex_rgb(heatmap.FAILURE_FILL)  # failed: red
+    assert cell(1, 1) == hex_rgb(heatmap.NOT_MEASURED_FILL)  # no value, no reason: grey
+    red = hex_rgb(heatmap.FAILURE_FILL)
+    assert all(not close(cell(i, j), red, 40) for i, j in ((0, 0), (1, 0), (0, 1), (1, 2)))
+    # the cross over the failed cell, white, between the centre and a corner
+    assert close(pixel(image, box.cell_px(0, 2, dx=-0.25, dy=-0.25)), (255, 255, 255), 120)
+
+
+def ink(image: PngImage, box: heatmap.Layout, i: int, j: int) -> int:
+    """Pixels in the middle third of cell (i, j) that differ from its fill: the text."""
+    fill = pixel(image, box.cell_px(i, j, dy=-0.35))
+    x0, y0 = box.cell_px(i, j, dx=-0.33, dy=-0.2)
+    x1, y1 = box.cell_px(i, j, dx=0.33, dy=0.2)
+    return sum(
+        not close(pixel(image, (x, y)), fill, 30) for x in range(x0, x1) for y in range(y0, y1)
+    )
+
+
+@pytest.mark.parametrize("n", [2, 16, 64])
+def test_heatmap_writes_a_value_in_every_measured_cell(n: int) -> None:
+    """Legible at every grid size: each measured cell has text in it, the image grows with
+    the grid (cells of at least 24 pixels), and it is a real, bounded image."""
+    values: list[list[float | None]] = [
+        [None if i == j else 263e9 - 3e9 * ((i + j) % 5) for j in range(n)] for i in range(n)
+    ]
+    groups = (("node-a", n // 2), ("node-b", n - n // 2))
+    data = heatmap.heatmap_png(
+        values, rows=axis("GPU", n, groups), cols=axis("GPU", n, groups), title="t"
+    )
+    image = decode_png(data)
+    box = heatmap.layout(n, n, failures=False)
+    assert image.size == box.size_px
+    assert box.cell_in * heatmap.DPI >= 24
+    assert image.size[0] < 2000 and image.size[1] < 2000
+    for i, j in ((0, 1), (n - 1, 0), (n // 2, n - 1)):
+        assert ink(image, box, i, j) > 3, (i, j)
+    assert pixel(image, box.cell_px(0, 0, dy=-0.35)) == hex_rgb(heatmap.NOT_MEASURED_FILL)
+
+
+def test_matrix_heatmap_marks_failures_by_reason() -> None:
+    cells = [
+        MatrixCell(0, 0, "0", "0", 1 << 20, 2e9),
+        MatrixCell(0, 1, "0", "1", 1 << 20, None, "timeout", "t"),
+        MatrixCell(1, 0, "1", "0", 1 << 20, None, "gpu_busy", "b"),
+    ]
+    assert reasons_grid(cells, 2, 2) == [["", "timeout"], ["gpu_busy", ""]]
+    image = decode_png(heatmap_of(cells))
+    box = heatmap.layout(2, 2, failures=True)
+    red = hex_rgb(heatmap.FAILURE_FILL)
+    assert pixel(image, box.cell_px(0, 1, dy=-0.35)) == red
+    assert pixel(image, box.cell_px(1, 0, dy=-0.35)) == red
+    assert pixel(image, box.cell_px(1, 1, dy=-0.35)) == hex_rgb(heatmap.NOT_MEASURED_FILL)
+    assert ink(image, box, 0, 1) > 3  # its reason code
+
+
+def heatmap_of(cells: list[MatrixCell]) -> bytes:
+    return matrix_heatmap(cells, ["0", "1"], ["0", "1"], local_node="a", remote_node="b")
+
+
+def test_reason_codes() -> None:
+    assert heatmap.reason_code("timeout") == "TMO"
+    assert heatmap.reason_code("wrong_result") == "BAD"
+    assert heatmap.reason_code("weird") == "WEIR"
 
 
 @pytest.mark.parametrize(
@@ -184,11 +242,11 @@ def test_ramp_is_clamped_and_interpolated() -> None:
 )
 def test_heatmap_refuses_a_grid_that_is_not_a_rectangle(values: list[list[float | None]]) -> None:
     with pytest.raises(ValueError, match="rectangle"):
-        heatmap.heatmap_png(values)
+        heatmap.heatmap_png(values, rows=axis("r", 1), cols=axis("c", 1), title="t")
 
 
-def test_png_bytes_checks_row_sizes() -> None:
-    with pytest.raises(ValueError):
-        heatmap.png_bytes(2, 1, [b"\x00" * 5])
-    width, height, pixels = decode_png(heatmap.png_bytes(1, 2, [b"\x01\x02\x03", b"\x04\x05\x06"]))
-    assert (width, height, pixels) == (1, 2, [[(1, 2, 3)], [(4, 5, 6)]])
+def test_heatmap_refuses_labels_or_groups_that_do_not_fit() -> None:
+    with pytest.raises(ValueError, match="one label per row"):
+        heatmap.heatmap_png([[1.0]], rows=axis("r", 2), cols=axis("c", 1), title="t")
+    with pytest.raises(ValueError, match="cover the labels"):
+        axis("r", 3, (("a", 1), ("b", 1)))

@@ -204,6 +204,8 @@ def test_spec_round_trips_and_defaults() -> None:
         iterations=3,
         timeout_seconds=7.5,
         max_memory_bytes=1 << 20,
+        timing="eager",
+        max_seconds_per_size=0.25,
         peer="node-b",
         src="node-a:3",
         dst="node-b:5",
@@ -218,6 +220,7 @@ def test_spec_round_trips_and_defaults() -> None:
     )
     assert (minimal.backend, minimal.warmup, minimal.iterations) == ("auto", 5, 20)
     assert minimal.max_memory_bytes == 1 << 30
+    assert (minimal.timing, minimal.max_seconds_per_size) == ("auto", None)
 
 
 @pytest.mark.parametrize(
@@ -245,6 +248,11 @@ def test_spec_round_trips_and_defaults() -> None:
             '"timeout_seconds":NaN}',
             "NaN",
         ),
+        (
+            '{"kind":"all_reduce","rank":0,"world_size":2,"master_addr":"a","master_port":1,'
+            '"max_seconds_per_size":"1"}',
+            "max_seconds_per_size is '1', not a number",
+        ),
     ],
 )
 def test_parse_spec_rejects_malformed_text(text: str, message: str) -> None:
@@ -270,6 +278,9 @@ def test_parse_spec_rejects_malformed_text(text: str, message: str) -> None:
         ({"warmup": -1}, "warmup"),
         ({"timeout_seconds": 0.0}, "timeout_seconds"),
         ({"max_memory_bytes": 0}, "max_memory_bytes"),
+        ({"timing": "cuda"}, "timing 'cuda' is not one of auto, graph, eager"),
+        ({"max_seconds_per_size": -1.0}, "max_seconds_per_size"),
+        ({"max_seconds_per_size": float("inf")}, "max_seconds_per_size"),
     ],
 )
 def test_spec_refuses_bad_values(changes: dict[str, object], message: str) -> None:
@@ -287,7 +298,8 @@ def test_device_and_sizes_resolution() -> None:
     assert spec_device(spec(rank=1)) == 1
     assert spec_device(spec(rank=1, devices=(4, 6))) == 6
     assert spec_device(spec(rank=1, world_size=2, local_rank=0, devices=(4,))) == 4
-    assert resolve_sizes(spec(), "nccl") == GPU_DEFAULT_SIZES == (1 << 20, 16 << 20, 64 << 20)
+    assert resolve_sizes(spec(), "nccl") == GPU_DEFAULT_SIZES
+    assert GPU_DEFAULT_SIZES == (8 << 10, 64 << 10, 256 << 10, 1 << 20, 16 << 20, 64 << 20)
     assert resolve_sizes(spec(), "gloo") == CPU_DEFAULT_SIZES == (64 << 10, 1 << 20)
     assert resolve_sizes(spec(kind="latency"), "nccl") == (8,)
     assert resolve_sizes(spec(sizes=(4096,)), "nccl") == (4096,)

@@ -286,6 +286,20 @@ def test_the_agent_side_of_the_probe_never_imports_torch() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_the_resident_agent_never_imports_matplotlib() -> None:
+    """matplotlib is the matrix command's (the heatmap): the agent's modules, the probe
+    service, the CLI module and the exporter load without it."""
+    code = (
+        "import sys, agent.probe.service, agent.probe.matrix, agent.probe.heatmap,"
+        " exporter.cli, exporter.probe_cli, exporter.app;"
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
 def test_library_prints_go_to_stderr_not_between_records() -> None:
     code = (
         "from agent.probe.worker import _records_stream;"

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.probe.heatmap import heatmap_png
+from agent.probe.heatmap import Axis, heatmap_png
 
 CSV_COLUMNS = (
     "local_gpu",
@@ -141,16 +141,48 @@ def grid(cells: Sequence[MatrixCell], local_n: int, remote_n: int) -> list[list[
     return out
 
 
+def reasons_grid(cells: Sequence[MatrixCell], local_n: int, remote_n: int) -> list[list[str]]:
+    """``[local][remote]`` the first failure reason of each pair ("" for a measured pair and
+    for a pair with no cell: not measured, e.g. a matrix stopped early)."""
+    out = [[""] * remote_n for _ in range(local_n)]
+    by_pair: dict[tuple[int, int], list[MatrixCell]] = {}
+    for c in cells:
+        by_pair.setdefault((c.local, c.remote), []).append(c)
+    for (i, j), got in by_pair.items():
+        out[i][j] = next((c.reason or "crashed" for c in got if not c.ok), "")
+    return out
+
+
+def _size_text(size: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size} B"
+
+
 def heatmap(
     cells: Sequence[MatrixCell],
     local_labels: Sequence[str],
     remote_labels: Sequence[str],
+    *,
+    local_node: str = "local",
+    remote_node: str = "remote",
+    when: str = "",
 ) -> bytes:
-    """The matrix as a PNG: rows are local GPUs, columns remote GPUs (see :mod:`heatmap`)."""
+    """The matrix as a PNG (:mod:`agent.probe.heatmap`): rows are this node's GPUs, columns
+    the peer's; each cell the pair's sendrecv busbw at its largest size, or why it
+    failed; the title names the collective, size, nodes and ``when``."""
+    sizes = sorted({c.size_bytes for c in cells})
+    size = _size_text(sizes[-1]) if sizes else "no size"
+    title = f"sendrecv busbw per GPU pair, {size}: {local_node} -> {remote_node}"
+    if when:
+        title += f"\n{when}"
     return heatmap_png(
         grid(cells, len(local_labels), len(remote_labels)),
-        row_labels=local_labels,
-        col_labels=remote_labels,
+        rows=Axis(f"{local_node} GPU", tuple(local_labels)),
+        cols=Axis(f"{remote_node} GPU", tuple(remote_labels)),
+        title=title,
+        reasons=reasons_grid(cells, len(local_labels), len(remote_labels)),
     )
 
 

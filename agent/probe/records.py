@@ -24,6 +24,11 @@ from typing import TypeAlias
 
 SCHEMA = "fabricscope-probe/1"
 KINDS = ("all_reduce", "sendrecv", "latency")
+#: how a worker times: ``graph`` captures a block of iterations in one CUDA graph and replays
+#: it (no per-call launch overhead, what small sizes need), ``eager`` calls the collective
+#: from Python in a loop, ``auto`` is graph on GPUs (eager if the capture fails) and eager
+#: on CPU
+TIMINGS = ("auto", "graph", "eager")
 BACKENDS = ("nccl", "gloo")
 SPEC_BACKENDS = ("auto", *BACKENDS)
 REASONS = (
@@ -39,12 +44,15 @@ REASONS = (
 MiB = 1 << 20
 GiB = 1 << 30
 #: Sizes measured when a spec names none: seconds per probe on a GPU, not minutes, and under
-#: 2 GiB of GPU memory per GPU. Measured on the H200 x2 machine (peak per GPU, whole process:
+#: 2 GiB of GPU memory per GPU. 8 KiB to 256 KiB cover the latency-bound range (tensor and
+#: pipeline parallelism) and cost almost nothing (memory and time go with the largest
+#: size). Measured on the H200 x2 machine (peak per GPU, whole process:
 #: CUDA context 612 MiB, NCCL, torch, buffers): up to 1 GiB 4649 MiB, up to 256 MiB 2601 MiB,
 #: up to 64 MiB 2105 MiB, and 1993 MiB with the worker's NCCL_BUFFSIZE default; busbw at
 #: 64 MiB was within 1 % of nccl-tests there (all_reduce 267.1 vs 269.1 GB/s). Larger sizes
 #: stay available through the spec (bounded by ``max_memory_bytes``).
-GPU_DEFAULT_SIZES = (1 * MiB, 16 * MiB, 64 * MiB)
+KiB = 1 << 10
+GPU_DEFAULT_SIZES = (8 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 16 * MiB, 64 * MiB)
 #: gloo moves bytes through the CPU: small sizes keep a CPU probe (and CI) fast.
 CPU_DEFAULT_SIZES = (64 << 10, 1 * MiB)
 #: ``kind == "latency"`` measures an all_reduce of this many bytes (two float32).
@@ -301,10 +309,14 @@ class WorkerSpec:
     rank; this worker uses ``devices[local_rank]`` (``local_rank`` defaults to ``rank``;
     no devices: the device index is the local rank). ``sizes``: message sizes in bytes,
     multiples of 4 (empty: the backend's defaults; ``latency`` defaults to 8 bytes).
-    ``timeout_seconds`` bounds the rendezvous and each collective. ``max_memory_bytes``
-    bounds what one measurement allocates (two buffers of the message size): a larger size
-    gets an ``init_failure`` record and no allocation. ``peer``/``src``/``dst`` are labels
-    copied into every record; ``host`` names this node in ``ranks`` (default: hostname).
+    ``timeout_seconds`` bounds the rendezvous and each collective. ``timing``: one of
+    :data:`TIMINGS`. ``max_seconds_per_size``: the cap on adaptive timing per size
+    (:mod:`agent.probe.timing`; 0: the fixed method, ``warmup`` then one block of
+    ``iterations``; None: the backend's default, adaptive on GPUs, fixed on CPU).
+    ``max_memory_bytes`` bounds what one measurement allocates (two buffers of the message
+    size): a larger size gets an ``init_failure`` record and no allocation.
+    ``peer``/``src``/``dst`` are labels copied into every record; ``host`` names this node
+    in ``ranks`` (default: hostname).
     """
 
     kind: str
@@ -320,6 +332,8 @@ class WorkerSpec:
     iterations: int = DEFAULT_ITERATIONS
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES
+    timing: str = "auto"
+    max_seconds_per_size: float | None = None
     peer: str = ""
     src: str = ""
     dst: str = ""
@@ -365,6 +379,11 @@ def spec_problems(spec: WorkerSpec) -> list[str]:
         out.append(f"timeout_seconds {spec.timeout_seconds} is not > 0")
     if spec.max_memory_bytes <= 0:
         out.append(f"max_memory_bytes {spec.max_memory_bytes} is not > 0")
+    if spec.timing not in TIMINGS:
+        out.append(f"timing {spec.timing!r} is not one of {', '.join(TIMINGS)}")
+    cap = spec.max_seconds_per_size
+    if cap is not None and not (math.isfinite(cap) and cap >= 0):
+        out.append(f"max_seconds_per_size {cap} is not a number >= 0")
     return out
 
 
@@ -409,6 +428,8 @@ _SPEC_FIELDS = (
     "iterations",
     "timeout_seconds",
     "max_memory_bytes",
+    "timing",
+    "max_seconds_per_size",
     "peer",
     "src",
     "dst",
@@ -433,6 +454,8 @@ def spec_to_json(spec: WorkerSpec) -> str:
         "iterations": spec.iterations,
         "timeout_seconds": spec.timeout_seconds,
         "max_memory_bytes": spec.max_memory_bytes,
+        "timing": spec.timing,
+        "max_seconds_per_size": spec.max_seconds_per_size,
         "peer": spec.peer,
         "src": spec.src,
         "dst": spec.dst,
@@ -471,7 +494,7 @@ def parse_spec(text: str) -> WorkerSpec:
     kind = obj["kind"]
     master_addr = obj["master_addr"]
     strings: dict[str, str] = {}
-    for key in ("backend", "peer", "src", "dst", "host"):
+    for key in ("backend", "timing", "peer", "src", "dst", "host"):
         if key in obj:
             value = obj[key]
             if not isinstance(value, str):
@@ -483,6 +506,9 @@ def parse_spec(text: str) -> WorkerSpec:
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise SpecError(f"timeout_seconds is {timeout!r}, not a number")
     local_rank = obj.get("local_rank")
+    cap = obj.get("max_seconds_per_size")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float)):
+        raise SpecError(f"max_seconds_per_size is {cap!r}, not a number or null")
     return WorkerSpec(
         kind=kind,
         rank=_spec_int("rank", obj["rank"]),
@@ -499,6 +525,8 @@ def parse_spec(text: str) -> WorkerSpec:
         max_memory_bytes=_spec_int(
             "max_memory_bytes", obj.get("max_memory_bytes", DEFAULT_MAX_MEMORY_BYTES)
         ),
+        timing=strings.get("timing", "auto"),
+        max_seconds_per_size=None if cap is None else float(cap),
         peer=strings.get("peer", ""),
         src=strings.get("src", ""),
         dst=strings.get("dst", ""),

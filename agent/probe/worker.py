@@ -21,9 +21,17 @@ the record):
   busbw = algbw.
 - ``latency``: as ``all_reduce`` at 8 bytes; ``time_seconds`` is the latency.
 
-Timing: CUDA events around the timed loop on GPUs, ``perf_counter`` on CPU; the per-rank
-mean is averaged over ranks and the mismatch counts summed, so every rank prints the same
-numbers. A wrong element anywhere is ``correct: false`` with reason ``wrong_result``.
+Timing (:mod:`agent.probe.timing` says how much): as nccl-tests, warm-up iterations, then
+back-to-back iterations timed as one loop, the mean of one iteration reported; adaptive on
+GPUs (blocks of iterations until the timing is stable or a time cap). On GPUs a block is one
+CUDA graph holding ``k`` captured collectives, replayed between two CUDA events, so the
+figure is the fabric's and not Python's launch overhead (which is longer than an 8 KiB
+all_reduce); ``timing: eager`` calls the collective from Python instead, and ``auto`` falls
+back to that when the capture fails. On CPU (gloo) it is the eager loop timed with
+``perf_counter``. Block times are averaged over ranks before any decision, and mismatch
+counts summed, so every rank takes the same decisions and prints the same numbers. The
+record's ``iterations`` are those behind the figure, ``warmup`` every iteration before them.
+A wrong element anywhere is ``correct: false`` with reason ``wrong_result``.
 
 Failures are records, never exit codes: exactly one record per size, in order, whatever
 happens. A size whose two buffers exceed ``max_memory_bytes`` is refused before anything is
@@ -72,6 +80,13 @@ from agent.probe.records import (
     resolve_sizes,
     spec_device,
     to_json,
+)
+from agent.probe.timing import (
+    CPU_MAX_SECONDS_PER_SIZE,
+    GPU_MAX_SECONDS_PER_SIZE,
+    MAX_BLOCK_OPS,
+    Blocks,
+    TimingPolicy,
 )
 
 if TYPE_CHECKING:
@@ -179,9 +194,12 @@ def measured_record(
     time_seconds: float,
     mismatches: int,
     ranks: Ranks,
+    iterations: int | None = None,
+    warmup: int | None = None,
 ) -> ProbeRecord:
     """The record of a measurement: bandwidths by nccl-tests' formulas (none for latency);
-    any mismatching element makes it ``wrong_result``."""
+    any mismatching element makes it ``wrong_result``. ``iterations``/``warmup``: what the
+    timing ran (default: the spec's)."""
     alg: float | None = None
     bus: float | None = None
     if spec.kind != "latency" and time_seconds > 0:
@@ -199,8 +217,8 @@ def measured_record(
         backend=backend,
         world_size=spec.world_size,
         size_bytes=size,
-        iterations=spec.iterations,
-        warmup=spec.warmup,
+        iterations=spec.iterations if iterations is None else iterations,
+        warmup=spec.warmup if warmup is None else warmup,
         time_seconds=time_seconds,
         algbw_bytes_per_second=alg,
         busbw_bytes_per_second=bus,
@@ -245,6 +263,19 @@ class _Group:
     device: torch.device
     flag: torch.Tensor  # two float64 on the device, for agreement all_reduces
     corrupt: bool
+    policy: TimingPolicy
+    timing: str  # "graph", "eager", or "auto" (graph, eager when the capture fails)
+
+
+@dataclass(frozen=True, slots=True)
+class _Timing:
+    """One size's timing: mean seconds of one iteration, the iterations behind it, the
+    iterations run before them, and how (``graph`` or ``eager``)."""
+
+    seconds: float
+    iterations: int
+    warmup: int
+    method: str
 
 
 def _mismatches(buf: torch.Tensor, expected: float) -> torch.Tensor:
@@ -280,6 +311,97 @@ def _timed(op: Callable[[], None], iterations: int, device: torch.device) -> flo
     return (time.perf_counter() - began) / iterations
 
 
+def _timed_graph(graph: torch.cuda.CUDAGraph, iterations: int, device: torch.device) -> float:
+    """Mean seconds of one captured iteration: one replay of ``graph`` (``iterations``
+    collectives back to back) between two CUDA events."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / 1000.0 / iterations
+
+
+def _agree_means(group: _Group, a: float, b: float) -> tuple[float, float]:
+    """The means over ranks of ``a`` and ``b`` (identical on every rank)."""
+    import torch.distributed as dist
+
+    group.flag[0] = a
+    group.flag[1] = b
+    dist.all_reduce(group.flag)
+    total_a, total_b = group.flag.tolist()
+    return total_a / group.world_size, total_b / group.world_size
+
+
+def _capture(group: _Group, op: Callable[[], None], ops: int) -> torch.cuda.CUDAGraph | None:
+    """``ops`` back-to-back ``op()`` captured in one CUDA graph on every rank, or None on
+    every rank when the capture failed on any (agreed, so all ranks time the same way).
+    Nothing runs during a capture, so a failed one leaves no collective half-done."""
+    import torch
+
+    graph: torch.cuda.CUDAGraph | None = None
+    why = ""
+    torch.cuda.synchronize(group.device)
+    try:
+        captured = torch.cuda.CUDAGraph()
+        # thread_local: NCCL's watchdog thread keeps querying events during the capture
+        with torch.cuda.graph(captured, capture_error_mode="thread_local"):
+            for _ in range(ops):
+                op()
+        graph = captured
+    except Exception as exc:  # the capture is refused; the eager loop still works
+        why = detail_of(exc)
+    torch.cuda.synchronize(group.device)
+    failed, _ = _agree_means(group, 1.0 if why else 0.0, 0.0)
+    if failed > 0:
+        if group.timing == "graph":
+            raise _Refused("init_failure", f"CUDA graph capture failed: {why or 'on a peer'}")
+        log.warning("probe: CUDA graph capture failed (%s); timing the eager loop", why or "peer")
+        return None
+    return graph
+
+
+def _bench(group: _Group, op: Callable[[], None]) -> _Timing:
+    """Warm up and time ``op`` (one iteration of the collective) by the group's policy."""
+    policy = group.policy
+    for _ in range(policy.warmup):
+        op()
+    estimate_ops = 0
+    estimate = 0.0
+    if policy.adaptive:
+        estimate_ops = policy.iterations
+        estimate, _ = _agree_means(group, _timed(op, estimate_ops, group.device), 0.0)
+    k = policy.block_ops(estimate)
+    graph = None
+    if group.device.type == "cuda" and policy.adaptive and group.timing != "eager":
+        graph = _capture(group, op, k)
+    blocks = Blocks(policy, k)
+    began = time.monotonic()
+    try:
+        while True:
+            if graph is not None:
+                seconds = _timed_graph(graph, k, group.device)
+            else:
+                seconds = _timed(op, k, group.device)
+            mean, elapsed = _agree_means(group, seconds, time.monotonic() - began)
+            blocks.add(mean)
+            if blocks.done(elapsed):
+                break
+    finally:
+        if graph is not None:
+            graph.reset()
+    return _Timing(
+        seconds=blocks.result(),
+        iterations=blocks.timed_iterations(),
+        warmup=blocks.warm_iterations(estimate_ops),
+        method="eager" if graph is None else "graph",
+    )
+
+
 def _allocate(group: _Group, count: int, buffers: int) -> list[torch.Tensor]:
     """``buffers`` float32 tensors of ``count`` elements on every rank, or :class:`_Refused`
     on every rank when any rank lacks the memory (agreed by one small all_reduce, so no
@@ -313,15 +435,16 @@ def _allocate(group: _Group, count: int, buffers: int) -> list[torch.Tensor]:
     return out
 
 
-def _agree(group: _Group, seconds: float, mismatches: torch.Tensor) -> tuple[float, int]:
-    """(mean over ranks of the per-iteration time, sum over ranks of mismatching elements)."""
+def _agree(group: _Group, timing: _Timing, mismatches: torch.Tensor) -> tuple[_Timing, int]:
+    """(the timing with its time the mean over ranks, sum over ranks of mismatching
+    elements)."""
     import torch.distributed as dist
 
-    group.flag[0] = seconds
+    group.flag[0] = timing.seconds
     group.flag[1] = mismatches.to(group.flag.dtype)
     dist.all_reduce(group.flag)
     total_seconds, total_bad = group.flag.tolist()
-    return total_seconds / group.world_size, round(total_bad)
+    return replace(timing, seconds=total_seconds / group.world_size), round(total_bad)
 
 
 def _fill_value(group: _Group) -> float:
@@ -331,7 +454,7 @@ def _fill_value(group: _Group) -> float:
     return group.rank + 1.0 + extra
 
 
-def _measure_all_reduce(spec: WorkerSpec, group: _Group, size: int) -> tuple[float, int]:
+def _measure_all_reduce(group: _Group, size: int) -> tuple[_Timing, int]:
     import torch.distributed as dist
 
     bufs = _allocate(group, size // 4, 1)
@@ -346,17 +469,15 @@ def _measure_all_reduce(spec: WorkerSpec, group: _Group, size: int) -> tuple[flo
         def op() -> None:
             dist.all_reduce(bufs[0])
 
-        for _ in range(spec.warmup):
-            op()
-        seconds = _timed(op, spec.iterations, group.device)
+        timing = _bench(group, op)
         bad += _mismatches(buf, 0.0)
         del buf
-        return _agree(group, seconds, bad)
+        return _agree(group, timing, bad)
     finally:
         bufs.clear()  # a traceback keeps this frame alive; it must not keep the memory
 
 
-def _measure_sendrecv(spec: WorkerSpec, group: _Group, size: int) -> tuple[float, int]:
+def _measure_sendrecv(group: _Group, size: int) -> tuple[_Timing, int]:
     import torch.distributed as dist
 
     bufs = _allocate(group, size // 4, 2)
@@ -376,16 +497,27 @@ def _measure_sendrecv(spec: WorkerSpec, group: _Group, size: int) -> tuple[float
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
 
-        for _ in range(spec.warmup):
-            op()
-        seconds = _timed(op, spec.iterations, group.device)
+        timing = _bench(group, op)
         sender = (group.rank - 1) % n
         bad = _mismatches(recv, sender + 1.0)
         del recv
-        return _agree(group, seconds, bad)
+        return _agree(group, timing, bad)
     finally:
         ops.clear()  # see _measure_all_reduce
         bufs.clear()
+
+
+def timing_policy(spec: WorkerSpec, backend: str) -> TimingPolicy:
+    """The spec's timing amounts; a cap of None is the backend's default."""
+    cap = spec.max_seconds_per_size
+    if cap is None:
+        cap = GPU_MAX_SECONDS_PER_SIZE if backend == "nccl" else CPU_MAX_SECONDS_PER_SIZE
+    return TimingPolicy(
+        warmup=spec.warmup,
+        iterations=spec.iterations,
+        max_seconds=cap,
+        max_block_ops=max(MAX_BLOCK_OPS, spec.iterations),
+    )
 
 
 def _rendezvous_store(spec: WorkerSpec, timeout: datetime.timedelta) -> TCPStore:
@@ -441,7 +573,16 @@ def _form_group(
     host = spec.host or socket.gethostname()
     ranks = _gather_ranks(spec.world_size, host, device.index if use_cuda else None, device)
     flag = torch.zeros(2, dtype=torch.float64, device=device)
-    return _Group(spec.rank, spec.world_size, device, flag, corrupt), ranks
+    group = _Group(
+        rank=spec.rank,
+        world_size=spec.world_size,
+        device=device,
+        flag=flag,
+        corrupt=corrupt,
+        policy=timing_policy(spec, backend),
+        timing=spec.timing,
+    )
+    return group, ranks
 
 
 def run(spec: WorkerSpec, emit: Callable[[ProbeRecord], None], *, corrupt: bool = False) -> None:
@@ -496,7 +637,7 @@ def run(spec: WorkerSpec, emit: Callable[[ProbeRecord], None], *, corrupt: bool 
                 continue
             measure = _measure_sendrecv if spec.kind == "sendrecv" else _measure_all_reduce
             try:
-                seconds, bad = measure(spec, group, size)
+                timing, bad = measure(group, size)
             except _Refused as refusal:
                 emit(
                     failure_record(spec, backend, size, refusal.reason, refusal.detail, ranks=ranks)
@@ -510,9 +651,25 @@ def run(spec: WorkerSpec, emit: Callable[[ProbeRecord], None], *, corrupt: bool 
                     reason, f"not measured after an earlier failure: {detail_of(exc)}"
                 )
                 continue
+            log.info(
+                "probe %s size %s: %.3f us per iteration (%s, %s timed after %s)",
+                spec.kind,
+                size,
+                timing.seconds * 1e6,
+                timing.method,
+                timing.iterations,
+                timing.warmup,
+            )
             emit(
                 measured_record(
-                    spec, backend, size, time_seconds=seconds, mismatches=bad, ranks=ranks
+                    spec,
+                    backend,
+                    size,
+                    time_seconds=timing.seconds,
+                    mismatches=bad,
+                    ranks=ranks,
+                    iterations=timing.iterations,
+                    warmup=timing.warmup,
                 )
             )
     finally:

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The probe against nccl-tests on one 2-GPU machine, in one run (issue #11): builds nccl-tests
+# from a source tarball against torch's pip NCCL, runs all_reduce_perf and sendrecv_perf
+# (-b 8K -e 64M -f 2 -g 2) and all_reduce_perf at 8 B (latency), then the probe at the same
+# sizes (graph and eager timing) and a GPU x GPU heatmap; writes accuracy.md / .json,
+# heatmap.png and the logs to OUTDIR.
+#   bash scripts/gpu_probe_accuracy.sh NCCL_TESTS_TARBALL OUTDIR [WHEELS_DIR]
+# WHEELS_DIR: matplotlib and its dependencies as wheels, installed when matplotlib is absent.
+set -uo pipefail
+TARBALL=${1:?usage: gpu_probe_accuracy.sh NCCL_TESTS_TARBALL OUTDIR [WHEELS_DIR]}
+OUT=${2:?usage: gpu_probe_accuracy.sh NCCL_TESTS_TARBALL OUTDIR [WHEELS_DIR]}
+WHEELS=${3:-}
+TARBALL=$(realpath "$TARBALL"); mkdir -p "$OUT"; OUT=$(realpath "$OUT")
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+step() { echo; echo "=== $*"; }
+t0=$(date +%s)
+
+if ! python3 -c "import matplotlib" 2>/dev/null && [ -n "$WHEELS" ]; then
+  step "matplotlib from $WHEELS"
+  python3 -m pip install -q --no-index --find-links "$WHEELS" matplotlib 2>&1 | tail -2
+fi
+
+step "build nccl-tests against torch's NCCL"
+NCCL_DIR=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])")
+echo "NCCL from $NCCL_DIR: $(ls "$NCCL_DIR/include/nccl.h" "$NCCL_DIR"/lib/libnccl.so* 2>&1 | tr '\n' ' ')"
+[ -e "$NCCL_DIR/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$NCCL_DIR/lib/libnccl.so"
+if [ -z "${CUDA_HOME:-}" ]; then
+  if command -v nvcc >/dev/null; then CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+  else CUDA_HOME=/usr/local/cuda; fi
+fi
+echo "CUDA from $CUDA_HOME: $("$CUDA_HOME/bin/nvcc" --version | tail -1)"
+BUILD=$(mktemp -d); tar -xzf "$TARBALL" -C "$BUILD"; SRC=$(find "$BUILD" -maxdepth 2 -name Makefile -path '*nccl-tests*' -printf '%h\n' | head -1)
+# sm_90 only (H100/H200): a build for every architecture takes minutes
+(cd "$SRC" && make -j16 MPI=0 CUDA_HOME="$CUDA_HOME" NCCL_HOME="$NCCL_DIR" \
+   NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build >"$OUT/nccl-tests-build.log" 2>&1) \
+  || { tail -20 "$OUT/nccl-tests-build.log"; echo "FAIL: nccl-tests build"; exit 1; }
+BIN="$SRC/build"
+export LD_LIBRARY_PATH="$NCCL_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "built in $(( $(date +%s) - t0 )) s"
+
+step "nccl-tests (one process, 2 GPUs)"
+mkdir -p "$OUT/nccl-tests"
+"$BIN/all_reduce_perf" -b 8K -e 64M -f 2 -g 2 | tee "$OUT/nccl-tests/all_reduce_perf.log"
+"$BIN/sendrecv_perf" -b 8K -e 64M -f 2 -g 2 | tee "$OUT/nccl-tests/sendrecv_perf.log"
+"$BIN/all_reduce_perf" -b 8 -e 8 -g 2 | tee "$OUT/nccl-tests/latency_perf.log"
+
+step "the probe at the same sizes (graph and eager timing) and the heatmap"
+nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/gpumem.csv" &
+SMI=$!
+python3 bench/probe_accuracy.py --nccl-tests-dir "$OUT/nccl-tests" --out "$OUT" --heatmap
+rc=$?
+kill $SMI
+echo "peak GPU memory (MiB) per GPU during the probe: $(python3 -c "
+import collections; m = collections.defaultdict(int)
+for l in open('$OUT/gpumem.csv'):
+    i, v = l.split(','); m[i.strip()] = max(m[i.strip()], int(v))
+print(dict(m))")"
+
+step "the probe CLI at its defaults (sizes 8K..64M)"
+python3 -m exporter.cli probe --collectives all_reduce,sendrecv,latency | tee "$OUT/probe_cli.txt"
+echo "total wall: $(( $(date +%s) - t0 )) s, rc=$rc"
+exit $rc
