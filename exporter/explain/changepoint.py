@@ -1,11 +1,12 @@
 """When did the job's throughput drop? A robust single median-shift detector.
 
-For every candidate split ``k`` of the series ``y`` the detector compares the median of
-``y[:k]`` with the median of ``y[k:]`` and scales the difference by the pooled median
-absolute deviation (MAD x 1.4826, a robust standard deviation) of the two segments. The
-split with the largest drop statistic wins; it is reported when the drop is both large
+The split ``k`` of the series ``y`` is the one that minimises the L1 cost of two segments,
+``sum |y[:k] - median(y[:k])| + sum |y[k:] - median(y[k:])|`` (a least-absolute-deviation
+change point, the ``l1`` cost of the ``ruptures`` library, in a few lines). At that split
+the drop of the median is scaled by the pooled median absolute deviation (MAD x 1.4826, a
+robust standard deviation) of the two segments; it is reported when it is both large
 against the noise (``min_score`` robust standard deviations) and large in itself
-(``min_drop`` of the baseline median). Medians and MADs ignore outliers such as one slow
+(``min_drop`` of the baseline median), and only downwards. Medians and MADs ignore outliers such as one slow
 step at a checkpoint, which a mean-based CUSUM would not; one shift is what an SRE asks
 about ("since when is it slow?"). Candidates are first taken on a stride (at most
 ``COARSE`` of them) and then refined at full resolution around the best one, so a 6-hour
@@ -39,6 +40,12 @@ def _mad(values: Sequence[float], median: float) -> float:
     return statistics.median([abs(v - median) for v in values])
 
 
+def _cost(y: Sequence[float], k: int) -> float:
+    a, b = y[:k], y[k:]
+    ma, mb = statistics.median(a), statistics.median(b)
+    return sum(abs(v - ma) for v in a) + sum(abs(v - mb) for v in b)
+
+
 def _stat(y: Sequence[float], k: int) -> tuple[float, float, float]:
     a, b = y[:k], y[k:]
     ma, mb = statistics.median(a), statistics.median(b)
@@ -64,15 +71,15 @@ def find_drop(
     y = [v for _, v in pairs]
     lo, hi = min_segment, n - min_segment
     stride = max(1, (hi - lo) // COARSE)
-    best_k, best = lo, -math.inf
+    best_k, best = lo, math.inf
     for k in range(lo, hi + 1, stride):
-        s = _stat(y, k)[0]
-        if s > best:
-            best_k, best = k, s
+        c = _cost(y, k)
+        if c < best:
+            best_k, best = k, c
     for k in range(max(lo, best_k - stride), min(hi, best_k + stride) + 1):
-        s = _stat(y, k)[0]
-        if s > best:
-            best_k, best = k, s
+        c = _cost(y, k)
+        if c < best:
+            best_k, best = k, c
     score, before, after = _stat(y, best_k)
     if before <= 0:
         return None

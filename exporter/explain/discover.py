@@ -104,8 +104,10 @@ def footprint(
             start,
             end,
         )
-    instances = set(tp.instances) | set(job.nodes)
-    instances |= {r["instance"] for r in rows if r.get("instance")}
+    # nodes the user named are the job's nodes; otherwise where its series come from
+    instances = set(job.nodes) or (
+        set(tp.instances) | {r["instance"] for r in rows if r.get("instance")}
+    )
     pods = set(tp.pods) | {r["pod"] for r in rows if r.get("pod")}
     gpus = {
         (r.get("instance", ""), r.get("gpu", ""))
