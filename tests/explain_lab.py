@@ -47,21 +47,37 @@ JOB = "llm"
 KEEP = {
     f"fabricscope_infiniband_port_{n}"
     for n in (
-        "symbol_errors_total", "receive_errors_total", "receive_remote_physical_errors_total",
-        "link_error_recovery_total", "link_downed_total", "local_link_integrity_errors_total",
-        "up", "transmit_wait_total", "transmitted_bytes_total", "received_bytes_total",
-        "cnp_sent_total", "cnp_handled_total", "ecn_marked_roce_packets_total",
-        "transmit_discards_total", "out_of_sequence_total", "local_ack_timeout_errors_total",
+        "symbol_errors_total",
+        "receive_errors_total",
+        "receive_remote_physical_errors_total",
+        "link_error_recovery_total",
+        "link_downed_total",
+        "local_link_integrity_errors_total",
+        "up",
+        "transmit_wait_total",
+        "transmitted_bytes_total",
+        "received_bytes_total",
+        "cnp_sent_total",
+        "cnp_handled_total",
+        "ecn_marked_roce_packets_total",
+        "transmit_discards_total",
+        "out_of_sequence_total",
+        "local_ack_timeout_errors_total",
         "info",
     )
 } | {
-    "fabricscope_infiniband_device_info", "fabricscope_pci_device_info",
-    "fabricscope_pci_link_width", "fabricscope_pci_link_width_degraded",
+    "fabricscope_infiniband_device_info",
+    "fabricscope_pci_device_info",
+    "fabricscope_pci_link_width",
+    "fabricscope_pci_link_width_degraded",
     "fabricscope_nvlink_up",
-    "fabricscope_nvlink_errors_total", "fabricscope_gpu_info",
-    "fabricscope_gpu_pcie_current_link_width", "fabricscope_gpu_pcie_replays_total",
-    "fabricscope_gpu_lost", "fabricscope_gpu_clocks_event_active",
-}  # fmt: skip
+    "fabricscope_nvlink_errors_total",
+    "fabricscope_gpu_info",
+    "fabricscope_gpu_pcie_current_link_width",
+    "fabricscope_gpu_pcie_replays_total",
+    "fabricscope_gpu_lost",
+    "fabricscope_gpu_clocks_event_active",
+}
 
 CX7 = ("mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11")
 
@@ -109,12 +125,11 @@ class Line:
 
 def agent_template() -> list[tuple[str, str, str, dict[str, str], float]]:
     """(sample name, family, type, labels, value) from two real ``agent --once`` runs."""
+    import shutil
     import tempfile
 
     from agent.snapshot import NVML_RECORDING as IN_SNAPSHOT
     from agent.snapshot import capture
-
-    import shutil
 
     out = []
     with tempfile.TemporaryDirectory(prefix="explain-lab-") as tmp:
@@ -128,8 +143,13 @@ def agent_template() -> list[tuple[str, str, str, dict[str, str], float]]:
         snap = f"{tmp}/nvml.tar.gz"
         Path(tmp, "empty").mkdir()
         capture(f"{tmp}/empty", [], snap, extra={IN_SNAPSHOT: NVML_RECORDING.read_bytes()})
-        common = ["--no-sampler.attribution", "--no-sampler.workload", "--no-sampler.netdev",
-                  "--kubelet.pod-resources-socket=", "--log.level=error"]  # fmt: skip
+        common = [
+            "--no-sampler.attribution",
+            "--no-sampler.workload",
+            "--no-sampler.netdev",
+            "--kubelet.pod-resources-socket=",
+            "--log.level=error",
+        ]
         runs = [
             ["--path.sysfs", str(sysfs), "--no-sampler.nvml", *common],
             ["--snapshot", snap, "--no-sampler.infiniband", "--no-sampler.pci", *common],
@@ -137,8 +157,11 @@ def agent_template() -> list[tuple[str, str, str, dict[str, str], float]]:
         for args in runs:
             text = subprocess.run(
                 [sys.executable, "-m", "exporter.cli", "agent", "--once", *args],
-                capture_output=True, text=True, check=True, timeout=120,
-            ).stdout  # fmt: skip
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            ).stdout
             samples = [
                 (s.name, fam.name, fam.type, dict(s.labels), s.value)
                 for fam in text_string_to_metric_families(text)
@@ -173,6 +196,7 @@ def _family(spec: MetricSpec) -> str:
 def node_lines(
     template: list[tuple[str, str, str, dict[str, str], float]],
     scenario: Scenario,
+    *,
     node: int,
     nodes: int,
     change: float,
@@ -188,8 +212,8 @@ def node_lines(
     gpu_uuid: dict[str, str] = {}
     planted = scenario.planted
     here = planted is not None and planted.node == inst
-    for name, family, kind, labels, value in template:
-        labels = dict(labels, instance=inst)
+    for name, family, kind, raw_labels, value in template:
+        labels = dict(raw_labels, instance=inst)
         dev, prt, gpu = labels.get("device"), labels.get("port"), labels.get("gpu")
         line = Line(name, family, kind, labels, value)
         bare = name.removeprefix("fabricscope_infiniband_port_").removesuffix("_total")
@@ -225,15 +249,22 @@ def node_lines(
                 line.rate = lambda t, b=bad: 600 / 60 if b and after(t) else 0.0
             else:
                 line.rate = lambda t: 0.0
-        elif name == "fabricscope_nvlink_up" and scenario.name == "nvlink_errors" and here:
-            if gpu == "1" and labels.get("link") == "3":
-                line.gauge = lambda t, v=value: 0.0 if after(t) else v
-        elif name in ("fabricscope_pci_link_width", "fabricscope_pci_link_width_degraded"):
-            if scenario.name == "pcie_x8_nic" and here and planted is not None and labels.get(
-                "pci_bus_id"
-            ) == planted.device:
-                new = 8.0 if name.endswith("width") else 1.0
-                line.gauge = lambda t, v=value, n=new: n if after(t) else v
+        elif (
+            name == "fabricscope_nvlink_up"
+            and scenario.name == "nvlink_errors"
+            and here
+            and (gpu, labels.get("link")) == ("1", "3")
+        ):
+            line.gauge = lambda t, v=value: 0.0 if after(t) else v
+        elif (
+            name in ("fabricscope_pci_link_width", "fabricscope_pci_link_width_degraded")
+            and scenario.name == "pcie_x8_nic"
+            and here
+            and planted is not None
+            and labels.get("pci_bus_id") == planted.device
+        ):
+            new = 8.0 if name.endswith("width") else 1.0
+            line.gauge = lambda t, v=value, n=new: n if after(t) else v
         lines.append(line)
     # netdev: the RoCE interfaces of the node (netlink/ethtool: not replayable from files)
     for nd, dev in sorted(netdevs.items()):
@@ -241,62 +272,148 @@ def node_lines(
         for direction in ("rx", "tx"):
             for queue in ("0", "3"):
                 share = 0.3 if incast and direction == "tx" and queue == "3" else 0.0005
-                lines.append(Line(
-                    netdev.PFC_PAUSE_DURATION.name, _family(netdev.PFC_PAUSE_DURATION),
-                    "counter",
-                    _spec_labels(netdev.PFC_PAUSE_DURATION, netdev=nd, direction=direction,
-                                 queue=queue) | {"instance": inst}, 0.0,
-                    rate=lambda t, s=share, i=incast: s if (after(t) or not i) else 0.0005,
-                ))  # fmt: skip
+                lines.append(
+                    Line(
+                        netdev.PFC_PAUSE_DURATION.name,
+                        _family(netdev.PFC_PAUSE_DURATION),
+                        "counter",
+                        _spec_labels(
+                            netdev.PFC_PAUSE_DURATION, netdev=nd, direction=direction, queue=queue
+                        )
+                        | {"instance": inst},
+                        0.0,
+                        rate=lambda t, s=share, i=incast: s if (after(t) or not i) else 0.0005,
+                    )
+                )
             for spec in (netdev.PHY_DISCARDS, netdev.DROPPED):
-                lines.append(Line(
-                    spec.name, _family(spec), "counter",
-                    _spec_labels(spec, netdev=nd, direction=direction) | {"instance": inst},
-                    0.0, rate=lambda t: 0.0,
-                ))  # fmt: skip
+                lines.append(
+                    Line(
+                        spec.name,
+                        _family(spec),
+                        "counter",
+                        _spec_labels(spec, netdev=nd, direction=direction) | {"instance": inst},
+                        0.0,
+                        rate=lambda t: 0.0,
+                    )
+                )
     # attribution: the pod holds the node's GPUs and its eight ConnectX-7 HCAs
     for gpu, uuid in sorted(gpu_uuid.items()):
         pci = f"0000:{0x19 + int(gpu):02x}:00.0"
-        labels = _spec_labels(attribution.POD_GPU_INFO, namespace=NAMESPACE, pod=pod,
-                              container="trainer", gpu=gpu, uuid=uuid, pci_bus_id=pci,
-                              method="podresources")  # fmt: skip
-        lines.append(Line(attribution.POD_GPU_INFO.name, attribution.POD_GPU_INFO.name, "gauge",
-                          labels | {"instance": inst}, 1.0))  # fmt: skip
+        labels = _spec_labels(
+            attribution.POD_GPU_INFO,
+            namespace=NAMESPACE,
+            pod=pod,
+            container="trainer",
+            gpu=gpu,
+            uuid=uuid,
+            pci_bus_id=pci,
+            method="podresources",
+        )
+        lines.append(
+            Line(
+                attribution.POD_GPU_INFO.name,
+                attribution.POD_GPU_INFO.name,
+                "gauge",
+                labels | {"instance": inst},
+                1.0,
+            )
+        )
         misplaced = scenario.name == "wrong_numa" and here
         for spec in (workload.CPU_GPU_NUMA_MISMATCH, workload.CPU_NIC_NUMA_MISMATCH):
-            labels = _spec_labels(spec, gpu=gpu, namespace=NAMESPACE, pod=pod,
-                                  container="trainer")  # fmt: skip
-            lines.append(Line(spec.name, spec.name, "gauge", labels | {"instance": inst},
-                              1.0 if misplaced else 0.0))  # fmt: skip
+            labels = _spec_labels(spec, gpu=gpu, namespace=NAMESPACE, pod=pod, container="trainer")
+            lines.append(
+                Line(
+                    spec.name,
+                    spec.name,
+                    "gauge",
+                    labels | {"instance": inst},
+                    1.0 if misplaced else 0.0,
+                )
+            )
         for var, val in (("NCCL_IB_HCA", "=" + ",".join(CX7)), ("NCCL_SOCKET_IFNAME", "eth0")):
-            labels = _spec_labels(workload.NCCL_ENV_INFO, gpu=gpu, namespace=NAMESPACE, pod=pod,
-                                  container="trainer", variable=var, value=val)  # fmt: skip
-            lines.append(Line(workload.NCCL_ENV_INFO.name, workload.NCCL_ENV_INFO.name, "gauge",
-                              labels | {"instance": inst}, 1.0))  # fmt: skip
+            labels = _spec_labels(
+                workload.NCCL_ENV_INFO,
+                gpu=gpu,
+                namespace=NAMESPACE,
+                pod=pod,
+                container="trainer",
+                variable=var,
+                value=val,
+            )
+            lines.append(
+                Line(
+                    workload.NCCL_ENV_INFO.name,
+                    workload.NCCL_ENV_INFO.name,
+                    "gauge",
+                    labels | {"instance": inst},
+                    1.0,
+                )
+            )
     for dev in CX7:
-        labels = _spec_labels(attribution.POD_RDMA_INFO, namespace=NAMESPACE, pod=pod,
-                              container="trainer", resource="rdma/ib", device_id=dev,
-                              device=dev, pci_bus_id="")  # fmt: skip
-        lines.append(Line(attribution.POD_RDMA_INFO.name, attribution.POD_RDMA_INFO.name,
-                          "gauge", labels | {"instance": inst}, 1.0))  # fmt: skip
+        labels = _spec_labels(
+            attribution.POD_RDMA_INFO,
+            namespace=NAMESPACE,
+            pod=pod,
+            container="trainer",
+            resource="rdma/ib",
+            device_id=dev,
+            device=dev,
+            pci_bus_id="",
+        )
+        lines.append(
+            Line(
+                attribution.POD_RDMA_INFO.name,
+                attribution.POD_RDMA_INFO.name,
+                "gauge",
+                labels | {"instance": inst},
+                1.0,
+            )
+        )
     # probes: this node against the next one, all_reduce at 64 MiB
     peer = f"node-{(node + 1) % nodes:02d}"
-    labels = _spec_labels(probe.BUSBW, collective="all_reduce", peer=peer, gpu="0",
-                          peer_gpu="0", size_bytes="67108864")  # fmt: skip
-    lines.append(Line(probe.BUSBW.name, probe.BUSBW.name, "gauge", labels | {"instance": inst},
-                      45e9, gauge=lambda t: 45e9 * (1 + rng.uniform(-0.03, 0.03))))  # fmt: skip
+    labels = _spec_labels(
+        probe.BUSBW,
+        collective="all_reduce",
+        peer=peer,
+        gpu="0",
+        peer_gpu="0",
+        size_bytes="67108864",
+    )
+    lines.append(
+        Line(
+            probe.BUSBW.name,
+            probe.BUSBW.name,
+            "gauge",
+            labels | {"instance": inst},
+            45e9,
+            gauge=lambda t: 45e9 * (1 + rng.uniform(-0.03, 0.03)),
+        )
+    )
     # throughput: every rank prints it (Composer format), with noise and checkpoint dips
-    tp_labels = {"namespace": NAMESPACE, "pod": pod, "container": "trainer", "job_name": JOB,
-                 "format": "composer", "instance": inst}  # fmt: skip
+    tp_labels = {
+        "namespace": NAMESPACE,
+        "pod": pod,
+        "container": "trainer",
+        "job_name": JOB,
+        "format": "composer",
+        "instance": inst,
+    }
     base_tps = GOOD_TPS if scenario.name != "wrong_numa" else 51200.0
 
     def tokens(t: float) -> float:
         dip = 0.6 if int(t) % 1800 < 30 else 1.0  # a checkpoint every 30 min
         return base_tps * tp(t) * dip * (1 + rng.gauss(0, 0.01))
 
-    lines.append(Line("fabricscope_throughput_tokens_per_second",
-                      "fabricscope_throughput_tokens_per_second", "gauge", tp_labels, 0.0,
-                      gauge=tokens))  # fmt: skip
+    lines.append(
+        Line(
+            "fabricscope_throughput_tokens_per_second",
+            "fabricscope_throughput_tokens_per_second",
+            "gauge",
+            tp_labels,
+            0.0,
+            gauge=tokens,
+        )
+    )
     return lines
 
 
@@ -368,7 +485,7 @@ def build(
         start = t0 + k * slot_len
         change = seconds * 0.55
         for node in range(nodes):
-            node_set = node_lines(template, sc, node, nodes, change, rng)
+            node_set = node_lines(template, sc, node=node, nodes=nodes, change=change, rng=rng)
             simulate(node_set, start, seconds, step)
             lines.extend(node_set)
         slots.append(Slot(sc, start, start + seconds, start + change))
@@ -377,7 +494,9 @@ def build(
     tsdb = out_dir / "tsdb"
     subprocess.run(
         [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(text_path), str(tsdb)],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     text_path.unlink()
     return tsdb, slots

@@ -98,12 +98,26 @@ def test_wrong_numa_only_is_misplacement_without_a_drop(lab: Lab) -> None:
 def test_cli_table_json_and_plot(lab: Lab, tmp_path: Path) -> None:
     slot = lab.slots["ib_link_bad"]
     png = tmp_path / "explain.png"
-    args = ["explain", "--prometheus.url", lab.prom.url, "--namespace", "training",
-            "--job", "llm", "--since", f"{slot.start:.0f}", "--until", f"{slot.end:.0f}",
-            "--grafana.url", "https://grafana.example"]  # fmt: skip
+    args = [
+        "explain",
+        "--prometheus.url",
+        lab.prom.url,
+        "--namespace",
+        "training",
+        "--job",
+        "llm",
+        "--since",
+        f"{slot.start:.0f}",
+        "--until",
+        f"{slot.end:.0f}",
+        "--grafana.url",
+        "https://grafana.example",
+    ]
     table = fabricscope([*args, "--plot", str(png)])
     assert table.returncode == 0, table.stderr
-    assert " 1   " in table.stdout and "InfiniBand/RoCE link errors: node-02 mlx5_3/1" in table.stdout
+    assert (
+        " 1   " in table.stdout and "InfiniBand/RoCE link errors: node-02 mlx5_3/1" in table.stdout
+    )
     assert "symbol errors: " in table.stdout and "/min" in table.stdout
     assert 'symbol_errors_total{instance="node-02",device="mlx5_3",port="1"}' in table.stdout
     assert "https://grafana.example/d/fabricscope-node/?" in table.stdout
@@ -122,9 +136,21 @@ def test_cli_table_json_and_plot(lab: Lab, tmp_path: Path) -> None:
 
 def test_cli_healthy_says_no_fabric_cause(lab: Lab) -> None:
     slot = lab.slots["healthy"]
-    out = fabricscope(["explain", "--prometheus.url", lab.prom.url, "--namespace", "training",
-                       "--job", "llm", "--since", f"{slot.start:.0f}",
-                       "--until", f"{slot.end:.0f}"])  # fmt: skip
+    out = fabricscope(
+        [
+            "explain",
+            "--prometheus.url",
+            lab.prom.url,
+            "--namespace",
+            "training",
+            "--job",
+            "llm",
+            "--since",
+            f"{slot.start:.0f}",
+            "--until",
+            f"{slot.end:.0f}",
+        ]
+    )
     assert out.returncode == 0, out.stderr
     assert "no fabric cause found." in out.stdout
     assert "symbol errors [48 devices; max 0.00]" in out.stdout
@@ -132,18 +158,43 @@ def test_cli_healthy_says_no_fabric_cause(lab: Lab) -> None:
 
 def test_cli_missing_series_one_line_exit_2(lab: Lab) -> None:
     slot = lab.slots["healthy"]
-    out = fabricscope(["explain", "--prometheus.url", lab.prom.url, "--namespace", "training",
-                       "--job", "nosuchjob", "--since", f"{slot.start:.0f}",
-                       "--until", f"{slot.end:.0f}"])  # fmt: skip
+    out = fabricscope(
+        [
+            "explain",
+            "--prometheus.url",
+            lab.prom.url,
+            "--namespace",
+            "training",
+            "--job",
+            "nosuchjob",
+            "--since",
+            f"{slot.start:.0f}",
+            "--until",
+            f"{slot.end:.0f}",
+        ]
+    )
     assert out.returncode == 2
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert "no throughput series for job_name='nosuchjob' in namespace 'training'" in out.stderr
     # with the change given, the job still has no nodes: also one line
-    out = fabricscope(["explain", "--prometheus.url", lab.prom.url, "--namespace", "training",
-                       "--job", "nosuchjob", "--since", f"{slot.start:.0f}",
-                       "--until", f"{slot.end:.0f}", "--change-at",
-                       f"{slot.change:.0f}"])  # fmt: skip
+    out = fabricscope(
+        [
+            "explain",
+            "--prometheus.url",
+            lab.prom.url,
+            "--namespace",
+            "training",
+            "--job",
+            "nosuchjob",
+            "--since",
+            f"{slot.start:.0f}",
+            "--until",
+            f"{slot.end:.0f}",
+            "--change-at",
+            f"{slot.change:.0f}",
+        ]
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert "found no nodes for job 'nosuchjob'" in out.stderr
 

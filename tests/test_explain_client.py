@@ -80,8 +80,21 @@ def _error(url: str, **kw: object) -> str:
 
 
 def _cli(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return fabricscope(["explain", "--prometheus.url", url, "--namespace", "training",
-                        "--job", "llm", "--window", "1h", *extra], timeout=60)  # fmt: skip
+    return fabricscope(
+        [
+            "explain",
+            "--prometheus.url",
+            url,
+            "--namespace",
+            "training",
+            "--job",
+            "llm",
+            "--window",
+            "1h",
+            *extra,
+        ],
+        timeout=60,
+    )
 
 
 def _one_line_exit_2(out: subprocess.CompletedProcess[str]) -> str:
@@ -94,7 +107,8 @@ def _one_line_exit_2(out: subprocess.CompletedProcess[str]) -> str:
 def test_refused_port_cli() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     err = _one_line_exit_2(_cli(url))
-    assert err == f"fabricscope explain: Prometheus at {url} refused the connection: is Prometheus running there?\n"
+    expected = f"Prometheus at {url} refused the connection: is Prometheus running there?"
+    assert err == f"fabricscope explain: {expected}\n"
 
 
 def test_slow_server_cli_times_out() -> None:
@@ -158,23 +172,36 @@ def test_real_prometheus_with_tls_and_basic_auth(tmp_path: Path) -> None:
     pki = write_test_pki(tmp_path / "pki")
     hashed = bcrypt.hashpw(b"pa55word", bcrypt.gensalt(rounds=4)).decode()
     web = tmp_path / "web.yml"
-    web.write_text(yaml.safe_dump({
-        "tls_server_config": {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)},
-        "basic_auth_users": {"alice": hashed},
-    }))  # fmt: skip
+    web.write_text(
+        yaml.safe_dump(
+            {
+                "tls_server_config": {
+                    "cert_file": str(pki.server_cert),
+                    "key_file": str(pki.server_key),
+                },
+                "basic_auth_users": {"alice": hashed},
+            }
+        )
+    )
     (tmp_path / "prometheus.yml").write_text("global: {}\n")
     port = free_port()
     proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-         f"--web.config.file={web}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            PROMETHEUS,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--web.config.file={web}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"https://127.0.0.1:{port}"
     password = tmp_path / "password"
     password.write_text("pa55word\n")
-    good = ClientSettings(url, ca_file=str(pki.ca_cert), username="alice",
-                          password_file=str(password))  # fmt: skip
+    good = ClientSettings(
+        url, ca_file=str(pki.ca_cert), username="alice", password_file=str(password)
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -185,15 +212,24 @@ def test_real_prometheus_with_tls_and_basic_auth(tmp_path: Path) -> None:
                 if "refused" not in str(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        assert "TLS certificate not trusted" in _error(url, username="alice",
-                                                        password_file=str(password))  # fmt: skip
-        insecure = PrometheusClient(ClientSettings(url, insecure=True, username="alice",
-                                                   password_file=str(password)))  # fmt: skip
+        assert "TLS certificate not trusted" in _error(
+            url, username="alice", password_file=str(password)
+        )
+        insecure = PrometheusClient(
+            ClientSettings(url, insecure=True, username="alice", password_file=str(password))
+        )
         assert insecure.query("vector(2)", time.time())[0].value == 2.0
         err = _error(url, ca_file=str(pki.ca_cert), username="alice")
         assert "HTTP 401 Unauthorized" in err and "--prometheus.password-file" in err
-        out = _cli(url, "--prometheus.ca-file", str(pki.ca_cert), "--prometheus.username",
-                   "alice", "--prometheus.password-file", str(password))  # fmt: skip
+        out = _cli(
+            url,
+            "--prometheus.ca-file",
+            str(pki.ca_cert),
+            "--prometheus.username",
+            "alice",
+            "--prometheus.password-file",
+            str(password),
+        )
         # reached and authenticated: the job simply is not there
         assert "no throughput series for job_name='llm'" in _one_line_exit_2(out)
     finally:

@@ -6,11 +6,12 @@ change point, the ``l1`` cost of the ``ruptures`` library, in a few lines). At t
 the drop of the median is scaled by the pooled median absolute deviation (MAD x 1.4826, a
 robust standard deviation) of the two segments; it is reported when it is both large
 against the noise (``min_score`` robust standard deviations) and large in itself
-(``min_drop`` of the baseline median), and only downwards. Medians and MADs ignore outliers such as one slow
-step at a checkpoint, which a mean-based CUSUM would not; one shift is what an SRE asks
-about ("since when is it slow?"). Candidates are first taken on a stride (at most
-``COARSE`` of them) and then refined at full resolution around the best one, so a 6-hour
-series at 15 s costs milliseconds. Pure Python: no numpy on the query path.
+(``min_drop`` of the baseline median), and only downwards. Medians and MADs ignore
+outliers such as one slow step at a checkpoint, which a mean-based CUSUM would not; one
+shift is what an SRE asks about ("since when is it slow?"). Candidates are first taken on
+a stride (at most ``COARSE`` of them) and then refined at full resolution around the best
+one, so a 6-hour series at 15 s costs tens of milliseconds. Pure Python: no numpy on the
+query path.
 """
 
 from __future__ import annotations

@@ -68,46 +68,90 @@ def add_parser(sub: Any) -> None:
     )
     g = p.add_argument_group("Prometheus")
     g.add_argument("--prometheus.url", dest="prom_url", required=True, metavar="URL")
-    g.add_argument("--prometheus.timeout", dest="prom_timeout", type=parse_duration,
-                   default=10.0, metavar="DURATION", help="per request (default: 10s)")  # fmt: skip
+    g.add_argument(
+        "--prometheus.timeout",
+        dest="prom_timeout",
+        type=parse_duration,
+        default=10.0,
+        metavar="DURATION",
+        help="per request (default: 10s)",
+    )
     g.add_argument("--prometheus.ca-file", dest="prom_ca", metavar="FILE")
-    g.add_argument("--prometheus.cert-file", dest="prom_cert", metavar="FILE",
-                   help="client certificate (mutual TLS)")  # fmt: skip
+    g.add_argument(
+        "--prometheus.cert-file",
+        dest="prom_cert",
+        metavar="FILE",
+        help="client certificate (mutual TLS)",
+    )
     g.add_argument("--prometheus.key-file", dest="prom_key", metavar="FILE")
-    g.add_argument("--prometheus.insecure-skip-verify", dest="prom_insecure",
-                   action="store_true", help="do not verify the server's certificate")  # fmt: skip
+    g.add_argument(
+        "--prometheus.insecure-skip-verify",
+        dest="prom_insecure",
+        action="store_true",
+        help="do not verify the server's certificate",
+    )
     g.add_argument("--prometheus.username", dest="prom_user", metavar="NAME")
     g.add_argument("--prometheus.password-file", dest="prom_password_file", metavar="FILE")
     g.add_argument("--prometheus.bearer-token-file", dest="prom_token_file", metavar="FILE")
     j = p.add_argument_group("the job")
-    j.add_argument("--job", required=True, metavar="NAME",
-                   help="the job's name: the throughput series' job_name label")  # fmt: skip
+    j.add_argument(
+        "--job",
+        required=True,
+        metavar="NAME",
+        help="the job's name: the throughput series' job_name label",
+    )
     j.add_argument("--namespace", default="", metavar="NS", help="its Kubernetes namespace")
-    j.add_argument("--pod-prefix", default=None, metavar="PREFIX",
-                   help="its pods' name prefix (default: the job's name and a dash)")  # fmt: skip
-    j.add_argument("--nodes", default="", metavar="N1,N2",
-                   help="its nodes (instance label values), e.g. a Slurm job's node list")  # fmt: skip
+    j.add_argument(
+        "--pod-prefix",
+        default=None,
+        metavar="PREFIX",
+        help="its pods' name prefix (default: the job's name and a dash)",
+    )
+    j.add_argument(
+        "--nodes",
+        default="",
+        metavar="N1,N2",
+        help="its nodes (instance label values), e.g. a Slurm job's node list",
+    )
     w = p.add_argument_group("the window")
-    w.add_argument("--since", type=_time_arg, metavar="TIME",
-                   help="start (RFC 3339, unix seconds, or a duration ago like 6h)")  # fmt: skip
+    w.add_argument(
+        "--since",
+        type=_time_arg,
+        metavar="TIME",
+        help="start (RFC 3339, unix seconds, or a duration ago like 6h)",
+    )
     w.add_argument("--until", type=_time_arg, default="now", metavar="TIME")
-    w.add_argument("--window", type=parse_duration, default=6 * 3600.0, metavar="DURATION",
-                   help="length when --since is not given (default: 6h)")  # fmt: skip
-    w.add_argument("--change-at", type=_time_arg, metavar="TIME",
-                   help="the slowdown's start, when known (default: found in the throughput)")  # fmt: skip
+    w.add_argument(
+        "--window",
+        type=parse_duration,
+        default=6 * 3600.0,
+        metavar="DURATION",
+        help="length when --since is not given (default: 6h)",
+    )
+    w.add_argument(
+        "--change-at",
+        type=_time_arg,
+        metavar="TIME",
+        help="the slowdown's start, when known (default: found in the throughput)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--format", choices=("table", "json"), default="table")
     o.add_argument("--log.level", dest="log_level", choices=LEVELS, default="warning")
     o.add_argument("--log.format", dest="log_format", choices=("text", "json"), default="text")
     o.add_argument("--plot", metavar="FILE.png", help="throughput and top causes over time")
-    o.add_argument("--grafana.url", dest="grafana_url", default="", metavar="URL",
-                   help="Grafana base URL for links to the fabricscope dashboards' panels")  # fmt: skip
+    o.add_argument(
+        "--grafana.url",
+        dest="grafana_url",
+        default="",
+        metavar="URL",
+        help="Grafana base URL for links to the fabricscope dashboards' panels",
+    )
 
 
 def cmd_explain(ns: argparse.Namespace) -> int:
     try:
         return _run(ns)
-    except (PrometheusError, ExplainError, discover.JobNotFound) as exc:
+    except (PrometheusError, ExplainError, discover.JobNotFoundError) as exc:
         print(f"fabricscope explain: {exc}", file=sys.stderr)
         return 2
 
@@ -136,11 +180,11 @@ def _run(ns: argparse.Namespace) -> int:
     job = discover.JobSpec(ns.job, ns.namespace, ns.pod_prefix, nodes)
     report = explain(client, job, start, end, change_at=change_at, grafana=ns.grafana_url)
     if ns.plot:
-        from exporter.explain.plot import PlotUnavailable, plot
+        from exporter.explain.plot import PlotUnavailableError, plot
 
         try:
             plot(client, report, ns.plot)
-        except PlotUnavailable as exc:
+        except PlotUnavailableError as exc:
             raise ExplainError(str(exc)) from None
         except OSError as exc:
             raise ExplainError(f"cannot write {ns.plot}: {exc.strerror}") from None

@@ -180,7 +180,7 @@ class PrometheusClient:
             raise PrometheusError(_http_error(where, endpoint, exc)) from None
         except urllib.error.URLError as exc:
             raise PrometheusError(_connect_error(where, exc.reason, timeout)) from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise PrometheusError(
                 f"{where} did not answer /api/v1/{endpoint} within {timeout:g}s "
                 "(overloaded, or a query too large? --prometheus.timeout raises the limit)"
@@ -217,7 +217,10 @@ def _http_error(where: str, endpoint: str, exc: urllib.error.HTTPError) -> str:
         detail = ""
     hint = ""
     if exc.code in (401, 403):
-        hint = " (check --prometheus.username/--prometheus.password-file or --prometheus.bearer-token-file)"
+        hint = (
+            " (check --prometheus.username/--prometheus.password-file or "
+            "--prometheus.bearer-token-file)"
+        )
     elif exc.code == 404:
         hint = " (is the URL's path prefix right?)"
     return f"{where} answered /api/v1/{endpoint} with HTTP {exc.code} {exc.reason}{detail}{hint}"

@@ -27,7 +27,7 @@ THROUGHPUT_METRICS = (
 )
 
 
-class JobNotFound(Exception):
+class JobNotFoundError(Exception):
     """The job has no series in the window; ``str()`` says what was looked for."""
 
 
@@ -121,13 +121,14 @@ def footprint(
     }
     if not instances:
         where = f" in namespace {job.namespace}" if job.namespace else ""
-        raise JobNotFound(
+        raise JobNotFoundError(
             f"found no nodes for job {job.job!r}{where}: no throughput series with that "
             "job_name carries an instance, no fabricscope_pod_gpu_info/pod_rdma_info series "
             "match its pods, and no --nodes were given"
         )
-    return Footprint(tuple(sorted(instances)), tuple(sorted(pods)), tuple(sorted(gpus)),
-                     tuple(sorted(hcas)))  # fmt: skip
+    return Footprint(
+        tuple(sorted(instances)), tuple(sorted(pods)), tuple(sorted(gpus)), tuple(sorted(hcas))
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,10 +159,11 @@ def compare(
         for s in samples:
             by_key[_key(check, s.labels)][i] = s
     result = CheckResult(check, series=len(by_key))
-    for b, s in by_key.values():
-        bv = _finite(b)
-        sv = _finite(s)
-        labels = (s or b).labels  # type: ignore[union-attr]  # one of the two exists
+    for base_sample, slow_sample in by_key.values():
+        bv = _finite(base_sample)
+        sv = _finite(slow_sample)
+        present = slow_sample if slow_sample is not None else base_sample
+        labels = present.labels if present is not None else {}
         sc = score(check, bv, sv, ratio)
         result.measurements.append(
             Measurement(check, labels, _scaled(check, bv), _scaled(check, sv), sc)
@@ -202,9 +203,7 @@ def nccl_env_differences(samples: Sequence[Sample]) -> list[EnvDifference]:
     pods = sorted({s.labels.get("pod", "") for s in samples})
     by_var: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for s in samples:
-        by_var[s.labels.get("variable", "")][s.labels.get("pod", "")].add(
-            s.labels.get("value", "")
-        )
+        by_var[s.labels.get("variable", "")][s.labels.get("pod", "")].add(s.labels.get("value", ""))
     out = []
     for var, per_pod in sorted(by_var.items()):
         values: dict[str, list[str]] = defaultdict(list)
@@ -230,4 +229,3 @@ def query_nccl_env(
     sel = f'namespace="{_escape(scope.namespace)}",pod=~"{_alternation(scope.pods)}"'
     expr = NCCL_ENV_QUERY.format(sel=sel, d=f"{periods.slow_seconds}s")
     return sel, client.query(expr, periods.slow_end)
-

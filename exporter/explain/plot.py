@@ -16,7 +16,7 @@ from exporter.explain.report import Report
 TOP = 3
 
 
-class PlotUnavailable(Exception):
+class PlotUnavailableError(Exception):
     pass
 
 
@@ -32,7 +32,7 @@ def plot(client: PrometheusClient, report: Report, path: str) -> None:
         import matplotlib.dates as mdates
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise PlotUnavailable(
+        raise PlotUnavailableError(
             "--plot needs matplotlib: pip install 'fabricscope[explain]'"
         ) from exc
     top: list[Finding] = report.causes[:TOP]
@@ -84,7 +84,7 @@ def plot(client: PrometheusClient, report: Report, path: str) -> None:
         axes[0][0].text(
             0.5, 0.05, "no fabric cause found", transform=axes[0][0].transAxes, ha="center"
         )
-    axes[-1][0].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+    axes[-1][0].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
     axes[-1][0].set_xlabel("time (UTC); shaded: slow period")
     fig.savefig(path, dpi=110)
     plt.close(fig)

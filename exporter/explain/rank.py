@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.explain.checks import CAUSES, THRESHOLD, Check
+from exporter.explain.discover import Inventory
 from exporter.explain.evidence import (
     NCCL_ENV_DIFF_SCORE,
     CheckResult,
@@ -16,7 +17,6 @@ from exporter.explain.evidence import (
     Periods,
     _escape,
 )
-from exporter.explain.discover import Inventory
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,7 @@ def rank(
     env_differences: Sequence[EnvDifference],
     env_sel: str,
     inventory: Inventory,
+    *,
     periods: Periods,
     step: float,
     grafana: str = "",
@@ -97,9 +98,7 @@ def rank(
             )
         )
     for diff in env_differences:
-        parts = [
-            f"{diff.variable}={value} on {_pods(pods)}" for value, pods in diff.values.items()
-        ]
+        parts = [f"{diff.variable}={value} on {_pods(pods)}" for value, pods in diff.values.items()]
         out.append(
             Finding(
                 "nccl_config",
@@ -125,5 +124,3 @@ def _pods(pods: Sequence[str]) -> str:
 
 def standing_out(findings: Sequence[Finding]) -> list[Finding]:
     return [f for f in findings if f.score >= THRESHOLD]
-
-

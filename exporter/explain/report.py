@@ -82,9 +82,10 @@ def explain(
     tp = discover.throughput(client, job, start, end, step)
     if tp.series is None and change_at is None:
         where = f" in namespace {job.namespace!r}" if job.namespace else ""
+        names = ", ".join(m for m, _ in discover.THROUGHPUT_METRICS)
         raise ExplainError(
             f"no throughput series for job_name={job.job!r}{where} between "
-            f"{_iso(start)} and {_iso(end)} (looked for {', '.join(m for m, _ in discover.THROUGHPUT_METRICS)}); "
+            f"{_iso(start)} and {_iso(end)} (looked for {names}); "
             "give --change-at to compare before and after a time instead"
         )
     shift = None
@@ -111,17 +112,27 @@ def explain(
         inv = inv_future.result()
         env_sel, env_samples = env_future.result()
     diffs = evidence.nccl_env_differences(env_samples)
-    findings = rank.rank(results, diffs, env_sel, inv, periods, step, grafana, job.namespace)
-    checked = tuple(
-        Checked(
-            r.check.name,
-            r.check.cause,
-            r.check.what,
-            r.series,
-            max((m.score for m in r.measurements), default=0.0),
-        )
-        for r in results
-    ) + (
+    findings = rank.rank(
+        results,
+        diffs,
+        env_sel,
+        inv,
+        periods=periods,
+        step=step,
+        grafana=grafana,
+        namespace=job.namespace,
+    )
+    checked = (
+        *(
+            Checked(
+                r.check.name,
+                r.check.cause,
+                r.check.what,
+                r.series,
+                max((m.score for m in r.measurements), default=0.0),
+            )
+            for r in results
+        ),
         Checked(
             "nccl_env",
             "nccl_config",
