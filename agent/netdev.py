@@ -47,7 +47,7 @@ import errno
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -508,14 +508,17 @@ def _open_rtnl(netns: str | None) -> _Rtnl:
 
 
 def read_links(
-    netns: str | None, names: Sequence[str] | None, issues: Issues
+    netns: str | None,
+    names: Sequence[str] | None,
+    issues: Issues,
+    open_rtnl: Callable[[str | None], _Rtnl] = _open_rtnl,
 ) -> tuple[list[NetlinkLink], list[str]]:
     """Links of the namespace: every link when ``names`` is None, else those names.
 
     Returns the links and the requested names the namespace does not have. Raises when the
     namespace cannot be opened or a dump fails (nothing could be sampled then).
     """
-    rtnl = _open_rtnl(netns)
+    rtnl = open_rtnl(netns)
     links: list[NetlinkLink] = []
     missing: list[str] = []
     try:
@@ -666,6 +669,8 @@ class NetdevSampler:
     ``ethtool_include`` selects ethtool statistics (``None``: no ethtool reads); ``netns``
     names a namespace under ``/var/run/netns`` (or a path to one) to sample instead of the
     agent's own. ``sys`` must show that same namespace for speed and driver to be read.
+    ``open_rtnl`` / ``open_ethtool`` open the two kernel interfaces (defaults: pyroute2's
+    netlink socket and ethtool ioctl); the scenario lab answers them for nodes it plays.
     """
 
     name = "netdev"
@@ -676,11 +681,16 @@ class NetdevSampler:
         include: re.Pattern[str] | None = None,
         ethtool_include: re.Pattern[str] | None = DEFAULT_ETHTOOL_INCLUDE,
         netns: str | None = None,
+        *,
+        open_rtnl: Callable[[str | None], _Rtnl] = _open_rtnl,
+        open_ethtool: Callable[[str | None], _EthtoolIoctl] = open_ethtool,
     ) -> None:
         self.sys = sys
         self.include = include
         self.ethtool_include = ethtool_include
         self.netns = netns
+        self._open_rtnl = open_rtnl
+        self._open_ethtool = open_ethtool
 
     def sample(self) -> NetdevSnapshot:
         issues = Issues(self.sys)
@@ -688,7 +698,7 @@ class NetdevSampler:
         if not rdma and self.include is None:
             raise NoData("no netdev is associated with an RDMA device and no include is set")
         wanted = None if self.include is not None else sorted(rdma)
-        links, missing = read_links(self.netns, wanted, issues)
+        links, missing = read_links(self.netns, wanted, issues, self._open_rtnl)
         if self.include is not None:
             include = self.include
             present = {link.name for link in links}
@@ -700,7 +710,7 @@ class NetdevSampler:
         tool = None
         if self.ethtool_include is not None:
             try:
-                tool = open_ethtool(self.netns)
+                tool = self._open_ethtool(self.netns)
             except OSError as exc:
                 issues.add("netlink/ethtool", classify_os_error(exc), exc.strerror or str(exc))
         samples = []

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from agent.runner import Runner, SamplerSpec
 from agent.sampler import Snapshot
@@ -19,13 +20,20 @@ log = logging.getLogger(__name__)
 
 class AgentApp:
     """The runner plus the cache it feeds. ``ready()`` turns true once every sampler has
-    made its first attempt."""
+    made its first attempt. ``wall_clock`` stamps successes (the scenario lab replays
+    simulated time through it)."""
 
-    def __init__(self, specs: Sequence[SamplerSpec], latest: Latest | None = None) -> None:
+    def __init__(
+        self,
+        specs: Sequence[SamplerSpec],
+        latest: Latest | None = None,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.cache = ExpositionCache()
         self._render_errors: dict[str, int] = {}
         self._lock = threading.Lock()
-        self.runner = Runner(specs, on_update=self._on_update)
+        self.runner = Runner(specs, on_update=self._on_update, wall_clock=wall_clock)
         if latest is not None:
             latest.bind(self._latest)
         self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))

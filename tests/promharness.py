@@ -260,6 +260,7 @@ def start_prometheus(
     rule_files: Sequence[Path] = (),
     alertmanager_url: str | None = None,
     extra_args: Sequence[str] = (),
+    tsdb_path: Path | None = None,
 ) -> Prometheus:
     """Write ``prometheus.yml`` into ``workdir`` (a fresh temp dir), check it with promtool,
     start Prometheus on a free 127.0.0.1 port and wait until it is ready.
@@ -293,7 +294,7 @@ def start_prometheus(
     attempts = 3
     for attempt in range(attempts):
         port = free_port()
-        data = workdir / f"data-{attempt}"
+        data = tsdb_path if tsdb_path is not None else workdir / f"data-{attempt}"
         log_path = workdir / "prometheus.log"
         with log_path.open("wb") as log_file:
             process = subprocess.Popen(

@@ -1,0 +1,144 @@
+"""The lab's scenarios: what each one plants, as data tests can assert on.
+
+Every scenario plays the same cluster: ``nodes`` DGX-class nodes (``node-00`` ..), all
+running one training job (namespace ``training``, pods ``llm-<n>``, job ``llm``) on all
+eight GPUs and the eight 400G compute rails of every node. A scenario plants at most one
+cause, from ``start_fraction`` of the run on; ``throughput_ratio`` is what the job's
+tokens/s fall to while it is active (1.0: the cause does not slow the job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: the founding story's figures: tokens/s of the job before and after the bad link
+GOOD_TOKENS_PER_SECOND = 55803.1245
+BAD_TOKENS_PER_SECOND = 36769.6582
+
+NAMESPACE = "training"
+JOB_NAME = "llm"
+
+
+def node_name(i: int) -> str:
+    return f"node-{i:02d}"
+
+
+def pod_name(i: int) -> str:
+    return f"{JOB_NAME}-{i}"
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """The planted cause. ``kind`` names it; the rest locate it, each in the label
+    vocabulary its series carry (``instance`` is the node): ``device``/``port`` an RDMA
+    port, ``netdev`` its interface, ``gpu`` an NVML index, ``pci_bus_id`` a PCI function,
+    ``finding`` the agent finding (or workload finding) it should raise."""
+
+    kind: str
+    node: str
+    finding: str
+    device: str | None = None
+    port: str | None = None
+    netdev: str | None = None
+    gpu: str | None = None
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    summary: str
+    cause: Cause | None
+    throughput_ratio: float = 1.0
+    nodes: int = 4
+    start_fraction: float = 0.4
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(node_name(i) for i in range(self.nodes))
+
+
+#: compute rail (400G ConnectX-7) of each GPU of the DGX tree, by NVML index, and its netdev
+RAILS: tuple[tuple[str, str], ...] = (
+    ("mlx5_0", "ens38np0"),
+    ("mlx5_3", "ens39np0"),
+    ("mlx5_4", "ens37np0"),
+    ("mlx5_5", "ens36np0"),
+    ("mlx5_6", "ens32np0"),
+    ("mlx5_9", "ens33np0"),
+    ("mlx5_10", "ens34np0"),
+    ("mlx5_11", "ens35np0"),
+)
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "healthy",
+            "4-node job at full speed; a few symbol errors per hour on healthy links",
+            None,
+        ),
+        Scenario(
+            "ib_link_bad",
+            "one marginal link on node-01's rail mlx5_4 (a RoCE port of the DGX tree; "
+            "the same PMA counters as InfiniBand): symbol errors, two link-downs (the port "
+            "goes DOWN and comes back), port_xmit_wait up; the job's tokens/s fall 34 % "
+            "from the fault's start",
+            Cause(
+                "ib_link_errors",
+                "node-01",
+                "port_errors",
+                device="mlx5_4",
+                port="1",
+                netdev="ens37np0",
+                gpu="2",
+            ),
+            throughput_ratio=BAD_TOKENS_PER_SECOND / GOOD_TOKENS_PER_SECOND,
+        ),
+        Scenario(
+            "roce_incast",
+            "incast onto node-02's rail mlx5_9: it sends PFC pause and CNPs, senders are "
+            "paused; the job slows 15 %",
+            Cause(
+                "roce_incast",
+                "node-02",
+                "congestion",
+                device="mlx5_9",
+                port="1",
+                netdev="ens33np0",
+                gpu="5",
+            ),
+            throughput_ratio=0.85,
+        ),
+        Scenario(
+            "nvlink_errors",
+            "NVLink replay, recovery and CRC-flit errors on GPU 5 of node-03 (NVML replay); "
+            "the job slows 6 %",
+            Cause("nvlink_errors", "node-03", "nvlink_errors", gpu="5"),
+            throughput_ratio=0.94,
+        ),
+        Scenario(
+            "pcie_x8_nic",
+            "node-02's ConnectX-7 mlx5_3 (0000:3c:00.0, the rail of GPU 1) retrains at "
+            "PCIe x8; its rail caps at half bandwidth and the job slows 20 %",
+            Cause(
+                "pcie_width_degraded",
+                "node-02",
+                "pci_link_width_degraded",
+                pci_bus_id="0000:3c:00.0",
+                device="mlx5_3",
+                port="1",
+                netdev="ens39np0",
+                gpu="1",
+            ),
+            throughput_ratio=0.80,
+        ),
+        Scenario(
+            "wrong_numa",
+            "node-03's pod is pinned to the CPUs of the other NUMA node than its GPUs; no "
+            "fabric fault at all; the job slows 10 %",
+            Cause("wrong_numa", "node-03", "process_cpus_off_gpu_numa"),
+            throughput_ratio=0.90,
+        ),
+    )
+}
