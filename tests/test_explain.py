@@ -121,6 +121,7 @@ def test_cli_table_json_and_plot(lab: Lab, tmp_path: Path) -> None:
     assert "symbol errors: " in table.stdout and "/min" in table.stdout
     assert 'symbol_errors_total{instance="node-02",device="mlx5_3",port="1"}' in table.stdout
     assert "https://grafana.example/d/fabricscope-node/?" in table.stdout
+    assert "var-node=node-02" in table.stdout and "viewPanel=3" in table.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     out = fabricscope([*args, "--format", "json"])
     assert out.returncode == 0, out.stderr

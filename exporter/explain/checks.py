@@ -25,26 +25,29 @@ THRESHOLD = 1.0
 
 @dataclass(frozen=True, slots=True)
 class Cause:
+    """A candidate cause and the dashboard panel that shows it (dashboards/*.json, generated
+    by dashboards/generate.py: uid and panel id; 0: the dashboard has no panel for it)."""
+
     name: str
     title: str
-    dashboard: str  # Grafana dashboard uid
-    panel: int  # panel id on that dashboard
+    dashboard: str
+    panel: int
 
 
 CAUSES: dict[str, Cause] = {
     c.name: c
     for c in (
-        Cause("ib_link", "InfiniBand/RoCE link errors", "fabricscope-node", 10),
-        Cause("ib_congestion", "port congestion (xmit_wait)", "fabricscope-node", 11),
-        Cause("roce_congestion", "RoCE congestion (PFC pause, CNP/ECN)", "fabricscope-node", 12),
-        Cause("drops", "packet drops and retransmissions", "fabricscope-node", 13),
-        Cause("pcie", "PCIe link degraded", "fabricscope-node", 20),
-        Cause("nvlink", "NVLink down or erroring", "fabricscope-node", 21),
-        Cause("gpu", "GPU errors (XID, lost GPU)", "fabricscope-node", 22),
-        Cause("gpu_throttle", "GPU clocks throttled", "fabricscope-node", 23),
-        Cause("probe", "probe bus bandwidth below the pair's baseline", "fabricscope-probe", 2),
-        Cause("misplacement", "pods placed off their GPUs' NUMA node", "fabricscope-job", 5),
-        Cause("nccl_config", "NCCL settings differ or are wrong", "fabricscope-job", 6),
+        Cause("ib_link", "InfiniBand/RoCE link errors", "fabricscope-node", 3),
+        Cause("ib_congestion", "port congestion (xmit_wait)", "fabricscope-job", 3),
+        Cause("roce_congestion", "RoCE congestion (PFC pause, CNP/ECN)", "fabricscope-node", 6),
+        Cause("drops", "packet drops and retransmissions", "fabricscope-node", 7),
+        Cause("pcie", "PCIe link degraded", "fabricscope-node", 10),
+        Cause("nvlink", "NVLink down or erroring", "fabricscope-node", 9),
+        Cause("gpu", "GPU errors (XID, lost GPU)", "fabricscope-node", 12),
+        Cause("gpu_throttle", "GPU clocks throttled", "fabricscope-node", 0),
+        Cause("probe", "probe bus bandwidth below the pair's baseline", "fabricscope-probe", 3),
+        Cause("misplacement", "pods placed off their GPUs' NUMA node", "fabricscope-job", 7),
+        Cause("nccl_config", "NCCL settings differ or are wrong", "fabricscope-job", 7),
     )
 }
 
@@ -300,7 +303,7 @@ CHECKS: tuple[Check, ...] = (
         "PCIe link width (lanes)",
         "avg_over_time(fabricscope_pci_link_width{{{sel}}}[{d}])",
         "drop",
-        0.25,
+        0.125,
         "pci",
         ("pci_bus_id",),
     ),
@@ -320,7 +323,7 @@ CHECKS: tuple[Check, ...] = (
         "GPU PCIe link width (lanes)",
         "avg_over_time(fabricscope_gpu_pcie_current_link_width{{{sel}}}[{d}])",
         "drop",
-        0.25,
+        0.125,
         "gpu",
         ("gpu",),
     ),

@@ -160,9 +160,12 @@ class Inventory:
         if check.key == "gpu":
             return f"{inst} GPU {labels.get('gpu', '')}"
         if check.key == "probe":
+            collective = labels.get("collective", "")
+            if not labels.get("peer"):
+                return f"{inst} intra-node ({collective})"
             return (
                 f"{inst} GPU {labels.get('gpu', '')} <-> {labels.get('peer', '')} GPU "
-                f"{labels.get('peer_gpu', '')} ({labels.get('collective', '')})"
+                f"{labels.get('peer_gpu', '')} ({collective})"
             )
         return f"{labels.get('pod', '')} on {inst}"
 

@@ -120,7 +120,7 @@ def explain(
         periods=periods,
         step=step,
         grafana=grafana,
-        namespace=job.namespace,
+        job=job,
     )
     checked = (
         *(
