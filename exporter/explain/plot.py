@@ -66,11 +66,11 @@ def plot(client: PrometheusClient, report: Report, path: str) -> None:
         )
         a.set_ylabel(_ylabel(finding))
         a.text(
-            0.995,
+            0.005,
             0.96,
             finding.evidence[0],
             transform=a.transAxes,
-            ha="right",
+            ha="left",
             va="top",
             fontsize=8,
             bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
