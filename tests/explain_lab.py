@@ -107,6 +107,8 @@ SCENARIOS = {
         Scenario("nvlink_errors", Planted("nvlink", "node-03", "GPU 1")),
         Scenario("pcie_x8_nic", Planted("pcie", "node-01", "0000:4d:00.0")),
         Scenario("wrong_numa", Planted("misplacement", "node-02", "llm-2"), slow=False),
+        # the founding story: one pod's NCCL settings differ from the others' (Kubernetes)
+        Scenario("nccl_env_differs", Planted("nccl_config", "node-01", "NCCL_IB_HCA")),
     )
 }
 
@@ -121,6 +123,7 @@ class Line:
     rate: Callable[[float], float] | None = None  # counters: per second at t
     gauge: Callable[[float], float] | None = None  # gauges: value at t
     slot: tuple[float, float, float] = (0.0, 0.0, 60.0)  # start, seconds, step
+    active: Callable[[float], bool] | None = None  # the series exists at t (default: always)
 
 
 def agent_template() -> list[tuple[str, str, str, dict[str, str], float]]:
@@ -330,7 +333,15 @@ def node_lines(
                     1.0 if misplaced else 0.0,
                 )
             )
-        for var, val in (("NCCL_IB_HCA", "=" + ",".join(CX7)), ("NCCL_SOCKET_IFNAME", "eth0")):
+        # nccl_env_differs: the planted pod restarts at the change with one HCA only
+        restarted = scenario.name == "nccl_env_differs" and here
+        env = [
+            ("NCCL_IB_HCA", "=" + ",".join(CX7), (lambda t: not after(t)) if restarted else None),
+            ("NCCL_SOCKET_IFNAME", "eth0", None),
+        ]
+        if restarted:
+            env.append(("NCCL_IB_HCA", "=mlx5_0", after))
+        for var, val, active in env:
             labels = _spec_labels(
                 workload.NCCL_ENV_INFO,
                 gpu=gpu,
@@ -347,6 +358,7 @@ def node_lines(
                     "gauge",
                     labels | {"instance": inst},
                     1.0,
+                    active=active,
                 )
             )
     for dev in CX7:
@@ -433,7 +445,8 @@ def points(line: Line) -> Iterator[tuple[float, float]]:
                 v += line.rate(t) * step
         elif line.gauge is not None:
             v = line.gauge(t)
-        yield t0 + t, v
+        if line.active is None or line.active(t):
+            yield t0 + t, v
 
 
 def openmetrics(lines: list[Line]) -> Iterator[str]:
