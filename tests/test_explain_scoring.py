@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 
@@ -59,3 +60,17 @@ def test_nccl_env_differences() -> None:
         "NCCL_IB_DISABLE": {"1": ("a",), "<unset>": ("b", "c")},
         "NCCL_IB_HCA": {"=mlx5_0": ("c",), "=mlx5_0,mlx5_1": ("a", "b")},
     }
+
+
+def test_time_arguments() -> None:
+    from exporter.explain.cli import parse_duration, parse_time
+
+    now = 1_800_000_000.0
+    assert parse_time("now", now) == now
+    assert parse_time("2h", now) == parse_time("-2h", now) == now - 7200
+    assert parse_time("1795500000", now) == 1795500000.0
+    assert parse_time("2026-11-24T14:20:00Z", now) == parse_time("2026-11-24T14:20:00", now)
+    assert parse_time("2026-11-24T15:20:00+01:00", now) == parse_time("2026-11-24T14:20:00Z")
+    assert parse_duration("90m") == 5400
+    with pytest.raises(argparse.ArgumentTypeError, match="not a time"):
+        parse_time("yesterday", now)
