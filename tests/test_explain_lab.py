@@ -22,7 +22,7 @@ from exporter.explain.report import Report, explain
 from tests.lab.backfill import build_tsdb, read_timeline, start_prometheus
 from tests.lab.scenarios import JOB_NAME, NAMESPACE, SCENARIOS, pod_name
 
-HOURS = 0.5  # the cause starts at 12 minutes
+HOURS = 0.3  # 18 minutes; the cause starts at 7.2 minutes
 STEP = 60.0
 
 #: the lab's cause kinds as explain's causes, and where each finding must point
