@@ -6,6 +6,7 @@ agent (samplers, runner) and the exporter (catalog, server).
     fabricscope topo             GPU/NIC topology matrix (table or JSON)
     fabricscope snapshot -o F    capture the sysfs files the samplers read
     fabricscope probe            run one NCCL probe now (see exporter/probe_cli.py)
+    fabricscope explain          rank the causes of a job's slowdown (exporter/explain/)
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from agent.throughput.pods import parse_selector
 from agent.workload import WorkloadSampler, WorkloadSnapshot
 from exporter import probe_cli
 from exporter.app import AgentApp
+from exporter.explain import cli as explain_cli
 
 log = logging.getLogger("fabricscope")
 
@@ -347,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_samplers(snap)
     snap.add_argument("--output", "-o", required=True, metavar="FILE.tar.gz")
     probe_cli.add_parser(sub)
+    explain_cli.add_parser(sub)
     return parser
 
 
@@ -587,6 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "topo": cmd_topo,
         "snapshot": cmd_snapshot,
         "probe": probe_cli.cmd_probe,
+        "explain": explain_cli.cmd_explain,
     }
     try:
         return commands[ns.command](ns)

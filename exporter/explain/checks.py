@@ -1,0 +1,449 @@
+"""The candidate causes and the checks that gather their evidence, as one table.
+
+A ``Check`` is a PromQL template evaluated twice, over the baseline and over the slow
+period, for every device of the job; its ``mode`` says how the two numbers compare and its
+``significant`` level is the change that scores 1.0. Scores are ``log2(1 + change /
+significant)``: 1.0 means "the change reached the significance level", and a change eight
+times that level scores about 3.2, so one huge counter cannot dwarf the table's scale.
+
+Templates take ``{sel}`` (the label matchers scoping the query to the job's instances or
+pods) and ``{d}`` (a range: the period's length for scoring, a few steps for display).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["rate", "events", "drop", "rise", "level"]
+Scope = Literal["instance", "pod"]
+Key = Literal["port", "netdev", "pci", "gpu", "probe", "pod"]
+
+#: a candidate at or above this score "stands out"; below it, it is listed as checked only
+THRESHOLD = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """A candidate cause and the dashboard panel that shows it (dashboards/*.json, generated
+    by dashboards/generate.py: uid and panel id; 0: the dashboard has no panel for it)."""
+
+    name: str
+    title: str
+    dashboard: str
+    panel: int
+
+
+CAUSES: dict[str, Cause] = {
+    c.name: c
+    for c in (
+        Cause("ib_link", "InfiniBand/RoCE link errors", "fabricscope-node", 3),
+        Cause("ib_congestion", "port congestion (xmit_wait)", "fabricscope-job", 3),
+        Cause("roce_congestion", "RoCE congestion (PFC pause, CNP/ECN)", "fabricscope-node", 6),
+        Cause("drops", "packet drops and retransmissions", "fabricscope-node", 7),
+        Cause("pcie", "PCIe link degraded", "fabricscope-node", 10),
+        Cause("nvlink", "NVLink down or erroring", "fabricscope-node", 9),
+        Cause("gpu", "GPU errors (XID, lost GPU)", "fabricscope-node", 12),
+        Cause("gpu_throttle", "GPU clocks throttled", "fabricscope-node", 0),
+        Cause("probe", "probe bus bandwidth below the pair's baseline", "fabricscope-probe", 3),
+        Cause("misplacement", "pods placed off their GPUs' NUMA node", "fabricscope-job", 7),
+        Cause("nccl_config", "NCCL settings differ or are wrong", "fabricscope-job", 7),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One piece of evidence for a cause.
+
+    ``mode``: ``rate`` compares per-second rates (slow minus baseline); ``events`` compares
+    counts, the baseline's scaled to the slow period's length; ``drop`` is a gauge's
+    relative fall ((baseline - slow) / baseline); ``rise`` a gauge's absolute rise;
+    ``level`` is the slow period's value itself (a standing defect of the job's own
+    placement or settings, reported even when it did not change). ``scale`` and ``unit``
+    only format numbers (x60 for "per minute"). ``identity`` names the labels that make a
+    device, besides ``instance``.
+    """
+
+    name: str
+    cause: str
+    what: str
+    template: str
+    mode: Mode
+    significant: float
+    key: Key
+    identity: tuple[str, ...]
+    scope: Scope = "instance"
+    unit: str = ""
+    scale: float = 1.0
+
+
+def _ib(counter: str) -> str:
+    return f"rate(fabricscope_infiniband_port_{counter}_total{{{{{{sel}}}}}}[{{d}}])"
+
+
+def _ib_inc(counter: str) -> str:
+    return f"increase(fabricscope_infiniband_port_{counter}_total{{{{{{sel}}}}}}[{{d}}])"
+
+
+PORT = ("device", "port")
+
+CHECKS: tuple[Check, ...] = (
+    # --- links ------------------------------------------------------------------------
+    Check(
+        "symbol_errors",
+        "ib_link",
+        "symbol errors",
+        _ib("symbol_errors"),
+        "rate",
+        1 / 60,
+        "port",
+        PORT,
+        unit="/min",
+        scale=60.0,
+    ),
+    Check(
+        "receive_errors",
+        "ib_link",
+        "port receive errors",
+        _ib("receive_errors"),
+        "rate",
+        1 / 60,
+        "port",
+        PORT,
+        unit="/min",
+        scale=60.0,
+    ),
+    Check(
+        "remote_physical_errors",
+        "ib_link",
+        "remote physical errors",
+        _ib("receive_remote_physical_errors"),
+        "rate",
+        1 / 60,
+        "port",
+        PORT,
+        unit="/min",
+        scale=60.0,
+    ),
+    Check(
+        "link_error_recovery",
+        "ib_link",
+        "link error recoveries",
+        _ib_inc("link_error_recovery"),
+        "events",
+        1.0,
+        "port",
+        PORT,
+        unit=" events",
+    ),
+    Check(
+        "link_downed",
+        "ib_link",
+        "link down events",
+        _ib_inc("link_downed"),
+        "events",
+        1.0,
+        "port",
+        PORT,
+        unit=" events",
+    ),
+    Check(
+        "local_link_integrity",
+        "ib_link",
+        "local link integrity errors",
+        _ib_inc("local_link_integrity_errors"),
+        "events",
+        1.0,
+        "port",
+        PORT,
+        unit=" events",
+    ),
+    Check(
+        "port_up",
+        "ib_link",
+        "port up (share of time)",
+        "avg_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])",
+        "drop",
+        0.05,
+        "port",
+        PORT,
+        unit="",
+    ),
+    # --- congestion -------------------------------------------------------------------
+    Check(
+        "xmit_wait_share",
+        "ib_congestion",
+        "xmit_wait share (wait ticks / (wait ticks + 4-byte words sent))",
+        "rate(fabricscope_infiniband_port_transmit_wait_total{{{sel}}}[{d}]) / "
+        "(rate(fabricscope_infiniband_port_transmit_wait_total{{{sel}}}[{d}]) + "
+        "rate(fabricscope_infiniband_port_transmitted_bytes_total{{{sel}}}[{d}]) / 4)",
+        "rise",
+        0.05,
+        "port",
+        PORT,
+        unit="",
+    ),
+    Check(
+        "pfc_rx_share",
+        "roce_congestion",
+        "time paused by received PFC (all priorities)",
+        "sum by (instance, netdev) (rate(fabricscope_netdev_pfc_pause_duration_seconds_total"
+        '{{{sel},direction="rx"}}[{d}]))',
+        "rise",
+        0.01,
+        "netdev",
+        ("netdev",),
+    ),
+    Check(
+        "pfc_tx_share",
+        "roce_congestion",
+        "time pausing peers by sent PFC (all priorities)",
+        "sum by (instance, netdev) (rate(fabricscope_netdev_pfc_pause_duration_seconds_total"
+        '{{{sel},direction="tx"}}[{d}]))',
+        "rise",
+        0.01,
+        "netdev",
+        ("netdev",),
+    ),
+    Check(
+        "cnp_sent",
+        "roce_congestion",
+        "CNPs sent (this port saw ECN marks)",
+        _ib("cnp_sent"),
+        "rate",
+        100.0,
+        "port",
+        PORT,
+        unit="/s",
+    ),
+    Check(
+        "cnp_handled",
+        "roce_congestion",
+        "CNPs handled (this port was told to slow down)",
+        _ib("cnp_handled"),
+        "rate",
+        100.0,
+        "port",
+        PORT,
+        unit="/s",
+    ),
+    Check(
+        "ecn_marked",
+        "roce_congestion",
+        "ECN-marked RoCE packets received",
+        _ib("ecn_marked_roce_packets"),
+        "rate",
+        100.0,
+        "port",
+        PORT,
+        unit="/s",
+    ),
+    # --- drops ------------------------------------------------------------------------
+    Check(
+        "transmit_discards",
+        "drops",
+        "transmit discards",
+        _ib("transmit_discards"),
+        "rate",
+        1.0,
+        "port",
+        PORT,
+        unit="/s",
+    ),
+    Check(
+        "out_of_sequence",
+        "drops",
+        "out-of-sequence packets",
+        _ib("out_of_sequence"),
+        "rate",
+        10.0,
+        "port",
+        PORT,
+        unit="/s",
+    ),
+    Check(
+        "local_ack_timeout",
+        "drops",
+        "local ACK timeouts (retransmissions)",
+        _ib("local_ack_timeout_errors"),
+        "rate",
+        1.0,
+        "port",
+        PORT,
+        unit="/s",
+    ),
+    Check(
+        "phy_discards",
+        "drops",
+        "physical port discards (rx + tx)",
+        "sum by (instance, netdev) (rate(fabricscope_netdev_phy_discarded_packets_total"
+        "{{{sel}}}[{d}]))",
+        "rate",
+        1.0,
+        "netdev",
+        ("netdev",),
+        unit="/s",
+    ),
+    Check(
+        "netdev_dropped",
+        "drops",
+        "interface drops (rx + tx)",
+        "sum by (instance, netdev) (rate(fabricscope_netdev_dropped_packets_total{{{sel}}}[{d}]))",
+        "rate",
+        10.0,
+        "netdev",
+        ("netdev",),
+        unit="/s",
+    ),
+    # --- PCIe -------------------------------------------------------------------------
+    Check(
+        "pci_width",
+        "pcie",
+        "PCIe link width (lanes)",
+        "avg_over_time(fabricscope_pci_link_width{{{sel}}}[{d}])",
+        "drop",
+        0.125,
+        "pci",
+        ("pci_bus_id",),
+    ),
+    Check(
+        "pci_width_degraded",
+        "pcie",
+        "PCIe link trained narrower than both ends (0/1)",
+        "max_over_time(fabricscope_pci_link_width_degraded{{{sel}}}[{d}])",
+        "rise",
+        0.5,
+        "pci",
+        ("pci_bus_id",),
+    ),
+    Check(
+        "gpu_pcie_width",
+        "pcie",
+        "GPU PCIe link width (lanes)",
+        "avg_over_time(fabricscope_gpu_pcie_current_link_width{{{sel}}}[{d}])",
+        "drop",
+        0.125,
+        "gpu",
+        ("gpu",),
+    ),
+    Check(
+        "gpu_pcie_replays",
+        "pcie",
+        "GPU PCIe replays",
+        "rate(fabricscope_gpu_pcie_replays_total{{{sel}}}[{d}])",
+        "rate",
+        1 / 60,
+        "gpu",
+        ("gpu",),
+        unit="/min",
+        scale=60.0,
+    ),
+    # --- NVLink and GPUs --------------------------------------------------------------
+    Check(
+        "nvlink_up",
+        "nvlink",
+        "NVLinks up (of the GPU's links, time-averaged)",
+        "sum by (instance, gpu) (avg_over_time(fabricscope_nvlink_up{{{sel}}}[{d}]))",
+        "drop",
+        0.02,
+        "gpu",
+        ("gpu",),
+    ),
+    Check(
+        "nvlink_errors",
+        "nvlink",
+        "NVLink replay/recovery/CRC errors",
+        "sum by (instance, gpu) (rate(fabricscope_nvlink_errors_total{{{sel}}}[{d}]))",
+        "rate",
+        1 / 60,
+        "gpu",
+        ("gpu",),
+        unit="/min",
+        scale=60.0,
+    ),
+    Check(
+        "xid",
+        "gpu",
+        "XID errors",
+        "sum by (instance, gpu) (increase(fabricscope_gpu_xid_errors_total{{{sel}}}[{d}]))",
+        "events",
+        1.0,
+        "gpu",
+        ("gpu",),
+        unit=" events",
+    ),
+    Check(
+        "gpu_lost",
+        "gpu",
+        "GPU lost (0/1)",
+        "max_over_time(fabricscope_gpu_lost{{{sel}}}[{d}])",
+        "rise",
+        0.5,
+        "gpu",
+        ("gpu",),
+    ),
+    Check(
+        "throttle",
+        "gpu_throttle",
+        "share of time clocks held down (slowdown reasons)",
+        "max by (instance, gpu) (avg_over_time(fabricscope_gpu_clocks_event_active{{{sel},"
+        'reason=~"hw_slowdown|hw_thermal_slowdown|sw_thermal_slowdown|hw_power_brake_slowdown"'
+        "}}[{d}]))",
+        "rise",
+        0.25,
+        "gpu",
+        ("gpu",),
+    ),
+    # --- probes -----------------------------------------------------------------------
+    Check(
+        "probe_busbw",
+        "probe",
+        "probe bus bandwidth (GB/s)",
+        "avg_over_time(fabricscope_probe_busbw_bytes_per_second{{{sel}}}[{d}])",
+        "drop",
+        0.2,
+        "probe",
+        ("peer", "gpu", "peer_gpu", "collective", "size_bytes"),
+        scale=1e-9,
+    ),
+    # --- the job's own placement and settings -----------------------------------------
+    Check(
+        "cpu_gpu_numa",
+        "misplacement",
+        "share of a process's CPUs off its GPU's NUMA node",
+        "max_over_time(fabricscope_workload_cpu_gpu_numa_mismatch_ratio{{{sel}}}[{d}])",
+        "level",
+        0.25,
+        "pod",
+        ("pod", "gpu"),
+        scope="pod",
+    ),
+    Check(
+        "cpu_nic_numa",
+        "misplacement",
+        "share of a process's CPUs off its NICs' NUMA node",
+        "max_over_time(fabricscope_workload_cpu_nic_numa_mismatch_ratio{{{sel}}}[{d}])",
+        "level",
+        0.25,
+        "pod",
+        ("pod", "gpu"),
+        scope="pod",
+    ),
+    Check(
+        "nccl_findings",
+        "nccl_config",
+        "processes with an NCCL finding (IB disabled, NCCL_IB_HCA matching no HCA or one on "
+        "another NUMA node)",
+        "sum by (instance, namespace, pod, gpu) (max_over_time("
+        "fabricscope_workload_finding_processes{{{sel},"
+        'kind=~"nccl_ib_disabled|nccl_ib_hca_no_match|nccl_ib_hca_wrong_numa"}}[{d}]))',
+        "level",
+        0.5,
+        "pod",
+        ("pod", "gpu"),
+        scope="pod",
+    ),
+)
+
+CHECKS_BY_NAME = {c.name: c for c in CHECKS}

@@ -1,0 +1,205 @@
+"""Find the job: its throughput series, its pods, nodes, GPUs and HCAs, and the names that
+turn label sets into readable device names.
+
+A job is a ``job_name`` (the throughput series' label) in a namespace, plus pods named with
+a prefix (the pods that print no throughput are found by attribution), or, on bare metal,
+a list of nodes. Every query here is scoped by namespace and exact pod names, or by the
+job's instances.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from exporter.explain.checks import Check
+from exporter.explain.client import PrometheusClient, Sample, Series
+from exporter.explain.evidence import _alternation, _escape
+
+#: throughput metrics in order of preference; step_seconds is inverted to steps per second
+THROUGHPUT_METRICS = (
+    ("fabricscope_throughput_tokens_per_second", "tokens/s"),
+    ("fabricscope_throughput_samples_per_second", "samples/s"),
+    ("fabricscope_throughput_iterations_per_second", "iterations/s"),
+    ("fabricscope_throughput_step_seconds", "steps/s"),
+)
+
+
+class JobNotFoundError(Exception):
+    """The job has no series in the window; ``str()`` says what was looked for."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What the user named: a job (``job_name``), its namespace, a pod-name prefix
+    (default: the job's name and a dash) and/or bare-metal nodes."""
+
+    job: str
+    namespace: str = ""
+    pod_prefix: str | None = None
+    nodes: tuple[str, ...] = ()
+
+    def matchers(self) -> str:
+        parts = [f'job_name="{_escape(self.job)}"']
+        if self.namespace:
+            parts.insert(0, f'namespace="{_escape(self.namespace)}"')
+        return ",".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    metric: str
+    unit: str
+    expr: str
+    series: Series | None  # the job's throughput over the window (None: not found)
+    pods: tuple[str, ...]
+    instances: tuple[str, ...]
+
+
+def throughput(
+    client: PrometheusClient, job: JobSpec, start: float, end: float, step: float
+) -> Throughput:
+    names = "|".join(m for m, _ in THROUGHPUT_METRICS)
+    found = client.series([f'{{__name__=~"{names}",{job.matchers()}}}'], start, end)
+    present = {s.get("__name__", "") for s in found}
+    for metric, unit in THROUGHPUT_METRICS:
+        if metric not in present:
+            continue
+        rows = [s for s in found if s.get("__name__") == metric]
+        pods = tuple(sorted({s["pod"] for s in rows if s.get("pod")}))
+        instances = tuple(sorted({s["instance"] for s in rows if s.get("instance")}))
+        inner = f"avg({metric}{{{job.matchers()}}})"
+        expr = f"1 / {inner}" if metric.endswith("_step_seconds") else inner
+        result = client.query_range(expr, start, end, step)
+        return Throughput(metric, unit, expr, result[0] if result else None, pods, instances)
+    return Throughput("", "", "", None, (), ())
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    instances: tuple[str, ...]
+    pods: tuple[str, ...]
+    gpus: tuple[tuple[str, str], ...]  # (instance, gpu)
+    hcas: tuple[tuple[str, str], ...]  # (instance, device) allocated to the job's pods
+
+
+def footprint(
+    client: PrometheusClient, job: JobSpec, tp: Throughput, start: float, end: float
+) -> Footprint:
+    """The job's pods and their GPUs and RDMA devices from the attribution series."""
+    rows: list[dict[str, str]] = []
+    if job.namespace:
+        pod_patterns = []
+        if tp.pods:
+            pod_patterns.append(_alternation(tp.pods))
+        prefix = job.pod_prefix if job.pod_prefix is not None else f"{job.job}-"
+        if prefix:
+            pod_patterns.append(_escape(re.escape(prefix)) + ".*")
+        pods_re = "|".join(pod_patterns)
+        sel = f'namespace="{_escape(job.namespace)}",pod=~"{pods_re}"'
+        rows = client.series(
+            [f"fabricscope_pod_gpu_info{{{sel}}}", f"fabricscope_pod_rdma_info{{{sel}}}"],
+            start,
+            end,
+        )
+    # nodes the user named are the job's nodes; otherwise where its series come from
+    instances = set(job.nodes) or (
+        set(tp.instances) | {r["instance"] for r in rows if r.get("instance")}
+    )
+    pods = set(tp.pods) | {r["pod"] for r in rows if r.get("pod")}
+    gpus = {
+        (r.get("instance", ""), r.get("gpu", ""))
+        for r in rows
+        if r.get("__name__") == "fabricscope_pod_gpu_info"
+    }
+    hcas = {
+        (r.get("instance", ""), r.get("device", ""))
+        for r in rows
+        if r.get("__name__") == "fabricscope_pod_rdma_info" and r.get("device")
+    }
+    if not instances:
+        where = f" in namespace {job.namespace}" if job.namespace else ""
+        raise JobNotFoundError(
+            f"found no nodes for job {job.job!r}{where}: no throughput series with that "
+            "job_name carries an instance, no fabricscope_pod_gpu_info/pod_rdma_info series "
+            "match its pods, and no --nodes were given"
+        )
+    return Footprint(
+        tuple(sorted(instances)), tuple(sorted(pods)), tuple(sorted(gpus)), tuple(sorted(hcas))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """Names for devices: netdev -> RDMA port, PCI address -> role and name."""
+
+    ports: Mapping[tuple[str, str], tuple[str, str]]  # (instance, netdev) -> (device, port)
+    netdevs: Mapping[tuple[str, str, str], str]  # (instance, device, port) -> netdev
+    pci_roles: Mapping[tuple[str, str], str]  # (instance, pci_bus_id) -> role
+    pci_names: Mapping[tuple[str, str], str]  # (instance, pci_bus_id) -> mlx5_0 / GPU 3
+    port_count: int
+
+    def name(self, check: Check, labels: Mapping[str, str]) -> str:
+        inst = labels.get("instance", "")
+        if check.key == "port":
+            dev, port = labels.get("device", ""), labels.get("port", "")
+            nd = self.netdevs.get((inst, dev, port))
+            return f"{inst} {dev}/{port}" + (f" ({nd})" if nd else "")
+        if check.key == "netdev":
+            nd = labels.get("netdev", "")
+            mapped = self.ports.get((inst, nd))
+            return f"{inst} {mapped[0]}/{mapped[1]} ({nd})" if mapped else f"{inst} {nd}"
+        if check.key == "pci":
+            bus = labels.get("pci_bus_id", "")
+            role = self.pci_roles.get((inst, bus), "")
+            nm = self.pci_names.get((inst, bus), "")
+            extra = " ".join(x for x in (role, nm) if x)
+            return f"{inst} {bus}" + (f" ({extra})" if extra else "")
+        if check.key == "gpu":
+            return f"{inst} GPU {labels.get('gpu', '')}"
+        if check.key == "probe":
+            collective = labels.get("collective", "")
+            if not labels.get("peer"):
+                return f"{inst} intra-node ({collective})"
+            return (
+                f"{inst} GPU {labels.get('gpu', '')} <-> {labels.get('peer', '')} GPU "
+                f"{labels.get('peer_gpu', '')} ({collective})"
+            )
+        return f"{labels.get('pod', '')} on {inst}"
+
+
+def _last(kind: str, inst_sel: str, window: int) -> str:
+    return f"last_over_time({kind}{{{inst_sel}}}[{window}s])"
+
+
+def inventory(
+    client: PrometheusClient, instances: Sequence[str], start: float, end: float
+) -> Inventory:
+    sel = f'instance=~"{_alternation(instances)}"'
+    window = max(1, int(end - start))
+    exprs = [
+        _last("fabricscope_infiniband_port_info", sel, window),
+        _last("fabricscope_pci_device_info", sel, window),
+        _last("fabricscope_infiniband_device_info", sel, window),
+        _last("fabricscope_gpu_info", sel, window),
+    ]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        port_info, pci_info, dev_info, gpu_info = pool.map(lambda e: client.query(e, end), exprs)
+    ports: dict[tuple[str, str], tuple[str, str]] = {}
+    netdevs: dict[tuple[str, str, str], str] = {}
+    for s in port_info:
+        inst, nd = s.labels.get("instance", ""), s.labels.get("netdev", "")
+        dev, port = s.labels.get("device", ""), s.labels.get("port", "")
+        if nd:
+            ports[(inst, nd)] = (dev, port)
+            netdevs[(inst, dev, port)] = nd
+    roles = {_ib(s, "pci_bus_id"): s.labels.get("role", "") for s in pci_info}
+    names = {_ib(s, "pci_bus_id"): s.labels.get("device", "") for s in dev_info}
+    names.update({_ib(s, "pci_bus_id"): f"GPU {s.labels.get('gpu', '')}" for s in gpu_info})
+    return Inventory(ports, netdevs, roles, names, len(port_info))
+
+
+def _ib(sample: Sample, label: str) -> tuple[str, str]:
+    return sample.labels.get("instance", ""), sample.labels.get(label, "")

@@ -1,0 +1,231 @@
+"""Evaluate the checks over the baseline and the slow period and score each device.
+
+Each check costs two instant queries (the baseline's range ending at the change, the slow
+period's ending at the window's end), both scoped to the job's instances or pods by exact
+alternations of names found in discovery: never a regex over the whole fleet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from exporter.explain.checks import CHECKS, Check
+from exporter.explain.client import PrometheusClient, Sample
+
+
+@dataclass(frozen=True, slots=True)
+class Periods:
+    """Baseline [base_start, base_end] and slow period [slow_start, slow_end], unix seconds."""
+
+    base_start: float
+    base_end: float
+    slow_start: float
+    slow_end: float
+
+    @property
+    def base_seconds(self) -> int:
+        return max(1, int(self.base_end - self.base_start))
+
+    @property
+    def slow_seconds(self) -> int:
+        return max(1, int(self.slow_end - self.slow_start))
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The job's footprint: exact names used in every query's label matchers."""
+
+    instances: tuple[str, ...]
+    namespace: str
+    pods: tuple[str, ...]
+
+    def selector(self, check: Check) -> str:
+        if check.scope == "pod":
+            return f'namespace="{_escape(self.namespace)}",pod=~"{_alternation(self.pods)}"'
+        return f'instance=~"{_alternation(self.instances)}"'
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _alternation(names: Sequence[str]) -> str:
+    """An exact-match alternation: every name escaped for RE2, then for the string."""
+    special = set(r"\.+*?()|[]{}^$")
+    quoted = ["".join("\\" + ch if ch in special else ch for ch in n) for n in sorted(names)]
+    return _escape("|".join(quoted))
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One check on one device: baseline and slow figures (in the check's display unit),
+    the change that was scored and the score."""
+
+    check: Check
+    labels: Mapping[str, str]
+    baseline: float | None
+    slow: float | None
+    score: float
+
+    @property
+    def text(self) -> str:
+        c = self.check
+        on = f" (GPU {self.labels.get('gpu', '')})" if c.key == "pod" else ""
+        return f"{c.what}{on}: {_fmt(self.baseline)} -> {_fmt(self.slow)}{c.unit}"
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "none"
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 1:
+        return f"{value:.3g}"
+    return f"{value:.2g}"
+
+
+def score(check: Check, base: float | None, slow: float | None, ratio: float) -> float:
+    """``log2(1 + change / significant)`` for the change the check's mode defines; 0 when it
+    did not get worse. ``ratio`` is the slow period's length over the baseline's."""
+    if slow is None or not math.isfinite(slow):
+        return 0.0
+    b = base if base is not None and math.isfinite(base) else None
+    if check.mode == "level":
+        change = slow
+    elif check.mode == "rate":
+        change = slow - (b or 0.0)
+    elif check.mode == "events":
+        change = slow - (b or 0.0) * ratio
+    elif check.mode == "rise":
+        change = slow - (b or 0.0)
+    else:  # drop: relative fall against the baseline; no baseline, nothing to fall from
+        if b is None or b <= 0:
+            return 0.0
+        change = (b - slow) / b
+    if change <= 0:
+        return 0.0
+    return math.log2(1.0 + change / check.significant)
+
+
+@dataclass(slots=True)
+class CheckResult:
+    check: Check
+    series: int = 0  # devices the check found data for
+    measurements: list[Measurement] = field(default_factory=list)
+
+
+def _key(check: Check, labels: Mapping[str, str]) -> tuple[str, ...]:
+    return (labels.get("instance", ""), *(labels.get(k, "") for k in check.identity))
+
+
+def evaluate(
+    client: PrometheusClient,
+    scope: Scope,
+    periods: Periods,
+    *,
+    checks: Sequence[Check] = CHECKS,
+    workers: int = 8,
+) -> list[CheckResult]:
+    """Run every check (two instant queries each, ``workers`` at a time)."""
+
+    def run(check: Check) -> CheckResult:
+        if check.scope == "pod" and not scope.pods:
+            return CheckResult(check)
+        sel = scope.selector(check)
+        base = client.query(
+            check.template.format(sel=sel, d=f"{periods.base_seconds}s"), periods.base_end
+        )
+        slow = client.query(
+            check.template.format(sel=sel, d=f"{periods.slow_seconds}s"), periods.slow_end
+        )
+        return compare(check, base, slow, periods.slow_seconds / periods.base_seconds)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(run, checks))
+
+
+def compare(
+    check: Check, base: Sequence[Sample], slow: Sequence[Sample], ratio: float
+) -> CheckResult:
+    """Join baseline and slow samples per device and score them."""
+    by_key: dict[tuple[str, ...], list[Sample | None]] = defaultdict(lambda: [None, None])
+    for i, samples in enumerate((base, slow)):
+        for s in samples:
+            by_key[_key(check, s.labels)][i] = s
+    result = CheckResult(check, series=len(by_key))
+    for base_sample, slow_sample in by_key.values():
+        bv = _finite(base_sample)
+        sv = _finite(slow_sample)
+        present = slow_sample if slow_sample is not None else base_sample
+        labels = present.labels if present is not None else {}
+        sc = score(check, bv, sv, ratio)
+        result.measurements.append(
+            Measurement(check, labels, _scaled(check, bv), _scaled(check, sv), sc)
+        )
+    result.measurements.sort(key=lambda m: -m.score)
+    return result
+
+
+def _finite(sample: Sample | None) -> float | None:
+    if sample is None or not math.isfinite(sample.value):
+        return None
+    return sample.value
+
+
+def _scaled(check: Check, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if check.mode == "events":
+        return value
+    return value * check.scale
+
+
+# --- NCCL settings across the job's pods ----------------------------------------------------
+
+NCCL_ENV_DIFF_SCORE = 2.0  # a differing setting is a defect of the job: it always stands out
+
+
+@dataclass(frozen=True, slots=True)
+class EnvDifference:
+    variable: str
+    values: Mapping[str, tuple[str, ...]]  # value ("<unset>" when absent) -> pods
+
+
+def nccl_env_differences(samples: Sequence[Sample]) -> list[EnvDifference]:
+    """Variables whose value is not the same on every pod that reported NCCL settings
+    (a variable set on some pods and absent on others counts as different)."""
+    pods = sorted({s.labels.get("pod", "") for s in samples})
+    by_var: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for s in samples:
+        by_var[s.labels.get("variable", "")][s.labels.get("pod", "")].add(s.labels.get("value", ""))
+    out = []
+    for var, per_pod in sorted(by_var.items()):
+        values: dict[str, list[str]] = defaultdict(list)
+        for pod in pods:
+            vals = per_pod.get(pod)
+            values[",".join(sorted(vals)) if vals else "<unset>"].append(pod)
+        if len(values) > 1:
+            out.append(EnvDifference(var, {v: tuple(p) for v, p in sorted(values.items())}))
+    return out
+
+
+NCCL_ENV_QUERY = (
+    "max by (namespace, pod, variable, value) "
+    "(last_over_time(fabricscope_workload_nccl_env_info{{{sel}}}[{d}]))"
+)
+
+
+def query_nccl_env(
+    client: PrometheusClient, scope: Scope, periods: Periods
+) -> tuple[str, list[Sample]]:
+    if not scope.pods:
+        return "", []
+    sel = f'namespace="{_escape(scope.namespace)}",pod=~"{_alternation(scope.pods)}"'
+    expr = NCCL_ENV_QUERY.format(sel=sel, d=f"{periods.slow_seconds}s")
+    return sel, client.query(expr, periods.slow_end)

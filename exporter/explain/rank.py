@@ -1,0 +1,170 @@
+"""Group measurements into findings (a cause on a device) and rank them."""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from exporter.explain.checks import CAUSES, THRESHOLD, Check
+from exporter.explain.discover import Inventory, JobSpec
+from exporter.explain.evidence import (
+    NCCL_ENV_DIFF_SCORE,
+    CheckResult,
+    EnvDifference,
+    Measurement,
+    Periods,
+    _escape,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    cause: str
+    title: str
+    device: str
+    instance: str
+    score: float
+    evidence: tuple[str, ...]  # strongest first, with numbers
+    promql: str  # shows the strongest evidence over time for this device
+    link: str  # the dashboard panel ("" without --grafana.url)
+    peer: str = ""  # probe findings: the pair's other node
+
+
+def display_range(step: float) -> str:
+    seconds = max(60, int(4 * step))
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+
+
+def device_selector(check: Check, labels: Mapping[str, str]) -> str:
+    names = ("namespace", "pod", "gpu") if check.scope == "pod" else ("instance", *check.identity)
+    return ",".join(f'{n}="{_escape(labels.get(n, ""))}"' for n in names if n in labels)
+
+
+def panel_link(grafana: str, cause: str, node: str, periods: Periods, job: JobSpec) -> str:
+    """The cause's panel on the generated dashboards, at the job's window, with the
+    dashboards' own variables (node, namespace, job)."""
+    if not grafana:
+        return ""
+    c = CAUSES[cause]
+    params = {
+        "orgId": "1",
+        "from": str(int(periods.base_start * 1000)),
+        "to": str(int(periods.slow_end * 1000)),
+    }
+    if node:
+        params["var-node"] = node
+    if c.dashboard == "fabricscope-job":
+        params["var-namespace"] = job.namespace
+        params["var-job"] = job.job
+    if c.panel:
+        params["viewPanel"] = str(c.panel)
+    return f"{grafana.rstrip('/')}/d/{c.dashboard}/?{urllib.parse.urlencode(params)}"
+
+
+def rank(
+    results: Sequence[CheckResult],
+    env_differences: Sequence[EnvDifference],
+    env_sel: str,
+    inventory: Inventory,
+    *,
+    periods: Periods,
+    step: float,
+    job: JobSpec,
+    grafana: str = "",
+) -> list[Finding]:
+    """Every (cause, device) with a positive score, best first."""
+    groups: dict[tuple[str, str], list[Measurement]] = defaultdict(list)
+    for result in results:
+        for m in result.measurements:
+            if m.score > 0:
+                groups[(m.check.cause, inventory.name(m.check, m.labels))].append(m)
+    rng = display_range(step)
+    out = []
+    for (cause, device), ms in groups.items():
+        ms.sort(key=lambda m: -m.score)
+        top = ms[0]
+        expr = top.check.template.format(sel=device_selector(top.check, top.labels), d=rng)
+        inst = top.labels.get("instance", "")
+        out.append(
+            Finding(
+                cause,
+                CAUSES[cause].title,
+                device,
+                inst,
+                round(top.score, 2),
+                tuple(m.text for m in ms),
+                expr,
+                panel_link(grafana, cause, inst, periods, job),
+                peer=top.labels.get("peer", "") if top.check.key == "probe" else "",
+            )
+        )
+    for diff in env_differences:
+        parts = [f"{diff.variable}={value} on {_pods(pods)}" for value, pods in diff.values.items()]
+        out.append(
+            Finding(
+                "nccl_config",
+                CAUSES["nccl_config"].title,
+                f"{diff.variable} across the job's pods",
+                "",
+                NCCL_ENV_DIFF_SCORE,
+                ("; ".join(parts),),
+                f"fabricscope_workload_nccl_env_info{{{env_sel},"
+                f'variable="{_escape(diff.variable)}"}}',
+                panel_link(grafana, "nccl_config", "", periods, job),
+            )
+        )
+    out = corroborate(out)
+    out.sort(key=lambda f: (-f.score, f.cause, "(bridge" in f.device, f.device))
+    return out
+
+
+#: added to a hardware finding that a probe's bandwidth drop on its node corroborates
+CORROBORATION_BONUS = 0.25
+
+
+def corroborate(findings: Sequence[Finding]) -> list[Finding]:
+    """A probe's bandwidth drop is a symptom: when a hardware finding that stands out sits
+    on one of the pair's nodes, the drop becomes that finding's evidence (and a small
+    bonus) instead of a finding of its own. A drop no hardware finding explains stays, as
+    "probe bus bandwidth below the pair's baseline"."""
+    hardware = [f for f in findings if f.cause != "probe" and f.score >= THRESHOLD]
+    explained: dict[int, list[Finding]] = defaultdict(list)
+    rest = [f for f in findings if f.cause != "probe"]
+    for p in findings:
+        if p.cause != "probe":
+            continue
+        nodes = {p.instance, p.peer} - {""}
+        owners = [h for h in hardware if h.instance in nodes]
+        if not owners or p.score < THRESHOLD:
+            rest.append(p)
+            continue
+        # an endpoint (NIC, GPU) before the bridge above it: the same link, named better
+        best = max(owners, key=lambda h: (h.score, "(bridge" not in h.device))
+        explained[id(best)].append(p)
+    out = []
+    for f in rest:
+        drops = explained.get(id(f))
+        if not drops:
+            out.append(f)
+            continue
+        drops.sort(key=lambda p: -p.score)
+        line = (
+            f"probe bus bandwidth fell on {len(drops)} pair(s) with this node, worst "
+            f"{drops[0].device}: {drops[0].evidence[0].split(': ', 1)[-1]} GB/s"
+        )
+        out.append(
+            replace(f, score=round(f.score + CORROBORATION_BONUS, 2), evidence=(*f.evidence, line))
+        )
+    return out
+
+
+def _pods(pods: Sequence[str]) -> str:
+    if len(pods) <= 3:
+        return ", ".join(pods)
+    return f"{len(pods)} pods ({', '.join(pods[:2])}, ...)"
+
+
+def standing_out(findings: Sequence[Finding]) -> list[Finding]:
+    return [f for f in findings if f.score >= THRESHOLD]

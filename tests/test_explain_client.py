@@ -1,0 +1,237 @@
+"""The Prometheus client behind ``fabricscope explain``: every way a server can fail gives one
+line and exit 2, never a traceback. Real Prometheus (plain, and with TLS + basic auth from
+its own --web.config.file) where it can play the part; small real HTTP servers on
+127.0.0.1 for what a healthy Prometheus never does (hang, answer HTML, 500)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+import yaml
+
+from exporter.explain.client import ClientSettings, PrometheusClient, PrometheusError
+from tests.agentrun import fabricscope
+from tests.promharness import PROMETHEUS, Prometheus, free_port, start_prometheus, write_test_pki
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    behaviour = "ok"
+    seen: list[dict[str, str]] = []  # noqa: RUF012  # shared per server class
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(length)
+        type(self).seen.append(dict(self.headers.items()))
+        b = self.behaviour
+        if b == "slow":
+            time.sleep(3)
+        if b == "html":
+            self._send(200, b"<html><body>Welcome to nginx</body></html>", "text/html")
+        elif b == "json_not_prometheus":
+            self._send(200, b'{"hello": "world"}')
+        elif b == "500":
+            body = {"status": "error", "errorType": "internal", "error": "storage\nfailed"}
+            self._send(500, json.dumps(body).encode())
+        elif b == "502":
+            self._send(502, b"Bad Gateway", "text/plain")
+        else:
+            body = {"status": "success", "data": {"resultType": "vector", "result": []}}
+            self._send(200, json.dumps(body).encode())
+
+    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def _server(behaviour: str) -> Iterator[tuple[str, type[_Handler]]]:
+    handler = type("H", (_Handler,), {"behaviour": behaviour, "seen": []})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", handler
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _error(url: str, **kw: object) -> str:
+    client = PrometheusClient(ClientSettings(url, **kw))  # type: ignore[arg-type]
+    with pytest.raises(PrometheusError) as info:
+        client.query("up", time.time())
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def _cli(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return fabricscope(
+        [
+            "explain",
+            "--prometheus.url",
+            url,
+            "--namespace",
+            "training",
+            "--job",
+            "llm",
+            "--window",
+            "1h",
+            *extra,
+        ],
+        timeout=60,
+    )
+
+
+def _one_line_exit_2(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 2, out
+    assert out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    return out.stderr
+
+
+def test_refused_port_cli() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    err = _one_line_exit_2(_cli(url))
+    expected = f"Prometheus at {url} refused the connection: is Prometheus running there?"
+    assert err == f"fabricscope explain: {expected}\n"
+
+
+def test_slow_server_cli_times_out() -> None:
+    for url, _ in _server("slow"):
+        started = time.monotonic()
+        err = _one_line_exit_2(_cli(url, "--prometheus.timeout", "1s"))
+        assert "did not answer" in err and "within 1s" in err
+        assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "expected"),
+    [
+        ("html", "with something that is not JSON ('<html><body>Welcome to nginx</body></html>')"),
+        ("json_not_prometheus", "with JSON that is not a Prometheus API answer"),
+        ("500", "with HTTP 500 Internal Server Error: internal: storage failed"),
+        ("502", "with HTTP 502 Bad Gateway"),
+    ],
+)
+def test_bad_answers(behaviour: str, expected: str) -> None:
+    for url, _ in _server(behaviour):
+        assert expected in _error(url)
+
+
+def test_bad_url_and_unresolvable_host() -> None:
+    with pytest.raises(PrometheusError, match="must be http"):
+        PrometheusClient(ClientSettings("prometheus:9090"))
+    assert "cannot resolve the host name" in _error("http://no-such-host.invalid:9090")
+
+
+def test_bearer_token_from_file(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cr3t-token\n")
+    for url, handler in _server("ok"):
+        client = PrometheusClient(ClientSettings(url, bearer_token_file=str(token)))
+        assert client.query("up", time.time()) == []
+        assert handler.seen[-1]["Authorization"] == "Bearer s3cr3t-token"
+    with pytest.raises(PrometheusError, match="cannot read the bearer token file"):
+        PrometheusClient(ClientSettings("http://x:1", bearer_token_file=str(tmp_path / "no")))
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    with start_prometheus(tmp_path_factory.mktemp("prom"), []) as p:
+        yield p
+
+
+def test_real_prometheus_rejects_a_bad_query(prom: Prometheus) -> None:
+    client = PrometheusClient(ClientSettings(prom.url))
+    assert client.query("vector(1)", time.time())[0].value == 1.0
+    with pytest.raises(PrometheusError) as info:
+        client.query("rate(up[5m]", time.time())
+    assert "HTTP 400 Bad Request: bad_data: " in str(info.value)
+
+
+def test_real_prometheus_wrong_path_prefix(prom: Prometheus) -> None:
+    assert "HTTP 404" in _error(prom.url + "/prometheus")
+
+
+def test_real_prometheus_with_tls_and_basic_auth(tmp_path: Path) -> None:
+    pki = write_test_pki(tmp_path / "pki")
+    hashed = bcrypt.hashpw(b"pa55word", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(
+        yaml.safe_dump(
+            {
+                "tls_server_config": {
+                    "cert_file": str(pki.server_cert),
+                    "key_file": str(pki.server_key),
+                },
+                "basic_auth_users": {"alice": hashed},
+            }
+        )
+    )
+    (tmp_path / "prometheus.yml").write_text("global: {}\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--web.config.file={web}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"https://127.0.0.1:{port}"
+    password = tmp_path / "password"
+    password.write_text("pa55word\n")
+    good = ClientSettings(
+        url, ca_file=str(pki.ca_cert), username="alice", password_file=str(password)
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                PrometheusClient(good).query("vector(1)", time.time())
+                break
+            except PrometheusError as exc:
+                if "refused" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert "TLS certificate not trusted" in _error(
+            url, username="alice", password_file=str(password)
+        )
+        insecure = PrometheusClient(
+            ClientSettings(url, insecure=True, username="alice", password_file=str(password))
+        )
+        assert insecure.query("vector(2)", time.time())[0].value == 2.0
+        err = _error(url, ca_file=str(pki.ca_cert), username="alice")
+        assert "HTTP 401 Unauthorized" in err and "--prometheus.password-file" in err
+        out = _cli(
+            url,
+            "--prometheus.ca-file",
+            str(pki.ca_cert),
+            "--prometheus.username",
+            "alice",
+            "--prometheus.password-file",
+            str(password),
+        )
+        # reached and authenticated: the job simply is not there
+        assert "no throughput series for job_name='llm'" in _one_line_exit_2(out)
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,76 @@
+"""Pure parts of explain: scores per mode, exact-name matchers, NCCL settings across pods."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+import pytest
+
+from exporter.explain.checks import CHECKS_BY_NAME
+from exporter.explain.client import Sample
+from exporter.explain.evidence import Scope, nccl_env_differences, score
+
+
+@pytest.mark.parametrize(
+    ("check", "base", "slow", "ratio", "expected"),
+    [
+        ("symbol_errors", 0.0, 1 / 60, 1.0, 1.0),  # rate: exactly the significance level
+        ("symbol_errors", 5.0, 5.0, 1.0, 0.0),  # a standing error rate is not today's cause
+        ("symbol_errors", 5.0, 1.0, 1.0, 0.0),  # better is not worse
+        ("link_downed", 2.0, 2.0, 0.5, 1.0),  # events: baseline scaled to the slow period
+        ("pci_width", 16.0, 8.0, 1.0, math.log2(5)),  # drop: half the lanes
+        ("pci_width", None, 8.0, 1.0, 0.0),  # nothing to drop from
+        ("gpu_lost", 0.0, 1.0, 1.0, math.log2(3)),  # rise
+        ("cpu_gpu_numa", 1.0, 1.0, 1.0, math.log2(5)),  # level: a standing misplacement
+        ("symbol_errors", 0.0, math.nan, 1.0, 0.0),  # no data in the slow period
+    ],
+)
+def test_score(check: str, base: float | None, slow: float, ratio: float, expected: float) -> None:
+    assert score(CHECKS_BY_NAME[check], base, slow, ratio) == pytest.approx(expected)
+
+
+def test_selectors_are_exact_alternations() -> None:
+    scope = Scope(("node-01", "gpu.node+1", 'we"ird'), "ns", ("llm-0",))
+    sel = scope.selector(CHECKS_BY_NAME["symbol_errors"])
+    assert sel == 'instance=~"gpu\\\\.node\\\\+1|node-01|we\\"ird"'
+    # what Prometheus's RE2 receives after PromQL string unescaping matches only the names
+    pattern = sel.split('"', 1)[1].rsplit('"', 1)[0].replace('\\"', '"').replace("\\\\", "\\")
+    assert re.fullmatch(pattern, "gpu.node+1") and not re.fullmatch(pattern, "gpuXnode+1")
+    assert scope.selector(CHECKS_BY_NAME["cpu_gpu_numa"]) == 'namespace="ns",pod=~"llm-0"'
+
+
+def _env(pod: str, var: str, value: str) -> Sample:
+    return Sample({"pod": pod, "variable": var, "value": value}, 1.0)
+
+
+def test_nccl_env_differences() -> None:
+    samples = [
+        _env("a", "NCCL_IB_HCA", "=mlx5_0,mlx5_1"),
+        _env("b", "NCCL_IB_HCA", "=mlx5_0,mlx5_1"),
+        _env("c", "NCCL_IB_HCA", "=mlx5_0"),
+        _env("a", "NCCL_SOCKET_IFNAME", "eth0"),
+        _env("b", "NCCL_SOCKET_IFNAME", "eth0"),
+        _env("c", "NCCL_SOCKET_IFNAME", "eth0"),
+        _env("a", "NCCL_IB_DISABLE", "1"),  # set on one pod only
+    ]
+    diffs = {d.variable: dict(d.values) for d in nccl_env_differences(samples)}
+    assert diffs == {
+        "NCCL_IB_DISABLE": {"1": ("a",), "<unset>": ("b", "c")},
+        "NCCL_IB_HCA": {"=mlx5_0": ("c",), "=mlx5_0,mlx5_1": ("a", "b")},
+    }
+
+
+def test_time_arguments() -> None:
+    from exporter.explain.cli import parse_duration, parse_time
+
+    now = 1_800_000_000.0
+    assert parse_time("now", now) == now
+    assert parse_time("2h", now) == parse_time("-2h", now) == now - 7200
+    assert parse_time("1795500000", now) == 1795500000.0
+    assert parse_time("2026-11-24T14:20:00Z", now) == parse_time("2026-11-24T14:20:00", now)
+    assert parse_time("2026-11-24T15:20:00+01:00", now) == parse_time("2026-11-24T14:20:00Z")
+    assert parse_duration("90m") == 5400
+    with pytest.raises(argparse.ArgumentTypeError, match="not a time"):
+        parse_time("yesterday", now)
