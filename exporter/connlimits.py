@@ -1,19 +1,23 @@
 """Connection limits of the metrics server: what is counted, what is closed first.
 
-A connection is *busy* while one of its requests is being answered (from its last header
-byte until the handler has produced the response) and *evictable* otherwise: waiting for a
-TLS handshake or a request head, idle between keep-alive requests, or delivering a response
-to a slow reader. Only busy connections count as requests in flight (``max_requests``);
-idle keep-alive connections cost no request slot.
+A connection is *busy* while one of its requests is being answered (from its last request
+byte until the handler has produced the response), *idle* between keep-alive requests, and
+*pending* otherwise: waiting for a TLS handshake or a request, or delivering a response to
+a slow reader. Only busy connections count as requests in flight (``max_requests``); idle
+keep-alive connections cost no request slot.
 
-When a new connection would exceed ``max_per_address`` connections from its client address,
-or ``max_connections`` in all, the oldest evictable connection (of that address, then of
-all) is closed to make room; the new one is refused only when every connection in the way
-is busy. One address holding many idle, half-sent or slowly read connections therefore only
-ever displaces its own, and a scraper's fresh connection always gets in.
+A new connection from an address that already has ``max_per_address`` connections closes
+that address's oldest idle connection; if there is none, it is refused at once (cheaply:
+no parser, no timer), unless its complete request head is already waiting in the socket,
+in which case the address's oldest pending connection is closed for it: a client that
+asks at once is preferred to one that holds a half-sent request. A new connection that
+would exceed ``max_connections`` in all closes the oldest non-busy connection of the
+address holding the most connections. Nothing busy is ever closed to make room.
 
-:class:`ConnectionTable` is the bookkeeping alone (no sockets, no clocks); the server calls
-it from its one event-loop thread.
+So one address holding many idle, half-sent or slowly read connections only ever displaces
+its own, costs the server a refused ``accept`` per retry once at its cap, and a scraper at
+another address always gets in. :class:`ConnectionTable` is the bookkeeping alone (no
+sockets, no clocks); the server calls it from its one event-loop thread.
 """
 
 from __future__ import annotations
@@ -57,18 +61,20 @@ class ConnectionLimits:
 
 C = TypeVar("C", bound=Hashable)
 
+BUSY, IDLE, PENDING = "busy", "idle", "pending"
+
 
 class ConnectionTable(Generic[C]):
-    """Open connections by client address, evictable ones oldest first."""
+    """Open connections by client address; idle and pending ones each oldest first."""
 
     def __init__(self, max_connections: int, max_per_address: int) -> None:
         self.max_connections = max_connections
         self.max_per_address = max_per_address
         self._address: dict[C, str] = {}
+        self._state: dict[C, str] = {}
         self._per_address: dict[str, int] = {}
-        # insertion order is age order: a connection moves to the end when it turns evictable
-        self._evictable: OrderedDict[C, None] = OrderedDict()
-        self._evictable_by_address: dict[str, OrderedDict[C, None]] = {}
+        # insertion order is age order: a connection moves to the end when its state changes
+        self._queues: dict[tuple[str, str], OrderedDict[C, None]] = {}
 
     def __len__(self) -> int:
         return len(self._address)
@@ -79,57 +85,78 @@ class ConnectionTable(Generic[C]):
     def count(self, address: str) -> int:
         return self._per_address.get(address, 0)
 
-    def admit(self, conn: C, address: str) -> list[C] | None:
-        """Add ``conn`` (evictable, newest) and return the connections to close for it, or
-        None (and add nothing) when only busy connections stand in the way."""
-        victims: list[C] = []
+    def admit(self, conn: C, address: str, *, has_request: bool = False) -> list[C] | None:
+        """Add ``conn`` (pending, newest) and return the connections to close for it, or
+        None (and add nothing) when it is refused. ``has_request``: its complete request
+        head has already arrived."""
+        victim: C | None = None
         if self.count(address) >= self.max_per_address:
-            mine = self._evictable_by_address.get(address)
-            if not mine:
+            victim = self._oldest(address, IDLE)
+            if victim is None and has_request:
+                victim = self._oldest(address, PENDING)
+            if victim is None:
                 return None
-            victims.append(next(iter(mine)))
         elif len(self._address) >= self.max_connections:
-            if not self._evictable:
+            heaviest = sorted(self._per_address, key=self._per_address.__getitem__, reverse=True)
+            for other in heaviest:
+                victim = self._oldest(other, IDLE) or self._oldest(other, PENDING)
+                if victim is not None:
+                    break
+            if victim is None:
                 return None
-            victims.append(next(iter(self._evictable)))
-        for victim in victims:
+        if victim is not None:
             self.remove(victim)
         self._address[conn] = address
         self._per_address[address] = self.count(address) + 1
-        self.evictable(conn)
-        return victims
+        self._set(conn, PENDING)
+        return [] if victim is None else [victim]
 
     def busy(self, conn: C) -> None:
         """``conn`` is answering a request: never closed to make room."""
-        address = self._address.get(conn)
-        if address is None:
-            return
-        self._evictable.pop(conn, None)
-        mine = self._evictable_by_address.get(address)
-        if mine is not None:
-            mine.pop(conn, None)
-            if not mine:
-                del self._evictable_by_address[address]
+        self._set(conn, BUSY)
 
-    def evictable(self, conn: C) -> None:
-        """``conn`` is waiting, idle or sending: the newest candidate for closing."""
-        address = self._address.get(conn)
-        if address is None:
-            return
-        self._evictable.pop(conn, None)
-        self._evictable[conn] = None
-        mine = self._evictable_by_address.setdefault(address, OrderedDict())
-        mine.pop(conn, None)
-        mine[conn] = None
+    def idle(self, conn: C) -> None:
+        """``conn`` waits for its next keep-alive request: the first to go."""
+        self._set(conn, IDLE)
+
+    def pending(self, conn: C) -> None:
+        """``conn`` waits for a request or delivers a response."""
+        self._set(conn, PENDING)
+
+    def state(self, conn: C) -> str | None:
+        return self._state.get(conn)
 
     def remove(self, conn: C) -> None:
         """Forget ``conn`` (closed); a second call is a no-op."""
-        self.busy(conn)
         address = self._address.pop(conn, None)
         if address is None:
             return
+        self._unqueue(conn, address)
+        del self._state[conn]
         left = self._per_address[address] - 1
         if left:
             self._per_address[address] = left
         else:
             del self._per_address[address]
+
+    def _oldest(self, address: str, state: str) -> C | None:
+        queue = self._queues.get((address, state))
+        return next(iter(queue)) if queue else None
+
+    def _set(self, conn: C, state: str) -> None:
+        address = self._address.get(conn)
+        if address is None:
+            return
+        self._unqueue(conn, address)
+        self._state[conn] = state
+        if state != BUSY:
+            self._queues.setdefault((address, state), OrderedDict())[conn] = None
+
+    def _unqueue(self, conn: C, address: str) -> None:
+        old = self._state.get(conn)
+        if old is None or old == BUSY:
+            return
+        queue = self._queues[(address, old)]
+        del queue[conn]
+        if not queue:
+            del self._queues[(address, old)]

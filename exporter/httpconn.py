@@ -223,7 +223,7 @@ class HTTPConnection(asyncio.Protocol):
             return
         if self.state == _IDLE:
             self.state = _WAITING
-            self.server.table.evictable(self)
+            self.server.table.pending(self)
             self._arm(self.server.limits.header_timeout)
         self.h11.receive_data(data)
         self._process()
@@ -290,7 +290,7 @@ class HTTPConnection(asyncio.Protocol):
             return
         self._close_after = self._close_after or close
         self.state = _SENDING
-        self.server.table.evictable(self)
+        self.server.table.pending(self)
         headers = [*resp.headers, ("Content-Length", str(len(resp.body))), ("Date", _http_date())]
         if self._close_after:
             headers.append(("Connection", "close"))
@@ -341,11 +341,12 @@ class HTTPConnection(asyncio.Protocol):
             return
         self.h11.start_next_cycle()
         self.state = _IDLE
-        self.server.table.evictable(self)
+        self.server.table.idle(self)
         self._arm(self.server.limits.idle_timeout)
         transport.resume_reading()
         if self.h11.trailing_data[0]:  # a pipelined request is already here
             self.state = _WAITING
+            self.server.table.pending(self)
             self._arm(self.server.limits.header_timeout)
             self._process()
 

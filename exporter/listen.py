@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 
 from agent.errors import ConfigError
+
+#: Listen queue length (the kernel caps it at net.core.somaxconn, 4096 on current kernels;
+#: Go servers such as node_exporter ask for the same). With 128, a client reopening
+#: thousands of connections a second filled the queue and a scraper's SYN was dropped and
+#: retried 1 s later.
+_BACKLOG = socket.SOMAXCONN
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
@@ -35,10 +42,10 @@ def listen(address: str) -> socket.socket:
         if host == "":
             if socket.has_dualstack_ipv6():
                 sock = socket.create_server(
-                    ("", port), family=socket.AF_INET6, backlog=128, dualstack_ipv6=True
+                    ("", port), family=socket.AF_INET6, backlog=_BACKLOG, dualstack_ipv6=True
                 )
             else:
-                sock = socket.create_server(("", port), family=socket.AF_INET, backlog=128)
+                sock = socket.create_server(("", port), family=socket.AF_INET, backlog=_BACKLOG)
         else:
             try:
                 infos = socket.getaddrinfo(
@@ -49,7 +56,7 @@ def listen(address: str) -> socket.socket:
                     f"cannot listen on {address}: cannot resolve {host}: {e.strerror}"
                 ) from None
             family, _, _, _, sockaddr = infos[0]
-            sock = socket.create_server(sockaddr[:2], family=family, backlog=128)
+            sock = socket.create_server(sockaddr[:2], family=family, backlog=_BACKLOG)
     except OSError as e:
         reason = {
             errno.EADDRINUSE: "address already in use",
@@ -66,3 +73,18 @@ def peer_name(addr: object) -> str:
         host, port = addr[0], addr[1]
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
     return str(addr)
+
+
+def client_key(addr: object) -> str:
+    """The address a per-client limit counts by: an IPv4 address (IPv4-mapped IPv6 ones
+    unmapped), or an IPv6 address's /64 (one host typically holds a whole /64)."""
+    host = str(addr[0]) if isinstance(addr, tuple) and addr else str(addr)
+    try:
+        ip = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)

@@ -42,7 +42,7 @@ from exporter.basicauth import BasicAuth
 from exporter.connlimits import ConnectionLimits, ConnectionTable
 from exporter.exposition import ExpositionCache
 from exporter.httpconn import HTTPConnection
-from exporter.listen import listen, parse_listen_address, peer_name
+from exporter.listen import client_key, listen, parse_listen_address, peer_name
 from exporter.site import Request, Response, Site, accepts_gzip
 from exporter.tlsreload import ReloadingTLSContext
 from exporter.webconfig import WebConfig
@@ -203,9 +203,12 @@ class MetricsServer:
 
     def _admit(self, sock: socket.socket, addr: object) -> None:
         peer = peer_name(addr)
-        address = str(addr[0]) if isinstance(addr, tuple) else peer
+        address = client_key(addr)
         conn = HTTPConnection(self, sock, peer)
-        victims = self.table.admit(conn, address)
+        has_request = False
+        if self.tls is None and self.table.count(address) >= self.limits.max_per_address:
+            has_request = _has_request_head(sock)
+        victims = self.table.admit(conn, address, has_request=has_request)
         if victims is None:
             log.debug(
                 "refusing connection from %s: %d open from it, %d in all, all busy",
@@ -246,6 +249,14 @@ class MetricsServer:
             conn.respond(self.site.status(500, b"internal error\n"), close=True)
         else:
             conn.respond(future.result())
+
+
+def _has_request_head(sock: socket.socket) -> bool:
+    """Whether a complete request head is already waiting (read without consuming it)."""
+    try:
+        return b"\r\n\r\n" in sock.recv(16384, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return False
 
 
 def _refuse(sock: socket.socket, *, tls: bool) -> None:

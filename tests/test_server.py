@@ -28,6 +28,7 @@ from promharness import (
     promtool_check_metrics,
     promtool_check_web_config,
     start_prometheus,
+    wait_until,
     write_test_pki,
 )
 
@@ -698,18 +699,39 @@ def test_a_connection_is_refused_only_when_all_are_busy(cache: ExpositionCache) 
 
 def test_connections_per_address_displace_only_their_own(cache: ExpositionCache) -> None:
     limits = ConnectionLimits(max_per_address=2)
-    with serve(cache, ":0", limits=limits) as srv:
+
+    def from_other() -> socket.socket:
+        return socket.create_connection(
+            ("127.0.0.1", srv.port), timeout=10, source_address=("127.0.0.2", 0)
+        )
+
+    def closed(sock: socket.socket) -> bytes:
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+        return reply
+
+    with serve(cache, "127.0.0.1:0", limits=limits) as srv:
         scraper = connect(srv)  # from 127.0.0.1
+        others: list[socket.socket] = []
         try:
             assert request(scraper, "/metrics").status == 200
-            others = []
-            for _ in range(5):  # from 127.0.0.2: each displaces the oldest of its own
-                s = socket.create_connection(
-                    ("127.0.0.1", srv.port), timeout=10, source_address=("127.0.0.2", 0)
-                )
-                others.append(s)
-            for s in others[:3]:
-                assert s.recv(1) == b""
+            # Two half-sent requests from 127.0.0.2 fill its share...
+            for _ in range(2):
+                others.append(from_other())
+                others[-1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            wait_until(lambda: srv.table.count("127.0.0.2") == 2 or None, timeout=10, what="2")
+            # ...so a third connection that asks nothing is refused at once,
+            silent = from_other()
+            others.append(silent)
+            assert closed(silent).startswith(b"HTTP/1.1 503 ")
+            # while one that sends a whole request at once replaces the oldest half-sent one.
+            asking = from_other()
+            others.append(asking)
+            asking.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert closed(asking).startswith(b"HTTP/1.1 200 OK\r\n")
+            assert closed(others[0]) == b""
+            # The scraper at 127.0.0.1 kept its connection throughout.
             sock = scraper.sock
             assert request(scraper, "/metrics").status == 200
             assert scraper.sock is sock
