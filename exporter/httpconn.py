@@ -204,13 +204,20 @@ class HTTPConnection(asyncio.Protocol):
         self.server.table.remove(self)
 
     def _arm(self, seconds: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        """Set the deadline of the current state. The timer is replaced only when the new
+        deadline is earlier; a later one is picked up when the timer fires (a keep-alive
+        request moves the deadline three times: no timer churn per request)."""
         self._deadline = self.loop.time() + seconds
-        self._timer = self.loop.call_at(self._deadline, self._expired)
+        if self._timer is None or self._timer.when() > self._deadline:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_at(self._deadline, self._expired)
 
     def _expired(self) -> None:
         self._timer = None
+        if self.loop.time() < self._deadline:
+            self._timer = self.loop.call_at(self._deadline, self._expired)
+            return
         self.abort(f"{self.state} for too long")
 
     # --- reading --------------------------------------------------------------------------
@@ -226,7 +233,11 @@ class HTTPConnection(asyncio.Protocol):
             self.server.table.pending(self)
             self._arm(self.server.limits.header_timeout)
         self.h11.receive_data(data)
-        self._process()
+        if self.state == _WAITING:
+            self._process()
+        elif len(self.h11.trailing_data[0]) > _DRAIN_LIMIT and self.transport is not None:
+            # pipelined input while answering: buffer a little, then stop reading
+            self.transport.pause_reading()
 
     def eof_received(self) -> bool | None:
         if self.state != _LINGER:
@@ -270,8 +281,6 @@ class HTTPConnection(asyncio.Protocol):
         self.state = _BUSY
         self.server.table.busy(self)
         self._arm(self.server.limits.send_timeout)
-        if self.transport is not None:
-            self.transport.pause_reading()
         self.server.answer(self, _request(event))
 
     def _dispatch_error(self, status: int, body: bytes) -> None:
@@ -302,12 +311,11 @@ class HTTPConnection(asyncio.Protocol):
             self.abort(f"cannot respond: {e}")
             return
         assert head is not None
-        self._write(head)
         request = self._request
         if resp.body and not (request is not None and request.method == b"HEAD"):
             body = memoryview(resp.body)
             self._out = [body[i : i + _CHUNK] for i in range(0, len(body), _CHUNK)]
-        self._flush()
+        self._flush(head)
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -317,7 +325,9 @@ class HTTPConnection(asyncio.Protocol):
         if self.state == _SENDING:
             self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, head: bytes = b"") -> None:
+        """Write what the transport takes (``head`` and the first piece go out together:
+        one send for a typical gzipped scrape)."""
         transport = self.transport
         assert transport is not None
         while self._out and not self._paused:
@@ -325,7 +335,10 @@ class HTTPConnection(asyncio.Protocol):
             # (h11 types data as bytes; any buffer works, and a memoryview is not a copy)
             data = h11.Data(data=self._out.pop(0))  # type: ignore[arg-type]
             for piece in self.h11.send_with_data_passthrough(data) or ():
-                transport.write(piece)
+                transport.write(head + piece if head else piece)
+                head = b""
+        if head:
+            transport.write(head)
         if self._out:
             return
         end = self.h11.send(h11.EndOfMessage())

@@ -7,7 +7,8 @@ connections from one source address, reopened as soon as the server closes them.
 - ``--idle N``: N connections that send ``GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n`` (no
   blank line) and then wait;
 - ``--trickle N``: N connections that send a request one byte a second;
-- ``--tls``: the same inside TLS (handshake completed, certificate not checked).
+- ``--tls``: the same inside TLS (handshake completed, certificate not checked);
+- ``--silent``: the idle connections send nothing at all (for non-HTTP ports).
 
 Each connection is reopened at once when the server closes it (the worst case: a client
 that keeps the pressure on). Runs ``--duration`` seconds or until SIGTERM. Prints ``ready``
@@ -79,8 +80,9 @@ class Attack:
                         except TimeoutError:
                             continue
                 else:
-                    writer.write(HALF_REQUEST)
-                    await writer.drain()
+                    if not self.args.silent:
+                        writer.write(HALF_REQUEST)
+                        await writer.drain()
                     while await reader.read(65536):
                         pass
                 self.stats["closed_by_server"] += 1
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=int, default=1000)
     ap.add_argument("--trickle", type=int, default=200)
     ap.add_argument("--tls", action="store_true")
+    ap.add_argument("--silent", action="store_true", help="idle connections send nothing")
     ap.add_argument("--duration", type=float, default=12.0, help="seconds")
     args = ap.parse_args(argv)
     raise_fd_limit(args.idle + args.trickle + 256)
