@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import math
 import socket
 
 from agent.errors import ConfigError
@@ -36,7 +37,11 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def listen(address: str) -> socket.socket:
+def listen(address: str, *, defer_accept: float = 0.0) -> socket.socket:
+    """A non-blocking listening socket on ``address``. ``defer_accept`` (seconds, Linux):
+    the kernel hands over a connection only once its first data has arrived, or after
+    about that long, so a silent connection costs the process nothing meanwhile and a
+    newcomer's request is already readable when it is accepted."""
     host, port = parse_listen_address(address)
     try:
         if host == "":
@@ -64,6 +69,8 @@ def listen(address: str) -> socket.socket:
             errno.EADDRNOTAVAIL: "address not available on this host",
         }.get(e.errno or 0, (e.strerror or str(e)).lower())
         raise ConfigError(f"cannot listen on {address}: {reason}") from None
+    if defer_accept > 0 and hasattr(socket, "TCP_DEFER_ACCEPT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, math.ceil(defer_accept))
     sock.setblocking(False)
     return sock
 

@@ -20,6 +20,9 @@ Behaviour:
   arrive within ``header_timeout`` seconds; an idle keep-alive connection is closed after
   ``idle_timeout``; a response must be delivered within ``send_timeout`` (it is written in
   64 KiB pieces as the client reads, so a slow reader holds little memory).
+- The listener defers accepting (``TCP_DEFER_ACCEPT``, ``header_timeout``): a connection
+  that sends nothing costs the process nothing until then, and a newcomer's request is
+  readable when it is accepted. Its queue is ``SOMAXCONN`` long.
 - Limits: more than ``max_requests`` requests being answered at once get ``503 too many
   requests``. A new connection beyond ``max_per_address`` from one client address, or
   ``max_connections`` in all, closes the oldest evictable connection instead (see
@@ -32,6 +35,7 @@ Behaviour:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -88,7 +92,7 @@ def serve(
     if auth is not None and not auth.enabled:
         auth = None
     headers = tuple(web_config.headers.items()) if web_config else ()
-    listener = listen(address)
+    listener = listen(address, defer_accept=limits.header_timeout)
     server = MetricsServer(
         listener,
         Site(cache=cache, ready=ready, auth=auth, headers=headers),
@@ -260,9 +264,14 @@ def _has_request_head(sock: socket.socket) -> bool:
 
 
 def _refuse(sock: socket.socket, *, tls: bool) -> None:
+    """Close at once; on plain HTTP say why first. What the client already sent is read
+    (one non-blocking read) so that the close does not reset the connection and destroy
+    the reply before the client reads it."""
+    sock.setblocking(False)
+    with contextlib.suppress(BlockingIOError, ConnectionError):  # nothing sent, or gone
+        sock.recv(65536)
     try:
         if not tls:
-            sock.setblocking(False)
             sock.send(_REFUSED)
     except OSError as e:
         log.debug("refusing connection: %s", e)

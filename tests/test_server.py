@@ -685,6 +685,7 @@ def test_a_connection_is_refused_only_when_all_are_busy(cache: ExpositionCache) 
         try:
             assert entered.wait(10)
             with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as extra:
+                extra.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
                 reply = b""
                 while chunk := extra.recv(4096):
                     reply += chunk
@@ -721,9 +722,10 @@ def test_connections_per_address_displace_only_their_own(cache: ExpositionCache)
                 others.append(from_other())
                 others[-1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
             wait_until(lambda: srv.table.count("127.0.0.2") == 2 or None, timeout=10, what="2")
-            # ...so a third connection that asks nothing is refused at once,
+            # ...so a third connection that sends only part of a request is refused at once,
             silent = from_other()
             others.append(silent)
+            silent.sendall(b"GET /metrics HTTP/1.1\r\n")
             assert closed(silent).startswith(b"HTTP/1.1 503 ")
             # while one that sends a whole request at once replaces the oldest half-sent one.
             asking = from_other()
