@@ -108,6 +108,9 @@ def measure(name: str, pid: int, port: int, attack: bool, scrapes: int = 50) -> 
         )
         assert attacker.stdout is not None
         assert attacker.stdout.readline() == "ready\n"
+        # let the server take in the opening burst of 1,200 connections (~0.1 s): the
+        # figures are for the attack's steady state
+        time.sleep(1.0)
     peak: dict[str, float] = {}
     stop = threading.Event()
 
@@ -143,7 +146,7 @@ def measure(name: str, pid: int, port: int, attack: bool, scrapes: int = 50) -> 
     result["wrk"] = wrk(port, 5)
     if attacker is not None:
         attacker.terminate()
-        out, _ = attacker.communicate(timeout=30)
+        out, _ = attacker.communicate(timeout=60)
         result["attacker"] = json.loads(out.strip().splitlines()[-1])
     print(f"  {name}: {json.dumps(result)}", flush=True)
     return result

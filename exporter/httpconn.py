@@ -240,10 +240,15 @@ class HTTPConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def eof_received(self) -> bool | None:
-        if self.state != _LINGER:
-            self.h11.receive_data(b"")
-            self._process()
-        return None  # close our side too
+        """The client half-closed: answer what it asked (then close), or close now."""
+        if self.state == _LINGER:
+            return None  # all read: close
+        if self.state == _IDLE:
+            self.state = _WAITING
+        self.h11.receive_data(b"")
+        if self.state == _WAITING:
+            self._process()  # a request, an error reply or ConnectionClosed (abort)
+        return True  # keep the transport: a reply may be on its way; closed after it
 
     def _process(self) -> None:
         while self.state == _WAITING and not self._closed:

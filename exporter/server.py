@@ -197,13 +197,17 @@ class MetricsServer:
                 # spinning on a listener that stays readable.
                 log.warning("cannot accept connection on %s: %s", self.url, e)
                 self.loop.remove_reader(self._listener)
-                self.loop.call_later(0.1, self.loop.add_reader, self._listener, self._accept)
+                self.loop.call_later(0.1, self._resume_accepting)
                 return
             try:
                 self._admit(sock, addr)
             except Exception:  # keep serving whatever one connection did
                 log.exception("unexpected error accepting a connection on %s", self.url)
                 sock.close()
+
+    def _resume_accepting(self) -> None:
+        if not self._closed:
+            self.loop.add_reader(self._listener, self._accept)
 
     def _admit(self, sock: socket.socket, addr: object) -> None:
         peer = peer_name(addr)
@@ -239,7 +243,8 @@ class MetricsServer:
         future = self.workers.submit(self.site.answer, req)
 
         def done(f: Future[Response]) -> None:
-            self.loop.call_soon_threadsafe(self._answered, conn, f)
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody to answer
+                self.loop.call_soon_threadsafe(self._answered, conn, f)
 
         future.add_done_callback(done)
 

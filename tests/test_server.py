@@ -400,6 +400,20 @@ def test_expect_100_continue_is_answered_at_once(plain_server: MetricsServer) ->
         assert sock.recv(4096).startswith(b"HTTP/1.1 405 ")
 
 
+def test_a_client_that_half_closes_after_its_request_gets_the_reply(
+    plain_server: MetricsServer, cache: ExpositionCache
+) -> None:
+    with socket.create_connection(("127.0.0.1", plain_server.port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert body == cache.body()
+
+
 def test_configured_headers_are_sent_and_auth_without_tls_warns(
     tmp_path: Path, cache: ExpositionCache, bcrypt_hash: str, caplog: pytest.LogCaptureFixture
 ) -> None:
