@@ -138,6 +138,7 @@ class MetricsServer:
             max_workers=limits.max_requests, thread_name_prefix="fabricscope-http-worker"
         )
         self._closed = False
+        self._warned: set[tuple[str, str]] = set()
         host, port = listener.getsockname()[:2]
         self.port: int = port
         if host in ("0.0.0.0", "::"):
@@ -205,6 +206,31 @@ class MetricsServer:
                 log.exception("unexpected error accepting a connection on %s", self.url)
                 sock.close()
 
+    def _warn_once(self, address: str, limit: str) -> None:
+        """Say once per (address, limit) that a limit was reached (a reconnecting client
+        must not flood the log); later hits are logged at DEBUG with each refusal."""
+        if (address, limit) in self._warned:
+            return
+        if len(self._warned) >= 1024:
+            self._warned.clear()
+        self._warned.add((address, limit))
+        if limit == "per_address":
+            log.warning(
+                "client %s reached %d connections (the per-address limit) on %s: its oldest "
+                "idle connections are closed and further ones refused while all are in use",
+                address,
+                self.limits.max_per_address,
+                self.url,
+            )
+        else:
+            log.warning(
+                "%d connections open on %s (the limit): the oldest idle connections of the "
+                "clients holding the most are closed for new ones (latest from %s)",
+                self.limits.max_connections,
+                self.url,
+                address,
+            )
+
     def _resume_accepting(self) -> None:
         if not self._closed:
             self.loop.add_reader(self._listener, self._accept)
@@ -214,8 +240,12 @@ class MetricsServer:
         address = client_key(addr)
         conn = HTTPConnection(self, sock, peer)
         has_request = False
-        if self.tls is None and self.table.count(address) >= self.limits.max_per_address:
-            has_request = _has_request_head(sock)
+        if self.table.count(address) >= self.limits.max_per_address:
+            self._warn_once(address, "per_address")
+            if self.tls is None:
+                has_request = _has_request_head(sock)
+        elif len(self.table) >= self.limits.max_connections:
+            self._warn_once(address, "total")
         victims = self.table.admit(conn, address, has_request=has_request)
         if victims is None:
             log.debug(

@@ -712,7 +712,9 @@ def test_a_connection_is_refused_only_when_all_are_busy(cache: ExpositionCache) 
         assert fetch(srv, "/metrics").status == 200
 
 
-def test_connections_per_address_displace_only_their_own(cache: ExpositionCache) -> None:
+def test_connections_per_address_displace_only_their_own(
+    cache: ExpositionCache, caplog: pytest.LogCaptureFixture
+) -> None:
     limits = ConnectionLimits(max_per_address=2)
 
     def from_other() -> socket.socket:
@@ -726,7 +728,10 @@ def test_connections_per_address_displace_only_their_own(cache: ExpositionCache)
             reply += chunk
         return reply
 
-    with serve(cache, "127.0.0.1:0", limits=limits) as srv:
+    with (
+        caplog.at_level(logging.WARNING, logger="exporter.server"),
+        serve(cache, "127.0.0.1:0", limits=limits) as srv,
+    ):
         scraper = connect(srv)  # from 127.0.0.1
         others: list[socket.socket] = []
         try:
@@ -747,6 +752,9 @@ def test_connections_per_address_displace_only_their_own(cache: ExpositionCache)
             asking.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             assert closed(asking).startswith(b"HTTP/1.1 200 OK\r\n")
             assert closed(others[0]) == b""
+            # Said once, naming the address.
+            warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert len([w for w in warnings if "127.0.0.2 reached 2 connections" in w]) == 1
             # The scraper at 127.0.0.1 kept its connection throughout.
             sock = scraper.sock
             assert request(scraper, "/metrics").status == 200
