@@ -136,13 +136,18 @@ def main() -> int:
     procs = {
         "fabricscope": subprocess.Popen(
             [
-                str(ROOT / ".venv" / "bin" / "fabricscope"),
+                # this checkout's code (the venv's console script may point at another tree)
+                sys.executable,
+                "-m",
+                "exporter.cli",
                 "agent",
                 f"--path.sysfs={TREE}",
                 "--no-sampler.netdev",
                 f"--web.listen-address=127.0.0.1:{fs_port}",
                 "--log.level=warning",
             ],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
         ),
         "node_exporter": subprocess.Popen(
             [

@@ -69,8 +69,11 @@ class Raw:
         sock.settimeout(WAIT)
 
     @classmethod
-    def connect(cls, port: int) -> Raw:
-        return cls(socket.create_connection(("127.0.0.1", port), timeout=WAIT))
+    def connect(cls, port: int, source: str = "127.0.0.1") -> Raw:
+        sock = socket.create_connection(
+            ("127.0.0.1", port), timeout=WAIT, source_address=(source, 0)
+        )
+        return cls(sock)
 
     def send(self, kind: int, body: bytes) -> None:
         self.sock.sendall(frame(kind, body))
@@ -120,6 +123,7 @@ class Host:
         max_pending: int = 8,
         step_timeout: float = 5.0,
         handshake_timeout: float = 10.0,
+        max_pending_per_address: int = 2,
     ) -> None:
         self.offers: list[tuple[Offer, str]] = []
         self.reply: Callable[[Offer], Answer] = lambda o: Answer.accept(
@@ -132,6 +136,7 @@ class Host:
             HOST_ID,
             self._on_offer,
             max_pending=max_pending,
+            max_pending_per_address=max_pending_per_address,
             step_timeout=step_timeout,
             handshake_timeout=handshake_timeout,
         )
@@ -471,17 +476,60 @@ def test_garbage_is_refused_as_a_protocol_error(host: Host, name: str) -> None:
     assert host.offers == []
 
 
-def test_connections_beyond_max_pending_are_turned_away(make_host: Callable[..., Host]) -> None:
+def test_a_newcomer_displaces_the_oldest_unauthenticated_connection(
+    make_host: Callable[..., Host],
+) -> None:
     host = make_host(max_pending=1)
     silent = Raw.connect(host.port)
     wait_for(lambda: host.server.stats().pending == 1)
-    with pytest.raises(PeerUnreachableError, match="too many pending") as err:
-        propose("127.0.0.1", host.port, SECRET, GUEST_ID, OFFER, WAIT)
-    assert err.value.reason == "peer_unreachable"
-    assert host.refused("too_many_pending") == 1
-    silent.close()
-    wait_for(lambda: host.server.stats().pending == 0)
+    # all slots taken by one that has not authenticated: a real guest displaces it
     assert propose("127.0.0.1", host.port, SECRET, GUEST_ID, OFFER, WAIT).accepted
+    assert silent.recv() is None
+    wait_for(lambda: host.refused("too_many_pending") == 1)
+    silent.close()
+
+
+def test_an_authenticated_peer_is_never_displaced(make_host: Callable[..., Host]) -> None:
+    host = make_host(max_pending=1)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(offer: Offer) -> Answer:
+        entered.set()
+        release.wait(WAIT)
+        return Answer.accept(offer.probe_id, "127.0.0.1", 29500)
+
+    host.reply = slow
+    answers: list[Answer] = []
+    t = threading.Thread(
+        target=lambda: answers.append(
+            propose("127.0.0.1", host.port, SECRET, GUEST_ID, OFFER, WAIT)
+        )
+    )
+    t.start()
+    try:
+        assert entered.wait(WAIT)  # authenticated, its offer being answered
+        with pytest.raises(PeerUnreachableError, match="too many pending") as err:
+            propose("127.0.0.1", host.port, SECRET, "guest-2", OFFER, WAIT)
+        assert err.value.reason == "peer_unreachable"
+        assert host.refused("too_many_pending") == 1
+    finally:
+        release.set()
+        t.join(WAIT)
+    assert answers[0].accepted
+
+
+def test_one_address_holds_at_most_its_share(make_host: Callable[..., Host]) -> None:
+    host = make_host(max_pending=8, max_pending_per_address=2)
+    held = [Raw.connect(host.port, source="127.0.0.3") for _ in range(2)]
+    wait_for(lambda: host.server.stats().pending == 2)
+    third = Raw.connect(host.port, source="127.0.0.3")  # turned away at once, no thread
+    assert third.recv() == (ERROR, b"busy")
+    assert host.server.stats().pending == 2
+    assert host.refused("too_many_pending") == 1
+    # another address still gets in and through
+    assert propose("127.0.0.1", host.port, SECRET, GUEST_ID, OFFER, WAIT).accepted
+    for raw in [*held, third]:
+        raw.close()
 
 
 def test_close_cuts_in_flight_connections(make_host: Callable[..., Host]) -> None:

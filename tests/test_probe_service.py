@@ -9,6 +9,8 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -209,6 +211,60 @@ def test_two_agents_measure_each_other_on_their_schedule(
     a.stop()
     b.stop()
     assert worker_children() == []
+
+
+def test_two_agents_probe_while_500_idle_connections_press_on_the_rendezvous(
+    make_service: Callable[..., ProbeService],
+) -> None:
+    """500 connections from 127.0.0.3 that send nothing and reconnect as soon as they are
+    closed (tests/slowloris.py) hold at most their address's share of the host's pending
+    slots; the guest at 127.0.0.2 still authenticates and the probe completes. (Before the
+    per-address cap, 200 such connections made the host refuse others as too_many_pending.)"""
+    port = free_port(A)
+    members = StaticMembers([A, B])
+    a = make_service(A, secret=SECRET, members=members, listen=(A, port))
+    b = make_service(B, secret=SECRET, members=members, listen=(B, port))
+    a.start()  # the host of the pair (lower address): its rendezvous listens now
+    attacker = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("slowloris.py")),
+            "--host",
+            A,
+            "--port",
+            str(port),
+            "--source",
+            "127.0.0.3",
+            "--idle",
+            "500",
+            "--trickle",
+            "0",
+            "--silent",
+            "--duration",
+            str(WALL),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert attacker.stdout is not None
+        assert attacker.stdout.readline() == "ready\n"
+        b.start()
+        wait_for(
+            "a sendrecv result on both sides",
+            lambda: (
+                any(r.peer == B and r.reason is None for r in a.snapshot().runs)
+                and any(r.peer == A and r.reason is None for r in b.snapshot().runs)
+            ),
+        )
+        stats = a.snapshot().rendezvous
+        assert stats is not None
+        assert stats.accepted_total >= 1
+        assert stats.refused("too_many_pending") > 500  # the attack was on, and turned away
+        assert stats.refused("auth_failure") == 0
+    finally:
+        attacker.terminate()
+        attacker.wait(WALL)
 
 
 def test_intra_node_all_reduce_over_three_gloo_ranks(

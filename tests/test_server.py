@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +32,16 @@ from promharness import (
     write_test_pki,
 )
 
-import exporter.server as server_module
+import exporter.basicauth as basicauth_module
 from agent.errors import ConfigError
 from exporter.exposition import CONTENT_TYPE, ExpositionCache, render_text
-from exporter.server import MetricsServer, accepts_gzip, parse_listen_address, serve
+from exporter.server import (
+    ConnectionLimits,
+    MetricsServer,
+    accepts_gzip,
+    parse_listen_address,
+    serve,
+)
 from exporter.spec import Families, MetricSpec
 from exporter.webconfig import WebConfig, load_web_config
 
@@ -393,6 +400,20 @@ def test_expect_100_continue_is_answered_at_once(plain_server: MetricsServer) ->
         assert sock.recv(4096).startswith(b"HTTP/1.1 405 ")
 
 
+def test_a_client_that_half_closes_after_its_request_gets_the_reply(
+    plain_server: MetricsServer, cache: ExpositionCache
+) -> None:
+    with socket.create_connection(("127.0.0.1", plain_server.port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert body == cache.body()
+
+
 def test_configured_headers_are_sent_and_auth_without_tls_warns(
     tmp_path: Path, cache: ExpositionCache, bcrypt_hash: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -527,13 +548,13 @@ def test_successful_credentials_are_cached_failures_are_not(
     tls_auth_config: WebConfig,
 ) -> None:
     calls: list[bytes] = []
-    real = server_module.verify_password
+    real = basicauth_module.verify_password
 
     def counting(password: bytes, hashed: bytes) -> bool:
         calls.append(password)
         return real(password, hashed)
 
-    monkeypatch.setattr(server_module, "verify_password", counting)
+    monkeypatch.setattr(basicauth_module, "verify_password", counting)
     ctx = client_context(pki)
     with serve(cache, "127.0.0.1:0", web_config=tls_auth_config) as srv:
         conn = connect(srv, ctx)
@@ -608,7 +629,7 @@ def test_rotated_certificate_is_used_for_new_connections(
         # A certificate without its key is refused; the server keeps the last good pair.
         other = write_test_pki(tmp_path / "other", server_name="other")
         os.replace(other.server_cert, pki.server_cert)
-        with caplog.at_level(logging.WARNING, logger="exporter.server"):
+        with caplog.at_level(logging.WARNING, logger="exporter.tlsreload"):
             assert served_cert(srv) == rotated
         assert "keeping the old ones" in caplog.text
 
@@ -639,37 +660,136 @@ def test_requests_beyond_max_requests_get_503(cache: ExpositionCache) -> None:
         assert fetch(srv, "/metrics").status == 200
 
 
-def test_connections_beyond_the_cap_are_refused(cache: ExpositionCache) -> None:
-    with serve(cache, "127.0.0.1:0", max_requests=1) as srv:  # 4 connections at most
+def test_a_new_connection_closes_the_oldest_idle_one_at_the_cap(cache: ExpositionCache) -> None:
+    limits = ConnectionLimits(max_connections=4, max_per_address=4)
+    with serve(cache, "127.0.0.1:0", limits=limits) as srv:
         held = [connect(srv) for _ in range(4)]
         try:
             for conn in held:
                 assert request(conn, "/metrics").status == 200  # accepted and kept alive
+            # A fifth connection is served; the oldest idle one is closed for it.
+            assert fetch(srv, "/healthz").status == 200
+            oldest = held[0].sock
+            assert oldest is not None
+            oldest.settimeout(10)
+            assert oldest.recv(1) == b""
+            for conn in held[1:]:
+                sock = conn.sock
+                assert sock is not None
+                assert request(conn, "/healthz").status == 200
+                assert conn.sock is sock  # still the same connection
+        finally:
+            for conn in held:
+                conn.close()
+
+
+def test_a_connection_is_refused_only_when_all_are_busy(cache: ExpositionCache) -> None:
+    entered = threading.Event()
+    release = threading.Event()
+
+    def slow_ready() -> bool:
+        entered.set()
+        return release.wait(10)
+
+    limits = ConnectionLimits(max_connections=1)
+    with serve(cache, "127.0.0.1:0", ready=slow_ready, limits=limits) as srv:
+        first: list[Response] = []
+        t = threading.Thread(target=lambda: first.append(fetch(srv, "/healthz")))
+        t.start()
+        try:
+            assert entered.wait(10)
             with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as extra:
+                extra.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
                 reply = b""
                 while chunk := extra.recv(4096):
                     reply += chunk
             assert reply.startswith(b"HTTP/1.1 503 ")
+            assert reply.endswith(b"too many connections\n")
         finally:
-            held[0].close()
-
-        def new_connection_served() -> bool | None:
-            try:
-                return True if fetch(srv, "/healthz").status == 200 else None
-            except (ConnectionError, http.client.HTTPException):
-                return None
-
-        wait_until(new_connection_served, timeout=10, what="a free connection slot")
-        for conn in held[1:]:
-            conn.close()
+            release.set()
+            t.join(10)
+        assert first[0].status == 200
+        assert fetch(srv, "/metrics").status == 200
 
 
-def test_idle_connection_is_closed_after_the_timeout(
-    monkeypatch: pytest.MonkeyPatch, plain_server: MetricsServer
+def test_connections_per_address_displace_only_their_own(
+    cache: ExpositionCache, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(server_module, "CONNECTION_TIMEOUT_SECONDS", 0.2)
-    with socket.create_connection(("127.0.0.1", plain_server.port), timeout=10) as idle:
-        assert idle.recv(1) == b""  # the server hung up; recv() would raise after 10 s
+    limits = ConnectionLimits(max_per_address=2)
+
+    def from_other() -> socket.socket:
+        return socket.create_connection(
+            ("127.0.0.1", srv.port), timeout=10, source_address=("127.0.0.2", 0)
+        )
+
+    def closed(sock: socket.socket) -> bytes:
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+        return reply
+
+    with (
+        caplog.at_level(logging.WARNING, logger="exporter.server"),
+        serve(cache, "127.0.0.1:0", limits=limits) as srv,
+    ):
+        scraper = connect(srv)  # from 127.0.0.1
+        others: list[socket.socket] = []
+        try:
+            assert request(scraper, "/metrics").status == 200
+            # Two half-sent requests from 127.0.0.2 fill its share...
+            for _ in range(2):
+                others.append(from_other())
+                others[-1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            wait_until(lambda: srv.table.count("127.0.0.2") == 2 or None, timeout=10, what="2")
+            # ...so a third connection that sends only part of a request is refused at once,
+            silent = from_other()
+            others.append(silent)
+            silent.sendall(b"GET /metrics HTTP/1.1\r\n")
+            assert closed(silent).startswith(b"HTTP/1.1 503 ")
+            # while one that sends a whole request at once replaces the oldest half-sent one.
+            asking = from_other()
+            others.append(asking)
+            asking.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert closed(asking).startswith(b"HTTP/1.1 200 OK\r\n")
+            assert closed(others[0]) == b""
+            # Said once, naming the address.
+            warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert len([w for w in warnings if "127.0.0.2 reached 2 connections" in w]) == 1
+            # The scraper at 127.0.0.1 kept its connection throughout.
+            sock = scraper.sock
+            assert request(scraper, "/metrics").status == 200
+            assert scraper.sock is sock
+        finally:
+            scraper.close()
+            for s in others:
+                s.close()
+
+
+def test_a_silent_or_half_sent_request_is_closed_after_the_header_timeout(
+    cache: ExpositionCache,
+) -> None:
+    limits = ConnectionLimits(header_timeout=0.3, idle_timeout=0.6)
+    with serve(cache, "127.0.0.1:0", limits=limits) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as idle:
+            assert idle.recv(1) == b""  # the server hung up; recv() would raise after 10 s
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as half:
+            half.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            started = time.monotonic()
+            assert half.recv(1) == b""
+            assert time.monotonic() - started < 2
+        # An idle keep-alive connection is kept for idle_timeout, longer than header_timeout.
+        conn = connect(srv)
+        try:
+            assert request(conn, "/metrics").status == 200
+            sock = conn.sock
+            assert sock is not None
+            time.sleep(0.4)
+            assert request(conn, "/healthz").status == 200
+            assert conn.sock is sock
+            sock.settimeout(10)
+            assert sock.recv(1) == b""
+        finally:
+            conn.close()
 
 
 def test_shutdown_closes_open_connections(cache: ExpositionCache) -> None:

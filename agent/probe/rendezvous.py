@@ -31,9 +31,14 @@ on-path relay altering the offer or answer. ERROR frames are not authenticated: 
 explain a refusal that closing the connection would cause anyway. There is no encryption:
 offers and answers (ports, sizes) are not secret.
 
-Every read has a per-step timeout and the whole handshake a deadline, so a silent or
-trickling peer holds one of ``max_pending`` connection slots for a bounded time and never
-the listener; connections beyond the cap get ERROR busy at once.
+Every read has a per-step timeout and the handshake (hello to offer) a short deadline, so
+a silent or trickling peer holds a connection slot for a bounded time and never the
+listener. Slots are shared fairly: one address holds at most ``max_pending_per_address``
+of them (a further connection from it gets ERROR busy at once, before any thread is
+started), and when all ``max_pending`` are taken a newcomer displaces the oldest connection
+that has not authenticated yet, taken from the address holding the most. A peer that has
+proved the secret is never displaced, so an authenticated peer always keeps its slot and a
+peer at another address always gets one.
 """
 
 from __future__ import annotations
@@ -671,15 +676,28 @@ def _listen(bind: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """One connection being handled: its client address and whether it authenticated."""
+
+    sock: socket.socket
+    address: str
+    thread: threading.Thread
+    authenticated: bool = False
+    displaced: bool = False
+
+
 class RendezvousServer:
     """Host side: accepts guests on ``bind:port`` in a background thread until closed.
 
-    Each connection runs in its own thread, at most ``max_pending`` at once; each read waits
-    at most ``step_timeout`` seconds and the handshake (hello to offer) at most
-    ``handshake_timeout``. An authenticated offer is passed to ``on_offer(offer, guest_id)``
-    (``guest_id``: the node id the guest proved), whose Answer is sent back; if it raises,
-    the guest gets a decline with reason ``init_failure``. Listening starts in the
-    constructor: a taken port or a foreign address is a ConfigError there.
+    Each connection runs in its own thread, at most ``max_pending`` at once and
+    ``max_pending_per_address`` from one address (see the module docstring for who is
+    displaced or refused); each read waits at most ``step_timeout`` seconds and the
+    handshake (hello to offer) at most ``handshake_timeout``. An authenticated offer is
+    passed to ``on_offer(offer, guest_id)`` (``guest_id``: the node id the guest proved),
+    whose Answer is sent back; if it raises, the guest gets a decline with reason
+    ``init_failure``. Listening starts in the constructor: a taken port or a foreign
+    address is a ConfigError there.
     """
 
     def __init__(
@@ -691,24 +709,34 @@ class RendezvousServer:
         on_offer: Callable[[Offer, str], Answer],
         *,
         max_pending: int = 8,
+        max_pending_per_address: int = 2,
         step_timeout: float = 5.0,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float = 3.0,
     ) -> None:
         _check_secret(secret)
         _check_node_id(node_id)
-        if max_pending < 1 or step_timeout <= 0 or handshake_timeout <= 0:
+        if (
+            max_pending < 1
+            or max_pending_per_address < 1
+            or step_timeout <= 0
+            or handshake_timeout <= 0
+        ):
             raise ConfigError("probe rendezvous limits must be positive")
         self.node_id = node_id
         self._secret = secret
         self._on_offer = on_offer
         self._step = step_timeout
         self._handshake = handshake_timeout
-        self._slots = threading.BoundedSemaphore(max_pending)
+        self._max_pending = max_pending
+        self._max_per_address = max_pending_per_address
         self._lock = threading.Lock()
         self._accepted = 0
         self._refused = dict.fromkeys(REFUSAL_REASONS, 0)
         self._warned: set[tuple[str, str]] = set()
-        self._active: dict[socket.socket, threading.Thread] = {}
+        #: connections holding a slot, oldest first
+        self._active: dict[socket.socket, _Pending] = {}
+        #: displaced connections whose threads are still finishing
+        self._leaving: dict[socket.socket, _Pending] = {}
         self._closed = False
         self._listener = _listen(bind, port, max(16, 2 * max_pending))
         self.port: int = self._listener.getsockname()[1]
@@ -744,14 +772,11 @@ class RendezvousServer:
         self._thread.join(timeout)
         self._listener.close()
         with self._lock:  # the accept thread is gone: no connection can be added now
-            active = dict(self._active)
-        for sock, _ in active.items():
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError as exc:  # already gone
-                log.debug("probe rendezvous: shutdown of a connection: %s", exc)
-        for thread in active.values():
-            thread.join(timeout)
+            active = [*self._active.values(), *self._leaving.values()]
+        for pending in active:
+            _cut(pending.sock)
+        for pending in active:
+            pending.thread.join(timeout)
         self._wake_r.close()
         self._wake_w.close()
 
@@ -774,23 +799,60 @@ class RendezvousServer:
                     self._dispatch(sock, _describe(addr))
 
     def _dispatch(self, sock: socket.socket, peer: str) -> None:
-        if not self._slots.acquire(blocking=False):
+        address = peer.rsplit(":", 1)[0]
+        thread = threading.Thread(
+            target=self._handle, args=(sock, peer), name=f"probe-rendezvous {peer}", daemon=True
+        )
+        pending = _Pending(sock, address, thread)
+        with self._lock:
+            admitted, displaced = self._admit(pending)
+        if displaced is not None:
+            _cut(displaced.sock)  # its thread counts it (too_many_pending) and closes it
+        if not admitted:
             # counted before the peer can hear of it
             self._refuse(peer, "too_many_pending", "too many pending rendezvous")
             _send_error_quietly(sock, "busy", peer)
             sock.close()
             return
-        thread = threading.Thread(
-            target=self._handle, args=(sock, peer), name=f"probe-rendezvous {peer}", daemon=True
-        )
-        with self._lock:
-            self._active[sock] = thread
         thread.start()
+
+    def _admit(self, new: _Pending) -> tuple[bool, _Pending | None]:
+        """Under the lock: whether ``new`` gets a slot, and whom it displaces."""
+        counts: dict[str, int] = {}
+        for p in self._active.values():
+            counts[p.address] = counts.get(p.address, 0) + 1
+        if counts.get(new.address, 0) >= self._max_per_address:
+            return False, None
+        victim = None
+        if len(self._active) >= self._max_pending:
+            for address in sorted(counts, key=counts.__getitem__, reverse=True):
+                victim = next(
+                    (
+                        p
+                        for p in self._active.values()
+                        if p.address == address and not p.authenticated
+                    ),
+                    None,
+                )
+                if victim is not None:
+                    break
+            if victim is None:
+                return False, None
+            victim.displaced = True
+            del self._active[victim.sock]
+            self._leaving[victim.sock] = victim
+        self._active[new.sock] = new
+        return True, victim
 
     def _handle(self, sock: socket.socket, peer: str) -> None:
         try:
             guest_id, offer, answer = self._converse(sock)
         except RendezvousError as exc:
+            with self._lock:
+                displaced = sock in self._leaving
+            if displaced:
+                self._refuse(peer, "too_many_pending", "displaced by a newer connection")
+                return
             self._refuse(peer, _refusal_reason(exc), str(exc))
             wire = _wire_error(exc)
             if wire is not None:
@@ -813,7 +875,17 @@ class RendezvousServer:
             sock.close()
             with self._lock:
                 self._active.pop(sock, None)
-            self._slots.release()
+                self._leaving.pop(sock, None)
+
+    def _authenticated(self, sock: socket.socket) -> bool:
+        """Mark ``sock``'s peer as authenticated (never displaced from now on); False when
+        it was displaced already."""
+        with self._lock:
+            pending = self._active.get(sock)
+            if pending is None:
+                return False
+            pending.authenticated = True
+            return True
 
     def _converse(self, sock: socket.socket) -> tuple[str, Offer, Answer]:
         chan = _Channel(sock, self._step, time.monotonic() + self._handshake)
@@ -836,6 +908,8 @@ class RendezvousServer:
         key = _keyed(self._secret, b"session", nonce_h + nonce_g, self.node_id, guest_id)
         if not hmac.compare_digest(mac, _mac(key, b"offer", payload)):
             raise AuthError(f"the offer from {guest_id} failed its MAC")
+        if not self._authenticated(sock):
+            raise PeerUnreachableError("displaced by a newer connection")
         offer = Offer.from_json(payload)
         answer = self._answer(offer, guest_id)
         chan.deadline = time.monotonic() + self._step
@@ -873,6 +947,14 @@ class RendezvousServer:
             reason,
             why,
         )
+
+
+def _cut(sock: socket.socket) -> None:
+    """Make the thread blocked reading ``sock`` return (it closes the socket itself)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError as exc:  # already gone
+        log.debug("probe rendezvous: shutdown of a connection: %s", exc)
 
 
 def _refusal_reason(exc: RendezvousError) -> str:
