@@ -11,6 +11,7 @@ from agent.runner import SamplerStatus
 from exporter import (
     attribution,
     findings,
+    httpstats,
     infiniband,
     netdev,
     nvml,
@@ -54,6 +55,7 @@ def all_specs() -> list[MetricSpec]:
     seen: dict[str, MetricSpec] = {}
     for spec in [
         *selfmetrics.SPECS,
+        *httpstats.SPECS,
         *findings.SPECS,
         *(s for a in AREAS.values() for s in a.specs),
     ]:

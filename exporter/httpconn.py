@@ -34,6 +34,7 @@ from typing import Protocol
 import h11
 
 from exporter.connlimits import ConnectionLimits, ConnectionTable
+from exporter.httpstats import HttpStats
 from exporter.site import Request, Response, Site
 from exporter.tlsreload import ReloadingTLSContext
 
@@ -61,6 +62,7 @@ class ConnectionHost(Protocol):
     table: ConnectionTable[HTTPConnection]
     site: Site
     tls: ReloadingTLSContext | None
+    stats: HttpStats
 
     def answer(self, conn: HTTPConnection, req: Request) -> None:
         """Answer ``req``: call ``conn.respond`` now or later (on the loop)."""
@@ -218,6 +220,9 @@ class HTTPConnection(asyncio.Protocol):
         if self.loop.time() < self._deadline:
             self._timer = self.loop.call_at(self._deadline, self._expired)
             return
+        reason = {_WAITING: "header_timeout", _IDLE: "idle_timeout", _SENDING: "send_timeout"}
+        if self.state in reason:
+            self.server.stats.count(reason[self.state])
         self.abort(f"{self.state} for too long")
 
     # --- reading --------------------------------------------------------------------------

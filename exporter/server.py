@@ -44,10 +44,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from exporter.basicauth import BasicAuth
 from exporter.connlimits import ConnectionLimits, ConnectionTable
-from exporter.exposition import ExpositionCache
+from exporter.exposition import ExpositionCache, render_text
 from exporter.httpconn import HTTPConnection
+from exporter.httpstats import OWNER, HttpStats
 from exporter.listen import client_key, listen, parse_listen_address, peer_name
 from exporter.site import Request, Response, Site, accepts_gzip
+from exporter.spec import Families
 from exporter.tlsreload import ReloadingTLSContext
 from exporter.webconfig import WebConfig
 
@@ -98,6 +100,7 @@ def serve(
         Site(cache=cache, ready=ready, auth=auth, headers=headers),
         tls=tls,
         limits=limits,
+        publish=lambda data: cache.set_fragment(OWNER, data),
     )
     if auth is not None and tls is None:
         log.warning(
@@ -124,6 +127,7 @@ class MetricsServer:
         *,
         tls: ReloadingTLSContext | None,
         limits: ConnectionLimits,
+        publish: Callable[[bytes], None] | None = None,
     ) -> None:
         self._listener = listener
         self.site = site
@@ -139,6 +143,9 @@ class MetricsServer:
         )
         self._closed = False
         self._warned: set[tuple[str, str]] = set()
+        #: what the limits did, published into the cache's ``_http`` fragment once a second
+        self.stats = HttpStats()
+        self._publish = publish
         host, port = listener.getsockname()[:2]
         self.port: int = port
         if host in ("0.0.0.0", "::"):
@@ -171,6 +178,7 @@ class MetricsServer:
         loop = self.loop
         asyncio.set_event_loop(loop)
         loop.add_reader(self._listener, self._accept)
+        self._publish_stats()
         try:
             loop.run_forever()
             tasks = asyncio.all_tasks(loop)
@@ -179,6 +187,16 @@ class MetricsServer:
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         finally:
             loop.close()
+
+    def _publish_stats(self) -> None:
+        """Render the limit counts into the cache when they changed; again in a second."""
+        if self._closed:
+            return
+        if self._publish is not None and self.stats.dirty:
+            out = Families()
+            self.stats.render(out)
+            self._publish(render_text(out))
+        self.loop.call_later(1.0, self._publish_stats)
 
     def _stop(self) -> None:
         self.loop.remove_reader(self._listener)
@@ -254,15 +272,18 @@ class MetricsServer:
                 self.table.count(address),
                 len(self.table),
             )
+            self.stats.count("refused")
             _refuse(sock, tls=self.tls is not None)
             return
         for victim in victims:
+            self.stats.count("evicted")
             victim.abort("closed to make room for a new connection")
         conn.start()
 
     def answer(self, conn: HTTPConnection, req: Request) -> None:
         """Answer ``req`` on ``conn``: on the loop when cheap, else on a worker thread."""
         if self.in_flight >= self.limits.max_requests:
+            self.stats.count("too_many_requests")
             conn.respond(self.site.status(503, b"too many requests\n"))
             return
         quick = self.site.quick(req)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import ssl
 import subprocess
 import sys
@@ -145,7 +146,36 @@ def test_plain_scrapes_are_served_through_idle_and_trickling_connections(
             proc.kill()
             proc.wait()
         assert len(srv.table) <= limits.max_connections
+        served = served_limit_counts(srv)
     check(*result, limits)
+    # the attack shows in Prometheus, not only in the log: what the limits did is served
+    assert served["evicted"] + served["refused"] + served["header_timeout"] > 0, served
+
+
+def served_limit_counts(srv: MetricsServer) -> dict[str, int]:
+    """fabricscope_http_connections_closed_total by reason, as /metrics serves it, once
+    it matches the server's own counts (published once a second)."""
+    deadline = time.monotonic() + 5
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            body = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        found = {
+            m.group(1): int(float(m.group(2)))
+            for m in re.finditer(
+                r'^fabricscope_http_connections_closed_total\{reason="(\w+)"\} (\S+)$',
+                body,
+                re.M,
+            )
+        }
+        counts = dict(srv.stats.counts)
+        if found == counts:
+            return found
+        assert time.monotonic() < deadline, (found, counts)
+        time.sleep(0.2)
 
 
 @pytest.fixture
