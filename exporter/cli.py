@@ -44,9 +44,10 @@ from agent.gpu_topology import nvlinks_by_address
 from agent.infiniband import InfinibandSampler, InfinibandSnapshot
 from agent.logsetup import LEVELS, setup_logging
 from agent.node_findings import collect
-from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler
 from agent.nvml_api import LiveNvml, NvmlApi
 from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml, dumps, load
+from agent.nvml_snapshot import NvmlSnapshot
 from agent.pci import PciSampler, PciSnapshot
 from agent.runner import Runner, SamplerSpec
 from agent.samplers import Latest, build_specs
