@@ -31,7 +31,7 @@ from pathlib import Path
 from agent.config import DEFAULT_PROBE_PORT, PROBE_BACKENDS, PROBE_KINDS, ProbeSettings
 from agent.errors import ConfigError
 from agent.logsetup import LEVELS
-from agent.probe.launch import failure_records, launch_workers
+from agent.probe.launch import failure_records, free_port, launch_workers
 from agent.probe.matrix import MatrixCell, format_grid, heatmap, matrix_rounds, run_matrix, to_csv
 from agent.probe.membership import normalize_host
 from agent.probe.plan import main_plan
@@ -60,7 +60,6 @@ from agent.probe.service import (
 from agent.probe.service import (
     default_sizes as service_sizes,
 )
-from agent.probe.worker import free_port
 
 log = logging.getLogger("fabricscope.probe")
 

@@ -20,7 +20,7 @@ import pytest
 
 from agent.config import ProbeSettings
 from agent.errors import ConfigError
-from agent.probe.launch import WorkerRun, launch_workers
+from agent.probe.launch import WorkerRun, free_port, launch_workers
 from agent.probe.membership import StaticMembers
 from agent.probe.records import ProbeError, ProbeRecord, WorkerSpec
 from agent.probe.rendezvous import RendezvousStats
@@ -36,7 +36,7 @@ from agent.probe.service import (
     probe_id,
     requested_slot,
 )
-from agent.probe.worker import free_port, measured_record
+from agent.probe.worker import measured_record
 from exporter.exposition import render_text
 from exporter.probe import render
 from exporter.spec import Families

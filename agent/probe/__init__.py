@@ -12,7 +12,7 @@ Parts (each its own module; the resident agent never imports torch):
 - ``rendezvous`` peer authentication (shared secret) before any worker starts, and the
                 membership sources (peers file now, Kubernetes later).
 - ``launch``    one worker process per rank, a deadline, process-group kills, rank records
-                (used by the service and by ``worker.run_local``).
+                (used by the service, ``fabricscope probe`` and ``launch.run_local``).
 - ``runner``    the agent side: spawns workers on a schedule with hard timeouts, keeps the
                 latest result per (kind, peer, GPU pair, size), ages results out.
 

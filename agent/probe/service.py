@@ -69,6 +69,7 @@ from agent.nvml_api import LiveNvml, NvmlApi, NvmlCallError
 from agent.probe.launch import (
     WorkerRun,
     failure_records,
+    free_port,
     launch_workers,
 )
 from agent.probe.membership import MembershipSource, PeersFile, normalize_host
@@ -91,7 +92,6 @@ from agent.probe.rendezvous import (
     propose,
 )
 from agent.probe.schedule import partner_of
-from agent.probe.worker import free_port
 from agent.sysfs import ReadIssue
 
 log = logging.getLogger(__name__)
