@@ -14,7 +14,7 @@ from agent.nvml import NvmlSampler
 from agent.nvml_api import NvmlApi
 from agent.nvml_snapshot import NvmlSnapshot
 from agent.pci import PciSampler, PciSnapshot
-from agent.probe.service import build_probe_sampler
+from agent.probe.sampler import build_probe_sampler
 from agent.runner import SamplerSpec
 from agent.sampler import Sampler, Snapshot
 from agent.sysfs import SysfsReader

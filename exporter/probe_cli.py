@@ -24,14 +24,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 
 from agent.config import DEFAULT_PROBE_PORT, PROBE_BACKENDS, PROBE_KINDS, ProbeSettings
 from agent.errors import ConfigError
 from agent.logsetup import LEVELS
-from agent.probe.launch import failure_records, free_port, launch_workers
+from agent.probe.addresses import MANUAL_PREFIX, hostport, parse_hostport, probe_id
+from agent.probe.devices import GpuSlot, NvmlBusyGpus, discover_slots
+from agent.probe.guest import GuestOutcome, guest_probe
+from agent.probe.launch import failure_records, launch_workers
 from agent.probe.matrix import MatrixCell, format_grid, heatmap, matrix_rounds, run_matrix, to_csv
 from agent.probe.membership import normalize_host
 from agent.probe.plan import main_plan
@@ -45,21 +47,7 @@ from agent.probe.rendezvous import (
     RendezvousTimeoutError,
     load_secret,
 )
-from agent.probe.service import (
-    MANUAL_PREFIX,
-    GpuSlot,
-    GuestOutcome,
-    NvmlBusyGpus,
-    discover_slots,
-    guest_probe,
-    hostport,
-    parse_hostport,
-    probe_id,
-    worker_timeout,
-)
-from agent.probe.service import (
-    default_sizes as service_sizes,
-)
+from agent.probe.specs import at_master, default_sizes, guest_spec, intra_specs
 
 log = logging.getLogger("fabricscope.probe")
 
@@ -450,21 +438,16 @@ def _intra(ns: argparse.Namespace, local: _Local, abort: threading.Event) -> int
     host = socket.gethostname()
     status = 0
     for kind in ns.collectives:
-        base = WorkerSpec(
-            kind=kind,
-            rank=0,
-            world_size=len(idle),
-            master_addr="127.0.0.1",
-            master_port=free_port("127.0.0.1"),
-            backend=local.backend,
-            devices=tuple(s.device for s in idle if s.device is not None),
-            sizes=service_sizes(kind, local.backend, ns.probe_sizes),
+        specs = intra_specs(
+            kind,
+            local.backend,
+            idle,
+            sizes=default_sizes(kind, local.backend, ns.probe_sizes),
             warmup=ns.warmup,
             iterations=ns.iterations,
-            timeout_seconds=worker_timeout(ns.probe_timeout),
+            deadline_seconds=ns.probe_timeout,
             host=host,
         )
-        specs = [replace(base, rank=r, local_rank=r) for r in range(len(idle))]
         run = launch_workers(specs, deadline_seconds=ns.probe_timeout, abort=abort)
         title = f"{kind} on {len(idle)} ranks of {host} ({local.describe(idle)})"
         print(format_table(title, run.records), flush=True)
@@ -496,15 +479,6 @@ def _offer(
     )
 
 
-def _at_master(template: WorkerSpec) -> Callable[[str, int], WorkerSpec]:
-    """The spec of rank 1 once the host has answered with its store's address."""
-
-    def make(addr: str, port: int) -> WorkerSpec:
-        return replace(template, master_addr=addr, master_port=port)
-
-    return make
-
-
 def _template(
     ns: argparse.Namespace,
     *,
@@ -516,23 +490,17 @@ def _template(
     peer: str,
     remote: str = "",
 ) -> WorkerSpec:
-    return WorkerSpec(
-        kind=kind,
-        rank=1,
-        world_size=2,
-        master_addr="127.0.0.1",
-        master_port=1,
-        backend=backend,
-        local_rank=0,
-        devices=(slot.device,) if slot.device is not None else (),
-        sizes=tuple(sizes),
+    return guest_spec(
+        kind,
+        backend,
+        slot,
+        sizes=sizes,
         warmup=ns.warmup,
         iterations=ns.iterations,
-        timeout_seconds=worker_timeout(ns.probe_timeout),
+        deadline_seconds=ns.probe_timeout,
+        me=me,
         peer=peer,
-        src=f"{me}:{slot.label}",
         dst=f"{peer}:{remote}" if remote else peer,
-        host=me,
     )
 
 
@@ -552,7 +520,7 @@ def _probe(
         secret=secret,
         node_id=me,
         offer=offer,
-        make_spec=_at_master(template),
+        make_spec=at_master(template),
         launcher=launch_workers,
         deadline_seconds=ns.probe_timeout,
         abort=abort,
@@ -570,7 +538,7 @@ def _pair(ns: argparse.Namespace, local: _Local, abort: threading.Event) -> int:
     slot = local.idle[0]
     status = 0
     for kind in ns.collectives:
-        sizes = service_sizes(kind, local.backend, ns.probe_sizes)
+        sizes = default_sizes(kind, local.backend, ns.probe_sizes)
         template = _template(
             ns, kind=kind, backend=local.backend, sizes=sizes, slot=slot, me=me, peer=host
         )

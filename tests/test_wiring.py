@@ -17,7 +17,7 @@ from agent.isolation import ChildSpec, IsolatedSampler
 from agent.nvml import NvmlSampler
 from agent.nvml_record import ReplayNvml, load
 from agent.nvml_snapshot import ComputeProcess, NvmlSnapshot
-from agent.probe.service import UnionBusy
+from agent.probe.devices import UnionBusy
 from agent.samplers import DEPENDENT, Latest, build_specs
 from agent.sysfs import SysfsReader
 from agent.workload import PodIdentity, pod_identities

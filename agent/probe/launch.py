@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from agent.probe.records import (
     DETAIL_CHARS,
@@ -47,6 +48,18 @@ class WorkerRun:
     records: tuple[ProbeRecord, ...]
     duration_seconds: float
     killed: bool = False
+
+
+class Launcher(Protocol):
+    """Runs one worker process per spec and returns the first spec's records."""
+
+    def __call__(
+        self,
+        specs: Sequence[WorkerSpec],
+        *,
+        deadline_seconds: float,
+        abort: threading.Event | None = None,
+    ) -> WorkerRun: ...
 
 
 def worker_env(base: Mapping[str, str], backend: str) -> dict[str, str]:
