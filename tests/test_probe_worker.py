@@ -291,7 +291,7 @@ def test_the_resident_agent_never_imports_matplotlib() -> None:
     service, the CLI module and the exporter load without it."""
     code = (
         "import sys, agent.probe.service, agent.probe.matrix, agent.probe.heatmap,"
-        " exporter.cli, exporter.probe_cli, exporter.app;"
+        " exporter.cli, exporter.commands.probe, exporter.app;"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     )
     done = subprocess.run(
