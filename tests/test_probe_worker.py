@@ -290,7 +290,7 @@ def test_the_resident_agent_never_imports_matplotlib() -> None:
     """matplotlib is the matrix command's (the heatmap): the agent's modules, the probe
     service, the CLI module and the exporter load without it."""
     code = (
-        "import sys, agent.probe.service, agent.probe.matrix, agent.probe.heatmap,"
+        "import sys, agent.probe.sampler, agent.probe.matrix, agent.probe.heatmap,"
         " exporter.cli, exporter.commands.probe, exporter.app;"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     )
