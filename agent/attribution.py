@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from agent.cgroup import PodContainer, pod_container
 from agent.errors import NoData
 from agent.infiniband import InfinibandSnapshot
-from agent.nvml import NvmlGpu, NvmlSnapshot
+from agent.nvml_snapshot import NvmlGpu, NvmlSnapshot
 from agent.podresources import (
     DEFAULT_SOCKET,
     KubeletUnavailable,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from agent.nvml import NvmlSnapshot
+from agent.nvml_snapshot import NvmlSnapshot
 
 
 def nvlink_matrix(snap: NvmlSnapshot) -> dict[tuple[int, int], int]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from agent import infiniband, nvml_findings, topology, workload
 from agent.findings import KINDS, Area, Finding
 from agent.infiniband import InfinibandSnapshot
-from agent.nvml import NvmlSnapshot
+from agent.nvml_snapshot import NvmlSnapshot
 from agent.pci import PciSnapshot
 from agent.workload import WorkloadSnapshot
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.findings import Finding
-from agent.nvml import FINDING_NVLINK_ERRORS, NvmlSnapshot
+from agent.nvml_snapshot import FINDING_NVLINK_ERRORS, NvmlSnapshot
 
 
 def findings(snap: NvmlSnapshot) -> list[Finding]:

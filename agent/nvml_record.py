@@ -40,8 +40,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeAlias, TypeVar
 
-from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler
 from agent.nvml_api import NvmlAnswerError, NvmlApi, NvmlCallError, XidEvent
+from agent.nvml_snapshot import NvmlSnapshot
 
 FORMAT = "fabricscope-nvml-recording/1"
 

@@ -10,10 +10,11 @@ from agent.config import AgentConfig
 from agent.infiniband import InfinibandSampler, InfinibandSnapshot
 from agent.isolation import ChildSpec, IsolatedSampler
 from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
-from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler
 from agent.nvml_api import NvmlApi
+from agent.nvml_snapshot import NvmlSnapshot
 from agent.pci import PciSampler, PciSnapshot
-from agent.probe.service import build_probe_sampler
+from agent.probe.sampler import build_probe_sampler
 from agent.runner import SamplerSpec
 from agent.sampler import Sampler, Snapshot
 from agent.sysfs import SysfsReader

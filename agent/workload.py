@@ -67,7 +67,7 @@ from typing import Literal
 from agent.attribution import AttributionSnapshot
 from agent.errors import NoData
 from agent.findings import Finding
-from agent.nvml import NvmlGpu, NvmlSnapshot
+from agent.nvml_snapshot import NvmlGpu, NvmlSnapshot
 from agent.pci import NumaNode, PciSnapshot, format_cpulist, parse_cpulist
 from agent.sysfs import Issues, ReadIssue, RecordingReader, SysfsReader, classify_os_error
 from agent.topology import Topology, analyse

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agent.probe.launch import run_local
 from agent.probe.records import WorkerSpec
-from agent.probe.worker import run_local
 
 MiB = 1 << 20
 #: the issue's targets: |probe / nccl-tests - 1| at or above 1 MiB, and below

@@ -5,27 +5,27 @@ agent (samplers, runner) and the exporter (catalog, server).
     fabricscope agent --once     sample once, print the exposition, exit
     fabricscope topo             GPU/NIC topology matrix (table or JSON)
     fabricscope snapshot -o F    capture the sysfs files the samplers read
-    fabricscope probe            run one NCCL probe now (see exporter/probe_cli.py)
+    fabricscope probe            run one NCCL probe now
     fabricscope explain          rank the causes of a job's slowdown (exporter/explain/)
+
+The bodies of ``topo``, ``snapshot`` and ``probe`` are in :mod:`exporter.commands`; this
+module wires every subcommand's flags into one parser and runs the agent.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
-from functools import partial
-from pathlib import Path
+from dataclasses import replace
 
-from agent import __version__, topo_report, topology
+from agent import __version__
 from agent.config import (
     DEFAULT_POD_LOGS,
     DEFAULT_POD_RESOURCES_SOCKET,
@@ -40,32 +40,21 @@ from agent.config import (
     ThroughputSettings,
 )
 from agent.errors import ConfigError, NoData
-from agent.gpu_topology import nvlinks_by_address
-from agent.infiniband import InfinibandSampler, InfinibandSnapshot
 from agent.logsetup import LEVELS, setup_logging
-from agent.node_findings import collect
-from agent.nvml import NvmlSampler, NvmlSnapshot
-from agent.nvml_api import LiveNvml, NvmlApi
-from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml, dumps, load
-from agent.pci import PciSampler, PciSnapshot
-from agent.runner import Runner, SamplerSpec
 from agent.samplers import Latest, build_specs
-from agent.snapshot import NVML_RECORDING, SnapshotError, capture, extract
-from agent.sysfs import RecordingReader, SysfsReader
+from agent.sysfs import SysfsReader
 from agent.throughput.pods import parse_selector
-from agent.workload import WorkloadSampler, WorkloadSnapshot
-from exporter import probe_cli
 from exporter.app import AgentApp
+from exporter.commands import probe as probe_command
+from exporter.commands import probe_flags
+from exporter.commands import snapshot as snapshot_command
+from exporter.commands import topo as topo_command
+from exporter.commands.source import open_source
 from exporter.explain import cli as explain_cli
 
 log = logging.getLogger("fabricscope")
 
 DEFAULT_LISTEN = ":10118"
-#: samplers whose source is not a file tree, so a snapshot cannot replay them
-NOT_REPLAYABLE = frozenset({"netdev", "attribution", "workload"})
-#: samplers a snapshot never captures: live Kubernetes state, and process environments
-#: (which hold secrets: the workload sampler refuses a recording reader)
-NOT_CAPTURED = frozenset({"attribution", "workload"})
 
 
 def _regex(value: str) -> re.Pattern[str]:
@@ -330,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="read sysfs from a snapshot taken by `fabricscope snapshot`",
     )
     _add_throughput(agent)
-    probe_cli.add_agent_flags(agent)
+    probe_flags.add_agent_flags(agent)
 
     topo = sub.add_parser(
         "topo", help="print the GPU/NIC topology matrix, RDMA ports and every finding"
@@ -348,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(snap)
     _add_samplers(snap)
     snap.add_argument("--output", "-o", required=True, metavar="FILE.tar.gz")
-    probe_cli.add_parser(sub)
+    probe_command.add_parser(sub)
     explain_cli.add_parser(sub)
     return parser
 
@@ -363,7 +352,7 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
         paths=Paths(ns.path_sysfs, ns.path_procfs),
         sampling=sampling,
         netdev=NetdevSettings(ns.netdev_include, ns.netdev_ethtool_include, ns.netdev_ethtool),
-        probe=probe_cli.settings_from_args(ns),
+        probe=probe_flags.settings_from_args(ns),
         nvml=NvmlSettings(
             ns.nvml_link_error_rotation, ns.nvml_slow_error_rotation, isolate=ns.nvml_isolate
         ),
@@ -382,46 +371,10 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Source:
-    """Where samplers read from: the host, or an unpacked snapshot.
-
-    ``nvml_api`` is None for the live library; for a snapshot it replays the recording the
-    snapshot holds. ``unavailable`` lists samplers a snapshot cannot replay.
-    """
-
-    sysfs: str
-    nvml_api: Callable[[], NvmlApi] | None = None
-    unavailable: frozenset[str] = frozenset()
-    label: str = "host"
-
-
-def _open_source(stack: ExitStack, ns: argparse.Namespace) -> Source:
-    if not getattr(ns, "snapshot", None):
-        return Source(str(ns.path_sysfs))
-    try:
-        tmp = extract(ns.snapshot)
-    except SnapshotError as exc:
-        raise ConfigError(str(exc)) from exc
-    stack.callback(tmp.cleanup)
-    unavailable = set(NOT_REPLAYABLE)
-    recording_path = Path(tmp.name) / NVML_RECORDING
-    nvml_api: Callable[[], NvmlApi] | None = None
-    if recording_path.exists():
-        try:
-            recording = load(recording_path)
-        except (OSError, RecordingError) as exc:
-            raise ConfigError(f"{ns.snapshot}: bad {NVML_RECORDING}: {exc}") from exc
-        nvml_api = partial(ReplayNvml, recording)
-    else:
-        unavailable.add("nvml")
-    return Source(f"{tmp.name}/sys", nvml_api, frozenset(unavailable), ns.snapshot)
-
-
 def cmd_agent(ns: argparse.Namespace) -> int:
     config = _config(ns)
     with ExitStack() as stack:
-        src = _open_source(stack, ns)
+        src = open_source(stack, ns)
         dropped = config.sampling.enabled & src.unavailable
         if dropped:
             log.info(
@@ -489,96 +442,8 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_topo(ns: argparse.Namespace) -> int:
-    """PCI, InfiniBand and NVML once, then the workload checks on their snapshots (live
-    host only: a snapshot holds no process state); every finding of the node is printed."""
-    with ExitStack() as stack:
-        src = _open_source(stack, ns)
-        sysfs = SysfsReader(src.sysfs)
-        specs = [
-            SamplerSpec(PciSampler(sysfs), 30.0, 30.0),
-            SamplerSpec(InfinibandSampler(sysfs), 30.0, 30.0),
-        ]
-        if "nvml" not in src.unavailable:
-            specs.append(SamplerSpec(NvmlSampler(src.nvml_api, watch_xid=False), 30.0, 30.0))
-        statuses = Runner(specs).run_once()
-        pci = statuses["pci"]
-        if not isinstance(pci.snapshot, PciSnapshot):
-            if pci.success:
-                print(f"no PCI devices found under {src.sysfs}/bus/pci/devices", file=sys.stderr)
-            else:
-                print("reading the PCI topology failed; see the log above", file=sys.stderr)
-            return 1
-        pci_snap = pci.snapshot
-        ib_st, nvml_st = statuses["infiniband"], statuses.get("nvml")
-        ib = ib_st.snapshot if isinstance(ib_st.snapshot, InfinibandSnapshot) else None
-        gpu = (
-            nvml_st.snapshot
-            if nvml_st is not None and isinstance(nvml_st.snapshot, NvmlSnapshot)
-            else None
-        )
-        work = None
-        if "workload" not in src.unavailable and gpu is not None:
-            workload = WorkloadSampler(
-                SysfsReader(ns.path_procfs), sysfs, lambda: gpu, lambda: pci_snap
-            )
-            w = Runner([SamplerSpec(workload, 30.0, 30.0)]).run_once()["workload"]
-            work = w.snapshot if isinstance(w.snapshot, WorkloadSnapshot) else None
-        nvlinks = nvlinks_by_address(gpu) if gpu is not None else {}
-        topo = topology.analyse(pci_snap)
-        node = collect(pci=topo, ib=ib, gpu=gpu, work=work)
-        if ns.format == "json":
-            doc = topo_report.to_json(topo, node, ib, nvlinks)
-            print(json.dumps(doc, indent=2, sort_keys=True))
-        else:
-            print(topo_report.format_table(topo, node, ib, nvlinks))
-        return 0
-
-
 def cmd_snapshot(ns: argparse.Namespace) -> int:
-    config = _config(ns)
-    config = replace(
-        config, sampling=replace(config.sampling, enabled=config.sampling.enabled - NOT_CAPTURED)
-    )
-    reader = RecordingReader(config.paths.sysfs)
-    recorder: RecordingNvml | None = None
-
-    def recording_api() -> NvmlApi:
-        nonlocal recorder
-        recorder = RecordingNvml(LiveNvml())
-        return recorder
-
-    specs = build_specs(config, reader, nvml_api=recording_api, watch_xid=False)
-    runner = Runner(specs)
-    for spec in specs:
-        name = spec.sampler.name
-        print(f"sampling {name} ...", end=" ", file=sys.stderr, flush=True)
-        st = runner.run_sampler(name)
-        if st.snapshot is not None:
-            n = len(st.snapshot.issues)
-            print(f"ok ({n} unreadable file{'s' if n != 1 else ''})", file=sys.stderr)
-        elif st.success:
-            print("no hardware", file=sys.stderr)
-        else:
-            print("failed (see log)", file=sys.stderr)
-    extra: dict[str, bytes] = {}
-    # a recorder exists when the nvml sampler ran; "no driver" is an answer worth recording
-    # too: replay then says "no hardware", exactly as the host did
-    if recorder is not None and recorder.calls:
-        extra[NVML_RECORDING] = dumps(recorder.recording()).encode()
-    result = capture(config.paths.sysfs, reader.touched, ns.output, extra=extra)
-    print(
-        f"wrote {ns.output}: {result.files} files, {result.symlinks} symlinks, "
-        f"{result.directories} directories; {len(result.unreadable)} unreadable"
-        + (f"; NVML recording of {len(recorder.calls)} calls" if extra and recorder else ""),
-        file=sys.stderr,
-    )
-    print(
-        "note: netdev statistics (netlink), pod attribution and workload checks (live "
-        "process state) are not part of a snapshot",
-        file=sys.stderr,
-    )
-    return 0
+    return snapshot_command.take_snapshot(_config(ns), ns.output)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -587,9 +452,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(ns.log_level, ns.log_format)
     commands = {
         "agent": cmd_agent,
-        "topo": cmd_topo,
+        "topo": topo_command.cmd_topo,
         "snapshot": cmd_snapshot,
-        "probe": probe_cli.cmd_probe,
+        "probe": probe_command.cmd_probe,
         "explain": explain_cli.cmd_explain,
     }
     try:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from agent.infiniband import InfinibandSnapshot
 from agent.node_findings import collect
-from agent.nvml import NvmlSnapshot
+from agent.nvml_snapshot import NvmlSnapshot
 from agent.pci import PciSnapshot
 from agent.runner import SamplerStatus
 from agent.workload import WorkloadSnapshot

@@ -8,7 +8,7 @@ the GPU does not offer is absent, never 0.
 
 from __future__ import annotations
 
-from agent.nvml import NvmlGpu, NvmlSnapshot
+from agent.nvml_snapshot import NvmlGpu, NvmlSnapshot
 from exporter.spec import Families, MetricSpec
 
 _G = ("gpu",)

@@ -1,4 +1,5 @@
-"""Metric specs and rendering for the probe sampler (``agent/probe/service.py``).
+"""Metric specs and rendering for the probe sampler (``agent/probe/sampler.py``; the records
+it reports are in ``agent/probe/results.py``).
 
 Per-run series carry ``collective``, ``peer``, ``gpu`` and ``peer_gpu``: empty peer and GPUs
 for an intra-node probe (all_reduce across the node's idle GPUs), else this node's GPU and the
@@ -12,7 +13,7 @@ whatever the cluster size.
 from __future__ import annotations
 
 from agent.probe.rendezvous import REFUSAL_REASONS
-from agent.probe.service import RUN_REASONS, SKIP_REASONS, ProbeRun, ProbeSnapshot
+from agent.probe.results import RUN_REASONS, SKIP_REASONS, ProbeRun, ProbeSnapshot
 from exporter.spec import Families, MetricSpec
 
 COLLECTIVES = ("all_reduce", "latency", "sendrecv")

@@ -37,7 +37,7 @@ from agent.attribution import (
 from agent.cgroup import PodContainer
 from agent.errors import NoData
 from agent.infiniband import IbDevice, InfinibandSnapshot
-from agent.nvml import ComputeProcess, NvmlGpu, NvmlSnapshot
+from agent.nvml_snapshot import ComputeProcess, NvmlGpu, NvmlSnapshot
 from agent.podresources import ContainerAllocation, DeviceAllocation, PodAllocation
 from agent.podwatch import PodIndex, PodMeta, PodWatcher, WatchSettings, iter_lines, parse_pod
 from agent.runner import Runner, SamplerSpec

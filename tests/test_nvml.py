@@ -16,15 +16,7 @@ import pytest
 from agent.errors import NoData
 from agent.findings import Finding
 from agent.gpu_topology import nvlink_matrix
-from agent.nvml import (
-    NvLink,
-    NvLinkErrorCounts,
-    NvmlGpu,
-    NvmlSampler,
-    NvmlSnapshot,
-    XidCount,
-    normalize_pci_bus_id,
-)
+from agent.nvml import NvmlSampler, normalize_pci_bus_id
 from agent.nvml_api import (
     NVML_ERROR_NAMES,
     LiveNvml,
@@ -36,6 +28,7 @@ from agent.nvml_api import (
 )
 from agent.nvml_findings import findings
 from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml
+from agent.nvml_snapshot import NvLink, NvLinkErrorCounts, NvmlGpu, NvmlSnapshot, XidCount
 from agent.sysfs import ReadIssue
 from exporter import nvml as metrics
 from exporter.spec import Families

@@ -17,8 +17,9 @@ from types import ModuleType
 import pytest
 
 from agent.gpu_topology import nvlink_matrix
-from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler
 from agent.nvml_record import ReplayNvml
+from agent.nvml_snapshot import NvmlSnapshot
 from exporter import nvml as metrics
 from exporter.exposition import render_text
 from exporter.spec import Families

@@ -12,9 +12,10 @@ from types import ModuleType
 
 import pytest
 
-from agent.nvml import NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler
 from agent.nvml_api import LiveNvml, NvmlCallError
 from agent.nvml_record import FORMAT, RecordingNvml, ReplayNvml, dumps, load, record
+from agent.nvml_snapshot import NvmlSnapshot
 from tests.test_nvml_fixtures import (
     Recording,
     h200x2_recording,

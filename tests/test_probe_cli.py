@@ -20,7 +20,7 @@ import pytest
 from test_probe_matrix import decode_png, hex_rgb, pixel
 
 from agent.probe import heatmap
-from agent.probe.worker import free_port
+from agent.probe.launch import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "FABRICSCOPE_TEST_MARK"

@@ -22,23 +22,16 @@ import pytest
 
 from agent.config import ProbeSettings
 from agent.errors import ConfigError
-from agent.probe.launch import WorkerRun, launch_workers
+from agent.probe.addresses import parse_hostport, probe_id, requested_slot
+from agent.probe.budget import GpuBudget
+from agent.probe.devices import GpuSlot, discover_slots
+from agent.probe.launch import WorkerRun, free_port, launch_workers
 from agent.probe.membership import StaticMembers
 from agent.probe.records import ProbeError, ProbeRecord, WorkerSpec
 from agent.probe.rendezvous import RendezvousStats
-from agent.probe.service import (
-    SKIP_REASONS,
-    GpuBudget,
-    GpuSlot,
-    ProbeRun,
-    ProbeService,
-    ProbeSnapshot,
-    discover_slots,
-    parse_hostport,
-    probe_id,
-    requested_slot,
-)
-from agent.probe.worker import free_port, measured_record
+from agent.probe.results import SKIP_REASONS, ProbeRun, ProbeSnapshot
+from agent.probe.service import ProbeService
+from agent.probe.worker import measured_record
 from exporter.exposition import render_text
 from exporter.probe import render
 from exporter.spec import Families

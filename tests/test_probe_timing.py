@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent.probe import worker
+from agent.probe.launch import run_local
 from agent.probe.records import WorkerSpec
 from agent.probe.timing import Blocks, TimingPolicy, spread
 
@@ -123,7 +124,7 @@ def test_adaptive_timing_over_gloo_runs_agreed_blocks(kind: str) -> None:
         timeout_seconds=10.0,
         max_seconds_per_size=0.2,
     )
-    records = worker.run_local(spec, 2)
+    records = run_local(spec, 2)
     assert [r.size_bytes for r in records] == [8192, 65536]
     for rec in records:
         assert rec.error is None, rec.error

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.probe import worker
-from agent.probe.launch import worker_env
+from agent.probe.launch import free_port, run_local, worker_env
 from agent.probe.records import (
     CPU_DEFAULT_SIZES,
     ProbeRecord,
@@ -77,7 +77,7 @@ def assert_good(rec: ProbeRecord, world_size: int, factor: float) -> None:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_all_reduce_is_correct_with_nccl_tests_busbw(world_size: int) -> None:
-    records = worker.run_local(spec(world_size=world_size), world_size)
+    records = run_local(spec(world_size=world_size), world_size)
     assert [r.size_bytes for r in records] == list(CPU_DEFAULT_SIZES)  # gloo defaults
     for rec in records:
         assert_good(rec, world_size, 2 * (world_size - 1) / world_size)
@@ -85,7 +85,7 @@ def test_all_reduce_is_correct_with_nccl_tests_busbw(world_size: int) -> None:
 
 
 def test_sendrecv_exchanges_and_checks_both_ways() -> None:
-    records = worker.run_local(spec("sendrecv", sizes=(4096, 256 << 10)), 2)
+    records = run_local(spec("sendrecv", sizes=(4096, 256 << 10)), 2)
     assert [r.size_bytes for r in records] == [4096, 256 << 10]
     for rec in records:
         assert rec.kind == "sendrecv"
@@ -93,7 +93,7 @@ def test_sendrecv_exchanges_and_checks_both_ways() -> None:
 
 
 def test_latency_is_a_mean_time_of_an_eight_byte_all_reduce() -> None:
-    (rec,) = worker.run_local(spec("latency", iterations=50), 2)
+    (rec,) = run_local(spec("latency", iterations=50), 2)
     assert (rec.kind, rec.size_bytes, rec.correct, rec.error) == ("latency", 8, True, None)
     assert rec.time_seconds is not None
     assert 0 < rec.time_seconds < 1.0
@@ -104,7 +104,7 @@ def test_latency_is_a_mean_time_of_an_eight_byte_all_reduce() -> None:
 @pytest.mark.parametrize("kind", ["all_reduce", "sendrecv"])
 def test_corrupted_data_is_a_wrong_result(kind: str) -> None:
     env = {**os.environ, worker.CORRUPT_ENV: "1"}
-    records = worker.run_local(spec(kind, sizes=(4096, 65536)), 2, env=env)
+    records = run_local(spec(kind, sizes=(4096, 65536)), 2, env=env)
     assert [r.size_bytes for r in records] == [4096, 65536]
     # rank 1 puts 3 instead of 2: every element of both ranks' sums is off; in sendrecv
     # every element rank 0 receives is off, and none of what rank 1 receives
@@ -135,7 +135,7 @@ def test_a_rank_alone_records_peer_unreachable_within_the_timeout(
 ) -> None:
     # rank 0 waits for a rank 1 that never starts; rank 1 dials a rank 0 that is not there
     spec_file = tmp_path / "spec.json"
-    port = worker.free_port()
+    port = free_port()
     spec_file.write_text(
         spec_to_json(spec(rank=rank, master_port=port, timeout_seconds=2.0, sizes=(4096, 8192)))
     )
@@ -170,7 +170,7 @@ def test_a_rank_alone_records_peer_unreachable_within_the_timeout(
 def test_a_peer_that_leaves_mid_probe_fails_the_rest() -> None:
     # rank 1 only knows the first size: it finishes, tears down and exits while rank 0
     # starts the second size
-    port = worker.free_port()
+    port = free_port()
     both = spec(master_port=port, timeout_seconds=5.0, sizes=(4096, 8192, 16384))
     procs = [
         subprocess.Popen(
@@ -197,7 +197,7 @@ def test_a_peer_that_leaves_mid_probe_fails_the_rest() -> None:
 def test_sizes_above_the_memory_bound_are_refused_without_allocating() -> None:
     # 1 TiB could not be allocated here at all: an init_failure record, not gpu_busy, shows
     # nothing was tried; and rank 0 alone returns at once: no rendezvous was attempted
-    huge = spec(sizes=(1 << 40,), timeout_seconds=30.0, master_port=worker.free_port())
+    huge = spec(sizes=(1 << 40,), timeout_seconds=30.0, master_port=free_port())
     began = time.monotonic()
     done = run_worker("--spec", spec_to_json(huge))
     assert time.monotonic() - began < 15.0
@@ -208,7 +208,7 @@ def test_sizes_above_the_memory_bound_are_refused_without_allocating() -> None:
     assert rec.error is not None
     assert "above max_memory_bytes 1073741824 B; not allocated" in rec.error.detail
 
-    mixed = worker.run_local(spec(sizes=(4096, 1 << 20), max_memory_bytes=1 << 20), 2)
+    mixed = run_local(spec(sizes=(4096, 1 << 20), max_memory_bytes=1 << 20), 2)
     assert [(r.size_bytes, r.reason) for r in mixed] == [(4096, None), (1 << 20, "init_failure")]
 
 
@@ -240,7 +240,7 @@ def test_run_local_records_a_crashed_worker(tmp_path: Path) -> None:
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\necho 'Segmentation fault' >&2\nexit 139\n")
     fake.chmod(0o755)
-    records = worker.run_local(spec(sizes=(4096, 8192)), 2, python=str(fake))
+    records = run_local(spec(sizes=(4096, 8192)), 2, python=str(fake))
     assert [(r.size_bytes, r.reason, r.backend) for r in records] == [
         (4096, "crashed", "gloo"),
         (8192, "crashed", "gloo"),
@@ -254,7 +254,7 @@ def test_run_local_kills_workers_at_the_deadline(tmp_path: Path) -> None:
     fake.write_text("#!/bin/sh\nexec sleep 60\n")
     fake.chmod(0o755)
     began = time.monotonic()
-    records = worker.run_local(spec("latency"), 2, python=str(fake), deadline_seconds=0.5)
+    records = run_local(spec("latency"), 2, python=str(fake), deadline_seconds=0.5)
     assert time.monotonic() - began < 10.0
     assert [(r.size_bytes, r.reason) for r in records] == [(8, "timeout")]
 
@@ -267,7 +267,7 @@ def test_run_local_keeps_what_rank_0_printed_before_it_died(tmp_path: Path) -> N
     line = to_json(good)
     fake.write_text(f"#!/bin/sh\necho '{line}'\necho '{line[:20]}'\nexit 1\n")
     fake.chmod(0o755)
-    records = worker.run_local(spec(sizes=(4096, 8192)), 2, python=str(fake))
+    records = run_local(spec(sizes=(4096, 8192)), 2, python=str(fake))
     assert records[0] == good
     assert (records[1].size_bytes, records[1].reason) == (8192, "crashed")
 
@@ -290,8 +290,8 @@ def test_the_resident_agent_never_imports_matplotlib() -> None:
     """matplotlib is the matrix command's (the heatmap): the agent's modules, the probe
     service, the CLI module and the exporter load without it."""
     code = (
-        "import sys, agent.probe.service, agent.probe.matrix, agent.probe.heatmap,"
-        " exporter.cli, exporter.probe_cli, exporter.app;"
+        "import sys, agent.probe.sampler, agent.probe.matrix, agent.probe.heatmap,"
+        " exporter.cli, exporter.commands.probe, exporter.app;"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     )
     done = subprocess.run(

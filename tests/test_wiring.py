@@ -14,9 +14,10 @@ from agentrun import fabricscope
 from agent.attribution import AttributionSnapshot, ContainerCpus, GpuAttribution, allocated_gpus
 from agent.config import AgentConfig, ProbeSettings, Sampling
 from agent.isolation import ChildSpec, IsolatedSampler
-from agent.nvml import ComputeProcess, NvmlSampler, NvmlSnapshot
+from agent.nvml import NvmlSampler
 from agent.nvml_record import ReplayNvml, load
-from agent.probe.service import UnionBusy
+from agent.nvml_snapshot import ComputeProcess, NvmlSnapshot
+from agent.probe.devices import UnionBusy
 from agent.samplers import DEPENDENT, Latest, build_specs
 from agent.sysfs import SysfsReader
 from agent.workload import PodIdentity, pod_identities

@@ -32,7 +32,7 @@ import pytest
 from promharness import promtool_check_metrics
 
 from agent.errors import NoData
-from agent.nvml import ComputeProcess, NvmlGpu, NvmlSnapshot
+from agent.nvml_snapshot import ComputeProcess, NvmlGpu, NvmlSnapshot
 from agent.pci import PciSampler, PciSnapshot
 from agent.runner import Runner, SamplerSpec
 from agent.sysfs import Issues, ReadIssue, RecordingReader, SysfsReader

@@ -4,17 +4,25 @@ Parts (each its own module; the resident agent never imports torch):
 
 - ``records``   the JSON record a worker prints per measurement, and its parser (pure).
 - ``formulas``  nccl-tests' algbw/busbw formulas (pure).
+- ``timing``    adaptive timing of one message size (pure).
 - ``worker``    the subprocess program (``python -m agent.probe.worker``): torch.distributed,
                 NCCL on GPUs, gloo on CPU; prints one JSON record per line on stdout.
 - ``schedule``  the coordinator-free pairing schedule (circle method) and fault localisation.
 - ``plan``      the simulation behind ``fabricscope probe plan`` (rounds, wall time, when a
                 fault is localised).
-- ``rendezvous`` peer authentication (shared secret) before any worker starts, and the
-                membership sources (peers file now, Kubernetes later).
+- ``rendezvous`` peer authentication (shared secret) before any worker starts.
+- ``membership`` / ``k8s_members``  who probes whom: a peers file, or the agent pods.
 - ``launch``    one worker process per rank, a deadline, process-group kills, rank records
-                (used by the service and by ``worker.run_local``).
-- ``runner``    the agent side: spawns workers on a schedule with hard timeouts, keeps the
-                latest result per (kind, peer, GPU pair, size), ages results out.
+                (used by the service, ``fabricscope probe`` and ``launch.run_local``).
+- ``service``   the agent side: runs probes on a schedule with hard timeouts and answers
+                peers' offers, from its parts: ``devices`` (which devices, busy checks,
+                locks), ``budget`` (GPU time), ``specs`` (the ranks' worker specs),
+                ``guest`` (one offer and its run), ``addresses`` (peer addresses, probe
+                ids), ``results`` (the latest result per (kind, peer, GPU pair, size), aged
+                out, and the counters).
+- ``sampler``   the ``probe`` sampler (reports the service's results) and its wiring from
+                the ``--probe.*`` settings.
+- ``matrix`` / ``heatmap``  ``fabricscope probe --matrix``: every GPU pair, CSV and PNG.
 
 Record schema (one JSON object per line on the worker's stdout; ``records.py`` is the
 authority, this is the summary):

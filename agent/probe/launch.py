@@ -2,8 +2,8 @@
 its own session, waited for until a deadline (or an abort), the process groups of those still
 running killed, and the first rank's records returned, one per size (a size it printed
 nothing for gets a ``timeout`` record when the workers were killed at the deadline, else
-``crashed``). Used by the probe service and by :func:`agent.probe.worker.run_local`. Never
-imports torch: the workers do.
+``crashed``). Used by the probe service, ``fabricscope probe`` and :func:`run_local` (all
+ranks of a single-node probe on this host). Never imports torch: the workers do.
 """
 
 from __future__ import annotations
@@ -11,19 +11,23 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from agent.probe.records import (
-    ProbeError,
+    DETAIL_CHARS,
+    GPU_DEFAULT_SIZES,
     ProbeRecord,
     WorkerSpec,
+    failure_record,
     parse_records,
     resolve_sizes,
     spec_to_json,
@@ -32,8 +36,6 @@ from agent.probe.worker import apply_env_defaults
 
 log = logging.getLogger(__name__)
 
-#: longest failure detail kept in a record
-DETAIL_CHARS = 300
 _POLL_SECONDS = 0.05
 
 
@@ -46,6 +48,18 @@ class WorkerRun:
     records: tuple[ProbeRecord, ...]
     duration_seconds: float
     killed: bool = False
+
+
+class Launcher(Protocol):
+    """Runs one worker process per spec and returns the first spec's records."""
+
+    def __call__(
+        self,
+        specs: Sequence[WorkerSpec],
+        *,
+        deadline_seconds: float,
+        abort: threading.Event | None = None,
+    ) -> WorkerRun: ...
 
 
 def worker_env(base: Mapping[str, str], backend: str) -> dict[str, str]:
@@ -89,24 +103,8 @@ def failure_records(
 ) -> tuple[ProbeRecord, ...]:
     """One failure record per size of ``spec`` (or of ``sizes``): nothing was measured."""
     backend = spec.backend if spec.backend != "auto" else ("nccl" if spec.devices else "gloo")
-    error = ProbeError(reason, detail[:DETAIL_CHARS])
     return tuple(
-        ProbeRecord(
-            kind=spec.kind,
-            backend=backend,
-            world_size=spec.world_size,
-            size_bytes=size,
-            iterations=spec.iterations,
-            warmup=spec.warmup,
-            time_seconds=None,
-            algbw_bytes_per_second=None,
-            busbw_bytes_per_second=None,
-            correct=None,
-            error=error,
-            peer=spec.peer,
-            src=spec.src,
-            dst=spec.dst,
-        )
+        failure_record(spec, backend, size, reason, detail[:DETAIL_CHARS])
         for size in (resolve_sizes(spec, backend) if sizes is None else sizes)
     )
 
@@ -201,3 +199,42 @@ def launch_workers(
             )
         records = [*records, *failure_records(first, reason, detail, missing)]
     return WorkerRun(tuple(records), duration, killed)
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``addr`` a moment ago (for a local rendezvous)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def run_local(
+    spec_base: WorkerSpec,
+    world_size: int,
+    *,
+    deadline_seconds: float | None = None,
+    env: Mapping[str, str] | None = None,
+    python: str = sys.executable,
+) -> list[ProbeRecord]:
+    """Run all ``world_size`` ranks of a single-node probe as worker subprocesses on this
+    host and return rank 0's records, one per size.
+
+    Each rank gets ``spec_base`` with its ``rank``, ``world_size``, ``local_rank = rank``
+    and, when ``spec_base.master_port`` is 0, a free port. Workers still running at the
+    deadline (default: ``timeout_seconds x (sizes + 3) + 30``) are killed; sizes rank 0
+    printed no record for get a synthesized ``timeout`` (killed) or ``crashed`` record.
+    With ``backend="auto"`` and no output at all, those records guess the backend from
+    ``devices`` (NCCL when devices are named), so name the backend where it is known.
+    """
+    port = spec_base.master_port or free_port(spec_base.master_addr)
+    specs = [
+        replace(spec_base, rank=r, world_size=world_size, local_rank=None, master_port=port)
+        for r in range(world_size)
+    ]
+    if deadline_seconds is None:
+        planned = len(spec_base.sizes or GPU_DEFAULT_SIZES)
+        deadline_seconds = spec_base.timeout_seconds * (planned + 3) + 30.0
+    run = launch_workers(specs, deadline_seconds=deadline_seconds, env=env, python=python)
+    return list(run.records)

@@ -64,6 +64,11 @@ ELEMENT_BYTES = 4  # the probe moves float32
 DEFAULT_WARMUP = 5  # nccl-tests' default warm-up and timed iterations
 DEFAULT_ITERATIONS = 20
 DEFAULT_TIMEOUT_SECONDS = 60.0
+#: longest failure detail kept in a record
+DETAIL_CHARS = 300
+
+#: (host, CUDA device) of every rank, as the ranks exchange them
+Ranks = tuple[tuple[str, int | None], ...]
 
 JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
 
@@ -304,7 +309,7 @@ class WorkerSpec:
 
     ``rank``/``world_size``/``master_addr``/``master_port``: the torch.distributed TCP
     rendezvous (rank 0 listens on ``master_addr:master_port``; port 0 is only for
-    :func:`agent.probe.worker.run_local`, which picks a free one). ``backend``: ``auto`` is
+    :func:`agent.probe.launch.run_local`, which picks a free one). ``backend``: ``auto`` is
     NCCL when torch sees CUDA, gloo otherwise. ``devices``: CUDA device index per local
     rank; this worker uses ``devices[local_rank]`` (``local_rank`` defaults to ``rank``;
     no devices: the device index is the local rank). ``sizes``: message sizes in bytes,
@@ -412,6 +417,29 @@ def memory_needed_bytes(size_bytes: int) -> int:
     sendrecv; the all_reduce buffer plus the same again as headroom for the result check,
     which nccl-tests' out-of-place layout also spends)."""
     return 2 * size_bytes
+
+
+def failure_record(
+    spec: WorkerSpec, backend: str, size: int, reason: str, detail: str, *, ranks: Ranks = ()
+) -> ProbeRecord:
+    """The record of a size that was not measured."""
+    return ProbeRecord(
+        kind=spec.kind,
+        backend=backend,
+        world_size=spec.world_size,
+        size_bytes=size,
+        iterations=spec.iterations,
+        warmup=spec.warmup,
+        time_seconds=None,
+        algbw_bytes_per_second=None,
+        busbw_bytes_per_second=None,
+        correct=None,
+        error=ProbeError(reason, detail),
+        peer=spec.peer,
+        src=spec.src,
+        dst=spec.dst,
+        ranks=ranks,
+    )
 
 
 _SPEC_FIELDS = (

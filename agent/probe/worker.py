@@ -1,11 +1,11 @@
 """The probe worker: ``python -m agent.probe.worker --spec JSON`` (or ``--spec-file F``).
 
 One worker process per rank; the worker never spawns other processes. Whoever starts a
-probe starts one worker per rank: the agent's runner for node pairs (one worker per node),
-and :func:`run_local` for a single-node probe (all ranks as subprocesses on this host,
-returning rank 0's records). This module is importable by the resident agent: torch is
-imported only inside :func:`run`, in the worker process, after the NCCL environment
-defaults are set.
+probe starts one worker per rank (:mod:`agent.probe.launch`): the agent's probe service for
+node pairs (one worker per node), and :func:`agent.probe.launch.run_local` for a
+single-node probe (all ranks as subprocesses on this host, returning rank 0's records).
+This module is importable by the resident agent: torch is imported only inside
+:func:`run`, in the worker process, after the NCCL environment defaults are set.
 
 What it does, per message size of the spec (:mod:`agent.probe.records` holds the spec and
 the record):
@@ -62,7 +62,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -70,11 +70,13 @@ from typing import TYPE_CHECKING, TextIO
 from agent.logsetup import LEVELS, setup_logging
 from agent.probe import formulas
 from agent.probe.records import (
-    GPU_DEFAULT_SIZES,
+    DETAIL_CHARS,
     ProbeError,
     ProbeRecord,
+    Ranks,
     SpecError,
     WorkerSpec,
+    failure_record,
     memory_needed_bytes,
     parse_spec,
     resolve_sizes,
@@ -111,10 +113,7 @@ USAGE_EXIT = 2
 GPU_FREE_HEADROOM_BYTES = 256 << 20
 #: Elements compared per step of the result check (bounds its temporary to 4 MiB of bools).
 CHECK_CHUNK_ELEMENTS = 4 << 20
-DETAIL_CHARS = 300
 RANK_ID_BYTES = 256
-
-Ranks = tuple[tuple[str, int | None], ...]
 
 
 def apply_env_defaults(env: MutableMapping[str, str]) -> None:
@@ -161,29 +160,6 @@ def run_reason(type_names: frozenset[str], message: str) -> str:
     if "DistNetworkError" in type_names or any(p in text for p in peer_gone):
         return "peer_unreachable"
     return "crashed"
-
-
-def failure_record(
-    spec: WorkerSpec, backend: str, size: int, reason: str, detail: str, *, ranks: Ranks = ()
-) -> ProbeRecord:
-    """The record of a size that was not measured."""
-    return ProbeRecord(
-        kind=spec.kind,
-        backend=backend,
-        world_size=spec.world_size,
-        size_bytes=size,
-        iterations=spec.iterations,
-        warmup=spec.warmup,
-        time_seconds=None,
-        algbw_bytes_per_second=None,
-        busbw_bytes_per_second=None,
-        correct=None,
-        error=ProbeError(reason, detail),
-        peer=spec.peer,
-        src=spec.src,
-        dst=spec.dst,
-        ranks=ranks,
-    )
 
 
 def measured_record(
@@ -717,50 +693,6 @@ def _gather_ranks(
     everyone = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(everyone, mine)
     return tuple(decode_rank(bytes(t.tolist())) for t in everyone)
-
-
-# --- single-node launcher (agent side, no torch) -----------------------------------------
-
-
-def free_port(addr: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``addr`` a moment ago (for a local rendezvous)."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((addr, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def run_local(
-    spec_base: WorkerSpec,
-    world_size: int,
-    *,
-    deadline_seconds: float | None = None,
-    env: Mapping[str, str] | None = None,
-    python: str = sys.executable,
-) -> list[ProbeRecord]:
-    """Run all ``world_size`` ranks of a single-node probe as worker subprocesses on this
-    host and return rank 0's records, one per size.
-
-    Each rank gets ``spec_base`` with its ``rank``, ``world_size``, ``local_rank = rank``
-    and, when ``spec_base.master_port`` is 0, a free port. Workers still running at the
-    deadline (default: ``timeout_seconds x (sizes + 3) + 30``) are killed; sizes rank 0
-    printed no record for get a synthesized ``timeout`` (killed) or ``crashed`` record.
-    With ``backend="auto"`` and no output at all, those records guess the backend from
-    ``devices`` (NCCL when devices are named), so name the backend where it is known.
-    """
-    port = spec_base.master_port or free_port(spec_base.master_addr)
-    specs = [
-        replace(spec_base, rank=r, world_size=world_size, local_rank=None, master_port=port)
-        for r in range(world_size)
-    ]
-    if deadline_seconds is None:
-        planned = len(spec_base.sizes or GPU_DEFAULT_SIZES)
-        deadline_seconds = spec_base.timeout_seconds * (planned + 3) + 30.0
-    from agent.probe.launch import launch_workers  # imports this module: import at call
-
-    run = launch_workers(specs, deadline_seconds=deadline_seconds, env=env, python=python)
-    return list(run.records)
 
 
 def _records_stream() -> TextIO:

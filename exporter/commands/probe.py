@@ -1,5 +1,6 @@
-"""``fabricscope probe``: one probe now, printed as nccl-tests prints it; and the agent's
-``--probe.*`` flags.
+"""``fabricscope probe``: one probe now, printed as nccl-tests prints it (the agent's
+``--probe.*`` flags, some of which this command shares, are in
+:mod:`exporter.commands.probe_flags`).
 
     fabricscope probe                              intra-node all_reduce + sendrecv over the
                                                    local idle GPUs (2 gloo ranks on CPU)
@@ -19,18 +20,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 
-from agent.config import DEFAULT_PROBE_PORT, PROBE_BACKENDS, PROBE_KINDS, ProbeSettings
+from agent.config import DEFAULT_PROBE_PORT
 from agent.errors import ConfigError
 from agent.logsetup import LEVELS
+from agent.probe.addresses import MANUAL_PREFIX, hostport, parse_hostport, probe_id
+from agent.probe.devices import GpuSlot, NvmlBusyGpus, discover_slots
+from agent.probe.guest import GuestOutcome, guest_probe
 from agent.probe.launch import failure_records, launch_workers
 from agent.probe.matrix import MatrixCell, format_grid, heatmap, matrix_rounds, run_matrix, to_csv
 from agent.probe.membership import normalize_host
@@ -45,22 +47,8 @@ from agent.probe.rendezvous import (
     RendezvousTimeoutError,
     load_secret,
 )
-from agent.probe.service import (
-    MANUAL_PREFIX,
-    GpuSlot,
-    GuestOutcome,
-    NvmlBusyGpus,
-    discover_slots,
-    guest_probe,
-    hostport,
-    parse_hostport,
-    probe_id,
-    worker_timeout,
-)
-from agent.probe.service import (
-    default_sizes as service_sizes,
-)
-from agent.probe.worker import free_port
+from agent.probe.specs import at_master, default_sizes, guest_spec, intra_specs
+from exporter.commands.probe_flags import add_device_flags, count, parse_kinds
 
 log = logging.getLogger("fabricscope.probe")
 
@@ -70,241 +58,10 @@ MATRIX_GPU_SIZE = 256 * MiB
 MATRIX_CPU_SIZE = 1 * MiB
 #: a peer that declines with gpu_busy is asked again this many times, a second apart
 BUSY_RETRIES = 5
-_SIZE = re.compile(r"^(\d+)([KMG]?)(i?B)?$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 class ProbeCliError(Exception):
     """An error the user must fix: printed as one line, exit status 2."""
-
-
-# --- flag types ------------------------------------------------------------------------------
-
-
-def parse_size(text: str) -> int:
-    """``65536``, ``64K``, ``1M``, ``1GiB`` -> bytes (binary units), a positive multiple
-    of 4."""
-    m = _SIZE.match(text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 65536, 64K, 1M, 1G)")
-    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
-    if value <= 0 or value % ELEMENT_BYTES:
-        raise argparse.ArgumentTypeError(f"size {text!r} is not a positive multiple of 4 bytes")
-    return value
-
-
-def parse_sizes(text: str) -> tuple[int, ...]:
-    return tuple(parse_size(t) for t in text.split(",") if t.strip())
-
-
-def parse_kinds(text: str) -> tuple[str, ...]:
-    kinds = tuple(t.strip() for t in text.split(",") if t.strip())
-    bad = [k for k in kinds if k not in PROBE_KINDS]
-    if not kinds or bad:
-        raise argparse.ArgumentTypeError(
-            f"collectives must be some of {', '.join(PROBE_KINDS)}, got {text!r}"
-        )
-    return kinds
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return value
-
-
-def _add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    p.add_argument(
-        "--probe.backend",
-        dest="probe_backend",
-        choices=PROBE_BACKENDS,
-        default="auto",
-        help="auto: NCCL when NVML sees GPUs, else gloo on CPU (default: %(default)s)",
-    )
-    p.add_argument(
-        "--probe.sizes",
-        dest="probe_sizes",
-        type=parse_sizes,
-        default=(),
-        metavar="LIST",
-        help="message sizes, e.g. 1M,64M,256M (default: 8K,64K,256K,1M,16M,64M on GPUs, "
-        "64K,1M on CPU)",
-    )
-    p.add_argument(
-        "--probe.timeout",
-        dest="probe_timeout",
-        type=_positive,
-        default=60.0,
-        metavar="SECONDS",
-        help="hard limit of one probe; its workers are killed after it (default: %(default)s)",
-    )
-    p.add_argument(
-        "--probe.force",
-        dest="probe_force",
-        action="store_true",
-        help="also probe GPUs that run compute processes",
-    )
-    p.add_argument(
-        "--probe.cpu-slots",
-        dest="probe_cpu_slots",
-        type=_count,
-        default=2,
-        metavar="N",
-        help="simulated devices under gloo (default: %(default)s)",
-    )
-
-
-# --- the agent's flags -----------------------------------------------------------------------
-
-
-def add_agent_flags(parser: argparse.ArgumentParser) -> None:
-    """``fabricscope agent --probe ...``: the probe service (off by default)."""
-    g = parser.add_argument_group("probe (NCCL bandwidth probes; off unless --probe)")
-    g.add_argument(
-        "--probe",
-        dest="probe_enabled",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="run probes on a schedule: intra-node, and node pairs with --probe.peers-file "
-        "(default: off; never with --once)",
-    )
-    g.add_argument(
-        "--probe.peers-file",
-        dest="probe_peers_file",
-        default=None,
-        metavar="FILE",
-        help="hostfile of the nodes that probe each other, one per line (re-read on change)",
-    )
-    g.add_argument(
-        "--probe.kubernetes-selector",
-        dest="probe_kubernetes_selector",
-        default=None,
-        metavar="SELECTOR",
-        help="probe the nodes of the agent pods matching this label selector (Kubernetes "
-        "membership; instead of --probe.peers-file), e.g. app.kubernetes.io/name=fabricscope",
-    )
-    g.add_argument(
-        "--probe.kubernetes-namespace",
-        dest="probe_kubernetes_namespace",
-        default=None,
-        metavar="NS",
-        help="namespace of those pods (default: this pod's service-account namespace)",
-    )
-    g.add_argument(
-        "--probe.secret-file",
-        dest="probe_secret_file",
-        default=None,
-        metavar="FILE",
-        help="shared secret peers prove to each other (mode 0600, 16+ bytes); required "
-        "with a peers file or a listen address",
-    )
-    g.add_argument(
-        "--probe.listen-address",
-        dest="probe_listen_address",
-        default=None,
-        metavar="HOST[:PORT]",
-        help=f"this node's address for the probe rendezvous (default port {DEFAULT_PROBE_PORT})",
-    )
-    g.add_argument(
-        "--probe.node-id",
-        dest="probe_node_id",
-        default=None,
-        metavar="NAME",
-        help="this node's name in the peers file (default: the listen host)",
-    )
-    g.add_argument(
-        "--probe.round-seconds",
-        dest="probe_round_seconds",
-        type=_positive,
-        default=300.0,
-        metavar="SECONDS",
-        help="length of a pairing round (default: %(default)s)",
-    )
-    g.add_argument(
-        "--probe.intra-seconds",
-        dest="probe_intra_seconds",
-        type=_non_negative,
-        default=3600.0,
-        metavar="SECONDS",
-        help="time between intra-node probes; 0: none (default: %(default)s)",
-    )
-    g.add_argument(
-        "--probe.budget",
-        dest="probe_budget",
-        type=_positive,
-        default=0.01,
-        metavar="FRACTION",
-        help="fraction of the node's GPU time probes may use (default: %(default)s)",
-    )
-    g.add_argument(
-        "--probe.pair-kinds",
-        dest="probe_pair_kinds",
-        type=parse_kinds,
-        default=("sendrecv", "latency"),
-        metavar="LIST",
-        help="collectives of a node-pair probe (default: sendrecv,latency)",
-    )
-    g.add_argument(
-        "--probe.max-age",
-        dest="probe_max_age",
-        type=_positive,
-        default=None,
-        metavar="SECONDS",
-        help="drop results older than this (default: 3 rounds; 3 intervals intra-node)",
-    )
-    _add_device_flags(g)
-
-
-def settings_from_args(ns: argparse.Namespace) -> ProbeSettings:
-    """ProbeSettings from the agent's flags (the defaults for a command without them)."""
-    if not hasattr(ns, "probe_enabled"):
-        return ProbeSettings()
-    try:
-        return ProbeSettings(
-            enabled=ns.probe_enabled,
-            peers_file=ns.probe_peers_file,
-            secret_file=ns.probe_secret_file,
-            listen_address=ns.probe_listen_address,
-            node_id=ns.probe_node_id,
-            round_seconds=ns.probe_round_seconds,
-            intra_seconds=ns.probe_intra_seconds,
-            timeout_seconds=ns.probe_timeout,
-            budget=ns.probe_budget,
-            backend=ns.probe_backend,
-            sizes=ns.probe_sizes,
-            pair_kinds=ns.probe_pair_kinds,
-            force=ns.probe_force,
-            cpu_slots=ns.probe_cpu_slots,
-            max_age_seconds=ns.probe_max_age,
-            kubernetes_selector=ns.probe_kubernetes_selector,
-            kubernetes_namespace=ns.probe_kubernetes_namespace,
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 # --- the probe command -----------------------------------------------------------------------
@@ -343,7 +100,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--peer-gpus",
-        type=_count,
+        type=count,
         default=None,
         metavar="N",
         help="GPUs of the peer for --matrix (default: as many as here)",
@@ -354,7 +111,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="NAME",
         help="this host's name to the peer (default: the host name)",
     )
-    p.add_argument("--iterations", type=_count, default=20, help="timed iterations (20)")
+    p.add_argument("--iterations", type=count, default=20, help="timed iterations (20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (5)")
     p.add_argument(
         "--csv", type=Path, default=Path("fabricscope-matrix.csv"), help="matrix CSV output"
@@ -362,7 +119,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--png", type=Path, default=Path("fabricscope-matrix.png"), help="matrix heatmap output"
     )
-    _add_device_flags(p)
+    add_device_flags(p)
     p.add_argument("--log.level", dest="log_level", choices=LEVELS, default="warning")
     p.add_argument("--log.format", dest="log_format", choices=("text", "json"), default="text")
     plan_sub = p.add_subparsers(dest="probe_command", required=False, metavar="{plan}")
@@ -451,21 +208,16 @@ def _intra(ns: argparse.Namespace, local: _Local, abort: threading.Event) -> int
     host = socket.gethostname()
     status = 0
     for kind in ns.collectives:
-        base = WorkerSpec(
-            kind=kind,
-            rank=0,
-            world_size=len(idle),
-            master_addr="127.0.0.1",
-            master_port=free_port("127.0.0.1"),
-            backend=local.backend,
-            devices=tuple(s.device for s in idle if s.device is not None),
-            sizes=service_sizes(kind, local.backend, ns.probe_sizes),
+        specs = intra_specs(
+            kind,
+            local.backend,
+            idle,
+            sizes=default_sizes(kind, local.backend, ns.probe_sizes),
             warmup=ns.warmup,
             iterations=ns.iterations,
-            timeout_seconds=worker_timeout(ns.probe_timeout),
+            deadline_seconds=ns.probe_timeout,
             host=host,
         )
-        specs = [replace(base, rank=r, local_rank=r) for r in range(len(idle))]
         run = launch_workers(specs, deadline_seconds=ns.probe_timeout, abort=abort)
         title = f"{kind} on {len(idle)} ranks of {host} ({local.describe(idle)})"
         print(format_table(title, run.records), flush=True)
@@ -497,15 +249,6 @@ def _offer(
     )
 
 
-def _at_master(template: WorkerSpec) -> Callable[[str, int], WorkerSpec]:
-    """The spec of rank 1 once the host has answered with its store's address."""
-
-    def make(addr: str, port: int) -> WorkerSpec:
-        return replace(template, master_addr=addr, master_port=port)
-
-    return make
-
-
 def _template(
     ns: argparse.Namespace,
     *,
@@ -517,23 +260,17 @@ def _template(
     peer: str,
     remote: str = "",
 ) -> WorkerSpec:
-    return WorkerSpec(
-        kind=kind,
-        rank=1,
-        world_size=2,
-        master_addr="127.0.0.1",
-        master_port=1,
-        backend=backend,
-        local_rank=0,
-        devices=(slot.device,) if slot.device is not None else (),
-        sizes=tuple(sizes),
+    return guest_spec(
+        kind,
+        backend,
+        slot,
+        sizes=sizes,
         warmup=ns.warmup,
         iterations=ns.iterations,
-        timeout_seconds=worker_timeout(ns.probe_timeout),
+        deadline_seconds=ns.probe_timeout,
+        me=me,
         peer=peer,
-        src=f"{me}:{slot.label}",
         dst=f"{peer}:{remote}" if remote else peer,
-        host=me,
     )
 
 
@@ -553,7 +290,7 @@ def _probe(
         secret=secret,
         node_id=me,
         offer=offer,
-        make_spec=_at_master(template),
+        make_spec=at_master(template),
         launcher=launch_workers,
         deadline_seconds=ns.probe_timeout,
         abort=abort,
@@ -571,7 +308,7 @@ def _pair(ns: argparse.Namespace, local: _Local, abort: threading.Event) -> int:
     slot = local.idle[0]
     status = 0
     for kind in ns.collectives:
-        sizes = service_sizes(kind, local.backend, ns.probe_sizes)
+        sizes = default_sizes(kind, local.backend, ns.probe_sizes)
         template = _template(
             ns, kind=kind, backend=local.backend, sizes=sizes, slot=slot, me=me, peer=host
         )

@@ -1,0 +1,108 @@
+"""The ``probe`` sampler, and building it from the agent's ``--probe.*`` settings: the secret,
+the membership source (peers file or Kubernetes), the devices and their busy check, the
+service (:mod:`agent.probe.service`) started with its rendezvous bound."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+
+from agent.config import ProbeSettings
+from agent.errors import ConfigError
+from agent.nvml_api import NvmlApi
+from agent.probe.addresses import parse_hostport
+from agent.probe.devices import BusyGpus, NvmlBusyGpus, UnionBusy, discover_slots, no_busy_gpus
+from agent.probe.membership import MembershipSource, PeersFile, normalize_host
+from agent.probe.rendezvous import load_secret
+from agent.probe.results import ProbeSnapshot
+from agent.probe.service import ProbeService
+
+
+class ProbeSampler:
+    """The ``probe`` sampler: reports the service's latest results; never probes itself.
+    ``close()`` (the runner calls it on shutdown) stops the service."""
+
+    name = "probe"
+
+    def __init__(self, service: ProbeService) -> None:
+        self.service = service
+
+    def sample(self) -> ProbeSnapshot:
+        return self.service.snapshot()
+
+    def close(self) -> None:
+        self.service.stop()
+
+
+def build_probe_sampler(
+    settings: ProbeSettings,
+    *,
+    nvml: Callable[[], NvmlApi] | None = None,
+    allocated: Callable[[], frozenset[int]] | None = None,
+) -> ProbeSampler:
+    """Load the secret, open the membership source (peers file or Kubernetes), find the
+    devices, start the service (binding the rendezvous port). ``allocated``: GPUs the kubelet
+    gave to pods (never probed, whatever NVML says). ConfigError, one clear line, for
+    anything the user must fix."""
+    secret = load_secret(settings.secret_file) if settings.secret_file else None
+    listen: tuple[str, int] | None = None
+    if settings.listen_address:
+        try:
+            listen = parse_hostport(settings.listen_address)
+        except ValueError as exc:
+            raise ConfigError(f"--probe.listen-address: {exc}") from None
+    members: MembershipSource | None = None
+    if settings.peers_file:
+        if not os.path.isfile(settings.peers_file):
+            raise ConfigError(f"probe peers file {settings.peers_file} does not exist")
+        members = PeersFile(settings.peers_file)
+    elif settings.kubernetes_selector:
+        members = _kubernetes_members(settings)
+    node_id = settings.node_id or (listen[0] if listen else socket.gethostname())
+    try:
+        node_id = normalize_host(node_id)
+    except ValueError as exc:
+        raise ConfigError(f"probe node id: {exc}") from None
+    backend, slots = discover_slots(settings.backend, settings.cpu_slots, nvml=nvml)
+    busy: BusyGpus = (
+        NvmlBusyGpus([s.label for s in slots], nvml) if backend == "nccl" else no_busy_gpus
+    )
+    if allocated is not None and not settings.force:
+        busy = UnionBusy(busy, allocated)
+    service = ProbeService(
+        settings,
+        node_id=node_id,
+        backend=backend,
+        slots=slots,
+        secret=secret,
+        members=members,
+        listen=listen,
+        busy=busy,
+    )
+    service.start()
+    return ProbeSampler(service)
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _kubernetes_members(settings: ProbeSettings) -> MembershipSource:
+    """The agent pods matching ``--probe.kubernetes-selector``, in their namespace (default:
+    the service account's). Imports the Kubernetes client only here."""
+    from agent.probe.k8s_members import KubernetesMembers
+
+    namespace = settings.kubernetes_namespace
+    if not namespace:
+        try:
+            with open(SERVICE_ACCOUNT_NAMESPACE) as f:
+                namespace = f.read().strip()
+        except OSError:
+            raise ConfigError(
+                "--probe.kubernetes-selector: no --probe.kubernetes-namespace given and "
+                f"{SERVICE_ACCOUNT_NAMESPACE} is unreadable (not in a pod?)"
+            ) from None
+    assert settings.kubernetes_selector is not None
+    return KubernetesMembers(
+        namespace, settings.kubernetes_selector, self_node=os.environ.get("NODE_NAME")
+    )
