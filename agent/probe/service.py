@@ -293,7 +293,9 @@ class ProbeService:
         """One intra-node all_reduce over the idle devices now; the run, or None if skipped."""
         if len(self.slots) < 2:
             self._ledger.skip(
-                "no_partner", "an intra-node probe needs 2 devices, this node has %d", 1
+                "no_partner",
+                "an intra-node probe needs 2 devices, this node has %d",
+                len(self.slots),
             )
             return None
         idle = [self.slots[i] for i in self._idle()]
