@@ -43,6 +43,7 @@ import datetime
 import importlib.util
 import json
 import math
+import os
 import random
 import shutil
 import sys
@@ -285,6 +286,10 @@ class LabNode:
         self.t0: float | None = None  # wall time of the run's start (set by the cluster)
         self.batch = 0
         self.lister: Lister | None = None  # its kubelet's answer, once the cluster serves it
+        #: RDMA devices whose link is held DOWN from the next step on (live mode's faults)
+        self.held_down: set[str] = set()
+        #: replace files atomically (live mode, where agents read while the lab writes)
+        self.atomic_writes = False
         self._write_static()
         self._write_procfs(wrong_numa=False)
 
@@ -397,7 +402,13 @@ class LabNode:
             rate = RAIL_BYTES_PER_SECOND if port.rail else STORAGE_BYTES_PER_SECOND
             if on_cause and kind == "pcie_width_degraded":
                 share = min(share, 0.48)  # PCIe Gen5 x8: ~26 GB/s usable
-            down = on_cause and link_down_now
+            held = port.device in self.held_down
+            down = (on_cause and link_down_now) or held
+            if held and port.up:  # the link just went down: the PMA counts it once
+                self._add(c, "link_downed", 1)
+                self._add(c, "link_error_recovery", 1)
+                port.ethtool["link_down_events_phy"] += 1
+                port.carrier_changes += 1
             bytes_ = 0.0 if down else share * rate * dt
             rx_bytes = bytes_ * rng.uniform(0.98, 1.02)
             self._add(c, "port_xmit_data", bytes_ / 4)
@@ -482,10 +493,20 @@ class LabNode:
         c[name] = min(value, (1 << width) - 1) if width else value
 
     def _write(self, rel: str, text: str) -> None:
-        """Write one sysfs file, only when its content changes (as the kernel shows it)."""
+        """Write one sysfs file, only when its content changes (as the kernel shows it);
+        with ``atomic_writes`` (live mode: an agent may read it meanwhile) through a new
+        file (outside the tree, where no sampler lists it) renamed over it, so a reader
+        never sees it empty."""
         if self._written.get(rel) != text:
-            with open(f"{self.sys}/{rel}", "w") as f:
-                f.write(text)
+            path = f"{self.sys}/{rel}"
+            if self.atomic_writes:
+                tmp = f"{self.root}/.lab-new"
+                with open(tmp, "w") as f:
+                    f.write(text)
+                os.replace(tmp, path)
+            else:
+                with open(path, "w") as f:
+                    f.write(text)
             self._written[rel] = text
 
     def _write_counters(self) -> None:
