@@ -26,6 +26,7 @@ import yaml
 from grafana_foundation_sdk.models import dashboard as dm
 
 from exporter.catalog import all_specs
+from exporter.explain.checks import CAUSES
 from tests.lab.backfill import TEST_HOURS, TEST_STEP, ScenarioCache
 from tests.lab.scenarios import GOOD_TOKENS_PER_SECOND, SCENARIOS, Scenario
 
@@ -153,6 +154,17 @@ def test_variables_units_links_and_catalog(board: generate.Board) -> None:
             assert 'cluster=~"$cluster"' in target["expr"], panel["title"]
             unknown = metric_names(target["expr"]) - catalog
             assert not unknown, (panel["title"], unknown)
+
+
+def test_explain_links_name_existing_panels() -> None:
+    """``fabricscope explain`` links each cause to a dashboard panel by uid and panel id
+    (exporter/explain/checks.py): every such panel exists in the generated JSON."""
+    boards = {b.uid: json.loads(generate.path_of(b).read_text()) for b in generate.BOARDS}
+    for cause in CAUSES.values():
+        assert cause.dashboard in boards, cause
+        if cause.panel:
+            ids = {p["id"]: p["title"] for p in boards[cause.dashboard]["panels"]}
+            assert cause.panel in ids, (cause, ids)
 
 
 def test_every_fault_scenario_has_a_panel_meant_to_show_it() -> None:
