@@ -490,3 +490,143 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+# --- Alertmanager and a webhook receiver ----------------------------------------------------
+
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
+
+
+class WebhookReceiver:
+    """An HTTP server on 127.0.0.1 that keeps every Alertmanager webhook notification it
+    receives (the JSON body: ``status``, ``alerts`` with ``labels``/``annotations``...).
+
+        with WebhookReceiver() as hook:   # hook.url for the Alertmanager receiver
+            alert = hook.wait_for(lambda a: a["labels"]["alertname"] == "X", timeout=30)
+    """
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.notifications: list[dict[str, object]] = []
+        self._lock = threading.Lock()
+        received = self.notifications
+        lock = self._lock
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length))
+                with lock:
+                    received.append(body)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                return None
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/alerts"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def alerts(self) -> list[dict[str, object]]:
+        """Every alert of every notification so far, in arrival order (with the
+        notification's ``status`` of each alert as Alertmanager sent it)."""
+        with self._lock:
+            notes = list(self.notifications)
+        out: list[dict[str, object]] = []
+        for n in notes:
+            alerts = n.get("alerts")
+            if isinstance(alerts, list):
+                out.extend(a for a in alerts if isinstance(a, dict))
+        return out
+
+    def wait_for(
+        self, match: Callable[[dict[str, object]], bool], *, timeout: float, what: str
+    ) -> dict[str, object]:
+        """The first alert received for which ``match`` is true, waiting up to ``timeout``."""
+
+        def probe() -> dict[str, object] | None:
+            return next((a for a in self.alerts() if match(a)), None)
+
+        return wait_until(probe, timeout=timeout, what=what, interval=0.2)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> WebhookReceiver:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class Alertmanager(Prometheus):
+    """A running Alertmanager (same process handling as :class:`Prometheus`)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
+        super().__init__(process, port, workdir)
+        self.log_path = workdir / "alertmanager.log"
+
+    def __enter__(self) -> Alertmanager:
+        return self
+
+
+def start_alertmanager(
+    workdir: Path, webhook_url: str, *, group_wait: str = "1s", group_interval: str = "1s"
+) -> Alertmanager:
+    """Alertmanager 0.25 on a free 127.0.0.1 port routing every alert to ``webhook_url``
+    (``send_resolved``), grouped by alert name and instance, with short group timers; no
+    clustering (``--cluster.listen-address=`` empty: it would gossip on 0.0.0.0:9094)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = {
+        "route": {
+            "receiver": "webhook",
+            "group_by": ["alertname", "instance"],
+            "group_wait": group_wait,
+            "group_interval": group_interval,
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
+        ],
+    }
+    config_path = workdir / "alertmanager.yml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    for attempt in range(3):
+        port = free_port()
+        with (workdir / "alertmanager.log").open("wb") as log_file:
+            process = subprocess.Popen(
+                [
+                    ALERTMANAGER,
+                    f"--config.file={config_path}",
+                    f"--storage.path={workdir / f'data-{attempt}'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--cluster.listen-address=",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        am = Alertmanager(process, port, workdir)
+        try:
+            wait_until(
+                functools.partial(_ready, am),
+                timeout=STARTUP_TIMEOUT,
+                what="alertmanager /-/ready",
+                interval=0.05,
+            )
+        except TimeoutError as e:
+            am.stop()
+            raise PrometheusError(f"{e}\nalertmanager log:\n{am.log_tail()}") from None
+        except PrometheusError:
+            if "address already in use" in am.log_tail() and attempt < 2:
+                continue
+            raise
+        return am
+    raise AssertionError("unreachable")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import sys
 import urllib.parse
 import urllib.request
@@ -25,16 +26,15 @@ import yaml
 from grafana_foundation_sdk.models import dashboard as dm
 
 from exporter.catalog import all_specs
-from tests.lab.backfill import build_tsdb, read_timeline, start_prometheus
-from tests.lab.scenarios import SCENARIOS, Scenario
+from exporter.explain.checks import CAUSES
+from tests.lab.backfill import TEST_HOURS, TEST_STEP, ScenarioCache
+from tests.lab.scenarios import GOOD_TOKENS_PER_SECOND, SCENARIOS, Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "dashboards"))
 import generate  # noqa: E402
 
-#: one hour of each scenario at one-minute steps (the cause starts at 24 minutes)
-HOURS = 1.0
-STEP = 60.0
+STEP = TEST_STEP  # one-minute steps (45 minutes of each scenario, the cause from minute 18)
 RATE_INTERVAL = "4m"  # Grafana's $__rate_interval at a 1 m scrape: 4 x the interval
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -88,13 +88,10 @@ class Lab:
 
 
 @pytest.fixture(scope="module", params=sorted(SCENARIOS))
-def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    scenario = SCENARIOS[request.param]
-    out = tmp_path_factory.mktemp(scenario.name)
-    tsdb = build_tsdb(scenario, HOURS, STEP, out)
-    start, end, _, fault = read_timeline(out)
-    with start_prometheus(tsdb) as url:
-        yield Lab(scenario, url, start, end, fault)
+def lab(request: pytest.FixtureRequest, lab_cache: ScenarioCache) -> Lab:
+    lab_cache.prefetch(sorted(SCENARIOS), TEST_HOURS, TEST_STEP)  # the next ones meanwhile
+    s = lab_cache.get(request.param, TEST_HOURS, TEST_STEP)
+    return Lab(s.scenario, s.url, s.start, s.end, s.fault_start)
 
 
 def panels() -> Iterator[tuple[generate.Board, generate.Panel]]:
@@ -157,6 +154,17 @@ def test_variables_units_links_and_catalog(board: generate.Board) -> None:
             assert 'cluster=~"$cluster"' in target["expr"], panel["title"]
             unknown = metric_names(target["expr"]) - catalog
             assert not unknown, (panel["title"], unknown)
+
+
+def test_explain_links_name_existing_panels() -> None:
+    """``fabricscope explain`` links each cause to a dashboard panel by uid and panel id
+    (exporter/explain/checks.py): every such panel exists in the generated JSON."""
+    boards = {b.uid: json.loads(generate.path_of(b).read_text()) for b in generate.BOARDS}
+    for cause in CAUSES.values():
+        assert cause.dashboard in boards, cause
+        if cause.panel:
+            ids = {p["id"]: p["title"] for p in boards[cause.dashboard]["panels"]}
+            assert cause.panel in ids, (cause, ids)
 
 
 def test_every_fault_scenario_has_a_panel_meant_to_show_it() -> None:
@@ -230,3 +238,20 @@ def test_the_panels_meant_to_show_the_cause_put_it_first(lab: Lab) -> None:
                 )
     assert checked > 0
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_job_throughput_panel_shows_the_job_and_its_drop(lab: Lab) -> None:
+    """The Job dashboard's throughput panel holds the job's series (from its pods' logs) in
+    every scenario, at the founding story's tokens/s before the cause and at the
+    scenario's share of it after (ib_link_bad: 34 % down)."""
+    board = generate.JOB
+    panel = next(p for p in board.panels if p.title == "Job throughput")
+    result = lab.range(substitute(panel.targets[0][0], board, lab.scenario))
+    assert [s["metric"] for s in result] == [{"job_name": "llm"}]
+    values = [(float(t), float(v)) for t, v in result[0]["values"]]  # type: ignore[attr-defined]
+    before = statistics.median(v for t, v in values if t < lab.fault_start)
+    after = statistics.median(v for t, v in values if t >= lab.fault_start + STEP)
+    assert before == pytest.approx(GOOD_TOKENS_PER_SECOND, rel=0.005)
+    assert after / before == pytest.approx(lab.scenario.throughput_ratio, abs=0.01)
+    if lab.scenario.name == "ib_link_bad":
+        assert 1 - after / before == pytest.approx(0.34, abs=0.01)

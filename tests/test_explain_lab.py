@@ -3,15 +3,13 @@ real agent from the DGX fixture tree, backfilled with promtool, served by a real
 Prometheus): for every fault scenario the planted cause ranks first and nothing unrelated
 stands out; healthy gives "no fabric cause found"; wrong NUMA gives misplacement.
 
-The lab has no throughput series until the throughput work lands in it, so the change is
-given (``change_at`` = the scenario's fault start); tests/test_explain.py covers finding
-the drop in the throughput itself.
+Nothing is given but the job and the window, as an SRE would run it: explain finds the drop
+in the job's throughput (the agent's series from the pods' CRI logs, namespace ``training``,
+job_name ``llm`` from the pods' owner) and compares before and after it. The scenarios are
+the ones tests/test_dashboards.py queries, built once per session (``lab_cache``).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -19,11 +17,15 @@ from exporter.explain.checks import THRESHOLD
 from exporter.explain.client import ClientSettings, PrometheusClient
 from exporter.explain.discover import JobSpec
 from exporter.explain.report import Report, explain
-from tests.lab.backfill import build_tsdb, read_timeline, start_prometheus
-from tests.lab.scenarios import JOB_NAME, NAMESPACE, SCENARIOS, pod_name
-
-HOURS = 0.3  # 18 minutes; the cause starts at 7.2 minutes
-STEP = 60.0
+from tests.lab.backfill import TEST_HOURS, TEST_STEP, ScenarioCache
+from tests.lab.scenarios import (
+    BAD_TOKENS_PER_SECOND,
+    GOOD_TOKENS_PER_SECOND,
+    JOB_NAME,
+    NAMESPACE,
+    SCENARIOS,
+    pod_name,
+)
 
 #: the lab's cause kinds as explain's causes, and where each finding must point
 EXPECTED = {
@@ -35,19 +37,37 @@ EXPECTED = {
 }
 
 
-def run_scenario(name: str, tmp: Path) -> Report:
-    scenario = SCENARIOS[name]
-    tsdb = build_tsdb(scenario, HOURS, STEP, tmp / name)
-    start, end, _, fault = read_timeline(tmp / name)
-    with start_prometheus(tsdb) as url:
-        client = PrometheusClient(ClientSettings(url))
-        return explain(client, JobSpec(JOB_NAME, NAMESPACE), start, end, change_at=fault)
+@pytest.fixture(scope="module")
+def reports(lab_cache: ScenarioCache) -> dict[str, Report]:
+    out = {}
+    lab_cache.prefetch(sorted(SCENARIOS), TEST_HOURS, TEST_STEP)
+    for name in sorted(SCENARIOS):
+        s = lab_cache.get(name, TEST_HOURS, TEST_STEP)
+        client = PrometheusClient(ClientSettings(s.url))
+        out[name] = explain(client, JobSpec(JOB_NAME, NAMESPACE), s.start, s.end)
+    return out
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Report]]:
-    tmp = tmp_path_factory.mktemp("explain-on-lab")
-    yield {name: run_scenario(name, tmp) for name in SCENARIOS}
+def fault_starts(lab_cache: ScenarioCache) -> dict[str, float]:
+    return {n: lab_cache.get(n, TEST_HOURS, TEST_STEP).fault_start for n in SCENARIOS}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_drop_is_found_at_the_fault(
+    reports: dict[str, Report], fault_starts: dict[str, float], name: str
+) -> None:
+    report = reports[name]
+    assert not report.change_given
+    assert report.throughput.metric == "fabricscope_throughput_tokens_per_second"
+    assert report.throughput.pods == tuple(pod_name(i) for i in range(4))
+    assert report.shift is not None, f"{name}: no drop found in {report.throughput.series}"
+    assert abs(report.shift.at - fault_starts[name]) <= TEST_STEP
+    ratio = SCENARIOS[name].throughput_ratio
+    assert report.shift.drop_ratio == pytest.approx(1 - ratio, abs=0.01)
+    if name == "ib_link_bad":  # the founding story's figures
+        assert report.shift.before == pytest.approx(GOOD_TOKENS_PER_SECOND, rel=0.005)
+        assert report.shift.after == pytest.approx(BAD_TOKENS_PER_SECOND, rel=0.005)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -67,6 +87,8 @@ def test_planted_cause_ranks_first(reports: dict[str, Report], name: str) -> Non
 
 def test_healthy_is_no_fabric_cause(reports: dict[str, Report]) -> None:
     report = reports["healthy"]
+    assert report.throughput.series is not None
+    assert report.shift is None  # the job never slowed: the window's halves are compared
     assert report.causes == []
     checked = {c.check: c.devices for c in report.checked}
     assert checked["symbol_errors"] >= 32 and checked["nvlink_errors"] == 32

@@ -1,9 +1,11 @@
-"""``python -m tests.lab``: list scenarios, backfill one into a TSDB, serve it."""
+"""``python -m tests.lab``: list scenarios, backfill one into a TSDB and serve it, or play a
+few nodes live (agents, Prometheus with the shipped rules, Alertmanager)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,6 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--step", type=float, default=60.0, help="seconds between samples")
     b.add_argument("--out", type=Path, required=True, help="directory for the TSDB")
     b.add_argument("--serve", action="store_true", help="then serve it until interrupted")
+    live = sub.add_parser("live", help="real agents on 127.0.0.x, Prometheus, Alertmanager")
+    live.add_argument("--nodes", type=int, default=3)
+    live.add_argument("--out", type=Path, required=True, help="directory for logs and data")
+    live.add_argument(
+        "--down",
+        metavar="NODE:DEVICE",
+        help="take that RDMA link DOWN after --down-after seconds (e.g. node-01:mlx5_4)",
+    )
+    live.add_argument("--down-after", type=float, default=20.0)
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("agent").setLevel(logging.WARNING)
@@ -29,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in SCENARIOS.values():
             print(f"{s.name}: {s.summary}\n    cause: {s.cause}")
         return 0
+    if ns.command == "live":
+        return _live(ns.nodes, ns.out, ns.down, ns.down_after)
     tsdb = build_tsdb(SCENARIOS[ns.scenario], ns.hours, ns.step, ns.out)
     print(f"wrote {tsdb}")
     if ns.serve:
@@ -39,6 +52,36 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(3600)
             except KeyboardInterrupt:
                 pass
+    return 0
+
+
+def _live(nodes: int, out: Path, down: str | None, down_after: float) -> int:
+    from tests.lab.live import LiveLab
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops everything as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, stop)
+    with LiveLab(SCENARIOS["healthy"], out, nodes=nodes) as lab:
+        print(f"Prometheus {lab.prometheus.url}, Alertmanager {lab.alertmanager.url}")
+        print(f"webhook {lab.webhook.url}; agents: " + ", ".join(a.target for a in lab.agents))
+        started = time.monotonic()
+        seen = 0
+        try:
+            while True:
+                time.sleep(1)
+                lab.check()
+                if down and time.monotonic() - started >= down_after:
+                    node, _, device = down.partition(":")
+                    lab.take_down(node, device)
+                    print(f"{node} {device}: link DOWN")
+                    down = None
+                alerts = lab.webhook.alerts()
+                for a in alerts[seen:]:
+                    print(f"webhook: {a.get('status')} {a.get('labels')}")
+                seen = len(alerts)
+        except KeyboardInterrupt:
+            pass
     return 0
 
 

@@ -3,9 +3,11 @@
 :func:`render_once` parses the same command line ``fabricscope agent --once`` takes (the
 CLI's own parser and configuration), builds the samplers with the CLI's ``build_specs``
 and runs one pass through :class:`exporter.app.AgentApp`, exactly as ``cmd_agent`` does,
-with four sources pointed at the lab (see :mod:`tests.lab.node`): NVML replays the node's
+with five sources pointed at the lab (see :mod:`tests.lab.node`): NVML replays the node's
 recording, netlink/ethtool answer from :class:`~tests.lab.node.LabKernel`, the probe
-sampler returns the node's probe results, and sampler timestamps read the simulated clock.
+sampler returns the node's probe results, the throughput sampler's pod index is the node's
+pod as the API server lists it (:func:`tests.lab.kubelet.pod_index`; a watch thread per
+pass would cost more than the pass), and sampler timestamps read the simulated clock.
 In process rather than a subprocess per step, so hundreds of steps take seconds.
 """
 
@@ -13,15 +15,18 @@ from __future__ import annotations
 
 from functools import cache, partial
 
+from agent.attribution import AttributionSnapshot
 from agent.config import AgentConfig
 from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
 from agent.nvml_record import ReplayNvml
 from agent.probe.service import ProbeSnapshot
 from agent.runner import SamplerSpec
-from agent.samplers import Latest, build_specs
+from agent.samplers import Latest, build_specs, gpu_pods
 from agent.sysfs import SysfsReader
+from agent.throughput.sampler import ThroughputSampler
 from exporter.app import AgentApp
 from exporter.cli import _config, build_parser
+from tests.lab.kubelet import pod_index
 from tests.lab.node import LabKernel, LabNode
 
 
@@ -74,7 +79,20 @@ def render_once(node: LabNode, now: float, extra: list[str]) -> bytes:
     )
     kernel = LabKernel(node)
     s = config.sampling
+    index = pod_index(node.pod, node.pod_uid, node.name)
+    attribution = latest.of("attribution", AttributionSnapshot)
+    specs = [sp for sp in specs if sp.sampler.name != "throughput"]
     specs += [
+        SamplerSpec(
+            ThroughputSampler(
+                config.throughput,
+                gpu_pods=lambda: gpu_pods(attribution()),
+                pod_index=lambda: index,
+                once=True,
+            ),
+            s.interval_seconds,
+            s.timeout_seconds,
+        ),
         SamplerSpec(
             NetdevSampler(
                 SysfsReader(config.paths.sysfs),

@@ -18,12 +18,13 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.lab.agent import render_once
-from tests.lab.cluster import Cluster, Timeline, scratch_dir, timeline
+from tests.lab.cluster import Cluster, Timeline, make_scratch, timeline
 from tests.lab.node import healthy_tree, throughput_flags
 from tests.lab.scenarios import SCENARIOS, Scenario
 from tests.promharness import PROMTOOL
@@ -32,6 +33,10 @@ from tests.promharness import start_prometheus as _start_prometheus
 log = logging.getLogger(__name__)
 
 JOB = "fabricscope"
+#: the run the CI tests share (tests/test_dashboards.py, tests/test_explain_lab.py): 45
+#: minutes at one-minute steps, the cause from minute 18 on; built once per session
+TEST_HOURS = 0.75
+TEST_STEP = 60.0
 
 
 def openmetrics_lines(body: bytes, instance: str, ts: float) -> Iterator[str]:
@@ -75,31 +80,82 @@ def play_nodes(
     return samples
 
 
-def write_openmetrics(
-    scenario: Scenario, tl: Timeline, workdir: Path, out: Path, workers: int | None = None
-) -> int:
-    """Play ``scenario`` over ``tl`` and write one OpenMetrics file; returns its samples."""
-    healthy_tree(workdir / "cache")  # once, before the workers copy it
-    n = max(1, min(workers or os.cpu_count() or 1, scenario.nodes))
-    groups = [list(range(scenario.nodes))[k::n] for k in range(n)]
-    parts = [workdir / f"part-{k}.om" for k in range(n)]
-    if n == 1:
-        samples = play_nodes(scenario.name, groups[0], tl, workdir, parts[0])
-    else:
-        ctx = multiprocessing.get_context("spawn")  # grpc does not survive fork
-        with ProcessPoolExecutor(n, mp_context=ctx) as pool:
-            futures = [
-                pool.submit(play_nodes, scenario.name, g, tl, workdir, p)
-                for g, p in zip(groups, parts, strict=True)
-            ]
-            samples = sum(f.result() for f in futures)
-    with out.open("wb") as f:
-        for p in parts:
-            with p.open("rb") as src:
-                shutil.copyfileobj(src, f)
-            p.unlink()
-        f.write(b"# EOF\n")
-    return samples
+def _spawn_pool(workers: int) -> ProcessPoolExecutor:
+    ctx = multiprocessing.get_context("spawn")  # grpc does not survive fork
+    return ProcessPoolExecutor(workers, mp_context=ctx)
+
+
+@dataclass
+class Build:
+    """A backfill under way: its nodes rendering (in ``pool`` or already done), then
+    :meth:`finish` writes the blocks."""
+
+    scenario: Scenario
+    tl: Timeline
+    out_dir: Path
+    scratch: Path
+    parts: list[Path]
+    futures: list[Future[int]]
+    t0: float
+
+    def finish(self) -> Path:
+        """Wait for the nodes, write the blocks into ``out_dir/tsdb``; returns that path."""
+        tsdb = self.out_dir / "tsdb"
+        try:
+            samples = sum(f.result() for f in self.futures)
+            om = self.scratch / f"{self.scenario.name}.om.txt"
+            with om.open("wb") as f:
+                for p in self.parts:
+                    with p.open("rb") as src:
+                        shutil.copyfileobj(src, f)
+                    p.unlink()
+                f.write(b"# EOF\n")
+            t1 = time.perf_counter()
+            result = subprocess.run(
+                [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"promtool create-blocks-from failed: {result.stderr[-2000:]}")
+        tl = self.tl
+        log.info(
+            "%s: %d steps x %d nodes, %d samples rendered in %.1f s, blocks in %.1f s",
+            self.scenario.name,
+            tl.steps,
+            self.scenario.nodes,
+            samples,
+            t1 - self.t0,
+            time.perf_counter() - t1,
+        )
+        (self.out_dir / "timeline").write_text(f"{tl.start} {tl.end} {tl.step} {tl.fault_start}\n")
+        return tsdb
+
+
+def start_build(
+    scenario: Scenario,
+    hours: float,
+    step: float,
+    out_dir: Path,
+    pool: ProcessPoolExecutor,
+    *,
+    end: float | None = None,
+) -> Build:
+    """Submit every node of ``scenario`` to ``pool`` (one task per node, so a pool shared by
+    several scenarios stays busy); :meth:`Build.finish` completes it."""
+    tl = timeline(scenario, hours, step, end)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scratch = make_scratch()  # removed by finish()
+    healthy_tree(scratch / "cache")  # once, before the workers copy it
+    parts = [scratch / f"part-{i}.om" for i in range(scenario.nodes)]
+    futures = [
+        pool.submit(play_nodes, scenario.name, [i], tl, scratch, part)
+        for i, part in enumerate(parts)
+    ]
+    return Build(scenario, tl, out_dir, scratch, parts, futures, time.perf_counter())
 
 
 def build_tsdb(
@@ -109,37 +165,13 @@ def build_tsdb(
     out_dir: Path,
     *,
     end: float | None = None,
+    workers: int | None = None,
 ) -> Path:
     """Backfill ``hours`` of ``scenario`` at ``step`` seconds into ``out_dir/tsdb``; returns
     that directory (serve it with :func:`start_prometheus`)."""
-    tl = timeline(scenario, hours, step, end)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    om = out_dir / f"{scenario.name}.om.txt"
-    t0 = time.perf_counter()
-    with scratch_dir() as scratch:
-        samples = write_openmetrics(scenario, tl, scratch, om)
-    t1 = time.perf_counter()
-    tsdb = out_dir / "tsdb"
-    result = subprocess.run(
-        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"promtool create-blocks-from failed: {result.stderr[-2000:]}")
-    om.unlink()
-    log.info(
-        "%s: %d steps x %d nodes, %d samples rendered in %.1f s, blocks in %.1f s",
-        scenario.name,
-        tl.steps,
-        scenario.nodes,
-        samples,
-        t1 - t0,
-        time.perf_counter() - t1,
-    )
-    (out_dir / "timeline").write_text(f"{tl.start} {tl.end} {tl.step} {tl.fault_start}\n")
-    return tsdb
+    n = max(1, min(workers or os.cpu_count() or 1, scenario.nodes))
+    with _spawn_pool(n) as pool:
+        return start_build(scenario, hours, step, out_dir, pool, end=end).finish()
 
 
 def read_timeline(out_dir: Path) -> tuple[float, float, float, float]:
@@ -153,3 +185,71 @@ def start_prometheus(tsdb_dir: Path) -> Iterator[str]:
     """A real Prometheus serving the backfilled blocks; yields its URL."""
     with _start_prometheus(tsdb_dir.parent / "prometheus", [], tsdb_path=tsdb_dir) as prom:
         yield prom.url
+
+
+@dataclass(frozen=True, slots=True)
+class ServedScenario:
+    """A backfilled scenario a real Prometheus serves at ``url``; times in unix seconds."""
+
+    scenario: Scenario
+    url: str
+    start: float
+    end: float
+    step: float
+    fault_start: float
+
+
+class ScenarioCache:
+    """Each scenario backfilled once per (scenario, hours, step) and served until
+    :meth:`close`: the test files that query the same scenarios (dashboards, explain) share
+    one build and one Prometheus per scenario (``tests/conftest.py``'s ``lab_cache``).
+    One worker pool renders every build; :meth:`prefetch` queues builds so the workers
+    render the next scenario while promtool writes the blocks of this one."""
+
+    def __init__(self, workdir: Path, workers: int | None = None) -> None:
+        self._workdir = workdir
+        self._workers = workers or os.cpu_count() or 1
+        self._pool: ProcessPoolExecutor | None = None
+        self._pending: dict[tuple[str, float, float], Build] = {}
+        self._served: dict[tuple[str, float, float], ServedScenario] = {}
+        self._stack = ExitStack()
+
+    def prefetch(self, names: Sequence[str], hours: float, step: float) -> None:
+        """Start building ``names`` (those not built or under way) in the background."""
+        for name in names:
+            key = (name, hours, step)
+            if key in self._served or key in self._pending:
+                continue
+            if self._pool is None:
+                self._pool = self._stack.enter_context(_spawn_pool(self._workers))
+            out = self._workdir / f"{name}-{hours:g}h-{step:g}s"
+            self._pending[key] = start_build(SCENARIOS[name], hours, step, out, self._pool)
+
+    def get(self, name: str, hours: float, step: float) -> ServedScenario:
+        key = (name, hours, step)
+        served = self._served.get(key)
+        if served is None:
+            self.prefetch([name], hours, step)
+            build = self._pending.pop(key)
+            tsdb = build.finish()
+            start, end, step_, fault = read_timeline(build.out_dir)
+            url = self._stack.enter_context(start_prometheus(tsdb))
+            served = self._served[key] = ServedScenario(
+                SCENARIOS[name], url, start, end, step_, fault
+            )
+        return served
+
+    def close(self) -> None:
+        for build in self._pending.values():
+            for f in build.futures:
+                f.cancel()
+        self._stack.close()
+        for build in self._pending.values():
+            shutil.rmtree(build.scratch, ignore_errors=True)
+        self._pending.clear()
+
+    def __enter__(self) -> ScenarioCache:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -89,6 +89,7 @@ class Cluster:
         """Advance every node to step ``i`` of ``tl``."""
         fault_age = (i - tl.fault_step) * tl.step if i >= tl.fault_step else None
         for node in self.nodes:
+            node.t0 = tl.start
             node.advance(i, tl.at(i) - tl.start, tl.step, fault_age)
             if (
                 node.cause is not None
@@ -99,13 +100,19 @@ class Cluster:
                 node.lister.cpu_ids = node.cpu_ids(wrong_numa=True)
 
 
-@contextmanager
-def scratch_dir(prefix: str = "fslab-") -> Iterator[Path]:
-    """A temporary directory for node trees, on tmpfs when there is one: a step rewrites a
-    few hundred small files per node (6 us each on tmpfs, 130 us on this disk)."""
+def make_scratch(prefix: str = "fslab-") -> Path:
+    """A new temporary directory for node trees, on tmpfs when there is one: a step rewrites
+    a few hundred small files per node (6 us each on tmpfs, 130 us on this disk). The
+    caller removes it."""
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+@contextmanager
+def scratch_dir(prefix: str = "fslab-") -> Iterator[Path]:
+    """:func:`make_scratch`, removed at the end of the block."""
+    path = make_scratch(prefix)
     try:
         yield path
     finally:

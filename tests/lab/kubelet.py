@@ -1,6 +1,7 @@
 """The kubelet's pod-resources API for a lab node: a real gRPC server on a unix socket
 (``v1.PodResourcesLister``, the servicer generated from ``agent/podresources.proto``), so the
-agent's attribution sampler reads the job's pods exactly as on a Kubernetes node."""
+agent's attribution sampler reads the job's pods exactly as on a Kubernetes node; and the
+job's pod as the API server lists it (:func:`pod_object`), for the agent's pod index."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import grpc
 
 from agent import podresources_pb2 as pb
 from agent import podresources_pb2_grpc as pb_grpc
-from tests.lab.scenarios import NAMESPACE, RAILS
+from agent.podwatch import PodIndex, parse_pod
+from tests.lab.scenarios import CONTAINER, JOB_NAME, NAMESPACE, RAILS
 
 GPU_RESOURCE = "nvidia.com/gpu"
 RDMA_RESOURCE = "rdma/rdma_shared_device_a"
@@ -30,7 +32,7 @@ class Lister(pb_grpc.PodResourcesListerServicer):
         self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext
     ) -> pb.ListPodResourcesResponse:
         container = pb.ContainerResources(
-            name="trainer",
+            name=CONTAINER,
             devices=[
                 pb.ContainerDevices(
                     resource_name=GPU_RESOURCE,
@@ -54,3 +56,45 @@ def serve(socket: Path, lister: Lister) -> grpc.Server:
         raise OSError(f"cannot serve pod-resources on {socket}")
     server.start()
     return server
+
+
+def pod_object(pod: str, uid: str, node: str) -> dict[str, object]:
+    """The job's pod as ``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>`` returns it
+    (the fields the agent reads, as the API spells them): a StatefulSet ``llm`` controls
+    pods ``llm-<n>``, so the agent names the job ``llm`` from the pod's owner."""
+    return {
+        "metadata": {
+            "name": pod,
+            "namespace": NAMESPACE,
+            "uid": uid,
+            "labels": {
+                "app.kubernetes.io/name": JOB_NAME,
+                "apps.kubernetes.io/pod-index": pod.rsplit("-", 1)[1],
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "StatefulSet",
+                    "name": JOB_NAME,
+                    "uid": "5c0f1b9e-3a9e-4b8e-9d6c-" + "0" * 12,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"nodeName": node},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": CONTAINER, "containerID": f"containerd://{uid.replace('-', '')}"}
+            ],
+        },
+    }
+
+
+def pod_index(pod: str, uid: str, node: str) -> PodIndex:
+    """The agent's index of ``node``'s pods, parsed by the agent's own :func:`parse_pod`
+    from :func:`pod_object` (what its API watch would have built)."""
+    meta = parse_pod(pod_object(pod, uid, node))
+    assert meta is not None
+    return PodIndex([meta])

@@ -28,14 +28,22 @@ What each source is, and what is real:
   (node-pair sendrecv), lowered where the scenario's cause sits.
 * **pod-resources**: the kubelet's gRPC API, served by a real gRPC server on a unix socket
   per node (:mod:`tests.lab.kubelet`).
-* **throughput**: the job's Composer log lines, appended to ``<root>/logs/<pod>.log``.
+* **throughput**: the job's Composer log lines, written by the container runtime's rules:
+  CRI format (``<RFC 3339 time> stdout F <line>``, stamped with the simulated clock) in
+  ``<root>/pods/<namespace>_<pod>_<uid>/trainer/0.log``, the kubelet's ``/var/log/pods``
+  layout (``--path.pod-logs``). The agent finds the log as it does on a node: through the
+  pods attribution says hold the node's GPUs; the job's name comes from the pod's API object
+  (:func:`tests.lab.kubelet.pod_object`: a StatefulSet ``llm`` owns pods ``llm-<n>``), so
+  the series carry namespace, pod, container and ``job_name="llm"`` as on a real cluster.
 """
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import json
 import math
+import os
 import random
 import shutil
 import sys
@@ -50,7 +58,7 @@ from agent.nvml_record import FORMAT, JsonValue
 from agent.probe.records import MiB, ProbeError, ProbeRecord
 from agent.probe.service import ProbeRun, ProbeSnapshot
 from tests.lab.kubelet import Lister
-from tests.lab.scenarios import JOB_NAME, RAILS, Scenario, node_name, pod_name
+from tests.lab.scenarios import CONTAINER, NAMESPACE, RAILS, Scenario, node_name, pod_name
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 NVML_RECORDING = FIXTURES / "nvml" / "h200x2.recording.json"
@@ -100,6 +108,11 @@ def healthy_tree(cache_dir: Path) -> Path:
     if not out.exists():
         dgx_builder().build(out, faults=False)
     return out
+
+
+def pod_uid(node: str) -> str:
+    """The UID of the job's pod on ``node``."""
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}.pod.fabricscope.lab"))
 
 
 def gpu_uuid(node: str, gpu: int) -> str:
@@ -254,14 +267,15 @@ class LabNode:
         self.root = root
         self.sys = root / "sys"
         self.proc = root / "proc"
-        self.logs = root / "logs"
+        self.pod_logs = root / "pods"
+        self.pod_uid = pod_uid(self.name)
         self.socket = root / "kubelet.sock"
         self.rng = random.Random(f"{scenario.name}/{self.name}")
         self._written: dict[str, str] = {}
         cause = scenario.cause
         self.cause = cause if cause is not None and cause.node == self.name else None
         shutil.copytree(healthy_tree(cache_dir), self.sys, symlinks=True)
-        self.logs.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.ports = self._read_ports()
         self._ifindex = {p.netdev: 10 + i for i, p in enumerate(self.ports.values())}
         self.nvlink_errors: dict[tuple[int, int, int], int] = {}
@@ -269,8 +283,13 @@ class LabNode:
         self.probes: tuple[ProbeRun, ...] = ()
         self.probe_runs: dict[tuple[str, str], int] = {}
         self.tokens_per_second = 0.0
+        self.t0: float | None = None  # wall time of the run's start (set by the cluster)
         self.batch = 0
         self.lister: Lister | None = None  # its kubelet's answer, once the cluster serves it
+        #: RDMA devices whose link is held DOWN from the next step on (live mode's faults)
+        self.held_down: set[str] = set()
+        #: replace files atomically (live mode, where agents read while the lab writes)
+        self.atomic_writes = False
         self._write_static()
         self._write_procfs(wrong_numa=False)
 
@@ -374,8 +393,8 @@ class LabNode:
         link_down_now = False
         if here and kind == "ib_link_errors":
             assert fault_age is not None
-            # the link drops twice: 10 and 35 minutes after the fault starts
-            link_down_now = any(m * 60 <= fault_age < m * 60 + dt for m in (10, 35))
+            # the link drops twice: 10 and 20 minutes after the fault starts
+            link_down_now = any(m * 60 <= fault_age < m * 60 + dt for m in (10, 20))
         for port in self.ports.values():
             c = port.counters
             on_cause = here and self.cause is not None and port.device == self.cause.device
@@ -383,7 +402,13 @@ class LabNode:
             rate = RAIL_BYTES_PER_SECOND if port.rail else STORAGE_BYTES_PER_SECOND
             if on_cause and kind == "pcie_width_degraded":
                 share = min(share, 0.48)  # PCIe Gen5 x8: ~26 GB/s usable
-            down = on_cause and link_down_now
+            held = port.device in self.held_down
+            down = (on_cause and link_down_now) or held
+            if held and port.up:  # the link just went down: the PMA counts it once
+                self._add(c, "link_downed", 1)
+                self._add(c, "link_error_recovery", 1)
+                port.ethtool["link_down_events_phy"] += 1
+                port.carrier_changes += 1
             bytes_ = 0.0 if down else share * rate * dt
             rx_bytes = bytes_ * rng.uniform(0.98, 1.02)
             self._add(c, "port_xmit_data", bytes_ / 4)
@@ -468,10 +493,20 @@ class LabNode:
         c[name] = min(value, (1 << width) - 1) if width else value
 
     def _write(self, rel: str, text: str) -> None:
-        """Write one sysfs file, only when its content changes (as the kernel shows it)."""
+        """Write one sysfs file, only when its content changes (as the kernel shows it);
+        with ``atomic_writes`` (live mode: an agent may read it meanwhile) through a new
+        file (outside the tree, where no sampler lists it) renamed over it, so a reader
+        never sees it empty."""
         if self._written.get(rel) != text:
-            with open(f"{self.sys}/{rel}", "w") as f:
-                f.write(text)
+            path = f"{self.sys}/{rel}"
+            if self.atomic_writes:
+                tmp = f"{self.root}/.lab-new"
+                with open(tmp, "w") as f:
+                    f.write(text)
+                os.replace(tmp, path)
+            else:
+                with open(path, "w") as f:
+                    f.write(text)
             self._written[rel] = text
 
     def _write_counters(self) -> None:
@@ -659,11 +694,14 @@ class LabNode:
 
         self.batch += 1
         self.tokens_per_second = GOOD_TOKENS_PER_SECOND * ratio * self.rng.uniform(0.997, 1.003)
-        write_throughput_lines(self.log_path, self.batch, self.tokens_per_second)
+        wall = self.t0 + t if self.t0 is not None else t
+        write_throughput_lines(self.log_path, self.batch, self.tokens_per_second, wall)
 
     @property
     def log_path(self) -> Path:
-        return self.logs / f"{self.pod}.log"
+        """The trainer container's current log, where the kubelet puts it."""
+        pod_dir = f"{NAMESPACE}_{self.pod}_{self.pod_uid}"
+        return self.pod_logs / pod_dir / CONTAINER / "0.log"
 
 
 def port_bias(port: Port) -> float:
@@ -671,25 +709,28 @@ def port_bias(port: Port) -> float:
     return (sum(map(ord, port.device)) % 5) / 5.0
 
 
-def write_throughput_lines(path: Path, batch: int, tokens_per_second: float) -> None:
-    """Append one Composer console-logger block to the job's log: the one place the lab's
-    throughput meets the agent (read with ``--throughput.file PATH=llm``)."""
+def cri_time(wall: float) -> str:
+    """A CRI log timestamp (RFC 3339, nanoseconds, UTC) for ``wall`` (unix seconds)."""
+    dt = datetime.datetime.fromtimestamp(wall, datetime.UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond:06d}000Z"
+
+
+def write_throughput_lines(path: Path, batch: int, tokens_per_second: float, wall: float) -> None:
+    """Append one Composer console-logger block to the container's log as the container
+    runtime writes it (CRI: time, stream, ``F`` for a full line, the line)."""
+    stamp = cri_time(wall)
+    lines = (
+        f"[batch={batch}/100000]:",
+        f"\t Train time/batch: {batch}",
+        f"\t Train throughput/tokens_per_sec: {tokens_per_second:.4f}",
+        f"\t Train throughput/device/tokens_per_sec: {tokens_per_second / 32:.4f}",
+    )
     with path.open("a") as f:
-        f.write(
-            f"[batch={batch}/100000]:\n"
-            f"\t Train time/batch: {batch}\n"
-            f"\t Train throughput/tokens_per_sec: {tokens_per_second:.4f}\n"
-            f"\t Train throughput/device/tokens_per_sec: {tokens_per_second / 32:.4f}\n"
-        )
+        f.write("".join(f"{stamp} stdout F {line}\n" for line in lines))
 
 
 def throughput_flags(nodes: Iterable[LabNode]) -> dict[str, list[str]]:
-    """Per node, the agent flags that read its job log (empty when the agent has no
-    ``--throughput.file`` yet)."""
-    from exporter.cli import build_parser
-
-    _, unknown = build_parser().parse_known_args(["agent", "--throughput.file", "x"])
-    known = "--throughput.file" not in unknown
-    return {
-        n.name: ["--throughput.file", f"{n.log_path}={JOB_NAME}"] if known else [] for n in nodes
-    }
+    """Per node, the agent flags that read its pods' logs: the kubelet's log directory.
+    Which pods' logs, and their job name, come from attribution and the pod's API object,
+    as in a DaemonSet (the default ``--throughput.pods=gpu``)."""
+    return {n.name: [f"--path.pod-logs={n.pod_logs}"] for n in nodes}

@@ -17,6 +17,8 @@ BAD_TOKENS_PER_SECOND = 36769.6582
 
 NAMESPACE = "training"
 JOB_NAME = "llm"
+#: the job's container in each pod
+CONTAINER = "trainer"
 
 
 def node_name(i: int) -> str:

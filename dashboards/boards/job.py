@@ -1,0 +1,154 @@
+"""The Job dashboard: one training job's throughput beside the evidence of its own GPUs,
+NICs and nodes."""
+
+from __future__ import annotations
+
+from boards.model import NODE, NODE_GPU, NODE_PORT, PROBE_SIZE, RI, Board, N, Panel, Show
+
+JOB_PODS = 'namespace=~"$namespace"'
+JOB_GPUS = f"max by (instance, gpu, pod) (fabricscope_pod_gpu_info{{{JOB_PODS},{N}}})"
+JOB_NICS = f"max by (instance, device, pod) (fabricscope_pod_rdma_info{{{JOB_PODS},{N}}})"
+
+JOB = Board(
+    "fabricscope-job",
+    "Fabricscope / Job",
+    "One training job: its throughput over time with, on the same time axis, the counters "
+    "of exactly the GPUs and RDMA ports attributed to its pods and the probe results of "
+    "its nodes, so a drop and its cause are on one screen.",
+    (
+        Panel(
+            "Job throughput",
+            "timeseries",
+            (
+                (
+                    'max by (job_name) (fabricscope_throughput_tokens_per_second{job_name=~"$job",'
+                    f"{N}}})",
+                    "{{job_name}} tokens/s",
+                ),
+            ),
+            "none",
+            "Tokens per second the job prints (its own log lines).",
+            w=24,
+            h=7,
+        ),
+        Panel(
+            "Port errors on the job's NICs",
+            "timeseries",
+            (
+                (
+                    "sum by (instance, device) (rate("
+                    f"fabricscope_infiniband_port_symbol_errors_total{{{N}}}[{RI}])) "
+                    f"* on (instance, device) group_left (pod) {JOB_NICS}",
+                    "{{pod}} {{instance}} {{device}}",
+                ),
+            ),
+            "cps",
+            "Symbol errors per second on the RDMA devices allocated to the job's pods.",
+            w=8,
+            shows=(Show(("ib_link_errors",), NODE_PORT),),
+        ),
+        Panel(
+            "Transmit wait on the job's NICs",
+            "timeseries",
+            (
+                (
+                    "sum by (instance, device) (rate("
+                    f"fabricscope_infiniband_port_transmit_wait_total{{{N}}}[{RI}])) "
+                    f"* on (instance, device) group_left (pod) {JOB_NICS}",
+                    "{{pod}} {{instance}} {{device}}",
+                ),
+            ),
+            "none",
+            "PortXmitWait ticks per second on the job's RDMA devices.",
+            w=8,
+            shows=(Show(("ib_link_errors",), NODE_PORT),),
+        ),
+        Panel(
+            "CNPs sent on the job's NICs",
+            "timeseries",
+            (
+                (
+                    "sum by (instance, device) (rate("
+                    f"fabricscope_infiniband_port_cnp_sent_total{{{N}}}[{RI}])) "
+                    f"* on (instance, device) group_left (pod) {JOB_NICS}",
+                    "{{pod}} {{instance}} {{device}}",
+                ),
+            ),
+            "pps",
+            "RoCE congestion notifications the job's ports send.",
+            w=8,
+            shows=(Show(("roce_incast",), NODE_PORT),),
+        ),
+        Panel(
+            "NVLink errors on the job's GPUs",
+            "timeseries",
+            (
+                (
+                    "sum by (instance, gpu) (rate(fabricscope_nvlink_errors_total"
+                    f'{{{N},reason=~"replay|recovery|crc_flit"}}[{RI}])) '
+                    f"* on (instance, gpu) group_left (pod) {JOB_GPUS}",
+                    "{{pod}} {{instance}} GPU {{gpu}}",
+                ),
+            ),
+            "cps",
+            "Replay, recovery and CRC-flit errors per second on the job's GPUs.",
+            w=8,
+            shows=(Show(("nvlink_errors",), NODE_GPU),),
+        ),
+        Panel(
+            "PCIe width of the job's NICs",
+            "timeseries",
+            (
+                (
+                    f"(fabricscope_pci_link_width{{{N}}} / on (instance, pci_bus_id) "
+                    f"fabricscope_pci_link_max_width{{{N}}}) * on (instance, pci_bus_id) "
+                    "group_left (pod, device) max by (instance, pci_bus_id, pod, device) "
+                    f"(fabricscope_pod_rdma_info{{{JOB_PODS},{N}}})",
+                    "{{pod}} {{instance}} {{device}}",
+                ),
+            ),
+            "percentunit",
+            "Trained over supported PCIe lanes of each NIC the job holds.",
+            w=8,
+            shows=(Show(("pcie_width_degraded",), NODE_PORT, "asc"),),
+        ),
+        Panel(
+            "Placement findings of the job's processes",
+            "timeseries",
+            (
+                (
+                    "sum by (instance, pod, kind) (fabricscope_workload_finding_processes"
+                    f"{{{JOB_PODS},{N}}})",
+                    "{{pod}} {{instance}} {{kind}}",
+                ),
+            ),
+            "none",
+            "Processes of the job's pods with a placement finding.",
+            w=8,
+            shows=(Show(("wrong_numa",), NODE),),
+        ),
+        Panel(
+            "Probe busbw of the job's nodes",
+            "timeseries",
+            (
+                (
+                    "min by (instance, peer) (fabricscope_probe_busbw_bytes_per_second"
+                    f'{{{N},collective="sendrecv",size_bytes={PROBE_SIZE}}}) '
+                    "and on (instance) count by (instance) "
+                    f"(fabricscope_pod_gpu_info{{{JOB_PODS},{N}}})",
+                    "{{instance}} -> {{peer}}",
+                ),
+            ),
+            "Bps",
+            "Worst GPU pair's node-pair sendrecv bus bandwidth at 64 MiB, for the nodes "
+            "running the job.",
+            w=24,
+            h=7,
+            shows=(Show(("ib_link_errors", "pcie_width_degraded"), NODE, "asc"),),
+        ),
+    ),
+    extra_vars=(
+        ("namespace", "label_values(fabricscope_pod_gpu_info, namespace)"),
+        ("job", "label_values(fabricscope_throughput_tokens_per_second, job_name)"),
+    ),
+)

@@ -1,0 +1,234 @@
+"""The Node dashboard: one node's ports, GPUs, PCIe links and topology findings."""
+
+from __future__ import annotations
+
+from boards.model import RI, Board, N, Panel, Show
+
+NODE_BOARD = Board(
+    "fabricscope-node",
+    "Fabricscope / Node",
+    "One node: its RDMA ports' traffic against their rate, error counters as rates, "
+    "saturated counters, RoCE congestion and netdev drops; its GPUs' NVLinks, PCIe and "
+    "XIDs; and the GPU-NIC topology and workload placement findings.",
+    (
+        Panel(
+            "Port throughput (tx + rx)",
+            "timeseries",
+            (
+                (
+                    f"sum by (device) (rate(fabricscope_infiniband_port_transmitted_bytes_total"
+                    f"{{{N}}}[{RI}]) + rate(fabricscope_infiniband_port_received_bytes_total"
+                    f"{{{N}}}[{RI}]))",
+                    "{{device}}",
+                ),
+            ),
+            "Bps",
+            "Bytes per second each port moves, both directions together.",
+        ),
+        Panel(
+            "Port utilisation (tx) against its rate",
+            "timeseries",
+            (
+                (
+                    f"rate(fabricscope_infiniband_port_transmitted_bytes_total{{{N}}}[{RI}])"
+                    " / on (instance, device, port) "
+                    f"fabricscope_infiniband_port_rate_bytes_per_second{{{N}}}",
+                    "{{device}}",
+                ),
+            ),
+            "percentunit",
+            "Transmitted bytes per second over the port's link rate.",
+        ),
+        Panel(
+            "Port errors",
+            "timeseries",
+            (
+                (
+                    "sum by (device) (rate(fabricscope_infiniband_port_symbol_errors_total"
+                    f"{{{N}}}[{RI}]))",
+                    "{{device}} symbol",
+                ),
+                (
+                    "sum by (device) (rate(fabricscope_infiniband_port_receive_errors_total"
+                    f"{{{N}}}[{RI}]))",
+                    "{{device}} rcv",
+                ),
+                (
+                    "sum by (device) (increase(fabricscope_infiniband_port_link_downed_total"
+                    f"{{{N}}}[{RI}]))",
+                    "{{device}} link downed",
+                ),
+            ),
+            "cps",
+            "Symbol errors and receive errors per second; link downs in each interval.",
+            shows=(Show(("ib_link_errors",), (("device", "device"),)),),
+        ),
+        Panel(
+            "Saturated PMA counters",
+            "bargauge",
+            (
+                (
+                    "sort_desc(sum by (device) (fabricscope_infiniband_port_pma_saturated"
+                    f"{{{N}}}))",
+                    "{{device}}",
+                ),
+            ),
+            "none",
+            "Counters stuck at their width's maximum (their rates read 0): reset them.",
+            w=6,
+        ),
+        Panel(
+            "Port state (1 = up)",
+            "bargauge",
+            (
+                (
+                    f"sort(min by (device) (fabricscope_infiniband_port_up{{{N}}}))",
+                    "{{device}}",
+                ),
+            ),
+            "bool_on_off",
+            "1: ACTIVE and LinkUp.",
+            w=6,
+        ),
+        Panel(
+            "RoCE congestion: CNPs and PFC pause",
+            "timeseries",
+            (
+                (
+                    f"rate(fabricscope_infiniband_port_cnp_sent_total{{{N}}}[{RI}])",
+                    "{{device}} CNP sent",
+                ),
+                (
+                    f"rate(fabricscope_infiniband_port_cnp_handled_total{{{N}}}[{RI}])",
+                    "{{device}} CNP handled",
+                ),
+                (
+                    "sum by (netdev, direction) (rate(fabricscope_netdev_pfc_pause_frames_total"
+                    f"{{{N}}}[{RI}]))",
+                    "{{netdev}} pause {{direction}}",
+                ),
+            ),
+            "pps",
+            "CNPs sent (congestion arrives here) and handled (this port slows down); PFC "
+            "pause frames sent (tx) and received (rx).",
+        ),
+        Panel(
+            "Netdev drops",
+            "timeseries",
+            (
+                (
+                    f"sum by (netdev) (rate(fabricscope_netdev_out_of_buffer_drops_total{{{N}}}"
+                    f"[{RI}]))",
+                    "{{netdev}} out of buffer",
+                ),
+                (
+                    f"sum by (netdev) (rate(fabricscope_netdev_phy_discarded_packets_total"
+                    f"{{{N}}}[{RI}]))",
+                    "{{netdev}} phy discards",
+                ),
+                (
+                    f"sum by (netdev) (rate(fabricscope_netdev_dropped_packets_total{{{N}}}"
+                    f"[{RI}]))",
+                    "{{netdev}} kernel drops",
+                ),
+            ),
+            "pps",
+            "Packets dropped for want of receive buffers, discarded at the PHY, or dropped "
+            "by the kernel.",
+        ),
+        Panel(
+            "NVLinks up per GPU",
+            "bargauge",
+            ((f"sort(sum by (gpu) (fabricscope_nvlink_up{{{N}}}))", "GPU {{gpu}}"),),
+            "none",
+            "Active NVLinks of each GPU (18 on an H100/H200).",
+            w=6,
+        ),
+        Panel(
+            "NVLink errors",
+            "timeseries",
+            (
+                (
+                    "sum by (gpu, reason) (rate(fabricscope_nvlink_errors_total"
+                    f'{{{N},reason=~"replay|recovery|crc_flit"}}[{RI}]))',
+                    "GPU {{gpu}} {{reason}}",
+                ),
+            ),
+            "cps",
+            "Replay, recovery and CRC-flit errors per second (crc_data/ecc_data are left "
+            "out: non-zero on healthy links).",
+            w=18,
+            shows=(Show(("nvlink_errors",), (("gpu", "gpu"),)),),
+        ),
+        Panel(
+            "PCIe links narrower than both ends support",
+            "bargauge",
+            (
+                (
+                    f"topk(10, fabricscope_pci_link_width_degraded{{{N}}})",
+                    "{{pci_bus_id}}",
+                ),
+            ),
+            "bool_yes_no",
+            "1: the link above this GPU, NIC or bridge trained with fewer lanes than it and "
+            "its upstream port both support (a reseat or reboot usually retrains it).",
+            shows=(Show(("pcie_width_degraded",), (("pci_bus_id", "pci_bus_id"),)),),
+        ),
+        Panel(
+            "GPU PCIe generation and width",
+            "timeseries",
+            (
+                (f"fabricscope_gpu_pcie_current_link_width{{{N}}}", "GPU {{gpu}} width"),
+                (f"fabricscope_gpu_pcie_current_link_generation{{{N}}}", "GPU {{gpu}} gen"),
+            ),
+            "none",
+            "Current PCIe width and generation of each GPU (generation drops at idle by design).",
+        ),
+        Panel(
+            "GPU PCIe replays and XIDs",
+            "timeseries",
+            (
+                (
+                    f"sum by (gpu) (rate(fabricscope_gpu_pcie_replays_total{{{N}}}[{RI}]))",
+                    "GPU {{gpu}} PCIe replays",
+                ),
+                (
+                    f"sum by (gpu, reason) (increase(fabricscope_gpu_xid_errors_total{{{N}}}"
+                    f"[{RI}]))",
+                    "GPU {{gpu}} XID {{reason}}",
+                ),
+            ),
+            "cps",
+            "PCIe replays per second and XID events per interval, per GPU.",
+        ),
+        Panel(
+            "GPU-NIC topology findings",
+            "bargauge",
+            (
+                (
+                    "sort_desc(sum by (pci_bus_id) ("
+                    f"fabricscope_topology_gpu_nearest_nic_cross_numa{{{N}}}))",
+                    "GPU {{pci_bus_id}} nearest NIC cross-NUMA",
+                ),
+            ),
+            "none",
+            "1: every nearest NIC of that GPU is on another NUMA node.",
+        ),
+        Panel(
+            "Workload placement findings",
+            "bargauge",
+            (
+                (
+                    "sort_desc(sum by (gpu, kind) ("
+                    f"fabricscope_workload_finding_processes{{{N}}}))",
+                    "GPU {{gpu}} {{kind}}",
+                ),
+            ),
+            "none",
+            "Training processes per GPU with a placement finding (CPUs off the GPU's NUMA "
+            "node, NCCL_IB_HCA on another node, IB disabled).",
+            shows=(Show(("wrong_numa",), ()),),
+        ),
+    ),
+    single_node=True,
+)
