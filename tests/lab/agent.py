@@ -19,7 +19,7 @@ from agent.attribution import AttributionSnapshot
 from agent.config import AgentConfig
 from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
 from agent.nvml_record import ReplayNvml
-from agent.probe.service import ProbeSnapshot
+from agent.probe.results import ProbeSnapshot
 from agent.runner import SamplerSpec
 from agent.samplers import Latest, build_specs, gpu_pods
 from agent.sysfs import SysfsReader

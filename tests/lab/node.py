@@ -56,7 +56,7 @@ from types import ModuleType
 
 from agent.nvml_record import FORMAT, JsonValue
 from agent.probe.records import MiB, ProbeError, ProbeRecord
-from agent.probe.service import ProbeRun, ProbeSnapshot
+from agent.probe.results import ProbeRun, ProbeSnapshot
 from tests.lab.kubelet import Lister
 from tests.lab.scenarios import CONTAINER, NAMESPACE, RAILS, Scenario, node_name, pod_name
 
