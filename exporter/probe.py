@@ -12,7 +12,7 @@ whatever the cluster size.
 
 from __future__ import annotations
 
-from agent.probe.rendezvous import REFUSAL_REASONS
+from agent.probe.rendezvous_server import REFUSAL_REASONS
 from agent.probe.results import RUN_REASONS, SKIP_REASONS, ProbeRun, ProbeSnapshot
 from exporter.spec import Families, MetricSpec
 

@@ -22,19 +22,18 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ConfigError
-from agent.probe.rendezvous import (
+from agent.probe.rendezvous_client import propose
+from agent.probe.rendezvous_messages import Answer, Offer
+from agent.probe.rendezvous_server import RendezvousServer
+from agent.probe.rendezvous_wire import (
     MAX_FRAME_BYTES,
-    Answer,
     AuthError,
-    Offer,
     PeerUnreachableError,
     ProtocolError,
     RendezvousError,
-    RendezvousServer,
     RendezvousTimeoutError,
-    load_secret,
-    propose,
 )
+from agent.probe.secret import load_secret
 
 SECRET = b"correct horse battery staple 42"
 OTHER_SECRET = b"incorrect donkey battery staple!"

@@ -28,7 +28,7 @@ from agent.probe.devices import GpuSlot, discover_slots
 from agent.probe.launch import WorkerRun, free_port, launch_workers
 from agent.probe.membership import StaticMembers
 from agent.probe.records import ProbeError, ProbeRecord, WorkerSpec
-from agent.probe.rendezvous import RendezvousStats
+from agent.probe.rendezvous_server import RendezvousStats
 from agent.probe.results import SKIP_REASONS, ProbeRun, ProbeSnapshot
 from agent.probe.service import ProbeService
 from agent.probe.worker import measured_record

@@ -10,7 +10,11 @@ Parts (each its own module; the resident agent never imports torch):
 - ``schedule``  the coordinator-free pairing schedule (circle method) and fault localisation.
 - ``plan``      the simulation behind ``fabricscope probe plan`` (rounds, wall time, when a
                 fault is localised).
-- ``rendezvous`` peer authentication (shared secret) before any worker starts.
+- ``rendezvous_*`` peer authentication (shared secret) and the offer/answer before any
+                worker starts: ``rendezvous_wire`` (framing, proofs, errors; the protocol),
+                ``rendezvous_messages`` (Offer, Answer), ``rendezvous_server`` (the host's
+                listener), ``rendezvous_client`` (the guest's ``propose``), ``secret``
+                (the secret file).
 - ``membership`` / ``k8s_members``  who probes whom: a peers file, or the agent pods.
 - ``launch``    one worker process per rank, a deadline, process-group kills, rank records
                 (used by the service, ``fabricscope probe`` and ``launch.run_local``).

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from agent.probe.addresses import is_unspecified
 from agent.probe.launch import Launcher, WorkerRun
 from agent.probe.records import WorkerSpec
-from agent.probe.rendezvous import Answer, Offer, RendezvousError, propose
+from agent.probe.rendezvous_client import propose
+from agent.probe.rendezvous_messages import Answer, Offer
+from agent.probe.rendezvous_wire import RendezvousError
 
 #: longest a guest waits for a host's rendezvous answer
 RENDEZVOUS_TIMEOUT_SECONDS = 10.0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from agent.config import ProbeSettings
 from agent.probe.records import REASONS, ProbeRecord
-from agent.probe.rendezvous import RendezvousStats
+from agent.probe.rendezvous_server import RendezvousStats
 from agent.sysfs import ReadIssue
 
 log = logging.getLogger(__name__)

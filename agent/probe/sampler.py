@@ -14,8 +14,8 @@ from agent.nvml_api import NvmlApi
 from agent.probe.addresses import parse_hostport
 from agent.probe.devices import BusyGpus, NvmlBusyGpus, UnionBusy, discover_slots, no_busy_gpus
 from agent.probe.membership import MembershipSource, PeersFile, normalize_host
-from agent.probe.rendezvous import load_secret
 from agent.probe.results import ProbeSnapshot
+from agent.probe.secret import load_secret
 from agent.probe.service import ProbeService
 
 

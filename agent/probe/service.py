@@ -70,7 +70,8 @@ from agent.probe.guest import RENDEZVOUS_TIMEOUT_SECONDS, guest_probe
 from agent.probe.launch import Launcher, failure_records, free_port, launch_workers
 from agent.probe.membership import MembershipSource, PeersFile, normalize_host
 from agent.probe.records import SpecError, WorkerSpec
-from agent.probe.rendezvous import Answer, Offer, RendezvousServer
+from agent.probe.rendezvous_messages import Answer, Offer
+from agent.probe.rendezvous_server import RendezvousServer
 from agent.probe.results import ProbeLedger, ProbeRun, ProbeSnapshot, device_label, run_reason
 from agent.probe.schedule import partner_of
 from agent.probe.specs import at_master, default_sizes, guest_spec, intra_specs, worker_timeout

@@ -38,15 +38,15 @@ from agent.probe.matrix import MatrixCell, format_grid, heatmap, matrix_rounds, 
 from agent.probe.membership import normalize_host
 from agent.probe.plan import main_plan
 from agent.probe.records import ELEMENT_BYTES, ProbeRecord, WorkerSpec
-from agent.probe.rendezvous import (
+from agent.probe.rendezvous_messages import Offer
+from agent.probe.rendezvous_wire import (
     AuthError,
-    Offer,
     PeerUnreachableError,
     ProtocolError,
     RendezvousError,
     RendezvousTimeoutError,
-    load_secret,
 )
+from agent.probe.secret import load_secret
 from agent.probe.specs import at_master, default_sizes, guest_spec, intra_specs
 from exporter.commands.probe_flags import add_device_flags, count, parse_kinds
 
