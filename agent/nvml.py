@@ -4,7 +4,8 @@ counters), row remapping, volatile ECC, clock-event reasons, compute processes a
 Every NVML call goes through the adapter in :mod:`agent.nvml_api` (:class:`NvmlApi`), so
 tests replay recorded answers (:mod:`agent.nvml_record`) instead of mocking calls. The
 records a pass returns (:class:`NvmlSnapshot` and its parts) are in :mod:`agent.nvml_snapshot`;
-findings are in :mod:`agent.nvml_findings`.
+findings are in :mod:`agent.nvml_findings`; a pass's error policy and batched field values
+are in :mod:`agent.nvml_pass`, the XID event watch in :mod:`agent.nvml_xid`.
 
 What is exported and what is not
     Only what the hardware answers. ``NOT_SUPPORTED`` and ``FUNCTION_NOT_FOUND`` (an older
@@ -58,7 +59,6 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn, TypeAlias, TypeVar
 
 from agent.errors import NoData
 from agent.nvml_api import (
@@ -80,10 +80,10 @@ from agent.nvml_api import (
     UNSUPPORTED,
     VOLATILE_ECC,
     LiveNvml,
-    NvmlAnswerError,
     NvmlApi,
     NvmlCallError,
 )
+from agent.nvml_pass import Batch, GpuLost, Miss, Pass, combine
 from agent.nvml_snapshot import (
     ComputeProcess,
     NvLink,
@@ -92,14 +92,10 @@ from agent.nvml_snapshot import (
     NvmlSnapshot,
     PcieLink,
     RemappedRows,
-    XidCount,
-    XidRegistration,
 )
-from agent.sysfs import ReadIssue
+from agent.nvml_xid import XidEvents
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 _MEGABYTE = 1_000_000
 _PCI_BUS_ID = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
@@ -121,116 +117,9 @@ def normalize_pci_bus_id(nvml_bus_id: str) -> str:
 # -- the sampler --------------------------------------------------------------------------
 
 
-class _GpuLost(Exception):  # noqa: N818 - control flow, never escapes the sampler
-    pass
-
-
-def _issue_reason(name: str) -> str:
-    if name == "NO_PERMISSION":
-        return "permission"
-    if name in ("NOT_FOUND", "GPU_NOT_FOUND"):
-        return "vanished"
-    return "io"
-
-
-def _raise(exc: Exception) -> NoReturn:
-    raise exc
-
-
-def _path(where: str, call: str) -> str:
-    """``nvml/<gpu>/<call>/<qualifier>`` from ``<gpu>/<qualifier>``."""
-    gpu, _, qualifier = where.partition("/")
-    return "/".join(p for p in ("nvml", gpu, call, qualifier) if p)
-
-
-class _Miss(enum.Enum):
-    """Why a read gave no value: NVML does not offer it here, or it failed (an issue)."""
-
-    UNSUPPORTED = "unsupported"
-    FAILED = "failed"
-
-
 #: answers to "is there a link n" meaning "no such link" (links 18-35 of an 18-link GPU
 #: answer INVALID_ARGUMENT)
 NO_LINK = UNSUPPORTED | {"INVALID_ARGUMENT"}
-
-#: one entry of a batched nvmlDeviceGetFieldValues as the sampler sees it (a failed whole call
-#: or an answer of the wrong shape stands for every entry)
-FieldAnswer: TypeAlias = int | NvmlCallError | NvmlAnswerError
-
-
-class _Pass:
-    """Error policy of one sampling pass (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self.issues: list[ReadIssue] = []
-
-    def attempt(
-        self, where: str, thunk: Callable[[], T], *, quiet: frozenset[str] = UNSUPPORTED
-    ) -> T | _Miss:
-        """``thunk()``, or why not; ``where`` is ``<gpu>`` or ``<gpu>/<qualifier>`` or ``""``.
-        An error in ``quiet`` is :attr:`_Miss.UNSUPPORTED`, any other an issue and
-        :attr:`_Miss.FAILED`; GPU_IS_LOST raises :class:`_GpuLost`."""
-        try:
-            return thunk()
-        except NvmlCallError as exc:
-            if exc.name in quiet:
-                return _Miss.UNSUPPORTED
-            if exc.name == "GPU_IS_LOST" and where.partition("/")[0]:
-                raise _GpuLost(str(exc)) from exc
-            self.issues.append(ReadIssue(_path(where, exc.call), _issue_reason(exc.name), str(exc)))
-        except NvmlAnswerError as exc:  # an answer of the wrong shape
-            self.issues.append(ReadIssue(_path(where, exc.call), "parse", str(exc)))
-        except ValueError as exc:  # an answer fabricscope cannot parse (a mangled PCI address)
-            self.issues.append(ReadIssue(f"nvml/{where}", "parse", str(exc)))
-        return _Miss.FAILED
-
-    def get(
-        self, where: str, thunk: Callable[[], T], *, quiet: frozenset[str] = UNSUPPORTED
-    ) -> T | None:
-        """``thunk()``, or ``None`` (see :meth:`attempt`)."""
-        value = self.attempt(where, thunk, quiet=quiet)
-        return None if isinstance(value, _Miss) else value
-
-    def answer(self, where: str, answer: FieldAnswer) -> int | _Miss:
-        """One entry of a batched field-values call, under the policy of a call of its own."""
-        if isinstance(answer, int):
-            return answer
-        return self.attempt(where, functools.partial(_raise, answer))
-
-
-class _Batch:
-    """The field values one GPU's pass needs, gathered so that NVML is called once."""
-
-    def __init__(self) -> None:
-        self.fields: list[tuple[int, int]] = []
-        self._index: dict[tuple[int, str], int] = {}
-        self._answers: tuple[FieldAnswer, ...] = ()
-
-    def ask(self, key: tuple[int, str], field_id: int, scope_id: int) -> None:
-        self._index[key] = len(self.fields)
-        self.fields.append((field_id, scope_id))
-
-    def __contains__(self, key: tuple[int, str]) -> bool:
-        return key in self._index
-
-    def run(self, api: NvmlApi, gpu: int) -> None:
-        if not self.fields:
-            return
-        n = len(self.fields)
-        try:
-            answers: tuple[FieldAnswer, ...] = api.field_values(gpu, self.fields)
-        except (NvmlCallError, NvmlAnswerError) as exc:  # the whole call: every entry
-            answers = (exc,) * n
-        if len(answers) != n:
-            error = NvmlAnswerError(
-                "nvmlDeviceGetFieldValues", f"{len(answers)} answers to {n} fields"
-            )
-            answers = (error,) * n
-        self._answers = answers
-
-    def __getitem__(self, key: tuple[int, str]) -> FieldAnswer:
-        return self._answers[self._index[key]]
 
 
 class _Via(enum.Enum):
@@ -380,78 +269,6 @@ class _GpuBuilder:
         )
 
 
-#: the most XID events one pass collects (the rest wait for the next pass)
-XID_EVENTS_PER_PASS = 1000
-
-
-class _XidEvents:
-    """The XID event set and the counts. Used only from the thread running a pass: it
-    registers the GPUs on the first pass and collects queued events at the end of each."""
-
-    def __init__(self, api: NvmlApi) -> None:
-        self._api = api
-        self._counts: dict[tuple[int, int], int] = {}
-        self._opened = False
-        self._failing = False
-        self.registrations: tuple[XidRegistration, ...] = ()
-
-    def open(self, gpus: Sequence[int]) -> None:
-        """Create the event set and register every GPU (a refusal is noted, not fatal)."""
-        try:
-            self._api.xid_open()
-        except NvmlCallError as exc:
-            log.warning("XID events not watched: %s", exc)
-            self.registrations = tuple(XidRegistration(g, False, exc.name) for g in gpus)
-            return
-        self._opened = True
-        regs = []
-        for gpu in gpus:
-            try:
-                self._api.xid_register(gpu)
-            except NvmlCallError as exc:
-                log.warning("XID events of GPU %d not watched: %s", gpu, exc)
-                regs.append(XidRegistration(gpu, False, exc.name))
-            else:
-                regs.append(XidRegistration(gpu, True))
-        self.registrations = tuple(regs)
-
-    def poll(self, wait_ms: int = 0) -> int:
-        """Count the events queued (waiting up to ``wait_ms`` for the first); how many."""
-        if not any(r.watched for r in self.registrations):
-            return 0
-        n = 0
-        while n < XID_EVENTS_PER_PASS:
-            try:
-                event = self._api.xid_wait(wait_ms if n == 0 else 0)
-            except NvmlCallError as exc:
-                if exc.name != "TIMEOUT":
-                    if not self._failing:
-                        log.error("collecting XID events failed: %s; trying every pass", exc)
-                    self._failing = True
-                    return n
-                break
-            log.warning("GPU %d: XID %d", event.gpu, event.xid)
-            key = (event.gpu, event.xid)
-            self._counts[key] = self._counts.get(key, 0) + 1
-            n += 1
-        if self._failing:
-            log.info("collecting XID events works again")
-            self._failing = False
-        return n
-
-    def counts(self) -> tuple[XidCount, ...]:
-        return tuple(XidCount(g, x, n) for (g, x), n in sorted(self._counts.items()))
-
-    def close(self) -> None:
-        if not self._opened:
-            return
-        self._opened = False
-        try:
-            self._api.xid_close()
-        except NvmlCallError as exc:
-            log.debug("freeing the XID event set: %s", exc)
-
-
 class NvmlSampler:
     """Samples every GPU NVML sees. ``api_factory`` builds the :class:`NvmlApi` (default:
     :class:`LiveNvml`); it is called, and ``nvmlInit`` run, once, on the first pass that
@@ -533,7 +350,7 @@ class NvmlSampler:
         self._factory: Callable[[], NvmlApi] = api_factory or LiveNvml
         self._api: NvmlApi | None = None
         self._watch_xid = watch_xid
-        self._xid: _XidEvents | None = None
+        self._xid: XidEvents | None = None
         self.link_error_rotation = link_error_rotation
         self.slow_error_rotation = slow_error_rotation
         self.static_refresh_passes = static_refresh_passes
@@ -560,7 +377,7 @@ class NvmlSampler:
             k = self._passes
             self._passes += 1
             state = self._state
-        p = _Pass()
+        p = Pass()
         node = state.node
         if node is None or not node.complete or k % self.static_refresh_passes == 0:
             before = len(p.issues)
@@ -587,7 +404,7 @@ class NvmlSampler:
             if k > self._state.pass_index:  # a hung pass returning late keeps nothing
                 self._state = _State(node, caches, k)
         if self._watch_xid and self._xid is None:
-            self._xid = _XidEvents(api)
+            self._xid = XidEvents(api)
             self._xid.open(range(count))
         if self._xid is not None:
             self._xid.poll()
@@ -626,7 +443,7 @@ class NvmlSampler:
         return cache.stale or not cache.static_complete or k >= cache.refresh_at
 
     def _sample_gpu(
-        self, api: NvmlApi, p: _Pass, gpu: int, cache: _GpuCache | None, *, k: int, max_links: int
+        self, api: NvmlApi, p: Pass, gpu: int, cache: _GpuCache | None, *, k: int, max_links: int
     ) -> tuple[NvmlGpu, _GpuCache | None]:
         """One GPU's snapshot and what it leaves for the next pass (``cache`` is this pass's
         own copy)."""
@@ -644,7 +461,7 @@ class NvmlSampler:
             else:
                 states = self._link_states(api, p, gpu, cache.links)
             self._sample_rest(_GpuPass(api, p, gpu, cache), k, states, b)
-        except _GpuLost:
+        except GpuLost:
             if cache is not None:
                 cache.stale = True
             return b.freeze(lost=True), cache
@@ -652,7 +469,7 @@ class NvmlSampler:
 
     @staticmethod
     def _read_static(
-        api: NvmlApi, p: _Pass, gpu: int, max_links: int, old: _GpuCache | None
+        api: NvmlApi, p: Pass, gpu: int, max_links: int, old: _GpuCache | None
     ) -> tuple[_GpuCache, dict[int, int]]:
         """Identity, maximum PCIe link, and which links exist (with this pass's states)."""
         g = str(gpu)
@@ -677,10 +494,10 @@ class NvmlSampler:
             state = p.attempt(
                 f"{g}/link{link}", functools.partial(api.nvlink_state, gpu, link), quiet=NO_LINK
             )
-            if state is _Miss.UNSUPPORTED:
+            if state is Miss.UNSUPPORTED:
                 continue
             links.append(link)  # a link, even if its state failed this time
-            if not isinstance(state, _Miss):
+            if not isinstance(state, Miss):
                 states[link] = state
         cache = _GpuCache(ident, complete, 0, tuple(links))
         if old is not None and not old.stale:  # what outlives a refresh, not a lost GPU
@@ -690,7 +507,7 @@ class NvmlSampler:
         return cache, states
 
     @staticmethod
-    def _link_states(api: NvmlApi, p: _Pass, gpu: int, links: Sequence[int]) -> dict[int, int]:
+    def _link_states(api: NvmlApi, p: Pass, gpu: int, links: Sequence[int]) -> dict[int, int]:
         states: dict[int, int] = {}
         for link in links:
             state = p.get(
@@ -792,10 +609,10 @@ class _GpuPass:
     GPU's cache and the pass's batched field values."""
 
     api: NvmlApi
-    p: _Pass
+    p: Pass
     gpu: int
     cache: _GpuCache
-    batch: _Batch = field(default_factory=_Batch)
+    batch: Batch = field(default_factory=Batch)
     #: NVML's speed for all links, fetched once per GPU when first needed
     common_speed: list[int | None] = field(default_factory=list)
 
@@ -807,15 +624,15 @@ class _GpuPass:
         n_fields = len(_GPU_FIELD_IDS[name])
         first_failed: _Via | None = None
         for via in _paths(_GPU_PATHS, self.cache.via.get(key, _Via.FIELD)):
-            got: tuple[int, ...] | _Miss
+            got: tuple[int, ...] | Miss
             if via is _Via.FIELD:
                 answers = [self.batch[(_GPU_LEVEL, f"{name}/{i}")] for i in range(n_fields)]
-                got = _combine(self.p, f"{self.gpu}/{name}", answers)
+                got = combine(self.p, f"{self.gpu}/{name}", answers)
             else:
                 got = self.p.attempt(call_where, call)
-            if got is _Miss.UNSUPPORTED:
+            if got is Miss.UNSUPPORTED:
                 continue
-            if isinstance(got, _Miss):
+            if isinstance(got, Miss):
                 first_failed = first_failed or via
                 continue
             self.cache.via[key] = first_failed or via
@@ -831,7 +648,7 @@ class _GpuPass:
         legacy = FI_LEGACY_ERRORS[name]
         first_failed: _Via | None = None
         for via in _paths(_COUNTER_PATHS, self.cache.via.get(key, _default_via(name))):
-            got: int | _Miss
+            got: int | Miss
             if via is _Via.FIELD:
                 got = self.p.answer(where, self.batch[key])
             elif via is _Via.CALL:
@@ -844,10 +661,10 @@ class _GpuPass:
                     where, functools.partial(self.api.field_value, self.gpu, legacy[link], 0)
                 )
             else:
-                got = _Miss.UNSUPPORTED
-            if got is _Miss.UNSUPPORTED:
+                got = Miss.UNSUPPORTED
+            if got is Miss.UNSUPPORTED:
                 continue
-            if isinstance(got, _Miss):
+            if isinstance(got, Miss):
                 first_failed = first_failed or via
                 continue
             self.cache.via[key] = first_failed or via
@@ -884,7 +701,7 @@ class _GpuPass:
         api, p, gpu = self.api, self.p, self.gpu
         where = f"{gpu}/link{link}/speed"
         got = p.answer(where, self.batch[(link, "speed")])
-        mbps = None if isinstance(got, _Miss) else got
+        mbps = None if isinstance(got, Miss) else got
         if mbps is None and link < len(FI_LEGACY_SPEED):
             mbps = p.get(where, lambda: api.field_value(gpu, FI_LEGACY_SPEED[link], 0))
         if mbps is None:
@@ -896,17 +713,6 @@ class _GpuPass:
         if mbps is None or mbps <= 0:
             return None
         return mbps * _MEGABYTE
-
-
-def _combine(p: _Pass, where: str, answers: Sequence[FieldAnswer]) -> tuple[int, ...] | _Miss:
-    """Several fields standing for one value: all their values, or the first entry's miss."""
-    values: list[int] = []
-    for answer in answers:
-        got = p.answer(where, answer)
-        if isinstance(got, _Miss):
-            return got
-        values.append(got)
-    return tuple(values)
 
 
 def child_sampler(
