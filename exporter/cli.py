@@ -302,9 +302,40 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--web.max-requests",
         dest="max_requests",
-        type=int,
+        type=_rotation,
         default=40,
         help="concurrent requests served before answering 503 (default: %(default)s)",
+    )
+    agent.add_argument(
+        "--web.max-connections",
+        dest="max_connections",
+        type=_rotation,
+        default=512,
+        help="open connections in all; a newcomer closes the oldest idle one of the client "
+        "holding the most (default: %(default)s)",
+    )
+    agent.add_argument(
+        "--web.max-connections-per-address",
+        dest="max_per_address",
+        type=_rotation,
+        default=16,
+        help="open connections from one client address (IPv6: per /64) (default: %(default)s)",
+    )
+    agent.add_argument(
+        "--web.header-timeout",
+        dest="header_timeout",
+        type=_positive,
+        default=5.0,
+        metavar="SECONDS",
+        help="time for a connection's TLS handshake and request to arrive (default: %(default)s)",
+    )
+    agent.add_argument(
+        "--web.idle-timeout",
+        dest="idle_timeout",
+        type=_positive,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long an idle keep-alive connection is kept (default: %(default)s)",
     )
     agent.add_argument(
         "--once",
@@ -408,13 +439,20 @@ def cmd_agent(ns: argparse.Namespace) -> int:
 
 
 def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
-    from exporter.server import serve  # imported here: `topo` and `--once` need no server
+    # imported here: `topo` and `--once` need no server
+    from exporter.connlimits import ConnectionLimits
+    from exporter.server import serve
     from exporter.webconfig import load_web_config
 
     web_config = load_web_config(ns.web_config) if ns.web_config else None
-    server = serve(
-        app.cache, ns.listen, web_config=web_config, ready=app.ready, max_requests=ns.max_requests
+    limits = ConnectionLimits(
+        max_requests=ns.max_requests,
+        max_connections=ns.max_connections,
+        max_per_address=ns.max_per_address,
+        header_timeout=ns.header_timeout,
+        idle_timeout=ns.idle_timeout,
     )
+    server = serve(app.cache, ns.listen, web_config=web_config, ready=app.ready, limits=limits)
     log.info(
         "fabricscope %s serving on %s (samplers: %s; TLS %s, basic auth %s)",
         __version__,

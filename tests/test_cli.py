@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 from agentrun import fabricscope
@@ -93,3 +97,43 @@ def test_malformed_web_config_is_a_clear_error(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and str(cfg) in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_connection_limit_flags_reach_the_server(tmp_path: Path) -> None:
+    """A real agent with --web.header-timeout 0.5 closes a half-sent request within a second
+    or two (the default, 5 s, would keep it open) and serves what it did as a series; an
+    out-of-range limit is a one-line error."""
+    proc = fabricscope(["agent", "--once", "--web.max-connections-per-address=0"])
+    assert proc.returncode == 2 and "must be at least 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "exporter.cli", "agent", f"--path.sysfs={tmp_path}"]
+    cmd += [f"--web.listen-address=127.0.0.1:{port}", "--web.header-timeout=0.5"]
+    cmd += ["--web.max-connections-per-address=4", "--web.idle-timeout=30"]
+    agent = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "agent did not come up"
+                time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as half:
+            half.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: half-sent
+            began = time.monotonic()
+            assert half.recv(1024) == b""  # closed by the server
+            assert time.monotonic() - began < 3.0
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                body = r.read().decode()
+            if 'fabricscope_http_connections_closed_total{reason="header_timeout"} 1.0' in body:
+                break
+            assert time.monotonic() < deadline, body[-2000:]
+            time.sleep(0.3)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
