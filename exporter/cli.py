@@ -49,6 +49,7 @@ from exporter.commands import probe as probe_command
 from exporter.commands import probe_flags
 from exporter.commands import snapshot as snapshot_command
 from exporter.commands import topo as topo_command
+from exporter.commands.argtypes import count, positive
 from exporter.commands.source import open_source
 from exporter.explain import cli as explain_cli
 
@@ -62,16 +63,6 @@ def _regex(value: str) -> re.Pattern[str]:
         return re.compile(value)
     except re.error as exc:
         raise argparse.ArgumentTypeError(f"invalid regular expression {value!r}: {exc}") from exc
-
-
-def _positive(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from exc
-    if f <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {value!r}")
-    return f
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -183,22 +174,12 @@ def _add_throughput(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _rotation(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from exc
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {value!r}")
-    return n
-
-
 def _add_samplers(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("samplers")
     g.add_argument(
         "--nvml.link-error-rotation",
         dest="nvml_link_error_rotation",
-        type=_rotation,
+        type=count,
         default=18,
         metavar="PASSES",
         help="read each NVLink's replay/recovery/CRC-flit counters every PASSES passes "
@@ -207,7 +188,7 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--nvml.slow-error-rotation",
         dest="nvml_slow_error_rotation",
-        type=_rotation,
+        type=count,
         default=72,
         metavar="PASSES",
         help="read each NVLink's crc_data/ecc_data counters every PASSES passes "
@@ -232,7 +213,7 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--sampling.interval",
         dest="sampling_interval",
-        type=_positive,
+        type=positive,
         default=15.0,
         metavar="SECONDS",
         help="time between two passes of each sampler (default: %(default)s)",
@@ -240,7 +221,7 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--sampling.timeout",
         dest="sampling_timeout",
-        type=_positive,
+        type=positive,
         default=10.0,
         metavar="SECONDS",
         help="a pass running longer is abandoned and counted (default: %(default)s)",
@@ -302,14 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--web.max-requests",
         dest="max_requests",
-        type=_rotation,
+        type=count,
         default=40,
         help="concurrent requests served before answering 503 (default: %(default)s)",
     )
     agent.add_argument(
         "--web.max-connections",
         dest="max_connections",
-        type=_rotation,
+        type=count,
         default=512,
         help="open connections in all; a newcomer closes the oldest idle one of the client "
         "holding the most (default: %(default)s)",
@@ -317,14 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--web.max-connections-per-address",
         dest="max_per_address",
-        type=_rotation,
+        type=count,
         default=16,
         help="open connections from one client address (IPv6: per /64) (default: %(default)s)",
     )
     agent.add_argument(
         "--web.header-timeout",
         dest="header_timeout",
-        type=_positive,
+        type=positive,
         default=5.0,
         metavar="SECONDS",
         help="time for a connection's TLS handshake and request to arrive (default: %(default)s)",
@@ -332,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--web.idle-timeout",
         dest="idle_timeout",
-        type=_positive,
+        type=positive,
         default=120.0,
         metavar="SECONDS",
         help="how long an idle keep-alive connection is kept (default: %(default)s)",

@@ -48,7 +48,8 @@ from agent.probe.rendezvous_wire import (
 )
 from agent.probe.secret import load_secret
 from agent.probe.specs import at_master, default_sizes, guest_spec, intra_specs
-from exporter.commands.probe_flags import add_device_flags, count, parse_kinds
+from exporter.commands.argtypes import count
+from exporter.commands.probe_flags import add_device_flags, parse_kinds
 
 log = logging.getLogger("fabricscope.probe")
 

@@ -10,6 +10,7 @@ import re
 from agent.config import DEFAULT_PROBE_PORT, PROBE_BACKENDS, PROBE_KINDS, ProbeSettings
 from agent.errors import ConfigError
 from agent.probe.records import ELEMENT_BYTES
+from exporter.commands.argtypes import count, non_negative, positive
 
 _SIZE = re.compile(r"^(\d+)([KMG]?)(i?B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -39,36 +40,6 @@ def parse_kinds(text: str) -> tuple[str, ...]:
             f"collectives must be some of {', '.join(PROBE_KINDS)}, got {text!r}"
         )
     return kinds
-
-
-def positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
-def non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
-
-
-def count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return value
 
 
 def add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
