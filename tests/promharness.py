@@ -290,42 +290,60 @@ def start_prometheus(
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     promtool_check_config(config_path)
+
+    def argv(port: int, attempt: int) -> list[str]:
+        data = tsdb_path if tsdb_path is not None else workdir / f"data-{attempt}"
+        return [
+            PROMETHEUS,
+            f"--config.file={config_path}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            *extra_args,
+        ]
+
+    return _launch(Prometheus, argv, workdir, "prometheus")
+
+
+D = TypeVar("D", bound="Prometheus")
+
+
+def _launch(
+    make: Callable[[subprocess.Popen[bytes], int, Path], D],
+    argv: Callable[[int, int], list[str]],
+    workdir: Path,
+    name: str,
+) -> D:
+    """Start ``name`` (``argv(port, attempt)``) on a free 127.0.0.1 port, its output in
+    ``workdir/<name>.log``, and wait for ``/-/ready``; a port another process took between
+    ``free_port()`` and the bind is retried (3 attempts in all)."""
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     attempts = 3
     for attempt in range(attempts):
         port = free_port()
-        data = tsdb_path if tsdb_path is not None else workdir / f"data-{attempt}"
-        log_path = workdir / "prometheus.log"
-        with log_path.open("wb") as log_file:
+        with (workdir / f"{name}.log").open("wb") as log_file:
             process = subprocess.Popen(
-                [
-                    PROMETHEUS,
-                    f"--config.file={config_path}",
-                    f"--storage.tsdb.path={data}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    *extra_args,
-                ],
+                argv(port, attempt),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        prom = Prometheus(process, port, workdir)
+        daemon = make(process, port, workdir)
         try:
             wait_until(
-                functools.partial(_ready, prom),
+                functools.partial(_ready, daemon),
                 timeout=STARTUP_TIMEOUT,
-                what="prometheus /-/ready",
+                what=f"{name} /-/ready",
                 interval=0.05,
             )
         except TimeoutError as e:
-            prom.stop()
-            raise PrometheusError(f"{e}\nprometheus log:\n{prom.log_tail()}") from None
+            daemon.stop()
+            raise PrometheusError(f"{e}\n{name} log:\n{daemon.log_tail()}") from None
         except PrometheusError:
-            if "address already in use" in prom.log_tail() and attempt + 1 < attempts:
+            if "address already in use" in daemon.log_tail() and attempt + 1 < attempts:
                 continue  # another process took the port between free_port() and bind
             raise
-        return prom
+        return daemon
     raise AssertionError("unreachable")
 
 
@@ -596,37 +614,14 @@ def start_alertmanager(
     }
     config_path = workdir / "alertmanager.yml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    for attempt in range(3):
-        port = free_port()
-        with (workdir / "alertmanager.log").open("wb") as log_file:
-            process = subprocess.Popen(
-                [
-                    ALERTMANAGER,
-                    f"--config.file={config_path}",
-                    f"--storage.path={workdir / f'data-{attempt}'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    "--cluster.listen-address=",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        am = Alertmanager(process, port, workdir)
-        try:
-            wait_until(
-                functools.partial(_ready, am),
-                timeout=STARTUP_TIMEOUT,
-                what="alertmanager /-/ready",
-                interval=0.05,
-            )
-        except TimeoutError as e:
-            am.stop()
-            raise PrometheusError(f"{e}\nalertmanager log:\n{am.log_tail()}") from None
-        except PrometheusError:
-            if "address already in use" in am.log_tail() and attempt < 2:
-                continue
-            raise
-        return am
-    raise AssertionError("unreachable")
+
+    def argv(port: int, attempt: int) -> list[str]:
+        return [
+            ALERTMANAGER,
+            f"--config.file={config_path}",
+            f"--storage.path={workdir / f'data-{attempt}'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ]
+
+    return _launch(Alertmanager, argv, workdir, "alertmanager")
