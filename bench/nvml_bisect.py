@@ -19,6 +19,16 @@ Variants (one variable each):
 * ``errcounter_xidwait``: per-link nvmlDeviceGetNvLinkErrorCounter calls plus the waiting
   thread.
 * ``sampler_default_xid``: the agent's defaults (18/72) with the waiting thread.
+* ``forced_single``, ``forced_two_threads``, ``forced_xidwait``: the ``batch_*`` shapes with
+  the link-scoped fields asked for EVERY link index the library knows (0 to
+  NVML_NVLINK_MAX_LINKS - 1) whether or not the link is up, so the driver's NVLink field path
+  runs even on a GPU without active NVLinks (a lone GPU of a VM).
+
+Every ``batch``/``forced`` loop also checks the answers: each call's per-entry return codes
+are compared with those of one call made before any second thread started; a call whose
+codes differ is counted (``mismatches``). Concurrent nvmlDeviceGetFieldValues has been
+reported to answer NOT_SUPPORTED for supported entries (DataDog/datadog-agent #54821), so a
+mismatch is thread-unsafety seen without a crash.
 """
 
 from __future__ import annotations
@@ -34,13 +44,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 SCOPED = (161, 162, 163)
 GPU_FIELDS = (3, 4, 94, 142, 143, 144, 145)
 XID_EVENT = 0x0000000000000008  # nvmlEventTypeXidCriticalError
 
 
-def _links(n, h):  # type: ignore[no-untyped-def]
+def _links(n: Any, h: Any) -> list[int]:
     out = []
     for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18))):
         try:
@@ -61,23 +72,34 @@ def _xid_waiter(n, handles, stop: threading.Event) -> None:  # type: ignore[no-u
             n.nvmlEventSetWait_v2(es, 1000)
 
 
+def _codes(n: Any, h: Any, fields: list[tuple[int, int]]) -> tuple[int, ...]:
+    return tuple(int(v.nvmlReturn) for v in n.nvmlDeviceGetFieldValues(h, fields))
+
+
 def _raw(variant: str, deadline: float, counter: list[int]) -> None:
     import pynvml as n
 
     n.nvmlInit()
     handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+    every = range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)))
+
+    def links(h: Any) -> list[int]:
+        return list(every) if variant.startswith("forced_") else _links(n, h)
+
     fields = {
-        id(h): [(f, link) for link in _links(n, h) for f in SCOPED] + [(f, 0) for f in GPU_FIELDS]
+        id(h): [(f, link) for link in links(h) for f in SCOPED] + [(f, 0) for f in GPU_FIELDS]
         for h in handles
     }
+    baseline = {id(h): _codes(n, h, fields[id(h)]) for h in handles}
     stop = threading.Event()
-    if variant in ("batch_xidwait", "errcounter_xidwait"):
+    if variant in ("batch_xidwait", "errcounter_xidwait", "forced_xidwait"):
         threading.Thread(target=_xid_waiter, args=(n, handles, stop), daemon=True).start()
 
     def batch_loop() -> None:
         while time.monotonic() < deadline:
             for h in handles:
-                n.nvmlDeviceGetFieldValues(h, fields[id(h)])
+                if _codes(n, h, fields[id(h)]) != baseline[id(h)]:
+                    counter[1] += 1
             counter[0] += 1
 
     def errcounter_loop() -> None:
@@ -90,7 +112,7 @@ def _raw(variant: str, deadline: float, counter: list[int]) -> None:
                             n.nvmlDeviceGetNvLinkErrorCounter(h, link, c)
             counter[0] += 1
 
-    if variant == "batch_two_threads":
+    if variant.endswith("_two_threads"):
         t = threading.Thread(target=batch_loop, daemon=True)
         t.start()
         batch_loop()
@@ -132,11 +154,11 @@ def _sampler(variant: str, deadline: float, counter: list[int]) -> None:
 def child(variant: str, duration: float, progress: Path) -> None:
     faulthandler.enable()
     deadline = time.monotonic() + duration
-    counter = [0]
+    counter = [0, 0]  # loops, answers differing from the single-threaded baseline
 
     def report() -> None:
         while True:
-            progress.write_text(str(counter[0]))
+            progress.write_text(f"{counter[0]} {counter[1]}")
             time.sleep(1.0)
 
     threading.Thread(target=report, daemon=True).start()
@@ -144,7 +166,7 @@ def child(variant: str, duration: float, progress: Path) -> None:
         _sampler(variant, deadline, counter)
     else:
         _raw(variant, deadline, counter)
-    progress.write_text(str(counter[0]))
+    progress.write_text(f"{counter[0]} {counter[1]}")
 
 
 PLAN = (
@@ -156,6 +178,9 @@ PLAN = (
     ("batch_two_threads", 1),
     ("errcounter_xidwait", 1),
     ("sampler_default_xid", 1),
+    ("forced_single", 1),
+    ("forced_two_threads", 2),
+    ("forced_xidwait", 2),
 )
 
 
@@ -183,7 +208,7 @@ def main() -> int:
                 env=env, stdout=subprocess.DEVNULL, stderr=err,
             )  # fmt: skip
             procs.append((tag, p, prog, err, time.monotonic()))
-    results = []
+    results: list[dict[str, Any]] = []
     for tag, p, prog, err, _t0 in procs:
         try:
             rc = p.wait(timeout=args.duration + 120)
@@ -191,16 +216,19 @@ def main() -> int:
             p.kill()
             rc = p.wait()
         err.close()
-        loops = prog.read_text() if prog.exists() else "0"
+        loops, _, mism = (prog.read_text() if prog.exists() else "0 0").partition(" ")
         how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
         tail = (args.out / f"{tag}.stderr").read_text(errors="replace").splitlines()[-12:]
-        results.append({"run": tag, "ended": how, "loops": int(loops or 0), "tail": tail})
-        print(f"{tag:24} {how:16} loops={loops}", flush=True)
+        results.append(
+            {"run": tag, "ended": how, "loops": int(loops or 0),
+             "mismatches": int(mism or 0), "tail": tail}
+        )  # fmt: skip
+        print(f"{tag:24} {how:16} loops={loops} mismatches={mism or 0}", flush=True)
     (args.out / "summary.json").write_text(json.dumps(results, indent=1))
-    for r in results:
-        if r["ended"] != "exit 0":
-            print(f"--- {r['run']}: {r['ended']}")
-            print("\n".join(r["tail"]))
+    for res in results:
+        if res["ended"] != "exit 0":
+            print(f"--- {res['run']}: {res['ended']}")
+            print("\n".join(res["tail"]))
     return 0
 
 
