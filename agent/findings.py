@@ -2,13 +2,13 @@
 the one vocabulary of their kinds.
 
 Each area's analysis (``agent.infiniband.findings``, ``agent.topology.findings``,
-``agent.nvml_findings.findings``, ``agent.workload.findings``) returns a list of :class:`Finding`;
-:func:`agent.node_findings.collect` joins them for ``fabricscope topo`` (table and JSON) and
-for the ``fabricscope_findings{kind}`` series. :data:`KINDS` is the single registry: every
-kind a finding may carry, with its severity, the series an alert can use and the shipped
-alert that fires on it. A :class:`Finding` of an unregistered kind cannot be built, and
-docs/metrics.md is generated from the registry, so the CLI, the series, the alerts and the
-docs cannot drift apart.
+``agent.nvml_findings.findings``, ``agent.workload_findings.findings``) returns a list of
+:class:`Finding`; :func:`agent.node_findings.collect` joins them for ``fabricscope topo``
+(table and JSON) and for the ``fabricscope_findings{kind}`` series. :data:`KINDS` is the
+single registry: every kind a finding may carry, with its severity, the series an alert can
+use and the shipped alert that fires on it. A :class:`Finding` of an unregistered kind
+cannot be built, and docs/metrics.md is generated from the registry, so the CLI, the series,
+the alerts and the docs cannot drift apart.
 """
 
 from __future__ import annotations

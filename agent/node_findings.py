@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent import infiniband, nvml_findings, topology, workload
+from agent import infiniband, nvml_findings, topology, workload_findings
 from agent.findings import KINDS, Area, Finding
 from agent.infiniband import InfinibandSnapshot
 from agent.nvml_snapshot import NvmlSnapshot
@@ -61,6 +61,6 @@ def collect(
         found += nvml_findings.findings(gpu)
         checked.append("nvml")
     if work is not None:
-        found += workload.findings(work)
+        found += workload_findings.findings(work)
         checked.append("workload")
     return NodeFindings(tuple(sorted(found)), tuple(checked))

@@ -11,7 +11,8 @@ container; values outside a safe character set are exported as ``<redacted>``.
 
 from __future__ import annotations
 
-from agent.workload import PROCESS_FINDING_KINDS, WorkloadSnapshot, workload_findings
+from agent.workload import WorkloadSnapshot
+from agent.workload_findings import PROCESS_FINDING_KINDS, workload_findings
 from exporter.spec import Families, MetricSpec
 
 _POD = ("gpu", "namespace", "pod", "container")

@@ -13,7 +13,7 @@ import yaml
 
 from agent import findings as findings_mod
 from agent.findings import KINDS, Finding
-from agent.workload import PROCESS_FINDING_KINDS
+from agent.workload_findings import PROCESS_FINDING_KINDS
 from exporter.catalog import all_specs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ def shipped_alerts() -> dict[str, str]:
 def raised_kinds() -> set[str]:
     """Kinds named in Finding(...) calls of the analysis modules, read from their source."""
     kinds: set[str] = set()
-    for name in ("infiniband", "topology", "nvml", "nvml_findings", "workload"):
+    for name in ("infiniband", "topology", "nvml", "nvml_findings", "workload_findings"):
         text = (ROOT / "agent" / f"{name}.py").read_text()
         kinds |= set(re.findall(r'Finding\(\s*"([a-z0-9_]+)"', text))
     return kinds
