@@ -59,9 +59,13 @@ echo "agent pid $AGENT, NVML child pid ${CHILD:-none}; compute apps:"
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 if nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qwE "$AGENT${CHILD:+|$CHILD}"; then
   echo "FAIL: the agent or its child holds a GPU context"; rc=1; else echo "PASS: no GPU context"; fi
-echo "agent $(grep VmRSS /proc/$AGENT/status)"; [ -n "$CHILD" ] && echo "child $(grep VmRSS /proc/$CHILD/status)"
+mem() { grep -E '^(Rss|Pss|Private_Dirty):' "/proc/$1/smaps_rollup" | tr -s ' ' | paste -sd' '; }
+echo "agent $(mem $AGENT)"; [ -n "$CHILD" ] && echo "child $(mem $CHILD)"
 [ -n "$CHILD" ] || { echo "FAIL: no NVML child process"; rc=1; }
 kill $AGENT; wait $AGENT || { echo "FAIL: agent exit status $?"; rc=1; }
+
+step "the probe's GPU view (NVML in its own child) against nvidia-smi"
+python3 scripts/gpu_probe_devices.py || rc=1
 
 step "NVML pass cost"
 python3 bench/bench_nvml.py --json "$OUT/bench_nvml.json" || rc=1

@@ -26,6 +26,7 @@ from promharness import free_port
 
 from agent.errors import NoData, SamplerFailure
 from agent.isolation import ChildSpec, IsolatedSampler, describe_exit
+from agent.probe.devices import GpuSlot, NvmlBusyGpus, discover_slots, isolated_gpu_view
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests" / "nvml_standin" / "libnvidia-ml.c"
@@ -204,6 +205,84 @@ def test_crashes_and_hangs_cost_passes_not_the_agent(agent: Agent, standin: Stan
     assert "sampler nvml crashed: child process" in logs and "sampler nvml hung" in logs
     assert "Fatal Python error: Segmentation fault" in logs  # the child's faulthandler
     assert "Traceback" not in logs
+
+
+def test_the_probes_gpu_checks_run_in_a_child_too(standin: StandIn) -> None:
+    """The probe asks NVML which GPUs there are and which run compute processes: through a
+    child process of its own (the agent never loads the library). A segfault there makes
+    the busy check "unknown" (the probe takes no GPU), not a dead agent; the child is
+    restarted after its backoff and answers again."""
+    standin.set("")
+    view = isolated_gpu_view(standin.env(), timeout_seconds=2.0, start_timeout_seconds=20.0)
+    try:
+        assert discover_slots("auto", 2, view=view) == ("nccl", (GpuSlot(0, 0),))
+        first = view.pid
+        assert first is not None and first != os.getpid()
+        with open(f"/proc/{first}/maps") as maps:
+            assert str(standin.libdir / "libnvidia-ml.so.1") in maps.read()
+        busy = NvmlBusyGpus(view)
+        assert busy() == frozenset()  # the stand-in's GPU runs nothing
+        standin.set("segv")
+        assert busy() is None  # crashed: unknown
+        assert busy() is None  # backing off: still unknown, at once
+        standin.set("")
+        deadline = time.monotonic() + 15
+        while (answer := busy()) is None:
+            assert time.monotonic() < deadline, "the GPU view did not come back"
+            time.sleep(0.2)
+        assert answer == frozenset()
+        assert view.restarts_total == 1 and view.pid not in (None, first)
+    finally:
+        standin.set("")
+        view.close()
+
+
+def test_an_nvml_crash_in_probe_discovery_leaves_the_agent_serving(
+    standin: StandIn, tmp_path: Path
+) -> None:
+    """``agent --probe`` with a library that segfaults: the probe's device discovery runs in
+    a child, which dies; the agent says why in one line, probes CPU slots (``auto``) and
+    serves every other series."""
+    standin.set("segv")
+    secret = tmp_path / "secret"
+    secret.write_text("ab" * 32 + "\n")
+    secret.chmod(0o600)
+    port = free_port()
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "exporter.cli", "agent", f"--path.sysfs={SYSFS}"),
+                *(f"--web.listen-address=127.0.0.1:{port}", "--sampling.interval=0.25"),
+                *("--no-sampler.netdev", "--no-sampler.workload", "--no-sampler.attribution"),
+                *("--sampling.timeout=0.25", "--no-sampler.nvml", "--probe"),
+                f"--probe.secret-file={secret}",
+                f"--probe.listen-address=127.0.0.1:{free_port()}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=standin.env(),
+            cwd=ROOT,
+        )
+    running = Agent(proc, port, log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                body = running.until("probe series", lambda b: "fabricscope_probe_" in b)
+                break
+            except OSError:  # not listening yet
+                assert time.monotonic() < deadline, running.logs()
+                time.sleep(0.1)
+        assert value(body, 'fabricscope_sampler_success{sampler="infiniband"}') == 1
+        logs = running.logs()
+        assert "probe: no GPU (NVML: " in logs and "killed by SIGSEGV" in logs, logs[-3000:]
+        assert "probing 2 CPU slots with gloo" in logs
+        assert "Traceback" not in logs
+    finally:
+        standin.set("")
+        proc.terminate()
+        assert proc.wait(10) == 0, running.logs()
 
 
 def test_without_isolation_the_same_crash_kills_the_process(

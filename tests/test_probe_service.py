@@ -24,7 +24,7 @@ from agent.config import ProbeSettings
 from agent.errors import ConfigError
 from agent.probe.addresses import parse_hostport, probe_id, requested_slot
 from agent.probe.budget import GpuBudget
-from agent.probe.devices import GpuSlot, discover_slots
+from agent.probe.devices import GpuSlot, GpuViewSampler, NvmlBusyGpus, discover_slots
 from agent.probe.launch import WorkerRun, free_port, launch_workers
 from agent.probe.membership import StaticMembers
 from agent.probe.records import ProbeError, ProbeRecord, WorkerSpec
@@ -587,8 +587,9 @@ def test_probe_ids_carry_the_requested_gpu_within_the_rendezvous_grammar() -> No
 
 
 class FakeNvml:
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, busy: tuple[int, ...] = ()) -> None:
         self.count = count
+        self.busy = busy
 
     def init(self) -> None:
         pass
@@ -601,6 +602,9 @@ class FakeNvml:
 
     def uuid(self, gpu: int) -> str:
         return f"GPU-{gpu}aaaa-{gpu}"
+
+    def compute_processes(self, gpu: int) -> tuple[tuple[int, int | None], ...]:
+        return ((4242, None),) if gpu in self.busy else ()
 
 
 @pytest.mark.parametrize(
@@ -617,16 +621,23 @@ class FakeNvml:
 def test_devices_follow_cuda_visible_devices_as_nvml_indices(
     env: dict[str, str], labels: list[int]
 ) -> None:
-    backend, slots = discover_slots("auto", 2, nvml=lambda: FakeNvml(4), env=env)
+    view = GpuViewSampler(lambda: FakeNvml(4), visible=env.get("CUDA_VISIBLE_DEVICES"))
+    backend, slots = discover_slots("auto", 2, view=view)
     assert backend == "nccl"
     assert [(s.label, s.device) for s in slots] == [(i, i) for i in labels]
 
 
+def test_busy_gpus_are_those_running_compute_processes() -> None:
+    view = GpuViewSampler(lambda: FakeNvml(4, busy=(1, 3)), visible="3,2,1")
+    assert discover_slots("auto", 2, view=view)[0] == "nccl"
+    assert NvmlBusyGpus(view)() == frozenset({1, 3})
+
+
 def test_no_gpu_means_gloo_unless_nccl_is_asked_for() -> None:
-    backend, slots = discover_slots("auto", 3, nvml=lambda: FakeNvml(0), env={})
+    backend, slots = discover_slots("auto", 3, view=GpuViewSampler(lambda: FakeNvml(0)))
     assert (backend, [s.label for s in slots]) == ("gloo", [0, 1, 2])
     with pytest.raises(ConfigError, match="no NVIDIA GPU"):
-        discover_slots("nccl", 2, nvml=lambda: FakeNvml(0), env={})
+        discover_slots("nccl", 2, view=GpuViewSampler(lambda: FakeNvml(0)))
 
 
 def test_a_taken_probe_port_is_a_config_error(make_service: Callable[..., ProbeService]) -> None:

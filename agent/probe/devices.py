@@ -3,6 +3,12 @@
 compute processes, GPUs the kubelet gave to pods) and the per-device locks that keep two
 probes off one device.
 
+NVML is never called in the agent's own process: :class:`GpuViewSampler` (the GPUs a probe
+may use and which of them run compute processes now) runs in a supervised child process
+(:func:`isolated_gpu_view`, :mod:`agent.isolation`), the same way the NVML sampler does, so a
+crash or hang inside the driver library costs a busy check ("unknown": nothing is probed),
+never ``/metrics``. The discovery and every later busy check ask the same child.
+
 GPU numbering: a slot's ``label`` is the NVML index (workers run with
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, see :mod:`agent.probe.service`); under gloo it is the slot
 number ``0 .. cpu_slots - 1``.
@@ -13,11 +19,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from agent.errors import ConfigError
-from agent.nvml_api import LiveNvml, NvmlApi, NvmlCallError
+from agent.errors import ConfigError, NoData, SamplerFailure
+from agent.isolation import ChildError, ChildSpec, IsolatedSampler
+from agent.nvml_api import NO_DRIVER, LiveNvml, NvmlApi, NvmlCallError
+from agent.sysfs import ReadIssue
 
 log = logging.getLogger(__name__)
 
@@ -59,30 +68,126 @@ def _visible(env: Mapping[str, str], api: NvmlApi, count: int) -> list[int]:
     return out
 
 
-def discover_slots(
-    backend: str,
-    cpu_slots: int,
-    *,
-    nvml: Callable[[], NvmlApi] | None = None,
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One look at the GPUs through NVML: ``labels``, the NVML indices a probe may use (those
+    named by ``CUDA_VISIBLE_DEVICES`` when it is set), and ``busy``, those of them running
+    compute processes now (None when NVML could not list them)."""
+
+    labels: tuple[int, ...]
+    busy: frozenset[int] | None
+    issues: tuple[ReadIssue, ...] = ()
+
+
+class GpuViewSampler:
+    """Answers :class:`GpuView` from NVML, initialised on the first ``sample()`` and kept.
+    ``visible``: the ``CUDA_VISIBLE_DEVICES`` to honour (None: unset, every GPU). Runs in a
+    child process in the agent (:func:`isolated_gpu_view`); in-process only in tests."""
+
+    name = "probe-gpus"
+
+    def __init__(
+        self, nvml: Callable[[], NvmlApi] | None = None, visible: str | None = None
+    ) -> None:
+        self._factory: Callable[[], NvmlApi] = nvml or LiveNvml
+        self._env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+        self._api: NvmlApi | None = None
+
+    def sample(self) -> GpuView:
+        if self._api is None:
+            api = self._factory()
+            try:
+                api.init()
+            except NvmlCallError as exc:
+                if exc.name in NO_DRIVER:
+                    raise NoData(f"no NVIDIA driver: {exc}") from exc
+                raise
+            self._api = api
+        api = self._api
+        labels = tuple(_visible(self._env, api, api.device_count()))
+        try:
+            busy: frozenset[int] | None = frozenset(g for g in labels if api.compute_processes(g))
+        except NvmlCallError as exc:
+            log.debug("probe: NVML lists no compute processes: %s", exc)
+            busy = None
+        return GpuView(labels, busy)
+
+    def close(self) -> None:
+        api, self._api = self._api, None
+        if api is not None:
+            try:
+                api.shutdown()
+            except NvmlCallError as exc:
+                log.debug("probe: nvmlShutdown: %s", exc)
+
+
+def gpu_view_sampler(visible: str | None = None) -> GpuViewSampler:
+    """The child process's factory (:class:`~agent.isolation.ChildSpec`)."""
+    return GpuViewSampler(visible=visible)
+
+
+class GpuViewSource(Protocol):
+    """A :class:`GpuViewSampler`, in this process or in a child (:func:`isolated_gpu_view`)."""
+
+    def sample(self) -> object: ...
+
+    def close(self) -> None: ...
+
+
+#: what asking a :class:`GpuViewSource` may raise: NVML's own error, no driver, the child
+#: crashed, hung or is backing off, or the sampler raised in the child
+VIEW_ERRORS = (NvmlCallError, NoData, SamplerFailure, ChildError)
+
+
+def isolated_gpu_view(
     env: Mapping[str, str] | None = None,
+    *,
+    timeout_seconds: float = 10.0,
+    start_timeout_seconds: float = 15.0,
+) -> IsolatedSampler:
+    """A :class:`GpuViewSampler` in a supervised child process (started on first use) with
+    environment ``env`` (default: this process's), whose ``CUDA_VISIBLE_DEVICES`` it honours."""
+    environ = dict(os.environ if env is None else env)
+    return IsolatedSampler(
+        GpuViewSampler.name,
+        ChildSpec(
+            "agent.probe.devices:gpu_view_sampler",
+            {"visible": environ.get("CUDA_VISIBLE_DEVICES")},
+        ),
+        timeout_seconds=timeout_seconds,
+        start_timeout_seconds=start_timeout_seconds,
+        env=environ,
+    )
+
+
+def _look(view: GpuViewSource) -> GpuView:
+    answer = view.sample()
+    if not isinstance(answer, GpuView):
+        raise ChildError(f"expected a GpuView, got {type(answer).__name__}")
+    return answer
+
+
+def discover_slots(
+    backend: str, cpu_slots: int, *, view: GpuViewSource | None = None
 ) -> tuple[str, tuple[GpuSlot, ...]]:
     """(backend, devices) a probe may use: NCCL on the GPUs NVML sees (those of
     ``CUDA_VISIBLE_DEVICES`` when set) or, for gloo or ``auto`` without GPUs, ``cpu_slots``
-    simulated devices. ConfigError when ``nccl`` is asked for and there is no GPU."""
+    simulated devices. ConfigError when ``nccl`` is asked for and there is no GPU. ``view``
+    (default: a child process of its own, closed here) is asked once; NVML failing, or
+    crashing its child, reads as no GPU, with the reason in the log line or the error."""
     cpu = tuple(GpuSlot(i, None) for i in range(cpu_slots))
     if backend == "gloo":
         return "gloo", cpu
     why = ""
-    labels: list[int] = []
+    labels: tuple[int, ...] = ()
+    source = view or isolated_gpu_view()
     try:
-        api = (nvml or LiveNvml)()
-        api.init()
-        try:
-            labels = _visible(os.environ if env is None else env, api, api.device_count())
-        finally:
-            api.shutdown()
-    except NvmlCallError as exc:
+        labels = _look(source).labels
+    except VIEW_ERRORS as exc:
         why = f" (NVML: {exc})"
+    finally:
+        if view is None:
+            source.close()
     if labels:
         return "nccl", tuple(GpuSlot(i, i) for i in labels)
     if backend == "nccl":
@@ -101,27 +206,26 @@ def no_busy_gpus() -> frozenset[int]:
 
 
 class NvmlBusyGpus:
-    """Busy GPUs by NVML's compute-process lists (no CUDA context is created). NVML failing
-    is "unknown" (None): the service then treats every GPU as busy."""
+    """Busy GPUs by NVML's compute-process lists, asked of ``view`` (no CUDA context is
+    created). NVML failing, or its child crashing or hanging, is "unknown" (None): the
+    service then treats every GPU as busy. Logged once when it starts failing and once when
+    it answers again. ``close()`` closes the view."""
 
-    def __init__(self, labels: Sequence[int], nvml: Callable[[], NvmlApi] | None = None) -> None:
-        self._labels = tuple(labels)
-        self._factory: Callable[[], NvmlApi] = nvml or LiveNvml
-        self._api: NvmlApi | None = None
+    def __init__(self, view: GpuViewSource) -> None:
+        self._view = view
         self._lock = threading.Lock()
         self._failing = False
 
     def __call__(self) -> frozenset[int] | None:
         with self._lock:
             try:
-                if self._api is None:
-                    api = self._factory()
-                    api.init()
-                    self._api = api
-                busy = frozenset(g for g in self._labels if self._api.compute_processes(g))
-            except NvmlCallError as exc:
+                busy = _look(self._view).busy
+                why = "NVML lists no compute processes"
+            except VIEW_ERRORS as exc:
+                busy, why = None, str(exc)
+            if busy is None:
                 if not self._failing:
-                    log.warning("probe: cannot tell busy GPUs (%s); probing none", exc)
+                    log.warning("probe: cannot tell busy GPUs (%s); probing none", why)
                 self._failing = True
                 return None
             if self._failing:
@@ -131,12 +235,7 @@ class NvmlBusyGpus:
 
     def close(self) -> None:
         with self._lock:
-            if self._api is not None:
-                try:
-                    self._api.shutdown()
-                except NvmlCallError as exc:
-                    log.debug("probe: nvmlShutdown: %s", exc)
-                self._api = None
+            self._view.close()
 
 
 class GpuLocks:

@@ -10,9 +10,16 @@ from collections.abc import Callable
 
 from agent.config import ProbeSettings
 from agent.errors import ConfigError
-from agent.nvml_api import NvmlApi
 from agent.probe.addresses import parse_hostport
-from agent.probe.devices import BusyGpus, NvmlBusyGpus, UnionBusy, discover_slots, no_busy_gpus
+from agent.probe.devices import (
+    BusyGpus,
+    GpuViewSource,
+    NvmlBusyGpus,
+    UnionBusy,
+    discover_slots,
+    isolated_gpu_view,
+    no_busy_gpus,
+)
 from agent.probe.membership import MembershipSource, PeersFile, normalize_host
 from agent.probe.results import ProbeSnapshot
 from agent.probe.secret import load_secret
@@ -38,13 +45,15 @@ class ProbeSampler:
 def build_probe_sampler(
     settings: ProbeSettings,
     *,
-    nvml: Callable[[], NvmlApi] | None = None,
+    view: GpuViewSource | None = None,
     allocated: Callable[[], frozenset[int]] | None = None,
 ) -> ProbeSampler:
     """Load the secret, open the membership source (peers file or Kubernetes), find the
-    devices, start the service (binding the rendezvous port). ``allocated``: GPUs the kubelet
-    gave to pods (never probed, whatever NVML says). ConfigError, one clear line, for
-    anything the user must fix."""
+    devices, start the service (binding the rendezvous port). ``view``: where NVML is asked
+    which GPUs there are and which are busy (default: a child process, kept for the busy
+    checks when the backend is NCCL). ``allocated``: GPUs the kubelet gave to pods (never
+    probed, whatever NVML says). ConfigError, one clear line, for anything the user must
+    fix."""
     secret = load_secret(settings.secret_file) if settings.secret_file else None
     listen: tuple[str, int] | None = None
     if settings.listen_address:
@@ -64,10 +73,13 @@ def build_probe_sampler(
         node_id = normalize_host(node_id)
     except ValueError as exc:
         raise ConfigError(f"probe node id: {exc}") from None
-    backend, slots = discover_slots(settings.backend, settings.cpu_slots, nvml=nvml)
-    busy: BusyGpus = (
-        NvmlBusyGpus([s.label for s in slots], nvml) if backend == "nccl" else no_busy_gpus
-    )
+    gpus = view or (isolated_gpu_view() if settings.backend != "gloo" else None)
+    backend, slots = discover_slots(settings.backend, settings.cpu_slots, view=gpus)
+    busy: BusyGpus = no_busy_gpus
+    if backend == "nccl" and gpus is not None:
+        busy = NvmlBusyGpus(gpus)
+    elif gpus is not None:
+        gpus.close()  # no GPU: the child is not needed again
     if allocated is not None and not settings.force:
         busy = UnionBusy(busy, allocated)
     service = ProbeService(

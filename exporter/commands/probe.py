@@ -31,7 +31,7 @@ from agent.config import DEFAULT_PROBE_PORT
 from agent.errors import ConfigError
 from agent.logsetup import LEVELS
 from agent.probe.addresses import MANUAL_PREFIX, hostport, parse_hostport, probe_id
-from agent.probe.devices import GpuSlot, NvmlBusyGpus, discover_slots
+from agent.probe.devices import GpuSlot, NvmlBusyGpus, discover_slots, isolated_gpu_view
 from agent.probe.guest import GuestOutcome, guest_probe
 from agent.probe.launch import failure_records, launch_workers
 from agent.probe.matrix import MatrixCell, format_grid, heatmap, matrix_rounds, run_matrix, to_csv
@@ -178,13 +178,17 @@ class _Local:
     """This host's devices as the probe command sees them."""
 
     def __init__(self, ns: argparse.Namespace) -> None:
-        self.backend, self.slots = discover_slots(ns.probe_backend, ns.probe_cpu_slots)
-        busy: frozenset[int] = frozenset()
-        if self.backend == "nccl" and not ns.probe_force:
-            checker = NvmlBusyGpus([s.label for s in self.slots])
-            answer = checker()
-            checker.close()
-            busy = answer if answer is not None else frozenset(s.label for s in self.slots)
+        view = isolated_gpu_view()  # NVML in a child process, as in the agent
+        try:
+            self.backend, self.slots = discover_slots(
+                ns.probe_backend, ns.probe_cpu_slots, view=view
+            )
+            busy: frozenset[int] = frozenset()
+            if self.backend == "nccl" and not ns.probe_force:
+                answer = NvmlBusyGpus(view)()
+                busy = answer if answer is not None else frozenset(s.label for s in self.slots)
+        finally:
+            view.close()
         self.busy = busy
         self.idle = [s for s in self.slots if s.label not in busy]
         if busy:

@@ -110,6 +110,15 @@ static int uint_answer(unsigned int *out, unsigned int value) {
     return NVML_SUCCESS;
 }
 
+/* no compute process runs on the stand-in GPU (pynvml asks for the count with no buffer) */
+int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, void *infos) {
+    (void)d;
+    (void)infos;
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
 int nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 5); }
 int nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 5); }
 int nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 16); }
