@@ -431,8 +431,8 @@ def test_nvidia_runtime_environment(built: dict[str, list[Doc]]) -> None:
 
 def test_resources(built: dict[str, list[Doc]]) -> None:
     assert agent_container(built["standard"])["resources"] == {
-        "requests": {"cpu": "50m", "memory": "96Mi"},
-        "limits": {"memory": "192Mi"},
+        "requests": {"cpu": "50m", "memory": "128Mi"},
+        "limits": {"memory": "256Mi"},
     }
     probe = agent_container(built["probe"])["resources"]
     assert "cpu" not in probe["limits"]
@@ -830,7 +830,7 @@ def test_deploy_doc_covers_what_it_must() -> None:
         "IPC_LOCK",
     ):
         assert re.search(rf"^\| `{cap}` \|", table, re.MULTILINE), cap
-    for phrase in ("hostNetwork", "What is unverified", "96Mi", "192Mi", "system-node-critical"):
+    for phrase in ("hostNetwork", "What is unverified", "128Mi", "256Mi", "system-node-critical"):
         assert phrase in doc, phrase
     for component in sorted(p.name for p in (DEPLOY / "components").iterdir()):
         assert f"components/{component}" in doc, component
