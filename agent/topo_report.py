@@ -5,6 +5,8 @@ Pure: it formats what :mod:`agent.topology` and :mod:`agent.node_findings` deriv
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from agent.findings import KINDS
 from agent.infiniband import InfinibandSnapshot
 from agent.node_findings import NodeFindings
@@ -97,17 +99,26 @@ def format_table(
     node: NodeFindings,
     ib: InfinibandSnapshot | None = None,
     nvlinks: NvlinkCounts | None = None,
+    failed: Collection[str] = (),
 ) -> str:
     """An ``nvidia-smi topo -m``-like matrix (GPUs in PCI bus order; a GPU pair joined by
-    NVLink shows ``NV#``), then links, ACS, RDMA ports and every finding of the node."""
+    NVLink shows ``NV#``), then links, ACS, RDMA ports and every finding of the node.
+    ``failed``: areas whose sampler failed (crashed, hung, raised) rather than found no
+    hardware; they are listed apart from the ones with no data."""
     lines = _matrix(topo, nvlinks or {})
     lines += _links(topo) + _acs(topo) + _ports(ib)
     lines += ["", "Findings:", ""]
     lines += [f"  {f.severity:<8} {f.kind} {f.subject}: {f.detail}" for f in node.findings] or [
         "  none"
     ]
+    broken = [a for a in node.areas_missing if a in failed]
+    absent = [a for a in node.areas_missing if a not in failed]
     if node.areas_missing:
-        lines += ["", f"  not checked (no data): {', '.join(node.areas_missing)}"]
+        lines.append("")
+    if absent:
+        lines.append(f"  not checked (no data): {', '.join(absent)}")
+    if broken:
+        lines.append(f"  not checked (sampler failed, see the log): {', '.join(broken)}")
     return "\n".join(lines) + "\n"
 
 

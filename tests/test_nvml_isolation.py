@@ -285,6 +285,30 @@ def test_an_nvml_crash_in_probe_discovery_leaves_the_agent_serving(
         assert proc.wait(10) == 0, running.logs()
 
 
+def test_topo_with_a_crashing_library_still_reports_the_node(standin: StandIn) -> None:
+    """``fabricscope topo`` reads live NVML through a child too: a segfault there costs the
+    NVML area (listed as failed, the signal in the log), not the command; the PCI and
+    InfiniBand findings of the DGX tree are all printed."""
+    standin.set("segv")
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "exporter.cli", "topo", f"--path.sysfs={SYSFS}"],
+            capture_output=True,
+            env=standin.env(),
+            timeout=60,
+            check=False,
+            cwd=ROOT,
+        )
+    finally:
+        standin.set("")
+    out, err = run.stdout.decode(), run.stderr.decode()
+    assert run.returncode == 0, err[-2000:]
+    assert "pci_link_width_degraded" in out and "port_down" in out
+    assert "not checked (sampler failed, see the log): nvml" in out
+    assert "not checked (no data): workload" in out
+    assert "sampler nvml crashed: child process" in err and "killed by SIGSEGV" in err
+
+
 def test_without_isolation_the_same_crash_kills_the_process(
     standin: StandIn, tmp_path: Path
 ) -> None:

@@ -11,11 +11,13 @@ from contextlib import ExitStack
 from agent import topo_report, topology
 from agent.gpu_topology import nvlinks_by_address
 from agent.infiniband import InfinibandSampler, InfinibandSnapshot
+from agent.isolation import ChildSpec, IsolatedSampler
 from agent.node_findings import collect
 from agent.nvml import NvmlSampler
 from agent.nvml_snapshot import NvmlSnapshot
 from agent.pci import PciSampler, PciSnapshot
 from agent.runner import Runner, SamplerSpec
+from agent.sampler import Sampler
 from agent.sysfs import SysfsReader
 from agent.workload import WorkloadSampler, WorkloadSnapshot
 from exporter.commands.source import open_source
@@ -32,7 +34,18 @@ def cmd_topo(ns: argparse.Namespace) -> int:
             SamplerSpec(InfinibandSampler(sysfs), 30.0, 30.0),
         ]
         if "nvml" not in src.unavailable:
-            specs.append(SamplerSpec(NvmlSampler(src.nvml_api, watch_xid=False), 30.0, 30.0))
+            nvml: Sampler
+            if src.nvml_api is None:  # the live library: in a child process, as in the agent
+                child = IsolatedSampler(
+                    "nvml",
+                    ChildSpec("agent.nvml:child_sampler", {"watch_xid": False}),
+                    timeout_seconds=30.0,
+                )
+                stack.callback(child.close)
+                nvml = child
+            else:  # a snapshot's recording, replayed (pure Python)
+                nvml = NvmlSampler(src.nvml_api, watch_xid=False)
+            specs.append(SamplerSpec(nvml, 30.0, 30.0))
         statuses = Runner(specs).run_once()
         pci = statuses["pci"]
         if not isinstance(pci.snapshot, PciSnapshot):
@@ -63,5 +76,8 @@ def cmd_topo(ns: argparse.Namespace) -> int:
             doc = topo_report.to_json(topo, node, ib, nvlinks)
             print(json.dumps(doc, indent=2, sort_keys=True))
         else:
-            print(topo_report.format_table(topo, node, ib, nvlinks))
+            failed = [
+                n for n in ("infiniband", "nvml") if n in statuses and not statuses[n].success
+            ]
+            print(topo_report.format_table(topo, node, ib, nvlinks, failed))
         return 0
