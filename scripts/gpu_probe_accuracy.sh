@@ -16,6 +16,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 step() { echo; echo "=== $*"; }
 t0=$(date +%s)
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "$NGPU" -lt 2 ]; then
+  echo "FAIL: $NGPU GPU(s) here; the probe and nccl-tests compare on 2 GPUs of one machine"
+  exit 2
+fi
 
 if ! python3 -c "import matplotlib" 2>/dev/null && [ -n "$WHEELS" ]; then
   step "matplotlib from $WHEELS"

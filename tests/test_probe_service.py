@@ -526,6 +526,33 @@ def test_the_launcher_kills_the_workers_whole_process_group_at_the_deadline(
         assert gone(pid, within=5.0), pid
 
 
+def test_a_rank_that_fails_stops_the_others_at_once(tmp_path: Path) -> None:
+    """Rank 1 cannot start (as a worker asked for a GPU a 1-GPU machine lacks, on a real H200
+    run): rank 0, a real gloo worker, would wait out the 60 s rendezvous; it is stopped
+    within the grace and every size names rank 1's error."""
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *\'"rank":1,\'*) echo "RuntimeError: CUDA error: invalid device '
+        'ordinal" >&2; exit 3;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    base = WorkerSpec(
+        kind="sendrecv", rank=0, world_size=2, master_addr=A, master_port=free_port(A),
+        backend="gloo", sizes=(4096, 8192), timeout_seconds=60.0,
+    )  # fmt: skip
+    began = time.monotonic()
+    run = launch_workers([base, replace(base, rank=1)], deadline_seconds=120.0, python=str(fake))
+    assert time.monotonic() - began < 30.0  # not the 60 s rendezvous timeout
+    assert not run.killed
+    assert [(r.size_bytes, r.reason) for r in run.records] == [(4096, "crashed"), (8192, "crashed")]
+    error = run.records[0].error
+    assert error is not None
+    assert "worker rank 1 exited with code 3" in error.detail
+    assert "invalid device ordinal" in error.detail
+
+
 def gone(pid: int, within: float) -> bool:
     """The process has exited (or is a zombie waiting to be reaped) within ``within`` s: a
     SIGKILLed process needs a moment to die on a busy machine."""

@@ -109,6 +109,36 @@ def failure_records(
     )
 
 
+#: after one rank exits with an error, the others get this long to finish before they are
+#: stopped (a collective cannot complete without the failed rank; without this they would
+#: wait for the rendezvous or NCCL timeout)
+FAILED_RANK_GRACE_SECONDS = 2.0
+
+
+def _wait(
+    procs: Sequence[subprocess.Popen[bytes]], end: float, abort: threading.Event | None
+) -> tuple[int | None, str | None]:
+    """Wait until every worker exited; return (index of the first that exited with an error,
+    or None; why waiting stopped early: ``deadline``, ``abort``, ``rank_failed``, or None
+    when all exited by themselves)."""
+    failed: int | None = None
+    give_up = end
+    while [p.poll() for p in procs].count(None):  # poll every one: it sets returncode
+        now = time.monotonic()
+        if abort is not None and abort.is_set():
+            return failed, "abort"
+        if now >= end:
+            return failed, "deadline"
+        if failed is None:
+            failed = next((i for i, p in enumerate(procs) if p.returncode not in (None, 0)), None)
+            if failed is not None:
+                give_up = min(end, now + FAILED_RANK_GRACE_SECONDS)
+        if failed is not None and now >= give_up:
+            return failed, "rank_failed"
+        time.sleep(_POLL_SECONDS)
+    return failed, None
+
+
 def launch_workers(
     specs: Sequence[WorkerSpec],
     *,
@@ -118,8 +148,10 @@ def launch_workers(
     python: str = sys.executable,
 ) -> WorkerRun:
     """Start ``python -m agent.probe.worker`` once per spec, each in a new session, wait for
-    all of them until ``deadline_seconds`` (or ``abort``), kill the process groups of those
-    still running, and return the first spec's records (completed per size)."""
+    all of them until ``deadline_seconds`` (or ``abort``, or
+    :data:`FAILED_RANK_GRACE_SECONDS` after one exits with an error), kill the process
+    groups of those still running, and return the first spec's records (completed per
+    size; sizes with none name the failed rank and its last stderr line)."""
     if not specs:
         raise ValueError("no worker to launch")
     first = specs[0]
@@ -144,21 +176,8 @@ def launch_workers(
                             start_new_session=True,
                         )
                     )
-            for proc in procs:
-                while proc.poll() is None:
-                    if abort is not None and abort.is_set():
-                        aborted = True
-                        break
-                    left = end - time.monotonic()
-                    if left <= 0:
-                        killed = True
-                        break
-                    try:
-                        proc.wait(timeout=min(_POLL_SECONDS, left))
-                    except subprocess.TimeoutExpired:
-                        continue
-                if killed or aborted:
-                    break
+            failed, stopped = _wait(procs, end, abort)
+            killed, aborted = stopped == "deadline", stopped == "abort"
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -173,7 +192,7 @@ def launch_workers(
                 "probe %s: workers killed at the %g s deadline", first.kind, deadline_seconds
             )
         for i, proc in enumerate(procs):
-            if proc.returncode != 0 and not (killed or aborted):
+            if proc.returncode != 0 and not (killed or aborted) and stopped is None:
                 log.warning(
                     "probe worker %s (rank %s) exited with %s: %s",
                     first.kind,
@@ -181,8 +200,17 @@ def launch_workers(
                     proc.returncode,
                     _tail(errs[i]),
                 )
-        rc = procs[0].returncode if procs else None
-        stderr_tail = _tail(errs[0])
+        culprit = 0 if failed is None else failed
+        rc = procs[culprit].returncode if procs else None
+        stderr_tail = _tail(errs[culprit])
+        if stopped == "rank_failed":
+            log.warning(
+                "probe %s: worker rank %s exited with %s: %s; stopped the other ranks",
+                first.kind,
+                specs[culprit].rank,
+                rc,
+                stderr_tail,
+            )
     backend = records[0].backend if records else first.backend
     expected = resolve_sizes(first, backend if backend != "auto" else "gloo")
     missing = expected[len(records) :]
@@ -195,7 +223,7 @@ def launch_workers(
         else:
             reason, detail = (
                 "crashed",
-                f"worker rank {first.rank} exited with code {rc}: {stderr_tail}",
+                f"worker rank {specs[culprit].rank} exited with code {rc}: {stderr_tail}",
             )
         records = [*records, *failure_records(first, reason, detail, missing)]
     return WorkerRun(tuple(records), duration, killed)
