@@ -37,12 +37,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias, TypeVar
 
+from agent.errors import NoData
+from agent.isolation import ChildError, ChildSpec, IsolatedSampler
 from agent.nvml import NvmlSampler
-from agent.nvml_api import NvmlAnswerError, NvmlApi, NvmlCallError, XidEvent
+from agent.nvml_api import LiveNvml, NvmlAnswerError, NvmlApi, NvmlCallError, XidEvent
 from agent.nvml_snapshot import NvmlSnapshot
+from agent.sysfs import ReadIssue
 
 FORMAT = "fabricscope-nvml-recording/1"
 
@@ -546,3 +550,84 @@ def replay_sampler(
         link_error_rotation=link_error_rotation,
         slow_error_rotation=slow_error_rotation,
     )
+
+
+# -- recording in a child process (``fabricscope snapshot``) ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedPass:
+    """What :class:`RecordingSampler` answers: the pass's snapshot (None when NVML said there
+    is no driver or GPU: ``nodata`` says so), and the recording so far as the text
+    :func:`dumps` writes (empty before the first call), with its number of calls."""
+
+    snapshot: NvmlSnapshot | None
+    recording: str
+    calls: int
+    nodata: str | None = None
+    issues: tuple[ReadIssue, ...] = ()
+
+
+class RecordingSampler:
+    """The live library sampled through a :class:`RecordingNvml`, every answer recorded: run
+    in a child process (``agent.nvml_record:recording_sampler``) so that a crash inside the
+    library while ``fabricscope snapshot`` records costs the NVML recording, not the sysfs
+    archive. ``close()`` shuts NVML down."""
+
+    name = "nvml"
+
+    def __init__(self, inner: Callable[[], NvmlApi] | None = None) -> None:
+        self._recorder = RecordingNvml((inner or LiveNvml)())
+        self._sampler = NvmlSampler(lambda: self._recorder, watch_xid=False)
+
+    def sample(self) -> RecordedPass:
+        snap: NvmlSnapshot | None = None
+        nodata: str | None = None
+        try:
+            snap = self._sampler.sample()
+        except NoData as exc:  # "no driver" is an answer worth recording too
+            nodata = str(exc)
+        calls = len(self._recorder.calls)
+        text = dumps(self._recorder.recording()) if calls else ""
+        return RecordedPass(snap, text, calls, nodata)
+
+    def close(self) -> None:
+        self._sampler.close()
+
+
+def recording_sampler() -> RecordingSampler:
+    """The child process's factory (:class:`~agent.isolation.ChildSpec`)."""
+    return RecordingSampler()
+
+
+class ChildRecording:
+    """The parent's side of :class:`RecordingSampler`: a sampler named ``nvml`` whose passes
+    run in a supervised child (:class:`~agent.isolation.IsolatedSampler`); it returns the
+    snapshot and keeps the latest ``recording`` text and its ``calls``. A crash or hang in
+    the library fails the pass (``SamplerFailure``) and leaves the last recording kept."""
+
+    name = "nvml"
+
+    def __init__(self, timeout_seconds: float, child: IsolatedSampler | None = None) -> None:
+        self._child = child or IsolatedSampler(
+            "nvml",
+            ChildSpec("agent.nvml_record:recording_sampler"),
+            timeout_seconds=timeout_seconds,
+        )
+        self.recording = ""
+        self.calls = 0
+
+    def call_deadline_seconds(self) -> float:
+        return self._child.call_deadline_seconds()
+
+    def sample(self) -> NvmlSnapshot:
+        got = self._child.sample()
+        if not isinstance(got, RecordedPass):
+            raise ChildError(f"expected a RecordedPass, got {type(got).__name__}")
+        self.recording, self.calls = got.recording, got.calls
+        if got.snapshot is None:
+            raise NoData(got.nodata or "no NVML answer")
+        return got.snapshot
+
+    def close(self) -> None:
+        self._child.close()

@@ -309,6 +309,38 @@ def test_topo_with_a_crashing_library_still_reports_the_node(standin: StandIn) -
     assert "sampler nvml crashed: child process" in err and "killed by SIGSEGV" in err
 
 
+def test_snapshot_records_nvml_in_a_child(standin: StandIn, tmp_path: Path) -> None:
+    """``fabricscope snapshot`` records NVML's answers in a child process: with a working
+    library the archive replays the stand-in's GPU; with one that segfaults the archive is
+    still written (every sysfs file), without a recording, and the command says so."""
+    args = [sys.executable, "-m", "exporter.cli", "snapshot", f"--path.sysfs={SYSFS}"]
+    replay = [sys.executable, "-m", "exporter.cli", "agent", "--once", "--no-sampler.netdev"]
+    for word in ("", "segv"):
+        standin.set(word)
+        out = tmp_path / f"snap-{word or 'ok'}.tar.gz"
+        try:
+            run = subprocess.run(
+                [*args, "-o", str(out)], capture_output=True, env=standin.env(), timeout=120,
+                check=False, cwd=ROOT,
+            )  # fmt: skip
+        finally:
+            standin.set("")
+        err = run.stderr.decode()
+        assert run.returncode == 0 and out.exists(), err[-2000:]
+        back = subprocess.run(
+            [*replay, "--snapshot", str(out)], capture_output=True, timeout=120, check=True,
+            cwd=ROOT,
+        )  # fmt: skip
+        metrics = back.stdout.decode()
+        assert IB_SERIES in metrics and PCI_SERIES in metrics
+        if word == "":
+            assert "NVML recording of" in err
+            assert 'model="fabricscope stand-in GPU"' in metrics
+        else:
+            assert "killed by SIGSEGV" in err and "no NVML recording" in err
+            assert GPU_INFO not in metrics
+
+
 def test_without_isolation_the_same_crash_kills_the_process(
     standin: StandIn, tmp_path: Path
 ) -> None:

@@ -7,9 +7,8 @@ import sys
 from dataclasses import replace
 
 from agent.config import AgentConfig
-from agent.nvml_api import LiveNvml, NvmlApi
-from agent.nvml_record import RecordingNvml, dumps
-from agent.runner import Runner
+from agent.nvml_record import ChildRecording
+from agent.runner import Runner, SamplerSpec
 from agent.samplers import build_specs
 from agent.snapshot import NVML_RECORDING, capture
 from agent.sysfs import RecordingReader
@@ -27,15 +26,16 @@ def take_snapshot(config: AgentConfig, output: str) -> int:
         config, sampling=replace(config.sampling, enabled=config.sampling.enabled - NOT_CAPTURED)
     )
     reader = RecordingReader(config.paths.sysfs)
-    recorder: RecordingNvml | None = None
-
-    def recording_api() -> NvmlApi:
-        nonlocal recorder
-        recorder = RecordingNvml(LiveNvml())
-        return recorder
-
-    specs = build_specs(config, reader, nvml_api=recording_api, watch_xid=False)
+    enabled = config.sampling.enabled
+    others = replace(config, sampling=replace(config.sampling, enabled=enabled - {"nvml"}))
+    specs = build_specs(others, reader, watch_xid=False)
+    recorder: ChildRecording | None = None
+    if "nvml" in enabled:  # recorded in a child process: a crash costs only the recording
+        timeout = max(config.sampling.timeout_seconds, 30.0)
+        recorder = ChildRecording(timeout)
+        specs.append(SamplerSpec(recorder, timeout, timeout))
     runner = Runner(specs)
+    nvml_failed = False
     for spec in specs:
         name = spec.sampler.name
         print(f"sampling {name} ...", end=" ", file=sys.stderr, flush=True)
@@ -47,18 +47,28 @@ def take_snapshot(config: AgentConfig, output: str) -> int:
             print("no hardware", file=sys.stderr)
         else:
             print("failed (see log)", file=sys.stderr)
+            if spec.sampler is recorder:
+                nvml_failed = True
+    if recorder is not None:
+        recorder.close()
     extra: dict[str, bytes] = {}
-    # a recorder exists when the nvml sampler ran; "no driver" is an answer worth recording
+    # a recording exists when the nvml sampler ran; "no driver" is an answer worth recording
     # too: replay then says "no hardware", exactly as the host did
     if recorder is not None and recorder.calls:
-        extra[NVML_RECORDING] = dumps(recorder.recording()).encode()
+        extra[NVML_RECORDING] = recorder.recording.encode()
     result = capture(config.paths.sysfs, reader.touched, output, extra=extra)
     print(
         f"wrote {output}: {result.files} files, {result.symlinks} symlinks, "
         f"{result.directories} directories; {len(result.unreadable)} unreadable"
-        + (f"; NVML recording of {len(recorder.calls)} calls" if extra and recorder else ""),
+        + (f"; NVML recording of {recorder.calls} calls" if extra and recorder else ""),
         file=sys.stderr,
     )
+    if nvml_failed:
+        print(
+            "note: no NVML recording: the nvml sampler failed (see the log); a replay of this "
+            "snapshot shows no GPU",
+            file=sys.stderr,
+        )
     print(
         "note: netdev statistics (netlink), pod attribution and workload checks (live "
         "process state) are not part of a snapshot",
