@@ -73,7 +73,6 @@ from agent.nvml_api import (
     FI_SCOPED_ERRORS,
     MEMORY_ERROR_CORRECTED,
     MEMORY_ERROR_UNCORRECTED,
-    NO_DRIVER,
     NVLINK_DEVICE_TYPES,
     NVLINK_ERROR_COUNTERS,
     NVLINK_STATE_INACTIVE,
@@ -82,6 +81,7 @@ from agent.nvml_api import (
     LiveNvml,
     NvmlApi,
     NvmlCallError,
+    open_api,
 )
 from agent.nvml_pass import Batch, GpuLost, Miss, Pass, combine
 from agent.nvml_snapshot import (
@@ -359,17 +359,9 @@ class NvmlSampler:
         self._state = _State()
 
     def _ensure_api(self) -> NvmlApi:
-        if self._api is not None:
-            return self._api
-        try:
-            api = self._factory()
-            api.init()
-        except NvmlCallError as exc:
-            if exc.name in NO_DRIVER:
-                raise NoData(f"no NVIDIA driver: {exc}") from exc
-            raise
-        self._api = api
-        return api
+        if self._api is None:
+            self._api = open_api(self._factory)
+        return self._api
 
     def sample(self) -> NvmlSnapshot:
         api = self._ensure_api()

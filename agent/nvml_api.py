@@ -17,10 +17,12 @@ events on its own thread (see :mod:`agent.nvml`), and the agent runs it in a chi
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Protocol, cast
+
+from agent.errors import NoData
 
 # -- NVML constants (nvml.h), copied so that only LiveNvml imports pynvml ------------------
 
@@ -308,6 +310,19 @@ def _field_answer(call: str, v: _FieldValue) -> int | NvmlCallError:
         return NvmlCallError.of(call, code)
     raw: object = getattr(v.value, _VALUE_MEMBERS.get(int(v.valueType), "ullVal"))
     return round(raw) if isinstance(raw, float) else _int(raw, call)
+
+
+def open_api(factory: Callable[[], NvmlApi]) -> NvmlApi:
+    """``factory()`` initialised (``nvmlInit``); :class:`~agent.errors.NoData` when NVML says
+    there is no driver here (:data:`NO_DRIVER`), its other errors raised as they are."""
+    api = factory()
+    try:
+        api.init()
+    except NvmlCallError as exc:
+        if exc.name in NO_DRIVER:
+            raise NoData(f"no NVIDIA driver: {exc}") from exc
+        raise
+    return api
 
 
 class LiveNvml:

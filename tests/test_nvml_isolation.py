@@ -10,6 +10,7 @@ here, the stand-in is the only way to crash the real library path; it answers fo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,10 +129,12 @@ class Agent:
         return self.log.read_text(errors="replace")
 
 
-@pytest.fixture
-def agent(standin: StandIn, tmp_path: Path) -> Iterator[Agent]:
-    """A real agent serving the fixture tree, NVML from the stand-in, 0.25 s passes."""
-    standin.set("")
+@contextlib.contextmanager
+def running_agent(
+    standin: StandIn, tmp_path: Path, flags: Sequence[str], ready: Callable[[str], bool]
+) -> Iterator[Agent]:
+    """A real agent serving the fixture tree with NVML from the stand-in, 0.25 s passes, and
+    ``flags``; yielded once a scrape satisfies ``ready``; it must exit 0 on SIGTERM."""
     port = free_port()
     log = tmp_path / "agent.log"
     with log.open("wb") as out:
@@ -141,6 +144,7 @@ def agent(standin: StandIn, tmp_path: Path) -> Iterator[Agent]:
                 *(f"--web.listen-address=127.0.0.1:{port}", "--sampling.interval=0.25"),
                 *("--sampling.timeout=0.25", "--no-sampler.netdev", "--no-sampler.workload"),
                 "--no-sampler.attribution",
+                *flags,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -149,12 +153,10 @@ def agent(standin: StandIn, tmp_path: Path) -> Iterator[Agent]:
         )
     running = Agent(proc, port, log)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while True:
             try:
-                running.until(
-                    "every series", lambda b: GPU_INFO in b and IB_SERIES in b, started=False
-                )
+                running.until("the agent ready", ready, started=False)
                 break
             except OSError:  # not listening yet
                 assert time.monotonic() < deadline, running.logs()
@@ -164,6 +166,16 @@ def agent(standin: StandIn, tmp_path: Path) -> Iterator[Agent]:
         standin.set("")
         proc.terminate()
         assert proc.wait(10) == 0, running.logs()
+
+
+@pytest.fixture
+def agent(standin: StandIn, tmp_path: Path) -> Iterator[Agent]:
+    """The agent with its NVML sampler, once every series is there."""
+    standin.set("")
+    with running_agent(
+        standin, tmp_path, (), lambda b: GPU_INFO in b and IB_SERIES in b
+    ) as running:
+        yield running
     # the child exits with the agent: no process of ours is left behind
     assert "did not exit" not in running.logs()
 
@@ -247,42 +259,17 @@ def test_an_nvml_crash_in_probe_discovery_leaves_the_agent_serving(
     secret = tmp_path / "secret"
     secret.write_text("ab" * 32 + "\n")
     secret.chmod(0o600)
-    port = free_port()
-    log = tmp_path / "agent.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "exporter.cli", "agent", f"--path.sysfs={SYSFS}"),
-                *(f"--web.listen-address=127.0.0.1:{port}", "--sampling.interval=0.25"),
-                *("--no-sampler.netdev", "--no-sampler.workload", "--no-sampler.attribution"),
-                *("--sampling.timeout=0.25", "--no-sampler.nvml", "--probe"),
-                f"--probe.secret-file={secret}",
-                f"--probe.listen-address=127.0.0.1:{free_port()}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=standin.env(),
-            cwd=ROOT,
-        )
-    running = Agent(proc, port, log)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                body = running.until("probe series", lambda b: "fabricscope_probe_" in b)
-                break
-            except OSError:  # not listening yet
-                assert time.monotonic() < deadline, running.logs()
-                time.sleep(0.1)
+    flags = ("--no-sampler.nvml", "--probe", f"--probe.secret-file={secret}")
+    where = f"--probe.listen-address=127.0.0.1:{free_port()}"
+    with running_agent(
+        standin, tmp_path, (*flags, where), lambda b: "fabricscope_probe_" in b and IB_SERIES in b
+    ) as running:
+        body = scrape(running.port)
         assert value(body, 'fabricscope_sampler_success{sampler="infiniband"}') == 1
         logs = running.logs()
         assert "probe: no GPU (NVML: " in logs and "killed by SIGSEGV" in logs, logs[-3000:]
         assert "probing 2 CPU slots with gloo" in logs
         assert "Traceback" not in logs
-    finally:
-        standin.set("")
-        proc.terminate()
-        assert proc.wait(10) == 0, running.logs()
 
 
 def test_topo_with_a_crashing_library_still_reports_the_node(standin: StandIn) -> None:

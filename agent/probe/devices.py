@@ -25,7 +25,7 @@ from typing import Protocol
 
 from agent.errors import ConfigError, NoData, SamplerFailure
 from agent.isolation import ChildError, ChildSpec, IsolatedSampler
-from agent.nvml_api import NO_DRIVER, LiveNvml, NvmlApi, NvmlCallError
+from agent.nvml_api import LiveNvml, NvmlApi, NvmlCallError, open_api
 from agent.sysfs import ReadIssue
 
 log = logging.getLogger(__name__)
@@ -95,14 +95,7 @@ class GpuViewSampler:
 
     def sample(self) -> GpuView:
         if self._api is None:
-            api = self._factory()
-            try:
-                api.init()
-            except NvmlCallError as exc:
-                if exc.name in NO_DRIVER:
-                    raise NoData(f"no NVIDIA driver: {exc}") from exc
-                raise
-            self._api = api
+            self._api = open_api(self._factory)
         api = self._api
         labels = tuple(_visible(self._env, api, api.device_count()))
         try:
