@@ -54,7 +54,8 @@ class AgentApp:
                 self._render_errors[name] = self._render_errors.get(name, 0) + 1
             data = b""
         self.cache.set_fragment(name, data)
-        self.cache.set_fragment(findings.OWNER, self._findings_text())
+        if name in findings.SOURCES:
+            self.cache.set_fragment(findings.OWNER, self._findings_text())
         self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))
 
     def _findings_text(self) -> bytes:

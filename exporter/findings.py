@@ -29,6 +29,9 @@ FINDINGS = MetricSpec(
 
 SPECS: tuple[MetricSpec, ...] = (FINDINGS,)
 
+#: the samplers whose snapshots the findings join: only their updates change the fragment
+SOURCES = frozenset({"pci", "infiniband", "nvml", "workload"})
+
 
 def _snap(statuses: Mapping[str, SamplerStatus], name: str, kind: type[object]) -> object:
     st = statuses.get(name)

@@ -65,3 +65,20 @@ def test_docs_list_every_kind() -> None:
     for kind in KINDS:
         assert f"| `{kind}` |" in section
     assert findings_mod.__doc__ is not None and "single registry" in findings_mod.__doc__
+
+
+def test_the_findings_fragment_is_rebuilt_for_exactly_the_samplers_it_reads() -> None:
+    """The agent rebuilds ``fabricscope_findings`` only on updates of ``SOURCES``: those must
+    be the samplers ``render`` reads, or a finding would go stale."""
+    from exporter import findings
+    from exporter.spec import Families
+
+    seen: set[str] = set()
+
+    class Spy(dict[str, object]):
+        def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
+            seen.add(key)
+            return default
+
+    findings.render(Spy(), Families())  # type: ignore[arg-type]
+    assert seen == findings.SOURCES
