@@ -195,6 +195,8 @@ def test_probe_peer_measures_against_a_running_agent(agent: Agent, mark: str) ->
 
 
 def test_probe_matrix_writes_csv_and_png(agent: Agent, mark: str, tmp_path: Path) -> None:
+    """4 local slots x 3 of the agent's: rounds of 3 pairs at once from one address, more
+    than the 2 pending rendezvous the agent admits per address (the guests ask again)."""
     out_csv, out_png = tmp_path / "m.csv", tmp_path / "m.png"
     proc = run(
         [
@@ -205,6 +207,7 @@ def test_probe_matrix_writes_csv_and_png(agent: Agent, mark: str, tmp_path: Path
             "--secret-file",
             str(agent.secret),
             "--peer-gpus=3",  # the agent has 2 slots: the third column fails
+            "--probe.cpu-slots=4",
             "--iterations=3",
             f"--csv={out_csv}",
             f"--png={out_png}",
@@ -213,11 +216,12 @@ def test_probe_matrix_writes_csv_and_png(agent: Agent, mark: str, tmp_path: Path
     )
     assert proc.returncode == 1, proc.stderr  # some pairs failed
     progress = [line for line in proc.stderr.splitlines() if line.startswith("pair ")]
-    assert [p.split(":")[0] for p in progress] == [f"pair {k}/6" for k in range(1, 7)]
-    assert sum("FAILED (init_failure" in p for p in progress) == 2
+    assert [p.split(":")[0] for p in progress] == [f"pair {k}/12" for k in range(1, 13)]
+    assert sum("FAILED (init_failure" in p for p in progress) == 4
+    assert not any("too many pending" in p for p in progress)
     rows = list(csv.DictReader(out_csv.open()))
     assert [(r["local_gpu"], r["remote_gpu"]) for r in rows] == [
-        (i, j) for i in "01" for j in "012"
+        (i, j) for i in "0123" for j in "012"
     ]
     for r in rows:
         assert r["size_bytes"] == "1048576"
@@ -231,10 +235,10 @@ def test_probe_matrix_writes_csv_and_png(agent: Agent, mark: str, tmp_path: Path
             assert (r["status"], r["reason"]) == ("ok", "")
             assert float(r["busbw_bytes_per_second"]) > 0
     image = decode_png(out_png.read_bytes())
-    box = heatmap.layout(2, 3, failures=True)
+    box = heatmap.layout(4, 3, failures=True)
     assert image.size == box.size_px
     red = hex_rgb(heatmap.FAILURE_FILL)
-    for i in range(2):
+    for i in range(4):
         for j in range(3):
             colour = pixel(image, box.cell_px(i, j, dy=-0.35))
             assert (colour == red) == (j == 2), (i, j, colour)

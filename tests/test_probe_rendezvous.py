@@ -507,10 +507,11 @@ def test_an_authenticated_peer_is_never_displaced(make_host: Callable[..., Host]
     t.start()
     try:
         assert entered.wait(WAIT)  # authenticated, its offer being answered
+        # turned away as busy, asked again for the 1 s it has, still busy: unreachable
         with pytest.raises(PeerUnreachableError, match="too many pending") as err:
-            propose("127.0.0.1", host.port, SECRET, "guest-2", OFFER, WAIT)
+            propose("127.0.0.1", host.port, SECRET, "guest-2", OFFER, 1.0)
         assert err.value.reason == "peer_unreachable"
-        assert host.refused("too_many_pending") == 1
+        assert host.refused("too_many_pending") >= 2
     finally:
         release.set()
         t.join(WAIT)
@@ -529,6 +530,41 @@ def test_one_address_holds_at_most_its_share(make_host: Callable[..., Host]) -> 
     assert propose("127.0.0.1", host.port, SECRET, GUEST_ID, OFFER, WAIT).accepted
     for raw in [*held, third]:
         raw.close()
+
+
+def test_a_busy_host_is_asked_again_until_every_offer_is_through(
+    make_host: Callable[..., Host],
+) -> None:
+    """``--matrix`` offers one pair per GPU at once from one address; the host admits two
+    pending rendezvous per address and turns the rest away as busy. Each guest asks again
+    after a short pause: all six offers are answered, and the host did turn some away."""
+    host = make_host(max_pending=8, max_pending_per_address=2)
+    slow = host.reply
+
+    def reply(offer: Offer) -> Answer:
+        time.sleep(0.3)  # keep the admitted two pending while the others arrive
+        return slow(offer)
+
+    host.reply = reply
+    answers: list[Answer] = []
+    errors: list[Exception] = []
+
+    def guest(i: int) -> None:
+        offer = Offer(f"pair-a-b.{i}", "sendrecv", "gloo", (1024,), 20, 5)
+        try:
+            answers.append(propose("127.0.0.1", host.port, SECRET, GUEST_ID, offer, 10.0))
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guest, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20.0)
+    assert errors == []
+    assert sorted(a.probe_id for a in answers) == [f"pair-a-b.{i}" for i in range(6)]
+    assert all(a.accepted for a in answers)
+    assert host.refused("too_many_pending") > 0
 
 
 def test_close_cuts_in_flight_connections(make_host: Callable[..., Host]) -> None:

@@ -168,19 +168,21 @@ def heatmap(
     local_node: str = "local",
     remote_node: str = "remote",
     when: str = "",
+    device: str = "GPU",
 ) -> bytes:
-    """The matrix as a PNG (:mod:`agent.probe.heatmap`): rows are this node's GPUs, columns
-    the peer's; each cell the pair's sendrecv busbw at its largest size, or why it
-    failed; the title names the collective, size, nodes and ``when``."""
+    """The matrix as a PNG (:mod:`agent.probe.heatmap`): rows are this node's devices,
+    columns the peer's; each cell the pair's sendrecv busbw at its largest size, or why it
+    failed; the title names the collective, size, nodes and ``when``. ``device`` names what
+    the axes count (``GPU``, or ``CPU slot`` under gloo)."""
     sizes = sorted({c.size_bytes for c in cells})
     size = _size_text(sizes[-1]) if sizes else "no size"
-    title = f"sendrecv busbw per GPU pair, {size}: {local_node} -> {remote_node}"
+    title = f"sendrecv busbw per {device} pair, {size}: {local_node} -> {remote_node}"
     if when:
         title += f"\n{when}"
     return heatmap_png(
         grid(cells, len(local_labels), len(remote_labels)),
-        rows=Axis(f"{local_node} GPU", tuple(local_labels)),
-        cols=Axis(f"{remote_node} GPU", tuple(remote_labels)),
+        rows=Axis(f"{local_node} {device}", tuple(local_labels)),
+        cols=Axis(f"{remote_node} {device}", tuple(remote_labels)),
         title=title,
         reasons=reasons_grid(cells, len(local_labels), len(remote_labels)),
     )

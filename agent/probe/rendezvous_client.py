@@ -6,6 +6,7 @@ The protocol is described in :mod:`agent.probe.rendezvous_wire`.
 from __future__ import annotations
 
 import hmac
+import random
 import secrets
 import socket
 import time
@@ -20,6 +21,7 @@ from agent.probe.rendezvous_wire import (
     MSG_OFFER,
     NONCE_BYTES,
     AuthError,
+    PeerBusyError,
     PeerUnreachableError,
     ProtocolError,
     RendezvousTimeoutError,
@@ -42,11 +44,43 @@ def propose(  # noqa: PLR0917 - the call shape the probe runner was promised
     ``timeout`` (seconds) bounds the whole exchange. ``expected_host_id``, if given, must be
     the node id the host proves. Raises a :class:`RendezvousError` whose ``reason`` is
     ``peer_unreachable``, ``auth_failure`` or ``timeout``; a declined offer is an Answer.
+    A host that turns the connection away as busy (it admits only a few pending rendezvous
+    per address, and ``--matrix`` offers one per GPU pair at once) is asked again after a
+    short, growing, jittered pause, for as long as ``timeout`` allows.
     """
     check_secret(secret)
     wire.check_node_id(node_id)
-    where = wire.hostport(host_addr, port)
     deadline = time.monotonic() + timeout
+    pause = BUSY_FIRST_PAUSE
+    while True:
+        try:
+            return _propose_once(
+                host_addr, port, secret, node_id, offer, deadline, expected_host_id
+            )
+        except PeerBusyError:
+            wait = pause * (0.5 + random.random())
+            if time.monotonic() + wait >= deadline:
+                raise
+            time.sleep(wait)
+            pause = min(2 * pause, BUSY_MAX_PAUSE)
+
+
+#: the pause before asking a busy host again, doubling up to the second
+BUSY_FIRST_PAUSE = 0.05
+BUSY_MAX_PAUSE = 1.0
+
+
+def _propose_once(  # noqa: PLR0917
+    host_addr: str,
+    port: int,
+    secret: bytes,
+    node_id: str,
+    offer: Offer,
+    deadline: float,
+    expected_host_id: str | None,
+) -> Answer:
+    where = wire.hostport(host_addr, port)
+    timeout = max(0.001, deadline - time.monotonic())
     try:
         sock = socket.create_connection((host_addr, port), timeout=timeout)
     except TimeoutError:

@@ -85,6 +85,11 @@ class PeerUnreachableError(RendezvousError):
     reason = "peer_unreachable"
 
 
+class PeerBusyError(PeerUnreachableError):
+    """The host turned the connection away at once (ERROR busy): it holds as many pending
+    rendezvous from our address as it admits. Transient: the guest may try again."""
+
+
 class AuthError(RendezvousError):
     """A proof or MAC did not verify: the peer does not hold our secret (or was tampered)."""
 
@@ -154,7 +159,7 @@ def _peer_error(body: bytes) -> RendezvousError:
     if reason == "auth_failure":
         return AuthError("the peer refused our proof: the shared secrets differ", from_peer=True)
     if reason == "busy":
-        return PeerUnreachableError("the peer has too many pending rendezvous", from_peer=True)
+        return PeerBusyError("the peer has too many pending rendezvous", from_peer=True)
     if reason == "timeout":
         return RendezvousTimeoutError("the peer timed out waiting for us", from_peer=True)
     if reason == "protocol_error":

@@ -449,7 +449,13 @@ def _matrix(ns: argparse.Namespace, local: _Local, abort: threading.Event) -> in
         ns.csv.write_text(to_csv(cells))
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         png = heatmap(
-            cells, local_labels, remote_labels, local_node=me, remote_node=where, when=when
+            cells,
+            local_labels,
+            remote_labels,
+            local_node=me,
+            remote_node=where,
+            when=when,
+            device="GPU" if local.backend == "nccl" else "CPU slot",
         )
         ns.png.write_bytes(png)
     except OSError as exc:
