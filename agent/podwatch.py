@@ -3,21 +3,24 @@
 :class:`PodWatcher` lists the pods of one node once (``fieldSelector=spec.nodeName=<node>``)
 and then watches them from the list's resourceVersion, keeping an immutable
 :class:`PodIndex` (pod UID -> namespace, name, container ids -> names) that a sampling pass
-reads without waiting on the network. Only the few fields it needs are read from the raw JSON
-(no model deserialization). The ``kubernetes`` client is imported when the thread starts, so a
-node that never watches never pays for it (about 0.8 s and 47 MiB).
+reads without waiting on the network. Its list+watch loop is :class:`ListWatch`, which the
+probe's Kubernetes membership (:mod:`agent.probe.k8s_members`) runs too. Only the few fields
+it needs are read from the raw JSON (no model deserialization). The ``kubernetes`` client is
+imported when the thread starts, so a node that never watches never pays for it (about 0.8 s
+and 47 MiB).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from agent.cgroup import PodContainer
 
@@ -332,30 +335,37 @@ def default_api_client() -> ApiClient:
     return ApiClient(cfg)
 
 
-class PodWatcher:
-    """Keeps a :class:`PodIndex` of the pods on ``node_name`` current, in its own thread.
+class ListWatch:
+    """A list+watch of pods kept in its own thread: the loop :class:`PodWatcher` and the
+    probe's ``KubernetesMembers`` share.
 
     Lists once (``resourceVersion=0``: served from the API server's cache, as client-go's
     reflector does), then watches from the list's resourceVersion with bookmarks. A watch that
     ends is resumed from the latest resourceVersion; 410 Gone (as an HTTP status or a watch
-    ERROR event) relists; a 403 is reported to ``on_error`` as ``api_forbidden``, any other
-    failure as ``api_error``, and both back off. The index survives failures (it only misses
-    changes until recovery).
+    ERROR event) relists, and so does ``resync_seconds`` after the last list (default:
+    never). A failure is handed to :meth:`_failed` and backs off, doubling from
+    ``backoff_initial_seconds`` to ``backoff_max_seconds``; what was listed survives it.
+
+    A subclass says which pods (:meth:`_request`: the list call, given the list or watch
+    keywords), what a list holds (:meth:`_replace`), what an event changes (:meth:`_apply`)
+    and how a change of state is logged (:meth:`_state_changed`). ``what`` names the watch
+    in the log, ``thread_name`` its thread.
     """
+
+    what = "pod watch"
 
     def __init__(
         self,
-        node_name: str,
         api_client: Callable[[], ApiClient],
-        on_error: Callable[[str], None],
-        settings: WatchSettings = WatchSettings(),
+        settings: WatchSettings,
+        *,
+        thread_name: str,
+        resync_seconds: float = math.inf,
     ) -> None:
-        self.node_name = node_name
         self._factory = api_client
-        self._on_error = on_error
         self._settings = settings
-        self._selector = f"spec.nodeName={node_name}"
-        self._index: PodIndex | None = None
+        self.thread_name = thread_name
+        self.resync_seconds = resync_seconds
         self._synced = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -363,11 +373,6 @@ class PodWatcher:
         self._state = ""
         self._lock = threading.Lock()
         self.lists_total = 0
-
-    @property
-    def index(self) -> PodIndex | None:
-        """The latest index; None until the first list succeeded."""
-        return self._index
 
     @property
     def healthy(self) -> bool:
@@ -379,21 +384,45 @@ class PodWatcher:
         return self._thread is not None and self._thread.is_alive()
 
     def wait_synced(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the first successful list."""
         return self._synced.wait(timeout)
 
     def start(self) -> None:
         with self._lock:
-            if self._thread is None:
+            if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(
-                    target=self._run, name=f"pod-watch-{self.node_name}", daemon=True
+                    target=self._run, name=self.thread_name, daemon=True
                 )
                 self._thread.start()
 
     def close(self, timeout: float = 2.0) -> None:
+        """Stop the thread, interrupting an open watch; what was listed stays readable."""
         self._stop.set()
-        interrupt_stream(self._resp, "pod watch")
-        if self._thread is not None:
-            self._thread.join(timeout)
+        interrupt_stream(self._resp, self.what)
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    # -- what a subclass says --------------------------------------------------------------
+
+    def _request(self, api: CoreV1Api, **kwargs: Any) -> object:
+        """The pod list call with ``kwargs`` (list or watch parameters)."""
+        raise NotImplementedError
+
+    def _replace(self, items: list[object]) -> str:
+        """Take a full list's items; return the detail of the "ok" state."""
+        raise NotImplementedError
+
+    def _apply(self, event: object, version: str) -> str:
+        """Apply one watch event; return the latest resourceVersion."""
+        raise NotImplementedError
+
+    def _failed(self, reason: str) -> None:
+        """A list or watch request failed (``api_error`` or ``api_forbidden``)."""
+
+    def _state_changed(self, state: str, detail: str, previous: str) -> None:
+        """Log the new state (``ok`` or a failure reason); called on every request."""
 
     # -- the thread ----------------------------------------------------------------------
 
@@ -403,14 +432,17 @@ class PodWatcher:
         s = self._settings
         api: CoreV1Api | None = None
         version: str | None = None
+        listed_at = -math.inf
         delay = s.backoff_initial_seconds
         while not self._stop.is_set():
             try:
                 if api is None:
                     api = CoreV1Api(self._factory())
-                if version is None:
+                if version is None or time.monotonic() - listed_at >= self.resync_seconds:
                     version = self._list(api)
-                version = self._watch(api, version)
+                    listed_at = time.monotonic()
+                remaining = self.resync_seconds - (time.monotonic() - listed_at)
+                version = self._watch(api, version, remaining)
                 delay = s.backoff_initial_seconds
                 continue
             except Exception as exc:  # the thread must outlive anything the client raises
@@ -420,10 +452,10 @@ class PodWatcher:
                     continue
                 reason, detail, expected = outcome
                 if not expected and self._state != reason:
-                    log.exception("pod watch: unexpected failure")
+                    log.exception("%s: unexpected failure", self.what)
             if self._stop.is_set():
                 break
-            self._on_error(reason)
+            self._failed(reason)
             self._set_state(reason, detail)
             self._stop.wait(delay)
             delay = min(delay * 2, s.backoff_max_seconds)
@@ -432,8 +464,8 @@ class PodWatcher:
         s = self._settings
         resp = cast(
             "HttpStream",
-            api.list_pod_for_all_namespaces(
-                field_selector=self._selector,
+            self._request(
+                api,
                 resource_version="0",
                 _preload_content=False,
                 _request_timeout=(s.connect_timeout_seconds, s.list_timeout_seconds),
@@ -448,23 +480,22 @@ class PodWatcher:
         version = resource_version(body)
         if version is None:
             raise ValueError("pod list without metadata.resourceVersion")
-        pods = (parse_pod(item) for item in body["items"])
-        self._index = PodIndex(p for p in pods if p is not None)
+        detail = self._replace(body["items"])
         self.lists_total += 1
         self._synced.set()
-        self._set_state("ok", f"{len(self._index)} pods")
+        self._set_state("ok", detail)
         return version
 
-    def _watch(self, api: CoreV1Api, version: str) -> str:
+    def _watch(self, api: CoreV1Api, version: str, remaining: float) -> str:
         s = self._settings
         resp = cast(
             "HttpStream",
-            api.list_pod_for_all_namespaces(
-                field_selector=self._selector,
+            self._request(
+                api,
                 watch=True,
                 resource_version=version,
                 allow_watch_bookmarks=True,
-                timeout_seconds=s.watch_timeout_seconds,
+                timeout_seconds=max(1, math.ceil(min(s.watch_timeout_seconds, remaining))),
                 _preload_content=False,
                 _request_timeout=(s.connect_timeout_seconds, s.read_timeout_seconds),
             ),
@@ -483,6 +514,46 @@ class PodWatcher:
     def _detach(self) -> None:
         self._resp = None
 
+    def _set_state(self, state: str, detail: str) -> None:
+        previous, self._state = self._state, state
+        self._state_changed(state, detail, previous)
+
+
+class PodWatcher(ListWatch):
+    """Keeps a :class:`PodIndex` of the pods on ``node_name`` current, in its own thread
+    (:class:`ListWatch`). A 403 is reported to ``on_error`` as ``api_forbidden``, any other
+    failure as ``api_error``. The index survives failures (it only misses changes until
+    recovery).
+    """
+
+    what = "pod watch"
+
+    def __init__(
+        self,
+        node_name: str,
+        api_client: Callable[[], ApiClient],
+        on_error: Callable[[str], None],
+        settings: WatchSettings = WatchSettings(),
+    ) -> None:
+        super().__init__(api_client, settings, thread_name=f"pod-watch-{node_name}")
+        self.node_name = node_name
+        self._on_error = on_error
+        self._selector = f"spec.nodeName={node_name}"
+        self._index: PodIndex | None = None
+
+    @property
+    def index(self) -> PodIndex | None:
+        """The latest index; None until the first list succeeded."""
+        return self._index
+
+    def _request(self, api: CoreV1Api, **kwargs: Any) -> object:
+        return api.list_pod_for_all_namespaces(field_selector=self._selector, **kwargs)
+
+    def _replace(self, items: list[object]) -> str:
+        pods = (parse_pod(item) for item in items)
+        self._index = PodIndex(p for p in pods if p is not None)
+        return f"{len(self._index)} pods"
+
     def _apply(self, event: object, version: str) -> str:
         kind, obj = watch_event(event)
         index = self._index if self._index is not None else PodIndex()
@@ -496,8 +567,10 @@ class PodWatcher:
                 self._index = index.without(pod.uid)
         return resource_version(obj) or version
 
-    def _set_state(self, state: str, detail: str) -> None:
-        previous, self._state = self._state, state
+    def _failed(self, reason: str) -> None:
+        self._on_error(reason)
+
+    def _state_changed(self, state: str, detail: str, previous: str) -> None:
         if state == previous:
             return
         if state == "ok":

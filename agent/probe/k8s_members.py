@@ -2,7 +2,8 @@
 
 :class:`KubernetesMembers` is a :class:`~agent.probe.membership.MembershipSource`. It lists
 the agent pods (``GET /api/v1/namespaces/<namespace>/pods?labelSelector=<selector>``) and
-then watches them from the list's resourceVersion in a background thread, so that
+then watches them from the list's resourceVersion in a background thread (the loop of
+:class:`~agent.podwatch.ListWatch`, shared with the attribution's pod watch), so that
 ``members()`` only returns the latest tuple and never waits on the API server.
 
 Who is a member
@@ -39,22 +40,15 @@ Failures
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
-import math
-import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any
 
 from agent.podwatch import (
-    HttpStream,
+    ListWatch,
     WatchSettings,
-    classify_watch_error,
-    consume_watch,
     default_api_client,
-    interrupt_stream,
     mapping_field,
     resource_version,
     text_field,
@@ -157,8 +151,9 @@ def members_from_pod_list(pods_json: object) -> tuple[str, ...]:
 # --- the watch ---------------------------------------------------------------------------
 
 
-class KubernetesMembers:
-    """The probe members: Ready agent pods' host IPs, kept current by a list+watch thread.
+class KubernetesMembers(ListWatch):
+    """The probe members: Ready agent pods' host IPs, kept current by a list+watch thread
+    (:class:`~agent.podwatch.ListWatch`).
 
     ``namespace`` and ``label_selector`` select the DaemonSet's pods. ``api_client`` makes the
     client (default: in-cluster configuration, else the kubeconfig). ``self_node`` is this
@@ -170,6 +165,8 @@ class KubernetesMembers:
     stops it. ``members()`` never blocks and never raises: before the first successful
     list it returns ``()``, and on errors the last good list.
     """
+
+    what = "probe members"
 
     def __init__(
         self,
@@ -187,24 +184,20 @@ class KubernetesMembers:
             raise ValueError("label_selector must not be empty (it selects the agent pods)")
         if not resync_seconds > 0:
             raise ValueError(f"resync_seconds must be > 0, not {resync_seconds!r}")
+        super().__init__(
+            api_client or default_api_client,
+            settings or WatchSettings(),
+            thread_name="probe-k8s-members",
+            resync_seconds=float(resync_seconds),
+        )
         self.namespace = namespace
         self.label_selector = label_selector
-        self.resync_seconds = float(resync_seconds)
-        self._factory = api_client or default_api_client
         self._self_node = self_node.strip().lower() if self_node else None
-        self._settings = settings or WatchSettings()
         self._pods: dict[str, AgentPod] = {}  # the thread's own; published as tuples below
         self._members: tuple[str, ...] = ()
         self._self_address: str | None = None
         self._self_member = False
         self._errors = dict.fromkeys(ERROR_REASONS, 0)
-        self._state = ""
-        self._lock = threading.Lock()
-        self._synced = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._resp: HttpStream | None = None
-        self.lists_total = 0
 
     @property
     def where(self) -> str:
@@ -225,138 +218,22 @@ class KubernetesMembers:
             return dict(self._errors)
 
     @property
-    def healthy(self) -> bool:
-        """True once a list succeeded and while the latest list or watch request succeeds."""
-        return self._state == "ok"
-
-    @property
     def self_address(self) -> str | None:
         """The host IP of this node's agent pod (``self_node`` matched against
         ``spec.nodeName`` or the host IP), Ready or not, unless it is terminating; None when
         ``self_node`` is unset or no such pod is known."""
         return self._self_address
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+    # -- the list+watch ------------------------------------------------------------------
 
-    def wait_synced(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the first successful list."""
-        return self._synced.wait(timeout)
+    def _request(self, api: CoreV1Api, **kwargs: Any) -> object:
+        return api.list_namespaced_pod(self.namespace, label_selector=self.label_selector, **kwargs)
 
-    # -- lifecycle ---------------------------------------------------------------------
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(
-                    target=self._run, name="probe-k8s-members", daemon=True
-                )
-                self._thread.start()
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Stop the thread, interrupting an open watch; the last list stays readable."""
-        self._stop.set()
-        interrupt_stream(self._resp, "probe members")
-        with self._lock:
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-
-    # -- the thread ----------------------------------------------------------------------
-
-    def _run(self) -> None:
-        from kubernetes.client import CoreV1Api
-
-        s = self._settings
-        api: CoreV1Api | None = None
-        version: str | None = None
-        listed_at = -math.inf
-        delay = s.backoff_initial_seconds
-        while not self._stop.is_set():
-            try:
-                if api is None:
-                    api = CoreV1Api(self._factory())
-                if version is None or time.monotonic() - listed_at >= self.resync_seconds:
-                    version = self._list(api)
-                    listed_at = time.monotonic()
-                remaining = self.resync_seconds - (time.monotonic() - listed_at)
-                version = self._watch(api, version, remaining)
-                delay = s.backoff_initial_seconds
-                continue
-            except Exception as exc:  # the thread must outlive anything the client raises
-                outcome = classify_watch_error(exc)
-                if outcome is None:
-                    version = None
-                    continue
-                reason, detail, expected = outcome
-                if not expected and self._state != reason:
-                    log.exception("probe members: unexpected failure")
-            if self._stop.is_set():
-                break
-            with self._lock:
-                self._errors[reason] += 1
-            self._set_state(reason, detail)
-            self._stop.wait(delay)
-            delay = min(delay * 2, s.backoff_max_seconds)
-
-    def _list(self, api: CoreV1Api) -> str:
-        s = self._settings
-        resp = cast(
-            "HttpStream",
-            api.list_namespaced_pod(
-                self.namespace,
-                label_selector=self.label_selector,
-                resource_version="0",
-                _preload_content=False,
-                _request_timeout=(s.connect_timeout_seconds, s.list_timeout_seconds),
-            ),
-        )
-        try:
-            body = json.loads(resp.data)
-        finally:
-            resp.release_conn()
-        items = _pod_items(body)
-        version = resource_version(body)
-        if version is None:
-            raise ValueError("pod list without metadata.resourceVersion")
+    def _replace(self, items: list[object]) -> str:
         pods = (parse_agent_pod(item) for item in items)
         self._pods = {p.uid: p for p in pods if p is not None}
-        self.lists_total += 1
         self._publish()
-        self._synced.set()
-        self._set_state("ok", f"{len(self._members)} members")
-        return version
-
-    def _watch(self, api: CoreV1Api, version: str, remaining: float) -> str:
-        s = self._settings
-        timeout = max(1, math.ceil(min(s.watch_timeout_seconds, remaining)))
-        resp = cast(
-            "HttpStream",
-            api.list_namespaced_pod(
-                self.namespace,
-                label_selector=self.label_selector,
-                watch=True,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout,
-                _preload_content=False,
-                _request_timeout=(s.connect_timeout_seconds, s.read_timeout_seconds),
-            ),
-        )
-        self._resp = resp
-        self._set_state("ok", "watching")
-        return consume_watch(
-            resp,
-            self._apply,
-            version,
-            stop=self._stop,
-            backoff_seconds=s.backoff_initial_seconds,
-            detach=self._detach,
-        )
-
-    def _detach(self) -> None:
-        self._resp = None
+        return f"{len(self._members)} members"
 
     def _apply(self, event: object, version: str) -> str:
         kind, obj = watch_event(event)
@@ -369,6 +246,10 @@ class KubernetesMembers:
                     self._pods[pod.uid] = pod
                 self._publish()
         return resource_version(obj) or version
+
+    def _failed(self, reason: str) -> None:
+        with self._lock:
+            self._errors[reason] += 1
 
     # -- publishing ---------------------------------------------------------------------
 
@@ -406,8 +287,7 @@ class KubernetesMembers:
                 "is a member" if is_member else "is no longer a member",
             )
 
-    def _set_state(self, state: str, detail: str) -> None:
-        previous, self._state = self._state, state
+    def _state_changed(self, state: str, detail: str, previous: str) -> None:
         if state == previous:
             if state != "ok":
                 log.debug("probe members: still failing: %s (%s)", state, detail)
