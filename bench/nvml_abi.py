@@ -19,6 +19,7 @@ import ctypes
 import importlib.util
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -85,6 +86,7 @@ def load(path: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location("pynvml_other", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pynvml looks itself up there while loading
     spec.loader.exec_module(module)
     return module
 
