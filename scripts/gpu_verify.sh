@@ -35,6 +35,11 @@ step "NVML tests (committed fixtures, and the live library where the test asks f
 python3 -m pytest -q -p no:cacheprovider tests/test_nvml.py tests/test_nvml_record.py \
   tests/test_nvml_fixtures.py tests/test_nvml_crosscheck.py -rs || rc=1
 
+step "pynvml's structures against this machine's nvml.h (bench/nvml_abi.py)"
+if [ -e "${CUDA_HOME:-/usr/local/cuda}/include/nvml.h" ] && command -v gcc >/dev/null; then
+  python3 bench/nvml_abi.py --cuda "${CUDA_HOME:-/usr/local/cuda}" | grep -v '^ok' || rc=1
+else echo "SKIP: no nvml.h or no gcc here"; fi
+
 step "cross-check, in-process"
 python3 scripts/gpu_crosscheck.py || rc=1
 
