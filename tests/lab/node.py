@@ -450,6 +450,8 @@ class LabNode:
                     cnp_rp = 5.0e4 * rng.uniform(0.9, 1.1)
                     pause_rx = 1.0e4 * rng.uniform(0.9, 1.1)
                     wait_rate = 6.0e5 * rng.uniform(0.9, 1.1)
+            if held:  # no link: the PMA neither sends nor waits (PortXmitWait stands still)
+                wait_rate = 0.0
             self._add(c, "port_xmit_wait", wait_rate * dt * rng.uniform(0.8, 1.2))
             port.hw["np_cnp_sent"] += int(cnp_np * dt)
             port.hw["rp_cnp_handled"] += int(cnp_rp * dt)
