@@ -75,7 +75,8 @@ SKIPPED = MetricSpec(
     "fabricscope_probe_skipped_total",
     "counter",
     "Probes not run, by reason: budget (GPU-time budget spent), gpu_busy (GPUs running "
-    "compute processes or held by another probe), no_partner, peer_declined.",
+    "compute processes or held by another probe), gpu_unknown (NVML could not tell which "
+    "GPUs are busy, so none is taken), no_partner, peer_declined.",
     ("reason",),
 )
 GPU_SECONDS = MetricSpec(

@@ -411,7 +411,8 @@ def test_busy_or_locked_gpus_are_never_probed(
     assert host.run_intra() is None
     guest.run_pair_round(5)  # B's offer to A is declined
     snap = host.snapshot()
-    assert skipped(snap, "gpu_busy") == 2
+    reason = "gpu_unknown" if why == "unknown" else "gpu_busy"  # the metric tells them apart
+    assert skipped(snap, reason) == 2
     assert snap.runs == ()
     assert skipped(guest.snapshot(), "peer_declined") == 1
     assert guest.snapshot().runs == ()
@@ -444,6 +445,7 @@ def test_no_probe_runs_over_the_budget(make_service: Callable[..., ProbeService]
     assert skipped(svc.snapshot(), "budget") == 1
     assert {r: skipped(svc.snapshot(), r) for r in SKIP_REASONS if r != "budget"} == {
         "gpu_busy": 0,
+        "gpu_unknown": 0,
         "no_partner": 0,
         "peer_declined": 0,
     }
@@ -751,6 +753,7 @@ def test_render_exact_series() -> None:
         'fabricscope_probe_runs_total{collective="sendrecv",reason="ok"} 0.0',
         'fabricscope_probe_skipped_total{reason="budget"} 2.0',
         'fabricscope_probe_skipped_total{reason="gpu_busy"} 1.0',
+        'fabricscope_probe_skipped_total{reason="gpu_unknown"} 0.0',
         'fabricscope_probe_skipped_total{reason="no_partner"} 0.0',
         'fabricscope_probe_skipped_total{reason="peer_declined"} 0.0',
         f"fabricscope_probe_success{{{intra}}} 1.0",

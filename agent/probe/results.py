@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 
 #: outcome of a run, the ``reason`` label of ``runs_total``
 RUN_REASONS = ("ok", *REASONS)
-#: why a probe did not run: over budget, GPUs busy or locked, no partner this round (or
+#: why a probe did not run: over budget, GPUs busy or locked, NVML could not tell which GPUs
+#: are busy (its child crashed, hung or errs: no GPU is taken), no partner this round (or
 #: fewer than two local GPUs for an intra-node probe), the partner declined the offer
-SKIP_REASONS = ("budget", "gpu_busy", "no_partner", "peer_declined")
+SKIP_REASONS = ("budget", "gpu_busy", "gpu_unknown", "no_partner", "peer_declined")
 
 
 @dataclass(frozen=True, slots=True)

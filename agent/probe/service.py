@@ -23,7 +23,9 @@ What runs, and when
       of a round when node pairs run, so it rarely collides with them.
 
 Safety
-    * A probe runs only on GPUs with no compute processes (NVML; ``force`` overrides).
+    * A probe runs only on GPUs with no compute processes (NVML, asked through a child
+      process; when it cannot tell, no GPU is taken and the skip counts ``gpu_unknown``;
+      ``force`` overrides).
     * A per-GPU lock: never two probes on one GPU. An offer for a locked or busy GPU is
       declined with ``gpu_busy`` and counted as a skip.
     * A GPU-time budget: probes may spend ``budget`` of the node's GPU time (GPU-seconds =
@@ -275,18 +277,15 @@ class ProbeService:
 
     # -- devices -------------------------------------------------------------------------
 
-    def _busy_labels(self) -> frozenset[int]:
-        if self.settings.force:
-            return frozenset()
-        busy = self._busy()
+    def _idle(self) -> tuple[list[int], str]:
+        """Positions of the slots neither busy nor locked now, and the skip reason when too
+        few are: ``gpu_unknown`` when NVML could not tell which GPUs are busy (then none is
+        taken), else ``gpu_busy``."""
+        busy = frozenset() if self.settings.force else self._busy()
         if busy is None:  # unknown: probe nothing
-            return frozenset(s.label for s in self.slots)
-        return busy
-
-    def _idle(self) -> list[int]:
-        """Positions of the slots neither busy nor locked now."""
-        busy = self._busy_labels() | self.locks.held()
-        return [i for i, s in enumerate(self.slots) if s.label not in busy]
+            return [], "gpu_unknown"
+        taken = busy | self.locks.held()
+        return [i for i, s in enumerate(self.slots) if s.label not in taken], "gpu_busy"
 
     # -- intra-node ------------------------------------------------------------------------
 
@@ -299,9 +298,10 @@ class ProbeService:
                 len(self.slots),
             )
             return None
-        idle = [self.slots[i] for i in self._idle()]
+        positions, why = self._idle()
+        idle = [self.slots[i] for i in positions]
         if len(idle) < 2:
-            self._ledger.skip("gpu_busy", "%d of %d devices idle", len(idle), len(self.slots))
+            self._ledger.skip(why, "%d of %d devices idle", len(idle), len(self.slots))
             return None
         if not self.budget.allows(self._costs.estimate("intra", len(idle))):
             self._ledger.skip("budget", "GPU-time credit %.1f s", self.budget.credit())
@@ -368,12 +368,13 @@ class ProbeService:
             return
         if pair.host == me:
             return
-        idle = set(self._idle())
+        positions, why = self._idle()
+        idle = set(positions)
         n = len(self.slots)
         order = [(round_no + k) % n for k in range(n)]
         pos = next((p for p in order if p in idle), None)
         if pos is None:
-            self._ledger.skip("gpu_busy", "round %d: no idle device", round_no)
+            self._ledger.skip(why, "round %d: no idle device", round_no)
             return
         slot = self.slots[pos]
         if not self.locks.try_acquire([slot.label]):
@@ -480,13 +481,13 @@ class ProbeService:
             )
             return Answer.decline(offer.probe_id, "init_failure")
         wanted = requested_slot(offer.probe_id)
-        idle = self._idle()
+        idle, why = self._idle()
         if wanted is not None and wanted >= len(self.slots):
             log.info("probe: %s asked for device %d of %d", guest_id, wanted, len(self.slots))
             return Answer.decline(offer.probe_id, "init_failure")
         pos = wanted if wanted is not None else (idle[0] if idle else None)
         if pos is None or pos not in idle:
-            self._ledger.skip("gpu_busy", "declined %s from %s", offer.kind, guest_id)
+            self._ledger.skip(why, "declined %s from %s", offer.kind, guest_id)
             return Answer.decline(offer.probe_id, "gpu_busy")
         if not manual and not self.budget.allows(self._costs.estimate(f"pair:{offer.kind}", 1)):
             self._ledger.skip("budget", "declined %s from %s", offer.kind, guest_id)
