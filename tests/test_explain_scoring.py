@@ -10,7 +10,7 @@ import pytest
 
 from exporter.explain.checks import CHECKS_BY_NAME
 from exporter.explain.client import Sample
-from exporter.explain.evidence import Scope, nccl_env_differences, score
+from exporter.explain.evidence import Periods, Scope, evaluate, nccl_env_differences, score
 
 
 @pytest.mark.parametrize(
@@ -74,3 +74,26 @@ def test_time_arguments() -> None:
     assert parse_duration("90m") == 5400
     with pytest.raises(argparse.ArgumentTypeError, match="not a time"):
         parse_time("yesterday", now)
+
+
+def test_events_are_counted_back_over_the_guard_step() -> None:
+    """The event that caused a change (a link going down) happens at the change point; an
+    ``increase()`` over the slow period alone misses it when the range's first sample is
+    already past it (found live: tests/test_lab_live.py). Event checks reach back over the
+    guard step between the baseline and the slow period; rates and levels do not, and the
+    baseline is scaled by the longer period."""
+    asked: list[tuple[str, float]] = []
+
+    class Recorder:
+        def query(self, expr: str, at: float) -> list[Sample]:
+            asked.append((expr, at))
+            return []
+
+    periods = Periods(0.0, 970.0, 1000.0, 2000.0)  # 30 s guard step
+    assert (periods.events_seconds, periods.slow_seconds) == (1030, 1000)
+    scope = Scope(("node-01",), "", ())
+    checks = [CHECKS_BY_NAME["link_downed"], CHECKS_BY_NAME["symbol_errors"]]
+    evaluate(Recorder(), scope, periods, checks=checks)  # type: ignore[arg-type]
+    slow = {expr.split("(")[1].split("{")[0]: expr for expr, at in asked if at == 2000.0}
+    assert slow["fabricscope_infiniband_port_link_downed_total"].endswith("[1030s])")
+    assert slow["fabricscope_infiniband_port_symbol_errors_total"].endswith("[1000s])")

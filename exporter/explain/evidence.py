@@ -34,6 +34,14 @@ class Periods:
     def slow_seconds(self) -> int:
         return max(1, int(self.slow_end - self.slow_start))
 
+    @property
+    def events_seconds(self) -> int:
+        """The slow period counted back over the guard step before it, for events: the
+        event that caused the change (a link going down) happens at the change, and an
+        ``increase()`` whose range starts after its first sample past the event cannot
+        see it."""
+        return max(1, int(self.slow_end - self.base_end))
+
 
 @dataclass(frozen=True, slots=True)
 class Scope:
@@ -141,10 +149,9 @@ def evaluate(
         base = client.query(
             check.template.format(sel=sel, d=f"{periods.base_seconds}s"), periods.base_end
         )
-        slow = client.query(
-            check.template.format(sel=sel, d=f"{periods.slow_seconds}s"), periods.slow_end
-        )
-        return compare(check, base, slow, periods.slow_seconds / periods.base_seconds)
+        seconds = periods.events_seconds if check.mode == "events" else periods.slow_seconds
+        slow = client.query(check.template.format(sel=sel, d=f"{seconds}s"), periods.slow_end)
+        return compare(check, base, slow, seconds / periods.base_seconds)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(run, checks))

@@ -13,11 +13,15 @@ What runs as in production: the agent command (its samplers, runner and HTTP ser
 kubelet's pod-resources gRPC API on a unix socket per node, Prometheus (scrape, rules,
 alerting), Alertmanager (routing, grouping, webhook delivery). What the agents read: each
 node's sysfs and procfs trees (:mod:`tests.lab.node`), rewritten every ``interval`` seconds
-by the stepper, each file replaced atomically as the kernel presents it. Not in live mode:
-NVML (this machine has no driver; the backfill replays a recording in process), netlink
-and ethtool (answered in process in backfill mode; a subprocess reads the real kernel),
-throughput (the job name needs the API server's pod watch). Those samplers are switched off
-with their flags.
+by the stepper, each file replaced atomically as the kernel presents it. The job's
+throughput: each agent reads its node's trainer log (Composer lines in CRI format, as the
+backfill writes them) through ``--throughput.file LOG=llm``, as on a Slurm node: without an
+API server the pod's name and namespace are not known, so the series carry ``job_name`` and
+``instance`` only. A port taken down slows the whole job (every node's log) to the lab's bad
+tokens/s until it comes back. Not in live mode: NVML (this machine has no driver; the
+backfill replays a recording in process), netlink and ethtool (answered in process in
+backfill mode; a subprocess reads the real kernel). Those samplers are switched off with
+their flags.
 
 ``rule_for`` overrides an alert's ``for`` in a copy of the rules, so an alert that waits
 5 minutes in production fires within a test's time; every other rule is loaded as shipped.
@@ -40,7 +44,12 @@ import yaml
 
 from tests.lab.cluster import Cluster, Timeline, scratch_dir
 from tests.lab.node import LabNode
-from tests.lab.scenarios import Scenario
+from tests.lab.scenarios import (
+    BAD_TOKENS_PER_SECOND,
+    GOOD_TOKENS_PER_SECOND,
+    JOB_NAME,
+    Scenario,
+)
 from tests.promharness import (
     Alertmanager,
     Prometheus,
@@ -53,7 +62,7 @@ from tests.promharness import (
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "rules"
 #: samplers live mode cannot feed from a subprocess (see the module doc)
-OFF = ("--no-sampler.nvml", "--no-sampler.netdev", "--no-sampler.throughput")
+OFF = ("--no-sampler.nvml", "--no-sampler.netdev")
 
 
 def host_of(index: int) -> str:
@@ -155,6 +164,7 @@ class AgentProcess:
             f"--sampling.interval={interval:g}",
             f"--sampling.timeout={interval:g}",
             "--log.level=warning",
+            f"--throughput.file={node.log_path}={JOB_NAME}",
             *OFF,
         ]
         env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
@@ -273,11 +283,20 @@ class LiveLab:
         wait_until(probe, timeout=timeout, what="every lab agent scraped")
 
     def take_down(self, node: str, device: str) -> None:
-        """``device``'s link on ``node`` goes DOWN at the next step and stays down."""
+        """``device``'s link on ``node`` goes DOWN at the next step and stays down; the job
+        (on every node) runs at the lab's bad tokens/s meanwhile."""
         self.node(node).held_down.add(device)
+        self._pace_job()
 
     def bring_up(self, node: str, device: str) -> None:
         self.node(node).held_down.discard(device)
+        self._pace_job()
+
+    def _pace_job(self) -> None:
+        assert self._cluster is not None
+        down = any(n.held_down for n in self._cluster.nodes)
+        for n in self._cluster.nodes:
+            n.job_slowdown = BAD_TOKENS_PER_SECOND / GOOD_TOKENS_PER_SECOND if down else 1.0
 
     def check(self) -> None:
         """Raise with its log if an agent died, or if the stepper failed."""

@@ -283,6 +283,8 @@ class LabNode:
         self.probes: tuple[ProbeRun, ...] = ()
         self.probe_runs: dict[tuple[str, str], int] = {}
         self.tokens_per_second = 0.0
+        #: live mode: the job's tokens/s are multiplied by this (a rail held down slows it)
+        self.job_slowdown = 1.0
         self.t0: float | None = None  # wall time of the run's start (set by the cluster)
         self.batch = 0
         self.lister: Lister | None = None  # its kubelet's answer, once the cluster serves it
@@ -387,7 +389,7 @@ class LabNode:
         sc = self.scenario
         kind = sc.cause.kind if sc.cause is not None and fault_age is not None else None
         here = self.cause is not None and fault_age is not None
-        job = sc.throughput_ratio if fault_age is not None else 1.0
+        job = (sc.throughput_ratio if fault_age is not None else 1.0) * self.job_slowdown
         wave = 1.0 + 0.04 * math.sin(2 * math.pi * t / 900.0)
         rng = self.rng
         link_down_now = False
