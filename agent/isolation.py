@@ -213,6 +213,7 @@ class IsolatedSampler:
         max_backoff_seconds: float = 60.0,
         nodata_recheck_seconds: float = 60.0,
         close_grace_seconds: float = 2.0,
+        one_shot: bool = False,
         env: Mapping[str, str] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -225,6 +226,7 @@ class IsolatedSampler:
         self._backoff = backoff_seconds
         self._nodata_recheck = nodata_recheck_seconds
         self._grace = close_grace_seconds
+        self._one_shot = one_shot  # a command's single pass: no restart to announce
         self._env = dict(os.environ if env is None else env)
         self._mono = monotonic
         self._lock = threading.Lock()
@@ -344,6 +346,8 @@ class IsolatedSampler:
         self._retry_at = self._mono() + delay
         self._replace = True
         self._last_failure = detail
+        if self._one_shot:
+            return SamplerFailure(reason, detail)
         return SamplerFailure(reason, f"{detail}; restarting it in {delay:.0f}s")
 
     def _reap(self, kill_after: float) -> int | None:

@@ -613,6 +613,7 @@ class ChildRecording:
             "nvml",
             ChildSpec("agent.nvml_record:recording_sampler"),
             timeout_seconds=timeout_seconds,
+            one_shot=True,
         )
         self.recording = ""
         self.calls = 0

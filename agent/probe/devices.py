@@ -137,6 +137,7 @@ def isolated_gpu_view(
     *,
     timeout_seconds: float = 10.0,
     start_timeout_seconds: float = 15.0,
+    one_shot: bool = False,
 ) -> IsolatedSampler:
     """A :class:`GpuViewSampler` in a supervised child process (started on first use) with
     environment ``env`` (default: this process's), whose ``CUDA_VISIBLE_DEVICES`` it honours."""
@@ -149,6 +150,7 @@ def isolated_gpu_view(
         ),
         timeout_seconds=timeout_seconds,
         start_timeout_seconds=start_timeout_seconds,
+        one_shot=one_shot,
         env=environ,
     )
 

@@ -178,7 +178,7 @@ class _Local:
     """This host's devices as the probe command sees them."""
 
     def __init__(self, ns: argparse.Namespace) -> None:
-        view = isolated_gpu_view()  # NVML in a child process, as in the agent
+        view = isolated_gpu_view(one_shot=True)  # NVML in a child process, as in the agent
         try:
             self.backend, self.slots = discover_slots(
                 ns.probe_backend, ns.probe_cpu_slots, view=view

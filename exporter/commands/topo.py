@@ -40,6 +40,7 @@ def cmd_topo(ns: argparse.Namespace) -> int:
                     "nvml",
                     ChildSpec("agent.nvml:child_sampler", {"watch_xid": False}),
                     timeout_seconds=30.0,
+                    one_shot=True,
                 )
                 stack.callback(child.close)
                 nvml = child
