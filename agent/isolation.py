@@ -56,7 +56,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, TypeAlias, cast
+from typing import BinaryIO, TypeAlias, TypeVar, cast
 
 from agent.errors import NoData, SamplerFailure
 from agent.logsetup import JsonFormatter, setup_logging
@@ -71,6 +71,7 @@ MAX_FRAME_BYTES = 64 << 20
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
 Setting: TypeAlias = bool | int | float | str | None
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,13 @@ class ChildStats:
 
 class ChildError(RuntimeError):
     """The sampler in the child raised; the message is the exception's ``repr``."""
+
+
+def expect(answer: object, kind: type[T]) -> T:
+    """``answer`` (what a child sent) as a ``kind``; :class:`ChildError` when it is not."""
+    if not isinstance(answer, kind):
+        raise ChildError(f"expected a {kind.__name__}, got {type(answer).__name__}")
+    return answer
 
 
 class _Died(Exception):  # noqa: N818 - control flow inside this module

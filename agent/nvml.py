@@ -61,6 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.errors import NoData
+from agent.isolation import ChildSpec, IsolatedSampler, Setting
 from agent.nvml_api import (
     FI_ECC_DBE_VOL_TOTAL,
     FI_ECC_SBE_VOL_TOTAL,
@@ -705,6 +706,19 @@ class _GpuPass:
         if mbps is None or mbps <= 0:
             return None
         return mbps * _MEGABYTE
+
+
+def isolated_sampler(
+    settings: Mapping[str, Setting], timeout_seconds: float, *, one_shot: bool = False
+) -> IsolatedSampler:
+    """The live NVML sampler (:func:`child_sampler` with ``settings``) in a supervised child
+    process (:mod:`agent.isolation`): the agent's, and ``topo``'s (``one_shot``)."""
+    return IsolatedSampler(
+        "nvml",
+        ChildSpec("agent.nvml:child_sampler", settings),
+        timeout_seconds=timeout_seconds,
+        one_shot=one_shot,
+    )
 
 
 def child_sampler(

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TypeAlias, TypeVar
 
 from agent.errors import NoData
-from agent.isolation import ChildError, ChildSpec, IsolatedSampler
+from agent.isolation import ChildSpec, IsolatedSampler, expect
 from agent.nvml import NvmlSampler
 from agent.nvml_api import LiveNvml, NvmlAnswerError, NvmlApi, NvmlCallError, XidEvent
 from agent.nvml_snapshot import NvmlSnapshot
@@ -622,9 +622,7 @@ class ChildRecording:
         return self._child.call_deadline_seconds()
 
     def sample(self) -> NvmlSnapshot:
-        got = self._child.sample()
-        if not isinstance(got, RecordedPass):
-            raise ChildError(f"expected a RecordedPass, got {type(got).__name__}")
+        got = expect(self._child.sample(), RecordedPass)
         self.recording, self.calls = got.recording, got.calls
         if got.snapshot is None:
             raise NoData(got.nodata or "no NVML answer")

@@ -8,9 +8,8 @@ from typing import TypeVar
 from agent.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
 from agent.config import AgentConfig
 from agent.infiniband import InfinibandSampler, InfinibandSnapshot
-from agent.isolation import ChildSpec, IsolatedSampler
 from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
-from agent.nvml import NvmlSampler
+from agent.nvml import NvmlSampler, isolated_sampler
 from agent.nvml_api import NvmlApi
 from agent.nvml_snapshot import NvmlSnapshot
 from agent.pci import PciSampler, PciSnapshot
@@ -115,10 +114,7 @@ def build_samplers(
             "slow_error_rotation": nv.slow_error_rotation,
         }
         if nv.isolate and nvml_api is None:  # the live library: in a child process
-            spec = ChildSpec("agent.nvml:child_sampler", settings)
-            out.append(
-                IsolatedSampler("nvml", spec, timeout_seconds=config.sampling.timeout_seconds)
-            )
+            out.append(isolated_sampler(settings, config.sampling.timeout_seconds))
         else:  # a replay (pure Python), a recording, or --no-nvml.isolate
             out.append(NvmlSampler(nvml_api, **settings))  # type: ignore[arg-type]
     if "pci" in enabled:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agent.errors import ConfigError, NoData, SamplerFailure
-from agent.isolation import ChildError, ChildSpec, IsolatedSampler
+from agent.isolation import ChildError, ChildSpec, IsolatedSampler, expect
 from agent.nvml_api import LiveNvml, NvmlApi, NvmlCallError, open_api
 from agent.sysfs import ReadIssue
 
@@ -156,10 +156,7 @@ def isolated_gpu_view(
 
 
 def _look(view: GpuViewSource) -> GpuView:
-    answer = view.sample()
-    if not isinstance(answer, GpuView):
-        raise ChildError(f"expected a GpuView, got {type(answer).__name__}")
-    return answer
+    return expect(view.sample(), GpuView)
 
 
 def discover_slots(

@@ -158,7 +158,6 @@ def launch_workers(
     child_env = worker_env(os.environ if env is None else env, first.backend)
     began = time.monotonic()
     end = began + deadline_seconds
-    killed = aborted = False
     with tempfile.TemporaryDirectory(prefix="fabricscope-probe-") as tmp:
         outs = [Path(tmp, f"{i}.out") for i in range(len(specs))]
         errs = [Path(tmp, f"{i}.err") for i in range(len(specs))]
@@ -192,7 +191,7 @@ def launch_workers(
                 "probe %s: workers killed at the %g s deadline", first.kind, deadline_seconds
             )
         for i, proc in enumerate(procs):
-            if proc.returncode != 0 and not (killed or aborted) and stopped is None:
+            if proc.returncode != 0 and stopped is None:
                 log.warning(
                     "probe worker %s (rank %s) exited with %s: %s",
                     first.kind,

@@ -35,7 +35,6 @@ def take_snapshot(config: AgentConfig, output: str) -> int:
         recorder = ChildRecording(timeout)
         specs.append(SamplerSpec(recorder, timeout, timeout))
     runner = Runner(specs)
-    nvml_failed = False
     for spec in specs:
         name = spec.sampler.name
         print(f"sampling {name} ...", end=" ", file=sys.stderr, flush=True)
@@ -47,8 +46,6 @@ def take_snapshot(config: AgentConfig, output: str) -> int:
             print("no hardware", file=sys.stderr)
         else:
             print("failed (see log)", file=sys.stderr)
-            if spec.sampler is recorder:
-                nvml_failed = True
     if recorder is not None:
         recorder.close()
     extra: dict[str, bytes] = {}
@@ -63,7 +60,7 @@ def take_snapshot(config: AgentConfig, output: str) -> int:
         + (f"; NVML recording of {recorder.calls} calls" if extra and recorder else ""),
         file=sys.stderr,
     )
-    if nvml_failed:
+    if recorder is not None and not runner.status("nvml").success:
         print(
             "note: no NVML recording: the nvml sampler failed (see the log); a replay of this "
             "snapshot shows no GPU",

@@ -11,9 +11,8 @@ from contextlib import ExitStack
 from agent import topo_report, topology
 from agent.gpu_topology import nvlinks_by_address
 from agent.infiniband import InfinibandSampler, InfinibandSnapshot
-from agent.isolation import ChildSpec, IsolatedSampler
 from agent.node_findings import collect
-from agent.nvml import NvmlSampler
+from agent.nvml import NvmlSampler, isolated_sampler
 from agent.nvml_snapshot import NvmlSnapshot
 from agent.pci import PciSampler, PciSnapshot
 from agent.runner import Runner, SamplerSpec
@@ -36,12 +35,7 @@ def cmd_topo(ns: argparse.Namespace) -> int:
         if "nvml" not in src.unavailable:
             nvml: Sampler
             if src.nvml_api is None:  # the live library: in a child process, as in the agent
-                child = IsolatedSampler(
-                    "nvml",
-                    ChildSpec("agent.nvml:child_sampler", {"watch_xid": False}),
-                    timeout_seconds=30.0,
-                    one_shot=True,
-                )
+                child = isolated_sampler({"watch_xid": False}, 30.0, one_shot=True)
                 stack.callback(child.close)
                 nvml = child
             else:  # a snapshot's recording, replayed (pure Python)
