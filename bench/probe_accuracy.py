@@ -3,11 +3,16 @@ sizes (``timing`` graph, the default on GPUs, and eager), and writes a ratio tab
 (markdown + JSON). Driven by ``scripts/gpu_probe_accuracy.sh`` on a GPU machine.
 
     python bench/probe_accuracy.py --nccl-tests-dir DIR --out OUT [--backend nccl]
-        [--sizes 8K,...,64M] [--heatmap]
+        [--sizes 8K,...,64M] [--ranks 2] [--heatmap]
 
 ``DIR`` holds ``all_reduce_perf.log``, ``sendrecv_perf.log`` and optionally
-``latency_perf.log`` (all_reduce_perf at 8 bytes). Exit status 0 when every size >= 1 MiB is
-within 10 % and every smaller size within 20 % of nccl-tests (graph timing), else 1.
+``latency_perf.log`` (all_reduce_perf at 8 bytes), run over as many ranks as ``--ranks``.
+The ratio is nccl-tests' time over the probe's (= the probe's busbw over nccl-tests': one
+formula on both sides), so it also reads at one rank, where all_reduce has no bus
+bandwidth. ``--ranks 1`` is the one-GPU timing check: the same collective on the same GPU
+and NCCL (all_reduce on one rank, sendrecv to itself: a copy), which tests the timing method
+at every size but not the fabric. Exit status 0 when every size >= 1 MiB is within 10 % and
+every smaller size within 20 % of nccl-tests (graph timing), else 1.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agent.probe.formulas import bus_factor
 from agent.probe.launch import run_local
-from agent.probe.records import WorkerSpec
+from agent.probe.records import SpecError, WorkerSpec
 
 MiB = 1 << 20
 #: the issue's targets: |probe / nccl-tests - 1| at or above 1 MiB, and below
@@ -63,30 +69,48 @@ def parse_size(text: str) -> int:
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
-def probe(kind: str, sizes: tuple[int, ...], backend: str, timing: str) -> dict[int, float]:
-    """busbw (GB/s) per size of one 2-rank probe (for ``latency``: the time in us)."""
-    spec = WorkerSpec(
-        kind=kind,
-        rank=0,
-        world_size=2,
-        master_addr="127.0.0.1",
-        master_port=0,
-        backend=backend,
-        sizes=sizes,
-        timing=timing,
-        max_seconds_per_size=None if backend == "nccl" else 0.5,
-        timeout_seconds=120.0,
-    )
+def probe(
+    kind: str, sizes: tuple[int, ...], backend: str, timing: str, ranks: int = 2
+) -> dict[int, float]:
+    """Time in us of one iteration per size of one probe over ``ranks`` local ranks."""
+    try:
+        spec = WorkerSpec(
+            kind=kind,
+            rank=0,
+            world_size=ranks,
+            master_addr="127.0.0.1",
+            master_port=0,
+            backend=backend,
+            sizes=sizes,
+            timing=timing,
+            max_seconds_per_size=None if backend == "nccl" else 0.5,
+            timeout_seconds=120.0,
+        )
+    except SpecError as exc:  # gloo has no send to itself at one rank
+        print(f"# probe {kind}: not run: {exc}", file=sys.stderr)
+        return {}
     out: dict[int, float] = {}
-    for rec in run_local(spec, 2):
+    for rec in run_local(spec, ranks):
         if rec.error is not None:
             print(f"# probe {kind} {timing} {rec.size_bytes}: {rec.error}", file=sys.stderr)
             continue
-        if kind == "latency" and rec.time_seconds is not None:
+        if rec.time_seconds is not None:
             out[rec.size_bytes] = rec.time_seconds * 1e6
-        elif rec.busbw_bytes_per_second is not None:
-            out[rec.size_bytes] = rec.busbw_bytes_per_second / 1e9
     return out
+
+
+def busbw_gbps(kind: str, size: int, time_us: float | None, ranks: int) -> float | None:
+    """nccl-tests' busbw (GB/s) of one iteration of ``time_us``."""
+    if time_us is None or not time_us > 0:
+        return None
+    return size / (time_us * 1e-6) * bus_factor(kind, ranks) / 1e9
+
+
+def speed_ratio(reference_us: float | None, probe_us: float | None) -> float | None:
+    """nccl-tests' time over the probe's: the probe's bandwidth over nccl-tests'."""
+    if reference_us is None or probe_us is None or not reference_us > 0 or not probe_us > 0:
+        return None
+    return reference_us / probe_us
 
 
 def within(size: int, ratio: float | None) -> bool:
@@ -99,12 +123,14 @@ def table(
     reference: dict[str, dict[int, Row]],
     measured: dict[tuple[str, str], dict[int, float]],
     sizes: tuple[int, ...],
+    ranks: int = 2,
 ) -> tuple[str, list[dict[str, object]], bool]:
-    """The markdown table, the JSON rows, and whether every graph ratio is on target."""
+    """The markdown table, the JSON rows, and whether every graph ratio is on target.
+    ``measured``: the probe's time in us per (kind, timing) and size."""
     lines = [
-        "| collective | size | nccl-tests busbw (GB/s) | probe graph | ratio | probe eager "
-        "| ratio | on target |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| collective | size | nccl-tests us | busbw GB/s | probe graph us | busbw | ratio "
+        "| probe eager us | ratio | on target |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     rows: list[dict[str, object]] = []
     ok = True
@@ -112,42 +138,47 @@ def table(
         ref = reference.get(kind, {})
         for size in sizes:
             r = ref.get(size)
+            ref_us = r.time_us if r else None
             graph = measured.get((kind, "graph"), {}).get(size)
             eager = measured.get((kind, "eager"), {}).get(size)
-            rg = graph / r.busbw_gbps if r and graph is not None and r.busbw_gbps else None
-            re_ = eager / r.busbw_gbps if r and eager is not None and r.busbw_gbps else None
+            rg, re_ = speed_ratio(ref_us, graph), speed_ratio(ref_us, eager)
             hit = within(size, rg)
             ok &= hit
             rows.append(
                 {
                     "collective": kind,
                     "size_bytes": size,
+                    "ranks": ranks,
+                    "nccl_tests_time_us": ref_us,
                     "nccl_tests_busbw_gbps": r.busbw_gbps if r else None,
-                    "probe_graph_busbw_gbps": graph,
+                    "probe_graph_time_us": graph,
+                    "probe_graph_busbw_gbps": busbw_gbps(kind, size, graph, ranks),
                     "ratio_graph": rg,
-                    "probe_eager_busbw_gbps": eager,
+                    "probe_eager_time_us": eager,
+                    "probe_eager_busbw_gbps": busbw_gbps(kind, size, eager, ranks),
                     "ratio_eager": re_,
                     "on_target": hit,
                 }
             )
             lines.append(
-                f"| {kind} | {_size(size)} | {_f(r.busbw_gbps if r else None)} | {_f(graph)} "
-                f"| {_f(rg, 3)} | {_f(eager)} | {_f(re_, 3)} | {'yes' if hit else 'NO'} |"
+                f"| {kind} | {_size(size)} | {_f(ref_us)} | {_f(r.busbw_gbps if r else None)} "
+                f"| {_f(graph)} | {_f(busbw_gbps(kind, size, graph, ranks))} | {_f(rg, 3)} "
+                f"| {_f(eager)} | {_f(re_, 3)} | {'yes' if hit else 'NO'} |"
             )
     lat_ref = reference.get("latency", {}).get(8)
     for timing in ("graph", "eager"):
         lat = measured.get(("latency", timing), {}).get(8)
         if lat_ref is not None or lat is not None:
-            ratio = lat / lat_ref.time_us if lat is not None and lat_ref else None
+            ratio = speed_ratio(lat_ref.time_us if lat_ref else None, lat)
             lines.append(
-                f"| latency (8 B all_reduce, us; {timing}) | 8 B "
-                f"| {_f(lat_ref.time_us if lat_ref else None)} us | {_f(lat)} us | {_f(ratio, 3)} "
-                "| | | (time, lower is better) |"
+                f"| latency ({timing}) | 8 B | {_f(lat_ref.time_us if lat_ref else None)} | "
+                f"| {_f(lat)} | | {_f(ratio, 3)} | | | (not a target) |"
             )
             rows.append(
                 {
                     "collective": "latency",
                     "timing": timing,
+                    "ranks": ranks,
                     "nccl_tests_time_us": lat_ref.time_us if lat_ref else None,
                     "probe_time_us": lat,
                     "ratio": ratio,
@@ -214,8 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))
     p.add_argument("--sizes", default="8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M")
     p.add_argument("--timings", default="graph,eager")
+    p.add_argument("--ranks", type=int, default=2, help="local ranks (1: one-GPU timing check)")
     p.add_argument("--heatmap", action="store_true")
     ns = p.parse_args(argv)
+    if ns.ranks < 1 or (ns.heatmap and ns.ranks < 2):
+        p.error("--ranks must be >= 1, and >= 2 with --heatmap")
     sizes = tuple(parse_size(s) for s in ns.sizes.split(","))
     reference: dict[str, dict[int, Row]] = {}
     for kind, name in (
@@ -231,10 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         for kind in ("all_reduce", "sendrecv", "latency"):
             t0 = time.monotonic()
             measured[(kind, timing)] = probe(
-                kind, (8,) if kind == "latency" else sizes, ns.backend, timing
+                kind, (8,) if kind == "latency" else sizes, ns.backend, timing, ns.ranks
             )
             print(f"# probe {kind} {timing}: {time.monotonic() - t0:.1f} s", file=sys.stderr)
-    text, rows, ok = table(reference, measured, sizes)
+    text, rows, ok = table(reference, measured, sizes, ns.ranks)
     ns.out.mkdir(parents=True, exist_ok=True)
     (ns.out / "accuracy.md").write_text(text + "\n")
     (ns.out / "accuracy.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -4,6 +4,9 @@
 # (-b 8K -e 64M -f 2 -g 2) and all_reduce_perf at 8 B (latency), then the probe at the same
 # sizes (graph and eager timing) and a GPU x GPU heatmap; writes accuracy.md / .json,
 # heatmap.png and the logs to OUTDIR.
+# On a machine with one GPU it runs the one-GPU timing check instead (both sides at one rank:
+# all_reduce on one rank, sendrecv to itself), says so, and makes no heatmap: that tests the
+# probe's timing method at every size, not the fabric between GPUs.
 #   bash scripts/gpu_probe_accuracy.sh NCCL_TESTS_TARBALL OUTDIR [WHEELS_DIR]
 # WHEELS_DIR: matplotlib and its dependencies as wheels, installed when matplotlib is absent.
 set -uo pipefail
@@ -17,9 +20,15 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 step() { echo; echo "=== $*"; }
 t0=$(date +%s)
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-if [ "$NGPU" -lt 2 ]; then
-  echo "FAIL: $NGPU GPU(s) here; the probe and nccl-tests compare on 2 GPUs of one machine"
+if [ "$NGPU" -lt 1 ]; then
+  echo "FAIL: no GPU here"
   exit 2
+fi
+RANKS=2 HEATMAP=--heatmap
+if [ "$NGPU" -lt 2 ]; then
+  RANKS=1 HEATMAP=
+  echo "NOTE: one GPU here: the one-GPU timing check (one rank on both sides), NOT the"
+  echo "      comparison over the fabric between two GPUs, which needs 2 GPUs of one machine"
 fi
 
 if ! python3 -c "import matplotlib" 2>/dev/null && [ -n "$WHEELS" ]; then
@@ -45,16 +54,16 @@ BIN="$SRC/build"
 export LD_LIBRARY_PATH="$NCCL_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "built in $(( $(date +%s) - t0 )) s"
 
-step "nccl-tests (one process, 2 GPUs)"
+step "nccl-tests (one process, $RANKS GPU(s))"
 mkdir -p "$OUT/nccl-tests"
-"$BIN/all_reduce_perf" -b 8K -e 64M -f 2 -g 2 | tee "$OUT/nccl-tests/all_reduce_perf.log"
-"$BIN/sendrecv_perf" -b 8K -e 64M -f 2 -g 2 | tee "$OUT/nccl-tests/sendrecv_perf.log"
-"$BIN/all_reduce_perf" -b 8 -e 8 -g 2 | tee "$OUT/nccl-tests/latency_perf.log"
+"$BIN/all_reduce_perf" -b 8K -e 64M -f 2 -g $RANKS | tee "$OUT/nccl-tests/all_reduce_perf.log"
+"$BIN/sendrecv_perf" -b 8K -e 64M -f 2 -g $RANKS | tee "$OUT/nccl-tests/sendrecv_perf.log"
+"$BIN/all_reduce_perf" -b 8 -e 8 -g $RANKS | tee "$OUT/nccl-tests/latency_perf.log"
 
-step "the probe at the same sizes (graph and eager timing) and the heatmap"
+step "the probe at the same sizes (graph and eager timing), $RANKS rank(s) ${HEATMAP:+and the heatmap}"
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/gpumem.csv" &
 SMI=$!
-python3 bench/probe_accuracy.py --nccl-tests-dir "$OUT/nccl-tests" --out "$OUT" --heatmap
+python3 bench/probe_accuracy.py --nccl-tests-dir "$OUT/nccl-tests" --out "$OUT" --ranks $RANKS $HEATMAP
 rc=$?
 kill $SMI
 echo "peak GPU memory (MiB) per GPU during the probe: $(python3 -c "
@@ -63,7 +72,11 @@ for l in open('$OUT/gpumem.csv'):
     i, v = l.split(','); m[i.strip()] = max(m[i.strip()], int(v))
 print(dict(m))")"
 
-step "the probe CLI at its defaults (sizes 8K..64M)"
-python3 -m exporter.cli probe --collectives all_reduce,sendrecv,latency | tee "$OUT/probe_cli.txt"
+if [ "$RANKS" -ge 2 ]; then
+  step "the probe CLI at its defaults (sizes 8K..64M)"
+  python3 -m exporter.cli probe --collectives all_reduce,sendrecv,latency | tee "$OUT/probe_cli.txt"
+else
+  echo "NOTE: one GPU: the comparison over the fabric and the heatmap were NOT run"
+fi
 echo "total wall: $(( $(date +%s) - t0 )) s, rc=$rc"
 exit $rc

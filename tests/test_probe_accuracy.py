@@ -105,12 +105,88 @@ def test_the_helper_end_to_end_over_gloo(tmp_path: Path) -> None:
     ar = [r for r in rows if r["collective"] == "all_reduce"]
     assert [r["size_bytes"] for r in ar] == [8192, 65536]
     for r in ar:
-        assert r["nccl_tests_busbw_gbps"] > 0
-        assert r["probe_eager_busbw_gbps"] > 0
-        assert r["ratio_eager"] == pytest.approx(
-            r["probe_eager_busbw_gbps"] / r["nccl_tests_busbw_gbps"]
+        assert r["nccl_tests_busbw_gbps"] > 0 and r["probe_eager_time_us"] > 0
+        # the ratio is nccl-tests' time over the probe's (the busbw ratio when both ran
+        # the same rank count; this log is 8 ranks, the probe 2)
+        assert r["ratio_eager"] == pytest.approx(r["nccl_tests_time_us"] / r["probe_eager_time_us"])
+        # the probe's busbw by nccl-tests' formula at 2 ranks (all_reduce: factor 1)
+        assert r["probe_eager_busbw_gbps"] == pytest.approx(
+            r["size_bytes"] / r["probe_eager_time_us"] / 1e3
         )
     assert any(r["collective"] == "latency" and r["probe_time_us"] for r in rows)
     table = (out / "accuracy.md").read_text()
     assert table.startswith("| collective | size |") and "| all_reduce | 8 KiB |" in table
     assert (out / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_one_rank_check_reads_times_where_all_reduce_has_no_bus_bandwidth(
+    tmp_path: Path,
+) -> None:
+    """``--ranks 1`` (the one-GPU timing check) against a one-rank nccl-tests log: all_reduce
+    on one rank has busbw 0 on both sides, so the ratio comes from the times. gloo cannot
+    send to itself: sendrecv is reported as not run, not a crash. The log rows are the
+    format of the 8x A100 fixture with the times of a one-rank run taken from it."""
+    logs = tmp_path / "nccl-tests"
+    logs.mkdir()
+    # nccl-tests' row layout (size count type redop root, then time algbw busbw #wrong
+    # out-of-place and in-place); busbw 0 as nccl-tests prints it for one rank
+    (logs / "all_reduce_perf.log").write_text(
+        "#  Rank  0 Group  0 Pid  1 on host device  0 [0x18] NVIDIA A100-SXM4-80GB\n"
+        "        8192          2048     float     sum      -1    36.07    0.23    0.00      0"
+        "    35.91    0.23    0.00      0\n"
+    )
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/probe_accuracy.py",
+            "--nccl-tests-dir",
+            str(logs),
+            "--out",
+            str(out),
+            "--backend",
+            "gloo",
+            "--sizes",
+            "8K",
+            "--timings",
+            "eager",
+            "--ranks",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr  # sendrecv has no figure: off target
+    assert "# probe sendrecv: not run: sendrecv needs world_size >= 2" in done.stderr
+    rows = json.loads((out / "accuracy.json").read_text())
+    (ar,) = [r for r in rows if r["collective"] == "all_reduce"]
+    assert ar["ranks"] == 1 and ar["nccl_tests_busbw_gbps"] == 0.0
+    assert ar["probe_eager_busbw_gbps"] == 0.0  # bus factor 0 at one rank
+    assert ar["ratio_eager"] == pytest.approx(35.91 / ar["probe_eager_time_us"])
+    (sr,) = [r for r in rows if r["collective"] == "sendrecv"]
+    assert sr["probe_eager_time_us"] is None and sr["on_target"] is False
+
+
+def test_heatmap_needs_two_ranks(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/probe_accuracy.py",
+            "--nccl-tests-dir",
+            str(tmp_path),
+            "--out",
+            str(tmp_path),
+            "--ranks",
+            "1",
+            "--heatmap",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "--ranks must be >= 1, and >= 2 with --heatmap" in done.stderr

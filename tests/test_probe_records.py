@@ -267,7 +267,11 @@ def test_parse_spec_rejects_malformed_text(text: str, message: str) -> None:
         ({"backend": "mpi"}, "backend"),
         ({"rank": 2}, "rank 2 is not in"),
         ({"rank": -1}, "rank -1"),
-        ({"kind": "sendrecv", "world_size": 1}, "sendrecv needs world_size >= 2"),
+        ({"kind": "sendrecv", "world_size": 1}, r"sendrecv needs world_size >= 2 \(1 only"),
+        (
+            {"kind": "sendrecv", "world_size": 1, "backend": "gloo"},
+            r"sendrecv needs world_size >= 2",
+        ),
         ({"master_addr": ""}, "master_addr"),
         ({"master_port": 70000}, "master_port"),
         ({"sizes": (6,)}, "multiples of 4"),
@@ -286,6 +290,11 @@ def test_parse_spec_rejects_malformed_text(text: str, message: str) -> None:
 def test_spec_refuses_bad_values(changes: dict[str, object], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         spec(**changes)
+
+
+def test_one_rank_sendrecv_is_a_send_to_itself_under_nccl() -> None:
+    """NCCL sends to the same rank (the one-GPU timing check); gloo cannot."""
+    assert spec(kind="sendrecv", world_size=1, backend="nccl").world_size == 1
 
 
 def test_spec_names_every_problem_at_once() -> None:
