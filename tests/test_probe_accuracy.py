@@ -55,6 +55,16 @@ def test_parser_reads_the_current_layout_with_a_wrong_count() -> None:
         "# Avg bus bandwidth    : 47.2\n"
     )
     assert acc.parse_nccl_tests(text) == {1 << 20: acc.Row(1 << 20, 22.02, 47.62)}
+    assert acc.parse_nccl_tests(text, "out-of-place") == {1 << 20: acc.Row(1 << 20, 22.41, 46.79)}
+
+
+def test_parser_reads_the_out_of_place_column_of_a_real_log() -> None:
+    """What the probe's sendrecv (a second receive buffer) is compared with."""
+    acc = helper()
+    rows = acc.parse_nccl_tests((LOGS / "nccl_allreduce.log").read_text(), "out-of-place")
+    assert rows[8192] == acc.Row(8192, 35.91, 0.40)
+    with pytest.raises(ValueError, match="column"):
+        acc.parse_nccl_tests("", "both")
 
 
 @pytest.mark.parametrize(
@@ -106,14 +116,13 @@ def test_the_helper_end_to_end_over_gloo(tmp_path: Path) -> None:
     assert [r["size_bytes"] for r in ar] == [8192, 65536]
     for r in ar:
         assert r["nccl_tests_busbw_gbps"] > 0 and r["probe_eager_time_us"] > 0
+        assert r["nccl_tests_column"] == "in-place"
         # the ratio is nccl-tests' time over the probe's (the busbw ratio when both ran
         # the same rank count; this log is 8 ranks, the probe 2)
         assert r["ratio_eager"] == pytest.approx(r["nccl_tests_time_us"] / r["probe_eager_time_us"])
-        # the probe's busbw by nccl-tests' formula at 2 ranks (all_reduce: factor 1)
-        assert r["probe_eager_busbw_gbps"] == pytest.approx(
-            r["size_bytes"] / r["probe_eager_time_us"] / 1e3
-        )
-    assert any(r["collective"] == "latency" and r["probe_time_us"] for r in rows)
+        # auto, the judged timing, was not asked for: no figure, off target
+        assert r["probe_time_us"] is None and r["on_target"] is False
+    assert any(r["collective"] == "latency" and r["probe_eager_time_us"] for r in rows)
     table = (out / "accuracy.md").read_text()
     assert table.startswith("| collective | size |") and "| all_reduce | 8 KiB |" in table
     assert (out / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -149,7 +158,7 @@ def test_one_rank_check_reads_times_where_all_reduce_has_no_bus_bandwidth(
             "--sizes",
             "8K",
             "--timings",
-            "eager",
+            "auto",
             "--ranks",
             "1",
         ],
@@ -164,10 +173,12 @@ def test_one_rank_check_reads_times_where_all_reduce_has_no_bus_bandwidth(
     rows = json.loads((out / "accuracy.json").read_text())
     (ar,) = [r for r in rows if r["collective"] == "all_reduce"]
     assert ar["ranks"] == 1 and ar["nccl_tests_busbw_gbps"] == 0.0
-    assert ar["probe_eager_busbw_gbps"] == 0.0  # bus factor 0 at one rank
-    assert ar["ratio_eager"] == pytest.approx(35.91 / ar["probe_eager_time_us"])
+    assert ar["probe_busbw_gbps"] == 0.0  # bus factor 0 at one rank
+    assert ar["ratio"] == pytest.approx(35.91 / ar["probe_time_us"])
+    assert ar["on_target"] is None  # one rank moves nothing: shown, not judged
     (sr,) = [r for r in rows if r["collective"] == "sendrecv"]
-    assert sr["probe_eager_time_us"] is None and sr["on_target"] is False
+    assert sr["probe_time_us"] is None and sr["on_target"] is False
+    assert "(one rank: no work)" in (out / "accuracy.md").read_text()
 
 
 def test_heatmap_needs_two_ranks(tmp_path: Path) -> None:

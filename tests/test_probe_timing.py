@@ -8,7 +8,7 @@ import pytest
 from agent.probe import worker
 from agent.probe.launch import run_local
 from agent.probe.records import WorkerSpec
-from agent.probe.timing import Blocks, TimingPolicy, spread
+from agent.probe.timing import Blocks, TimingPolicy, fastest, spread
 
 
 def policy(**changes: float) -> TimingPolicy:
@@ -40,11 +40,7 @@ def test_the_fixed_method_is_one_block_of_the_spec_iterations() -> None:
     assert not blocks.done(0.0)
     blocks.add(2e-3)
     assert blocks.done(0.0)
-    assert (blocks.result(), blocks.timed_iterations(), blocks.warm_iterations(0)) == (
-        2e-3,
-        20,
-        5,
-    )
+    assert (blocks.result(), blocks.timed_iterations(), blocks.run_iterations()) == (2e-3, 20, 20)
 
 
 def test_blocks_stop_once_the_last_three_agree_and_use_only_those() -> None:
@@ -59,7 +55,7 @@ def test_blocks_stop_once_the_last_three_agree_and_use_only_those() -> None:
     assert blocks.done(0.01)
     assert blocks.result() == pytest.approx(10.2e-6)
     assert blocks.timed_iterations() == 300
-    assert blocks.warm_iterations(20) == 5 + 20 + 200
+    assert blocks.run_iterations() == 500
 
 
 def test_blocks_stop_at_the_time_cap_when_never_stable() -> None:
@@ -70,6 +66,34 @@ def test_blocks_stop_at_the_time_cap_when_never_stable() -> None:
     assert blocks.done(0.5)
     assert blocks.result() == 2.0  # median of the last three: 2, 1, 2
     assert blocks.timed_iterations() == 30
+
+
+def _timed(means: tuple[float, ...]) -> Blocks:
+    blocks = Blocks(policy(), 100)
+    for mean in means:
+        blocks.add(mean)
+    return blocks
+
+
+@pytest.mark.parametrize(
+    ("graph", "eager", "winner"),
+    [
+        # one H200, NCCL sending to itself (bench/probe_graph_variants.py, us per call):
+        # at 8 KiB the eager loop waits on the CPU, at 64 MiB the graph's stream joins cost
+        ((9.3e-6,) * 3, (39.2e-6,) * 3, "graph"),
+        ((63.6e-6,) * 3, (43.1e-6,) * 3, "eager"),
+        ((10e-6,) * 3, (10e-6,) * 3, "eager"),  # a tie: the first timed
+    ],
+)
+def test_auto_reports_the_faster_method(
+    graph: tuple[float, ...], eager: tuple[float, ...], winner: str
+) -> None:
+    assert fastest({"eager": _timed(eager), "graph": _timed(graph)}) == winner
+
+
+def test_fastest_needs_a_method() -> None:
+    with pytest.raises(ValueError, match="no method"):
+        fastest({})
 
 
 def test_spread_and_empty_blocks() -> None:

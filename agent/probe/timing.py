@@ -129,8 +129,19 @@ class Blocks:
         """Iterations behind :meth:`result`."""
         return len(self._used()) * self.ops_per_block
 
-    def warm_iterations(self, estimate_ops: int) -> int:
-        """Untimed-for-the-result iterations: the spec's warm-up, the estimate block (none
-        in the fixed method), and every block before the ones :meth:`result` uses."""
-        earlier = (len(self.means) - len(self._used())) * self.ops_per_block
-        return self.policy.warmup + (estimate_ops if self.policy.adaptive else 0) + earlier
+    def run_iterations(self) -> int:
+        """Every iteration of every timed block."""
+        return len(self.means) * self.ops_per_block
+
+
+def fastest(phases: dict[str, Blocks]) -> str:
+    """The method whose blocks give the shortest iteration time (the first on a tie).
+
+    Each way of timing only adds its own overhead to the collective: the eager loop the
+    CPU's launch cost per call (on one H200 ~40 us per torch sendrecv, more than an 8 KiB
+    copy takes), a CUDA graph torch's stream joins between captured calls (~5-20 us
+    more per call than eager once the GPU is the bottleneck). The collective's own time
+    is at most the shorter of the two, which is what ``auto`` timing reports."""
+    if not phases:
+        raise ValueError("no method was timed")
+    return min(phases, key=lambda name: phases[name].result())

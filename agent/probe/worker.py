@@ -89,11 +89,15 @@ from agent.probe.timing import (
     MAX_BLOCK_OPS,
     Blocks,
     TimingPolicy,
+    fastest,
 )
 
 if TYPE_CHECKING:
     import torch
-    from torch._C._distributed_c10d import TCPStore
+    from torch._C._distributed_c10d import TCPStore, Work
+
+    #: one iteration of a measured collective: issues it, returns the works to wait for
+    Issue = Callable[[], list[Work]]
 
 log = logging.getLogger("agent.probe.worker")  # not "__main__" under -m
 
@@ -266,8 +270,27 @@ def _mismatches(buf: torch.Tensor, expected: float) -> torch.Tensor:
     return total
 
 
-def _timed(op: Callable[[], None], iterations: int, device: torch.device) -> float:
-    """Mean seconds of one ``op()`` over ``iterations`` back-to-back calls."""
+def _issue_block(issue: Issue, iterations: int, device: torch.device) -> None:
+    """``iterations`` calls of ``issue`` back to back. On a GPU their works are waited for
+    once, after the last: the calls of one communicator run in order on its stream anyway,
+    and a wait per call adds a stream join per call (~6 us of GPU time per call inside a
+    CUDA graph, measured on one H200, bench/probe_graph_variants.py). On CPU (gloo) each
+    call is waited for before the next: gloo's worker threads would otherwise run in-place
+    collectives on one buffer at once."""
+    if device.type != "cuda":
+        for _ in range(iterations):
+            for work in issue():
+                work.wait()
+        return
+    works: list[Work] = []
+    for _ in range(iterations):
+        works += issue()
+    for work in works:
+        work.wait()
+
+
+def _timed(issue: Issue, iterations: int, device: torch.device) -> float:
+    """Mean seconds of one call over ``iterations`` back-to-back calls of ``issue``."""
     import torch
 
     if device.type == "cuda":
@@ -276,14 +299,12 @@ def _timed(op: Callable[[], None], iterations: int, device: torch.device) -> flo
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
-        for _ in range(iterations):
-            op()
+        _issue_block(issue, iterations, device)
         end.record()
         end.synchronize()
         return float(start.elapsed_time(end)) / 1000.0 / iterations
     began = time.perf_counter()
-    for _ in range(iterations):
-        op()
+    _issue_block(issue, iterations, device)
     return (time.perf_counter() - began) / iterations
 
 
@@ -313,10 +334,10 @@ def _agree_means(group: _Group, a: float, b: float) -> tuple[float, float]:
     return total_a / group.world_size, total_b / group.world_size
 
 
-def _capture(group: _Group, op: Callable[[], None], ops: int) -> torch.cuda.CUDAGraph | None:
-    """``ops`` back-to-back ``op()`` captured in one CUDA graph on every rank, or None on
-    every rank when the capture failed on any (agreed, so all ranks time the same way).
-    Nothing runs during a capture, so a failed one leaves no collective half-done."""
+def _capture(group: _Group, issue: Issue, ops: int) -> torch.cuda.CUDAGraph | None:
+    """``ops`` back-to-back calls of ``issue`` captured in one CUDA graph on every rank, or
+    None on every rank when the capture failed on any (agreed, so all ranks time the same
+    way). Nothing runs during a capture, so a failed one leaves no collective half-done."""
     import torch
 
     graph: torch.cuda.CUDAGraph | None = None
@@ -326,8 +347,7 @@ def _capture(group: _Group, op: Callable[[], None], ops: int) -> torch.cuda.CUDA
         captured = torch.cuda.CUDAGraph()
         # thread_local: NCCL's watchdog thread keeps querying events during the capture
         with torch.cuda.graph(captured, capture_error_mode="thread_local"):
-            for _ in range(ops):
-                op()
+            _issue_block(issue, ops, group.device)
         graph = captured
     except Exception as exc:  # the capture is refused; the eager loop still works
         why = detail_of(exc)
@@ -341,40 +361,57 @@ def _capture(group: _Group, op: Callable[[], None], ops: int) -> torch.cuda.CUDA
     return graph
 
 
-def _bench(group: _Group, op: Callable[[], None]) -> _Timing:
-    """Warm up and time ``op`` (one iteration of the collective) by the group's policy."""
+def _phase(group: _Group, policy: TimingPolicy, k: int, block: Callable[[], float]) -> Blocks:
+    """Timed blocks of ``k`` iterations (``block()`` times one) until ``policy`` is done."""
+    blocks = Blocks(policy, k)
+    began = time.monotonic()
+    while True:
+        mean, elapsed = _agree_means(group, block(), time.monotonic() - began)
+        blocks.add(mean)
+        if blocks.done(elapsed):
+            return blocks
+
+
+def _bench(group: _Group, issue: Issue) -> _Timing:
+    """Warm up and time ``issue`` (one iteration of the collective) by the group's policy.
+
+    On a GPU under adaptive timing, ``graph`` times captured blocks, ``eager`` blocks
+    called from Python, and ``auto`` both (each with half the time cap) and reports the
+    faster (:func:`agent.probe.timing.fastest` says why); ``auto`` is eager alone when
+    the capture fails."""
     policy = group.policy
+    device = group.device
     for _ in range(policy.warmup):
-        op()
+        _issue_block(issue, 1, device)
     estimate_ops = 0
     estimate = 0.0
     if policy.adaptive:
         estimate_ops = policy.iterations
-        estimate, _ = _agree_means(group, _timed(op, estimate_ops, group.device), 0.0)
+        estimate, _ = _agree_means(group, _timed(issue, estimate_ops, device), 0.0)
     k = policy.block_ops(estimate)
     graph = None
-    if group.device.type == "cuda" and policy.adaptive and group.timing != "eager":
-        graph = _capture(group, op, k)
-    blocks = Blocks(policy, k)
-    began = time.monotonic()
+    if device.type == "cuda" and policy.adaptive and group.timing != "eager":
+        graph = _capture(group, issue, k)
+    phases: dict[str, Blocks] = {}
     try:
-        while True:
-            if graph is not None:
-                seconds = _timed_graph(graph, k, group.device)
-            else:
-                seconds = _timed(op, k, group.device)
-            mean, elapsed = _agree_means(group, seconds, time.monotonic() - began)
-            blocks.add(mean)
-            if blocks.done(elapsed):
-                break
+        both = graph is not None and group.timing == "auto"
+        share = replace(policy, max_seconds=policy.max_seconds / 2) if both else policy
+        if graph is None or both:
+            phases["eager"] = _phase(group, share, k, lambda: _timed(issue, k, device))
+        if graph is not None:
+            captured = graph
+            phases["graph"] = _phase(group, share, k, lambda: _timed_graph(captured, k, device))
     finally:
         if graph is not None:
             graph.reset()
+    method = fastest(phases)
+    timed = phases[method].timed_iterations()
+    run = policy.warmup + estimate_ops + sum(b.run_iterations() for b in phases.values())
     return _Timing(
-        seconds=blocks.result(),
-        iterations=blocks.timed_iterations(),
-        warmup=blocks.warm_iterations(estimate_ops),
-        method="eager" if graph is None else "graph",
+        seconds=phases[method].result(),
+        iterations=timed,
+        warmup=run - timed,
+        method=method,
     )
 
 
@@ -442,8 +479,8 @@ def _measure_all_reduce(group: _Group, size: int) -> tuple[_Timing, int]:
         bad = _mismatches(buf, n * (n + 1) / 2)
         buf.zero_()
 
-        def op() -> None:
-            dist.all_reduce(bufs[0])
+        def op() -> list[Work]:
+            return [dist.all_reduce(bufs[0], async_op=True)]
 
         timing = _bench(group, op)
         bad += _mismatches(buf, 0.0)
@@ -469,9 +506,8 @@ def _measure_sendrecv(group: _Group, size: int) -> tuple[_Timing, int]:
         ]
         del send
 
-        def op() -> None:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+        def op() -> list[Work]:
+            return list(dist.batch_isend_irecv(ops))
 
         timing = _bench(group, op)
         sender = (group.rank - 1) % n
