@@ -26,8 +26,8 @@ SCHEMA = "fabricscope-probe/1"
 KINDS = ("all_reduce", "sendrecv", "latency")
 #: how a worker times: ``graph`` captures a block of iterations in one CUDA graph and replays
 #: it (no per-call launch overhead, what small sizes need), ``eager`` calls the collective
-#: from Python in a loop, ``auto`` is graph on GPUs (eager if the capture fails) and eager
-#: on CPU
+#: from Python in a loop, ``auto`` times both on GPUs and reports the faster (eager alone if
+#: the capture fails) and is eager on CPU
 TIMINGS = ("auto", "graph", "eager")
 BACKENDS = ("nccl", "gloo")
 SPEC_BACKENDS = ("auto", *BACKENDS)

@@ -23,12 +23,13 @@ the record):
 
 Timing (:mod:`agent.probe.timing` says how much): as nccl-tests, warm-up iterations, then
 back-to-back iterations timed as one loop, the mean of one iteration reported; adaptive on
-GPUs (blocks of iterations until the timing is stable or a time cap). On GPUs a block is one
-CUDA graph holding ``k`` captured collectives, replayed between two CUDA events, so the
-figure is the fabric's and not Python's launch overhead (which is longer than an 8 KiB
-all_reduce); ``timing: eager`` calls the collective from Python instead, and ``auto`` falls
-back to that when the capture fails. On CPU (gloo) it is the eager loop timed with
-``perf_counter``. Block times are averaged over ranks before any decision, and mismatch
+GPUs (blocks of iterations until the timing is stable or a time cap). On GPUs ``timing:
+graph`` makes a block one CUDA graph holding ``k`` captured collectives, replayed between
+two CUDA events, so Python's launch overhead (longer than an 8 KiB all_reduce) is not
+timed; ``eager`` calls the collective from Python between the events; ``auto`` (the
+default) times both, each with half the time cap, and reports the faster, since each only
+adds its own overhead (eager when the capture fails). On CPU (gloo) it is the eager loop
+timed with ``perf_counter``. Block times are averaged over ranks before any decision, and mismatch
 counts summed, so every rank takes the same decisions and prints the same numbers. The
 record's ``iterations`` are those behind the figure, ``warmup`` every iteration before them.
 A wrong element anywhere is ``correct: false`` with reason ``wrong_result``.
@@ -270,14 +271,16 @@ def _mismatches(buf: torch.Tensor, expected: float) -> torch.Tensor:
     return total
 
 
-def _issue_block(issue: Issue, iterations: int, device: torch.device) -> None:
-    """``iterations`` calls of ``issue`` back to back. On a GPU their works are waited for
-    once, after the last: the calls of one communicator run in order on its stream anyway,
-    and a wait per call adds a stream join per call (~6 us of GPU time per call inside a
-    CUDA graph, measured on one H200, bench/probe_graph_variants.py). On CPU (gloo) each
-    call is waited for before the next: gloo's worker threads would otherwise run in-place
-    collectives on one buffer at once."""
-    if device.type != "cuda":
+def _issue_block(issue: Issue, iterations: int, *, wait_at_end: bool = False) -> None:
+    """``iterations`` calls of ``issue`` back to back, each call's works waited for before
+    the next call (on a GPU the wait only joins the streams; on CPU, gloo's worker threads
+    would otherwise run in-place collectives on one buffer at once). ``wait_at_end``: the
+    works are waited for once, after the last call, what a CUDA graph's capture uses: the
+    calls of one communicator run in order on its stream anyway, and a stream join per
+    call cost ~6 us of GPU time per call inside a graph; the eager loop gained nothing
+    from it (its per-call CPU cost, 37-68 us per sendrecv, varied more from run to run than
+    between the two ways), both measured on one H200 (bench/probe_graph_variants.py)."""
+    if not wait_at_end:
         for _ in range(iterations):
             for work in issue():
                 work.wait()
@@ -299,12 +302,12 @@ def _timed(issue: Issue, iterations: int, device: torch.device) -> float:
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
-        _issue_block(issue, iterations, device)
+        _issue_block(issue, iterations)
         end.record()
         end.synchronize()
         return float(start.elapsed_time(end)) / 1000.0 / iterations
     began = time.perf_counter()
-    _issue_block(issue, iterations, device)
+    _issue_block(issue, iterations)
     return (time.perf_counter() - began) / iterations
 
 
@@ -347,7 +350,7 @@ def _capture(group: _Group, issue: Issue, ops: int) -> torch.cuda.CUDAGraph | No
         captured = torch.cuda.CUDAGraph()
         # thread_local: NCCL's watchdog thread keeps querying events during the capture
         with torch.cuda.graph(captured, capture_error_mode="thread_local"):
-            _issue_block(issue, ops, group.device)
+            _issue_block(issue, ops, wait_at_end=True)
         graph = captured
     except Exception as exc:  # the capture is refused; the eager loop still works
         why = detail_of(exc)
@@ -382,7 +385,7 @@ def _bench(group: _Group, issue: Issue) -> _Timing:
     policy = group.policy
     device = group.device
     for _ in range(policy.warmup):
-        _issue_block(issue, 1, device)
+        _issue_block(issue, 1)
     estimate_ops = 0
     estimate = 0.0
     if policy.adaptive:
