@@ -1,6 +1,7 @@
 """bench/probe_accuracy.py, the helper of scripts/gpu_probe_accuracy.sh: its nccl-tests parser
-on real nccl-tests logs (tests/fixtures/nccl-tests, recorded on 8x A100: see PROVENANCE.md),
-and the whole helper end to end with the probe over gloo on CPU (the GPU run is the lead's)."""
+on real nccl-tests logs (tests/fixtures/nccl-tests: 8x A100 from microsoft/superbenchmark, and
+one H200 at one rank recorded by this project; see PROVENANCE.md), and the whole helper end
+to end with the probe over gloo on CPU (its GPU runs are in the README)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = Path(__file__).resolve().parent / "fixtures" / "nccl-tests" / "microsoft-superbenchmark"
+H200_1RANK = Path(__file__).resolve().parent / "fixtures" / "nccl-tests" / "h200-1rank"
 
 
 def helper() -> ModuleType:
@@ -29,6 +31,17 @@ def helper() -> ModuleType:
     sys.modules["probe_accuracy"] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def run_helper(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "bench/probe_accuracy.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_parser_reads_the_in_place_columns_of_a_real_log() -> None:
@@ -87,27 +100,9 @@ def test_the_helper_end_to_end_over_gloo(tmp_path: Path) -> None:
     logs.mkdir()
     shutil.copy(LOGS / "nccl_allreduce.log", logs / "all_reduce_perf.log")
     out = tmp_path / "out"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "bench/probe_accuracy.py",
-            "--nccl-tests-dir",
-            str(logs),
-            "--out",
-            str(out),
-            "--backend",
-            "gloo",
-            "--sizes",
-            "8K,64K",
-            "--timings",
-            "eager",
-            "--heatmap",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = run_helper(
+        *("--nccl-tests-dir", str(logs), "--out", str(out), "--backend", "gloo"),
+        *("--sizes", "8K,64K", "--timings", "eager", "--heatmap"),
     )
     # CPU gloo is nowhere near 8 A100s: off target, exit 1, but every number is there
     assert done.returncode == 1, done.stderr
@@ -128,45 +123,30 @@ def test_the_helper_end_to_end_over_gloo(tmp_path: Path) -> None:
     assert (out / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_parser_reads_a_one_rank_h200_log() -> None:
+    """At one rank nccl-tests prints busbw 0 for all_reduce, and its in-place sendrecv moves
+    nothing (2-3 us at every size) while out of place copies: why sendrecv is compared with
+    the out-of-place column."""
+    acc = helper()
+    ar = acc.parse_nccl_tests((H200_1RANK / "all_reduce_perf.log").read_text())
+    assert sorted(ar) == [8192 << i for i in range(14)]
+    assert ar[8192] == acc.Row(8192, 0.29, 0.0)
+    sr = (H200_1RANK / "sendrecv_perf.log").read_text()
+    assert acc.parse_nccl_tests(sr, "out-of-place")[64 << 20] == acc.Row(64 << 20, 42.74, 1570.2)
+    assert acc.parse_nccl_tests(sr)[64 << 20].time_us == 3.50  # in place: no copy
+
+
 def test_one_rank_check_reads_times_where_all_reduce_has_no_bus_bandwidth(
     tmp_path: Path,
 ) -> None:
-    """``--ranks 1`` (the one-GPU timing check) against a one-rank nccl-tests log: all_reduce
-    on one rank has busbw 0 on both sides, so the ratio comes from the times. gloo cannot
-    send to itself: sendrecv is reported as not run, not a crash. The log rows are the
-    format of the 8x A100 fixture with the times of a one-rank run taken from it."""
-    logs = tmp_path / "nccl-tests"
-    logs.mkdir()
-    # nccl-tests' row layout (size count type redop root, then time algbw busbw #wrong
-    # out-of-place and in-place); busbw 0 as nccl-tests prints it for one rank
-    (logs / "all_reduce_perf.log").write_text(
-        "#  Rank  0 Group  0 Pid  1 on host device  0 [0x18] NVIDIA A100-SXM4-80GB\n"
-        "        8192          2048     float     sum      -1    36.07    0.23    0.00      0"
-        "    35.91    0.23    0.00      0\n"
-    )
+    """``--ranks 1`` (the one-GPU timing check) against the H200's one-rank nccl-tests logs:
+    all_reduce on one rank has busbw 0 on both sides, so the ratio comes from the times, and
+    it is shown, not judged (nothing moves). gloo cannot send to itself: sendrecv is
+    reported as not run, not a crash, and counts as off target."""
     out = tmp_path / "out"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "bench/probe_accuracy.py",
-            "--nccl-tests-dir",
-            str(logs),
-            "--out",
-            str(out),
-            "--backend",
-            "gloo",
-            "--sizes",
-            "8K",
-            "--timings",
-            "auto",
-            "--ranks",
-            "1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = run_helper(
+        *("--nccl-tests-dir", str(H200_1RANK), "--out", str(out), "--backend", "gloo"),
+        *("--sizes", "8K", "--timings", "auto", "--ranks", "1"),
     )
     assert done.returncode == 1, done.stderr  # sendrecv has no figure: off target
     assert "# probe sendrecv: not run: sendrecv needs world_size >= 2" in done.stderr
@@ -174,30 +154,18 @@ def test_one_rank_check_reads_times_where_all_reduce_has_no_bus_bandwidth(
     (ar,) = [r for r in rows if r["collective"] == "all_reduce"]
     assert ar["ranks"] == 1 and ar["nccl_tests_busbw_gbps"] == 0.0
     assert ar["probe_busbw_gbps"] == 0.0  # bus factor 0 at one rank
-    assert ar["ratio"] == pytest.approx(35.91 / ar["probe_time_us"])
-    assert ar["on_target"] is None  # one rank moves nothing: shown, not judged
+    assert ar["ratio"] == pytest.approx(0.29 / ar["probe_time_us"])
+    assert ar["on_target"] is None
     (sr,) = [r for r in rows if r["collective"] == "sendrecv"]
+    assert sr["nccl_tests_column"] == "out-of-place" and sr["nccl_tests_time_us"] == 10.56
     assert sr["probe_time_us"] is None and sr["on_target"] is False
     assert "(one rank: no work)" in (out / "accuracy.md").read_text()
 
 
 def test_heatmap_needs_two_ranks(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "bench/probe_accuracy.py",
-            "--nccl-tests-dir",
-            str(tmp_path),
-            "--out",
-            str(tmp_path),
-            "--ranks",
-            "1",
-            "--heatmap",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    done = run_helper(
+        *("--nccl-tests-dir", str(tmp_path), "--out", str(tmp_path)),
+        *("--ranks", "1", "--heatmap"),
         timeout=60,
-        check=False,
     )
     assert done.returncode == 2 and "--ranks must be >= 1, and >= 2 with --heatmap" in done.stderr
