@@ -483,7 +483,10 @@ def _measure_all_reduce(group: _Group, size: int) -> tuple[_Timing, int]:
         buf.zero_()
 
         def op() -> list[Work]:
-            return [dist.all_reduce(bufs[0], async_op=True)]
+            # synchronous: since torch 2.8 NCCL runs it on the current stream with no
+            # stream join at all (pytorch/pytorch#150398); nothing left to wait for
+            dist.all_reduce(bufs[0])
+            return []
 
         timing = _bench(group, op)
         bad += _mismatches(buf, 0.0)
