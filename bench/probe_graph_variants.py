@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _coalescing_manager
 
 
 def _size(text: str) -> int:
@@ -59,7 +60,7 @@ def main() -> None:
     )
     nccl = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
     print(f"torch {torch.__version__} nccl {nccl} ops/block {ns.ops}")
-    heads = ("graph+wait", "graph+end", "eager+wait", "eager+end")
+    heads = ("graph+wait", "graph+end", "graph+sync", "eager+wait", "eager+end", "eager+sync")
     print(f"{'size':>8} " + " ".join(f"{h:>11}" for h in heads) + "  (us per op)")
     for size in (_size(t) for t in ns.sizes.split(",")):
         send = torch.ones(size // 4, device="cuda")
@@ -78,8 +79,16 @@ def main() -> None:
             for w in works:
                 w.wait()
 
+        def coalesced_sync(send: torch.Tensor = send, recv: torch.Tensor = recv) -> None:
+            # torch's private coalescing manager without async ops: does the batch then
+            # run on the current stream, as a synchronous collective does since torch 2.8?
+            for _ in range(ns.ops):
+                with _coalescing_manager(None, torch.device("cuda", 0), async_ops=False):
+                    dist.isend(send, 0)
+                    dist.irecv(recv, 0)
+
         row = []
-        for fn in (each_wait, end_wait):
+        for fn in (each_wait, end_wait, coalesced_sync):
             fn()  # warm-up, and NCCL's connection to itself
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
@@ -88,7 +97,7 @@ def main() -> None:
             g.replay()
             row.append(statistics.median(_block(g.replay) for _ in range(ns.repeats)) / ns.ops)
             del g
-        for fn in (each_wait, end_wait):
+        for fn in (each_wait, end_wait, coalesced_sync):
             row.append(statistics.median(_block(fn) for _ in range(ns.repeats)) / ns.ops)
         assert bool((recv == 1).all())
         print(f"{size:>8} " + " ".join(f"{v:>11.2f}" for v in row), flush=True)

@@ -370,6 +370,13 @@ RUN_FAILURES = [
         "gpu_busy",
     ),
     ({"DistBackendError"}, "NCCL error: unhandled system error", "crashed"),
+    # NCCL called directly (agent.probe.nccl.NcclError)
+    (
+        {"NcclError"},
+        "ncclGroupEnd: ncclRemoteError: peer 1 closed the connection",
+        "peer_unreachable",
+    ),
+    ({"NcclError"}, "ncclAllReduce: ncclUnhandledCudaError", "crashed"),
 ]
 
 

@@ -26,8 +26,8 @@ SCHEMA = "fabricscope-probe/1"
 KINDS = ("all_reduce", "sendrecv", "latency")
 #: how a worker times: ``graph`` captures a block of iterations in one CUDA graph and replays
 #: it (no per-call launch overhead, what small sizes need), ``eager`` calls the collective
-#: from Python in a loop, ``auto`` times both on GPUs and reports the faster (eager alone if
-#: the capture fails) and is eager on CPU
+#: from Python in a loop, ``auto`` is eager over NCCL called directly (nccl-tests' method),
+#: both and the faster over torch.distributed's NCCL calls, and eager on CPU
 TIMINGS = ("auto", "graph", "eager")
 BACKENDS = ("nccl", "gloo")
 SPEC_BACKENDS = ("auto", *BACKENDS)
@@ -298,6 +298,13 @@ def parse_records(text: str) -> tuple[list[ProbeRecord], list[str]]:
         except RecordError as exc:
             problems.append(f"line {number}: {exc}")
     return records, problems
+
+
+def detail_of(exc: BaseException) -> str:
+    """One line for a record's ``detail``: the exception's type and first message line."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
+    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 3] + "..."
 
 
 # --- the worker spec -------------------------------------------------------------------

@@ -23,15 +23,18 @@ the record):
 
 Timing (:mod:`agent.probe.timing` says how much): as nccl-tests, warm-up iterations, then
 back-to-back iterations timed as one loop, the mean of one iteration reported; adaptive on
-GPUs (blocks of iterations until the timing is stable or a time cap). On GPUs ``timing:
-graph`` makes a block one CUDA graph holding ``k`` captured collectives, replayed between
-two CUDA events, so Python's launch overhead (longer than an 8 KiB all_reduce) is not
-timed; ``eager`` calls the collective from Python between the events; ``auto`` (the
-default) times both, each with half the time cap, and reports the faster, since each only
-adds its own overhead (eager when the capture fails). On CPU (gloo) it is the eager loop
-timed with ``perf_counter``. Block times are averaged over ranks before any decision, and mismatch
-counts summed, so every rank takes the same decisions and prints the same numbers. The
-record's ``iterations`` are those behind the figure, ``warmup`` every iteration before them.
+GPUs (blocks of iterations until the timing is stable or a time cap). On GPUs the timed
+calls are NCCL's own, made through ctypes on the communicator torch built
+(:mod:`agent.probe.nccl`: torch.distributed's calls cost 37-68 us of CPU each, NCCL's
+~10 us), unless this torch gives no communicator, when they are torch's. ``timing: eager``
+calls them from Python between two CUDA events, as nccl-tests does from C; ``graph`` makes
+a block one CUDA graph holding ``k`` captured calls, replayed between the events; ``auto``
+(the default) is eager over NCCL's own calls, and over torch's times both, each with half
+the time cap, and reports the faster (eager when the capture fails). On CPU (gloo) it is
+the eager loop timed with ``perf_counter``. Block times are averaged over ranks before any
+decision, and mismatch counts summed, so every rank takes the same decisions and prints the
+same numbers. The record's ``iterations`` are those behind the figure, ``warmup`` every
+other iteration run for that size.
 A wrong element anywhere is ``correct: false`` with reason ``wrong_result``.
 
 Failures are records, never exit codes: exactly one record per size, in order, whatever
@@ -62,21 +65,20 @@ import logging
 import os
 import socket
 import sys
-import time
 from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from agent.logsetup import LEVELS, setup_logging
-from agent.probe import formulas
+from agent.probe import formulas, measure
+from agent.probe.nccl import Nccl, attach
 from agent.probe.records import (
-    DETAIL_CHARS,
     ProbeError,
     ProbeRecord,
     Ranks,
     SpecError,
     WorkerSpec,
+    detail_of,
     failure_record,
     memory_needed_bytes,
     parse_spec,
@@ -88,17 +90,12 @@ from agent.probe.timing import (
     CPU_MAX_SECONDS_PER_SIZE,
     GPU_MAX_SECONDS_PER_SIZE,
     MAX_BLOCK_OPS,
-    Blocks,
     TimingPolicy,
-    fastest,
 )
 
 if TYPE_CHECKING:
     import torch
-    from torch._C._distributed_c10d import TCPStore, Work
-
-    #: one iteration of a measured collective: issues it, returns the works to wait for
-    Issue = Callable[[], list[Work]]
+    from torch._C._distributed_c10d import TCPStore
 
 log = logging.getLogger("agent.probe.worker")  # not "__main__" under -m
 
@@ -113,11 +110,9 @@ NCCL_ENV_DEFAULTS = (
     ("NCCL_BUFFSIZE", "2097152"),
 )
 CORRUPT_ENV = "FABRICSCOPE_PROBE_CORRUPT"
+#: "1": time torch.distributed's NCCL calls instead of NCCL's own (a comparison knob)
+TORCH_DATAPLANE_ENV = "FABRICSCOPE_PROBE_TORCH_DATAPLANE"
 USAGE_EXIT = 2
-#: Free device memory a GPU must keep beyond the probe's buffers, for the workloads on it.
-GPU_FREE_HEADROOM_BYTES = 256 << 20
-#: Elements compared per step of the result check (bounds its temporary to 4 MiB of bools).
-CHECK_CHUNK_ELEMENTS = 4 << 20
 RANK_ID_BYTES = 256
 
 
@@ -131,13 +126,6 @@ def init_method(addr: str, port: int) -> str:
     """``tcp://addr:port``, with IPv6 addresses bracketed."""
     host = f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
     return f"tcp://{host}:{port}"
-
-
-def detail_of(exc: BaseException) -> str:
-    """One line for a record's ``detail``: the exception's type and first message line."""
-    lines = str(exc).strip().splitlines()
-    text = f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
-    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 3] + "..."
 
 
 def _type_names(exc: BaseException) -> frozenset[str]:
@@ -161,7 +149,13 @@ def run_reason(type_names: frozenset[str], message: str) -> str:
         return "gpu_busy"
     if "timed out" in text or "timeout" in text:
         return "timeout"
-    peer_gone = ("connection closed", "connection reset", "connection refused", "broken pipe")
+    peer_gone = (
+        "connection closed",
+        "connection reset",
+        "connection refused",
+        "broken pipe",
+        "ncclremoteerror",  # NCCL called directly: a peer failed
+    )
     if "DistNetworkError" in type_names or any(p in text for p in peer_gone):
         return "peer_unreachable"
     return "crashed"
@@ -223,308 +217,6 @@ def oversize_detail(size: int, max_memory_bytes: int) -> str | None:
     )
 
 
-# --- the torch side (runs in the worker process only) -----------------------------------
-
-
-class _Refused(Exception):  # noqa: N818 - a control-flow signal, not an error type
-    """Every rank agreed not to measure this size; ``reason``/``detail`` say why."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
-@dataclass(frozen=True, slots=True)
-class _Group:
-    """What a measurement needs of the formed process group."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-    flag: torch.Tensor  # two float64 on the device, for agreement all_reduces
-    corrupt: bool
-    policy: TimingPolicy
-    timing: str  # "graph", "eager", or "auto" (graph, eager when the capture fails)
-
-
-@dataclass(frozen=True, slots=True)
-class _Timing:
-    """One size's timing: mean seconds of one iteration, the iterations behind it, the
-    iterations run before them, and how (``graph`` or ``eager``)."""
-
-    seconds: float
-    iterations: int
-    warmup: int
-    method: str
-
-
-def _mismatches(buf: torch.Tensor, expected: float) -> torch.Tensor:
-    """The number of elements of ``buf`` not equal to ``expected`` (a 0-d int64 tensor on
-    the buffer's device), compared in chunks so the temporary stays small."""
-    import torch
-
-    total = torch.zeros((), dtype=torch.int64, device=buf.device)
-    for start in range(0, buf.numel(), CHECK_CHUNK_ELEMENTS):
-        chunk = buf[start : start + CHECK_CHUNK_ELEMENTS]
-        total += torch.count_nonzero(chunk != expected)
-    return total
-
-
-def _issue_block(issue: Issue, iterations: int, *, wait_at_end: bool = False) -> None:
-    """``iterations`` calls of ``issue`` back to back, each call's works waited for before
-    the next call (on a GPU the wait only joins the streams; on CPU, gloo's worker threads
-    would otherwise run in-place collectives on one buffer at once). ``wait_at_end``: the
-    works are waited for once, after the last call, what a CUDA graph's capture uses: the
-    calls of one communicator run in order on its stream anyway, and a stream join per
-    call cost ~6 us of GPU time per call inside a graph; the eager loop gained nothing
-    from it (its per-call CPU cost, 37-68 us per sendrecv, varied more from run to run than
-    between the two ways), both measured on one H200 (bench/probe_graph_variants.py)."""
-    if not wait_at_end:
-        for _ in range(iterations):
-            for work in issue():
-                work.wait()
-        return
-    works: list[Work] = []
-    for _ in range(iterations):
-        works += issue()
-    for work in works:
-        work.wait()
-
-
-def _timed(issue: Issue, iterations: int, device: torch.device) -> float:
-    """Mean seconds of one call over ``iterations`` back-to-back calls of ``issue``."""
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        # torch leaves Event's constructor unannotated
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        _issue_block(issue, iterations)
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end)) / 1000.0 / iterations
-    began = time.perf_counter()
-    _issue_block(issue, iterations)
-    return (time.perf_counter() - began) / iterations
-
-
-def _timed_graph(graph: torch.cuda.CUDAGraph, iterations: int, device: torch.device) -> float:
-    """Mean seconds of one captured iteration: one replay of ``graph`` (``iterations``
-    collectives back to back) between two CUDA events."""
-    import torch
-
-    torch.cuda.synchronize(device)
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end)) / 1000.0 / iterations
-
-
-def _agree_means(group: _Group, a: float, b: float) -> tuple[float, float]:
-    """The means over ranks of ``a`` and ``b`` (identical on every rank)."""
-    import torch.distributed as dist
-
-    group.flag[0] = a
-    group.flag[1] = b
-    dist.all_reduce(group.flag)
-    total_a, total_b = group.flag.tolist()
-    return total_a / group.world_size, total_b / group.world_size
-
-
-def _capture(group: _Group, issue: Issue, ops: int) -> torch.cuda.CUDAGraph | None:
-    """``ops`` back-to-back calls of ``issue`` captured in one CUDA graph on every rank, or
-    None on every rank when the capture failed on any (agreed, so all ranks time the same
-    way). Nothing runs during a capture, so a failed one leaves no collective half-done."""
-    import torch
-
-    graph: torch.cuda.CUDAGraph | None = None
-    why = ""
-    torch.cuda.synchronize(group.device)
-    try:
-        captured = torch.cuda.CUDAGraph()
-        # thread_local: NCCL's watchdog thread keeps querying events during the capture
-        with torch.cuda.graph(captured, capture_error_mode="thread_local"):
-            _issue_block(issue, ops, wait_at_end=True)
-        graph = captured
-    except Exception as exc:  # the capture is refused; the eager loop still works
-        why = detail_of(exc)
-    torch.cuda.synchronize(group.device)
-    failed, _ = _agree_means(group, 1.0 if why else 0.0, 0.0)
-    if failed > 0:
-        if group.timing == "graph":
-            raise _Refused("init_failure", f"CUDA graph capture failed: {why or 'on a peer'}")
-        log.warning("probe: CUDA graph capture failed (%s); timing the eager loop", why or "peer")
-        return None
-    return graph
-
-
-def _phase(group: _Group, policy: TimingPolicy, k: int, block: Callable[[], float]) -> Blocks:
-    """Timed blocks of ``k`` iterations (``block()`` times one) until ``policy`` is done."""
-    blocks = Blocks(policy, k)
-    began = time.monotonic()
-    while True:
-        mean, elapsed = _agree_means(group, block(), time.monotonic() - began)
-        blocks.add(mean)
-        if blocks.done(elapsed):
-            return blocks
-
-
-def _bench(group: _Group, issue: Issue) -> _Timing:
-    """Warm up and time ``issue`` (one iteration of the collective) by the group's policy.
-
-    On a GPU under adaptive timing, ``graph`` times captured blocks, ``eager`` blocks
-    called from Python, and ``auto`` both (each with half the time cap) and reports the
-    faster (:func:`agent.probe.timing.fastest` says why); ``auto`` is eager alone when
-    the capture fails."""
-    policy = group.policy
-    device = group.device
-    for _ in range(policy.warmup):
-        _issue_block(issue, 1)
-    estimate_ops = 0
-    estimate = 0.0
-    if policy.adaptive:
-        estimate_ops = policy.iterations
-        estimate, _ = _agree_means(group, _timed(issue, estimate_ops, device), 0.0)
-    k = policy.block_ops(estimate)
-    graph = None
-    if device.type == "cuda" and policy.adaptive and group.timing != "eager":
-        graph = _capture(group, issue, k)
-    phases: dict[str, Blocks] = {}
-    try:
-        both = graph is not None and group.timing == "auto"
-        share = replace(policy, max_seconds=policy.max_seconds / 2) if both else policy
-        if graph is None or both:
-            phases["eager"] = _phase(group, share, k, lambda: _timed(issue, k, device))
-        if graph is not None:
-            captured = graph
-            phases["graph"] = _phase(group, share, k, lambda: _timed_graph(captured, k, device))
-    finally:
-        if graph is not None:
-            graph.reset()
-    method = fastest(phases)
-    timed = phases[method].timed_iterations()
-    run = policy.warmup + estimate_ops + sum(b.run_iterations() for b in phases.values())
-    return _Timing(
-        seconds=phases[method].result(),
-        iterations=timed,
-        warmup=run - timed,
-        method=method,
-    )
-
-
-def _allocate(group: _Group, count: int, buffers: int) -> list[torch.Tensor]:
-    """``buffers`` float32 tensors of ``count`` elements on every rank, or :class:`_Refused`
-    on every rank when any rank lacks the memory (agreed by one small all_reduce, so no
-    rank is left waiting in a collective the others skipped)."""
-    import torch
-    import torch.distributed as dist
-
-    needed = buffers * count * 4
-    out: list[torch.Tensor] = []
-    why = ""
-    if group.device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(group.device)
-        if free < needed + GPU_FREE_HEADROOM_BYTES:
-            why = f"{free} B free on cuda:{group.device.index}, {needed} B needed"
-    if not why:
-        try:
-            while len(out) < buffers:
-                out.append(torch.empty(count, dtype=torch.float32, device=group.device))
-        except RuntimeError as exc:  # torch.OutOfMemoryError, or the CPU allocator's
-            out.clear()
-            why = detail_of(exc)
-    group.flag.fill_(1.0 if why else 0.0)
-    dist.all_reduce(group.flag)
-    refusing = int(group.flag[0].item())
-    if refusing:
-        out.clear()
-        if group.device.type == "cuda":
-            torch.cuda.empty_cache()
-        local = f"; here: {why}" if why else ""
-        raise _Refused("gpu_busy", f"{refusing} rank(s) could not allocate {needed} B{local}")
-    return out
-
-
-def _agree(group: _Group, timing: _Timing, mismatches: torch.Tensor) -> tuple[_Timing, int]:
-    """(the timing with its time the mean over ranks, sum over ranks of mismatching
-    elements)."""
-    import torch.distributed as dist
-
-    group.flag[0] = timing.seconds
-    group.flag[1] = mismatches.to(group.flag.dtype)
-    dist.all_reduce(group.flag)
-    total_seconds, total_bad = group.flag.tolist()
-    return replace(timing, seconds=total_seconds / group.world_size), round(total_bad)
-
-
-def _fill_value(group: _Group) -> float:
-    """What this rank puts into its buffer: ``rank + 1`` (``+ 1`` more on the highest rank
-    under the corruption test hook)."""
-    extra = 1.0 if group.corrupt and group.rank == group.world_size - 1 else 0.0
-    return group.rank + 1.0 + extra
-
-
-def _measure_all_reduce(group: _Group, size: int) -> tuple[_Timing, int]:
-    import torch.distributed as dist
-
-    bufs = _allocate(group, size // 4, 1)
-    try:
-        buf = bufs[0]
-        n = group.world_size
-        buf.fill_(_fill_value(group))
-        dist.all_reduce(buf)
-        bad = _mismatches(buf, n * (n + 1) / 2)
-        buf.zero_()
-
-        def op() -> list[Work]:
-            # synchronous: since torch 2.8 NCCL runs it on the current stream with no
-            # stream join at all (pytorch/pytorch#150398); nothing left to wait for
-            dist.all_reduce(bufs[0])
-            return []
-
-        timing = _bench(group, op)
-        bad += _mismatches(buf, 0.0)
-        del buf
-        return _agree(group, timing, bad)
-    finally:
-        bufs.clear()  # a traceback keeps this frame alive; it must not keep the memory
-
-
-def _measure_sendrecv(group: _Group, size: int) -> tuple[_Timing, int]:
-    import torch.distributed as dist
-
-    bufs = _allocate(group, size // 4, 2)
-    ops: list[dist.P2POp] = []
-    try:
-        send, recv = bufs
-        n = group.world_size
-        send.fill_(_fill_value(group))
-        recv.zero_()
-        ops += [
-            dist.P2POp(dist.isend, send, (group.rank + 1) % n),
-            dist.P2POp(dist.irecv, recv, (group.rank - 1) % n),
-        ]
-        del send
-
-        def op() -> list[Work]:
-            return list(dist.batch_isend_irecv(ops))
-
-        timing = _bench(group, op)
-        sender = (group.rank - 1) % n
-        bad = _mismatches(recv, sender + 1.0)
-        del recv
-        return _agree(group, timing, bad)
-    finally:
-        ops.clear()  # see _measure_all_reduce
-        bufs.clear()
-
-
 def timing_policy(spec: WorkerSpec, backend: str) -> TimingPolicy:
     """The spec's timing amounts; a cap of None is the backend's default."""
     cap = spec.max_seconds_per_size
@@ -570,7 +262,7 @@ def _rendezvous_store(spec: WorkerSpec, timeout: datetime.timedelta) -> TCPStore
 
 def _form_group(
     spec: WorkerSpec, backend: str, device: torch.device, *, corrupt: bool
-) -> tuple[_Group, Ranks]:
+) -> tuple[measure.Group, Ranks]:
     """Join the process group (bounded by ``timeout_seconds``) and learn every rank's
     (host, device)."""
     import torch
@@ -591,7 +283,14 @@ def _form_group(
     host = spec.host or socket.gethostname()
     ranks = _gather_ranks(spec.world_size, host, device.index if use_cuda else None, device)
     flag = torch.zeros(2, dtype=torch.float64, device=device)
-    group = _Group(
+    nccl: Nccl | None = None
+    if use_cuda and os.environ.get(TORCH_DATAPLANE_ENV) != "1":
+        nccl, why = attach(dist.distributed_c10d._get_default_group(), device)
+        if nccl is None:
+            log.warning("probe: timing torch.distributed's calls (%s)", why)
+        else:
+            log.info("probe: calling NCCL %s directly on torch's communicator", nccl.version)
+    group = measure.Group(
         rank=spec.rank,
         world_size=spec.world_size,
         device=device,
@@ -599,6 +298,7 @@ def _form_group(
         corrupt=corrupt,
         policy=timing_policy(spec, backend),
         timing=spec.timing,
+        nccl=nccl,
     )
     return group, ranks
 
@@ -625,7 +325,7 @@ def run(spec: WorkerSpec, emit: Callable[[ProbeRecord], None], *, corrupt: bool 
     use_cuda = backend == "nccl"
     device = torch.device("cuda", spec_device(spec)) if use_cuda else torch.device("cpu")
     ranks: Ranks = ()
-    group: _Group | None = None
+    group: measure.Group | None = None
     broken: ProbeError | None = None
     log.info(
         "probe %s: rank %s of %s, backend %s, device %s, rendezvous %s",
@@ -653,10 +353,12 @@ def run(spec: WorkerSpec, emit: Callable[[ProbeRecord], None], *, corrupt: bool 
                 why = broken or ProbeError("init_failure", "no process group")
                 emit(failure_record(spec, backend, size, why.reason, why.detail, ranks=ranks))
                 continue
-            measure = _measure_sendrecv if spec.kind == "sendrecv" else _measure_all_reduce
+            measure_size = (
+                measure.measure_sendrecv if spec.kind == "sendrecv" else measure.measure_all_reduce
+            )
             try:
-                timing, bad = measure(group, size)
-            except _Refused as refusal:
+                timing, bad = measure_size(group, size)
+            except measure.Refused as refusal:
                 emit(
                     failure_record(spec, backend, size, refusal.reason, refusal.detail, ranks=ranks)
                 )
