@@ -2,15 +2,16 @@
 
 What runs without a GPU is tested here: :func:`attach` refusing every way it can (no
 private ``_comm_ptr`` in this torch, a communicator not made yet, no ``libnccl.so.2``), each
-with the reason the worker logs, and the call sequence and error handling of a group
-send/recv. CI's torch has no NCCL, so the library's part is a Python stand-in answering
-nccl.h's result codes; the real library runs on the GPU machine
-(``scripts/gpu_probe_accuracy.sh``: the probe's sendrecv and all_reduce through it, checked
-element by element, against nccl-tests)."""
+with the reason the worker logs, the call sequence and error handling of a group
+send/recv, and the bounded wait that stands in for torch's watchdog. CI's torch has no
+NCCL, so the library's part is a Python stand-in answering nccl.h's result codes; the real
+library runs on the GPU machine (``scripts/gpu_probe_accuracy.sh``: the probe's sendrecv
+and all_reduce through it, checked element by element, against nccl-tests)."""
 
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Any
 
 import pytest
@@ -114,3 +115,32 @@ def test_a_non_blocking_communicator_is_waited_for_until_settled() -> None:
     lib = Settling(ncclAllReduce=7)
     Nccl(lib, 1, 22809).all_reduce(0x10, 256, 0)
     assert Settling.polls == 3
+
+
+class _Event:
+    """A CUDA event's ``query()``: done after ``polls`` looks (None: never, a stuck NCCL
+    kernel whose peer vanished)."""
+
+    def __init__(self, polls: int | None) -> None:
+        self.polls = polls
+        self.looks = 0
+
+    def query(self) -> bool:
+        self.looks += 1
+        return self.polls is not None and self.looks > self.polls
+
+
+def test_a_stuck_collective_times_out_instead_of_blocking_the_worker() -> None:
+    """NCCL called directly has no watchdog: the wait for the GPU is bounded by the spec's
+    timeout, and the error reads as the reason ``timeout``."""
+    from agent.probe import measure, worker
+
+    stuck = _Event(None)
+    began = time.monotonic()
+    with pytest.raises(TimeoutError) as info:
+        measure.wait_event(stuck, 0.05)
+    assert 0.05 <= time.monotonic() - began < 2.0 and stuck.looks > 2
+    assert worker.run_reason(frozenset({"TimeoutError"}), str(info.value)) == "timeout"
+    done = _Event(3)
+    measure.wait_event(done, 5.0)
+    assert done.looks == 4

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.probe.nccl import Nccl
 from agent.probe.records import detail_of
@@ -58,6 +58,7 @@ class Group:
     policy: TimingPolicy
     timing: str  # "graph", "eager", or "auto" (both, the faster)
     nccl: Nccl | None = None  # NCCL called directly on torch's communicator (GPUs)
+    timeout_seconds: float = 120.0  # the spec's: bounds every wait for the GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,37 +105,77 @@ def _issue_block(issue: Issue, iterations: int, *, wait_at_end: bool = False) ->
         work.wait()
 
 
-def _timed(issue: Issue, iterations: int, device: torch.device) -> float:
+#: how often a bounded wait looks at its CUDA event
+POLL_SECONDS = 0.0002
+
+
+class Pollable(Protocol):
+    """What :func:`wait_event` needs of a CUDA event."""
+
+    def query(self) -> bool: ...
+
+
+def wait_event(event: Pollable, timeout_seconds: float) -> None:
+    """Wait until the GPU has passed ``event``, for at most ``timeout_seconds``.
+
+    NCCL called directly has no watchdog: a collective whose peer vanished never completes,
+    and ``event.synchronize()`` would block the worker until its launcher's deadline (many
+    times the spec's timeout). This raises ``TimeoutError`` ("timed out", reason
+    ``timeout``) instead, and the worker aborts the communicator."""
+    if event.query():
+        return
+    deadline = time.monotonic() + timeout_seconds
+    while not event.query():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"the GPU's collectives timed out after {timeout_seconds:g} s")
+        time.sleep(POLL_SECONDS)
+
+
+def _marker(torch_module: Any) -> torch.cuda.Event:
+    """A timing CUDA event (torch leaves Event's constructor unannotated)."""
+    event: torch.cuda.Event = torch_module.cuda.Event(enable_timing=True)
+    return event
+
+
+def _settled(device: torch.device, timeout_seconds: float) -> None:
+    """Everything issued on the current stream has run (bounded: see :func:`wait_event`)."""
+    import torch
+
+    mark = _marker(torch)
+    mark.record(torch.cuda.current_stream(device))
+    wait_event(mark, timeout_seconds)
+
+
+def _timed(issue: Issue, iterations: int, device: torch.device, timeout_seconds: float) -> float:
     """Mean seconds of one call over ``iterations`` back-to-back calls of ``issue``."""
     import torch
 
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        # torch leaves Event's constructor unannotated
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        _settled(device, timeout_seconds)
+        start, end = _marker(torch), _marker(torch)
         start.record()
         _issue_block(issue, iterations)
         end.record()
-        end.synchronize()
+        wait_event(end, timeout_seconds)
         return float(start.elapsed_time(end)) / 1000.0 / iterations
     began = time.perf_counter()
     _issue_block(issue, iterations)
     return (time.perf_counter() - began) / iterations
 
 
-def _timed_graph(graph: torch.cuda.CUDAGraph, iterations: int, device: torch.device) -> float:
+def _timed_graph(
+    graph: torch.cuda.CUDAGraph, iterations: int, device: torch.device, timeout_seconds: float
+) -> float:
     """Mean seconds of one captured iteration: one replay of ``graph`` (``iterations``
     collectives back to back) between two CUDA events."""
     import torch
 
-    torch.cuda.synchronize(device)
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    _settled(device, timeout_seconds)
+    start, end = _marker(torch), _marker(torch)
     start.record()
     graph.replay()
     end.record()
-    end.synchronize()
+    wait_event(end, timeout_seconds)
     return float(start.elapsed_time(end)) / 1000.0 / iterations
 
 
@@ -203,7 +244,9 @@ def bench(group: Group, issue: Issue) -> Timing:
     estimate = 0.0
     if policy.adaptive:
         estimate_ops = policy.iterations
-        estimate, _ = _agree_means(group, _timed(issue, estimate_ops, device), 0.0)
+        estimate, _ = _agree_means(
+            group, _timed(issue, estimate_ops, device, group.timeout_seconds), 0.0
+        )
     k = policy.block_ops(estimate)
     graph = None
     # NCCL called directly times best as nccl-tests does, eagerly: capturing its calls made
@@ -217,10 +260,14 @@ def bench(group: Group, issue: Issue) -> Timing:
         both = graph is not None and group.timing == "auto"
         share = replace(policy, max_seconds=policy.max_seconds / 2) if both else policy
         if graph is None or both:
-            phases["eager"] = _phase(group, share, k, lambda: _timed(issue, k, device))
+            phases["eager"] = _phase(
+                group, share, k, lambda: _timed(issue, k, device, group.timeout_seconds)
+            )
         if graph is not None:
             captured = graph
-            phases["graph"] = _phase(group, share, k, lambda: _timed_graph(captured, k, device))
+            phases["graph"] = _phase(
+                group, share, k, lambda: _timed_graph(captured, k, device, group.timeout_seconds)
+            )
     finally:
         if graph is not None:
             graph.reset()

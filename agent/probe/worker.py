@@ -42,9 +42,11 @@ happens. A size whose two buffers exceed ``max_memory_bytes`` is refused before 
 allocated (reason ``init_failure``); a rank that cannot allocate, or a GPU with too little
 free memory, makes every rank record ``gpu_busy`` for that size; a rendezvous that does not
 complete within ``timeout_seconds`` is ``peer_unreachable``; a collective that times out
-is ``timeout`` (gloo raises; NCCL's watchdog ends the process instead, which the caller
-records as ``timeout``/``crashed``). After a collective fails the remaining sizes are not
-attempted and carry the same reason. Exit code 0 with records; 2 only for usage errors.
+is ``timeout`` (gloo raises; NCCL's own calls are waited for at most ``timeout_seconds``,
+then the communicator is aborted; torch's NCCL watchdog ends the process instead, which
+the caller records as ``timeout``/``crashed``). After a collective fails the remaining
+sizes are not attempted and carry the same reason. Exit code 0 with records; 2 only for
+usage errors.
 
 stdout carries records only: the worker moves the original stdout aside for them and points
 file descriptor 1 at stderr before torch loads, so NCCL_DEBUG or library prints cannot
@@ -299,6 +301,7 @@ def _form_group(
         policy=timing_policy(spec, backend),
         timing=spec.timing,
         nccl=nccl,
+        timeout_seconds=spec.timeout_seconds,
     )
     return group, ranks
 
@@ -393,10 +396,17 @@ def run(spec: WorkerSpec, emit: Callable[[ProbeRecord], None], *, corrupt: bool 
                 )
             )
     finally:
+        stuck = broken is not None and group is not None and group.nccl is not None
+        if stuck and dist.is_initialized():
+            # a collective of NCCL's own calls failed or timed out and may still be in
+            # flight: abort the communicator (its kernels stop) before anything waits on it
+            log.warning("probe: aborting the NCCL communicator after %s", broken)
+            with contextlib.suppress(Exception):
+                dist.distributed_c10d._get_default_group()._get_backend(device).abort()
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-        if use_cuda:
+        if use_cuda and not stuck:
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize(device)
                 torch.cuda.empty_cache()
