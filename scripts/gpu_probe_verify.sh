@@ -20,6 +20,9 @@ SMI=$!
 step "GPU-marked tests (live NVML record/replay)"
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_nvml_record.py tests/test_nvml.py -rs 2>&1 | tail -3 || rc=1
 
+step "the probe's bounded wait for NCCL's own calls, NCCL's errors, abort and teardown"
+python3 scripts/gpu_probe_stuck.py 2>&1 | grep -v Warning || rc=1
+
 step "NVML per-call costs"
 python3 bench/nvml_fieldvalues.py >"$OUT/nvml_costs.json" 2>&1 || rc=1
 python3 -c "import json;d=json.load(open('$OUT/nvml_costs.json'));print({k:round(v*1e3,3) for k,v in d.items() if k.startswith('cpu')})"
