@@ -1,14 +1,19 @@
-"""Where the probe's GPU time per operation goes, on one GPU (one rank, NCCL sending to
-itself: a copy through NCCL's p2p kernel): the same sendrecv timed four ways, each a block of
-``--ops`` operations between two CUDA events, median of ``--repeats`` blocks.
+"""Where torch.distributed's GPU time per operation goes, on one GPU (one rank, NCCL
+sending to itself: a copy through NCCL's p2p kernel): the same sendrecv timed six ways, each
+a block of ``--ops`` operations between two CUDA events, median of ``--repeats`` blocks.
 
-- ``graph+wait``: one CUDA graph of ops, each ``batch_isend_irecv`` then ``work.wait()``
-  (the probe's graph timing);
+- ``graph+wait``: one CUDA graph of ops, each ``batch_isend_irecv`` then ``work.wait()``;
 - ``graph+end``: one CUDA graph of ops, every op issued, the works waited at the end;
-- ``eager+wait`` / ``eager+end``: the same without the graph.
+- ``graph+sync``: each op a send and a receive in torch's private coalescing manager
+  without async ops (does that run on the current stream, as a synchronous collective
+  does since torch 2.8?);
+- ``eager+wait`` / ``eager+end`` / ``eager+sync``: the same without the graph.
 
 Against ``sendrecv_perf -g 1`` (nccl-tests' out-of-place column) that says whether a gap is
-the timing method, torch's per-op stream join, or NCCL under capture.
+the timing method, torch's per-op stream join, or NCCL under capture. What it showed on one
+H200 (torch's CPU cost per call, 37-80 us eagerly; 5-20 us of joins in a graph) is why the
+probe calls NCCL itself (agent/probe/nccl.py); ``FABRICSCOPE_PROBE_TORCH_DATAPLANE=1``
+makes the probe time torch's calls again for comparison.
 
     NCCL_NVLS_ENABLE=0 python bench/probe_graph_variants.py [--sizes 8K,1M,64M]
 """
