@@ -249,9 +249,9 @@ def bench(group: Group, issue: Issue) -> Timing:
         )
     k = policy.block_ops(estimate)
     graph = None
-    # NCCL called directly times best as nccl-tests does, eagerly: capturing its calls made
-    # the eager ones slower afterwards as well (~10 -> 12-20 us per 8 KiB sendrecv on one
-    # H200), so under ``auto`` only torch's calls are also timed as a graph
+    # NCCL called directly times best as nccl-tests does, eagerly: in a run on one H200,
+    # eager sendrecvs below 16 MiB took 10-11.5 us alone but 12-20 us after a capture of
+    # the same calls, so under ``auto`` only torch's calls are also timed as a graph
     wants_graph = group.timing == "graph" or (group.timing == "auto" and group.nccl is None)
     if device.type == "cuda" and policy.adaptive and wants_graph:
         graph = _capture(group, issue, k)
