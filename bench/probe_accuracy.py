@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.probe.formulas import bus_factor
+from agent.probe.formulas import busbw
 from agent.probe.launch import run_local
 from agent.probe.records import SpecError, WorkerSpec
 
@@ -117,7 +117,7 @@ def busbw_gbps(kind: str, size: int, time_us: float | None, ranks: int) -> float
     """nccl-tests' busbw (GB/s) of one iteration of ``time_us``."""
     if time_us is None or not time_us > 0:
         return None
-    return size / (time_us * 1e-6) * bus_factor(kind, ranks) / 1e9
+    return busbw(kind, size, time_us * 1e-6, ranks) / 1e9
 
 
 def speed_ratio(reference_us: float | None, probe_us: float | None) -> float | None:

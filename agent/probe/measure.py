@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agent.probe.nccl import Nccl
 from agent.probe.records import detail_of
@@ -56,15 +56,15 @@ class Group:
     flag: torch.Tensor  # two float64 on the device, for agreement all_reduces
     corrupt: bool
     policy: TimingPolicy
-    timing: str  # "graph", "eager", or "auto" (both, the faster)
+    timing: str  # "graph", "eager", or "auto" (eager over ``nccl``, else both, the faster)
     nccl: Nccl | None = None  # NCCL called directly on torch's communicator (GPUs)
     timeout_seconds: float = 120.0  # the spec's: bounds every wait for the GPU
 
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """One size's timing: mean seconds of one iteration, the iterations behind it, the
-    iterations run before them, and how (``graph`` or ``eager``)."""
+    """One size's timing: mean seconds of one iteration, the iterations behind it, every
+    other iteration run for the size, and how (``graph`` or ``eager``)."""
 
     seconds: float
     iterations: int
@@ -90,8 +90,8 @@ def _issue_block(issue: Issue, iterations: int, *, wait_at_end: bool = False) ->
     would otherwise run in-place collectives on one buffer at once). ``wait_at_end``: the
     works are waited for once, after the last call, what a CUDA graph's capture uses: the
     calls of one communicator run in order on its stream anyway, and a stream join per
-    call cost ~6 us of GPU time per call inside a graph; the eager loop gained nothing
-    from it (its per-call CPU cost, 37-68 us per sendrecv, varied more from run to run than
+    call cost ~6 us of GPU time per call inside a graph; torch's eager loop gained nothing
+    from it (its per-call CPU cost, 37-82 us per sendrecv, varied more from run to run than
     between the two ways), both measured on one H200 (bench/probe_graph_variants.py)."""
     if not wait_at_end:
         for _ in range(iterations):
@@ -122,8 +122,6 @@ def wait_event(event: Pollable, timeout_seconds: float) -> None:
     and ``event.synchronize()`` would block the worker until its launcher's deadline (many
     times the spec's timeout). This raises ``TimeoutError`` ("timed out", reason
     ``timeout``) instead, and the worker aborts the communicator."""
-    if event.query():
-        return
     deadline = time.monotonic() + timeout_seconds
     while not event.query():
         if time.monotonic() >= deadline:
@@ -131,9 +129,12 @@ def wait_event(event: Pollable, timeout_seconds: float) -> None:
         time.sleep(POLL_SECONDS)
 
 
-def _marker(torch_module: Any) -> torch.cuda.Event:
-    """A timing CUDA event (torch leaves Event's constructor unannotated)."""
-    event: torch.cuda.Event = torch_module.cuda.Event(enable_timing=True)
+def _marker() -> torch.cuda.Event:
+    """A timing CUDA event."""
+    import torch
+
+    # torch leaves Event's constructor unannotated
+    event: torch.cuda.Event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     return event
 
 
@@ -141,18 +142,17 @@ def _settled(device: torch.device, timeout_seconds: float) -> None:
     """Everything issued on the current stream has run (bounded: see :func:`wait_event`)."""
     import torch
 
-    mark = _marker(torch)
+    mark = _marker()
     mark.record(torch.cuda.current_stream(device))
     wait_event(mark, timeout_seconds)
 
 
 def _timed(issue: Issue, iterations: int, device: torch.device, timeout_seconds: float) -> float:
     """Mean seconds of one call over ``iterations`` back-to-back calls of ``issue``."""
-    import torch
 
     if device.type == "cuda":
         _settled(device, timeout_seconds)
-        start, end = _marker(torch), _marker(torch)
+        start, end = _marker(), _marker()
         start.record()
         _issue_block(issue, iterations)
         end.record()
@@ -168,10 +168,9 @@ def _timed_graph(
 ) -> float:
     """Mean seconds of one captured iteration: one replay of ``graph`` (``iterations``
     collectives back to back) between two CUDA events."""
-    import torch
 
     _settled(device, timeout_seconds)
-    start, end = _marker(torch), _marker(torch)
+    start, end = _marker(), _marker()
     start.record()
     graph.replay()
     end.record()
@@ -198,7 +197,7 @@ def _capture(group: Group, issue: Issue, ops: int) -> torch.cuda.CUDAGraph | Non
 
     graph: torch.cuda.CUDAGraph | None = None
     why = ""
-    torch.cuda.synchronize(group.device)
+    _settled(group.device, group.timeout_seconds)  # bounded, before torch's own synchronize
     try:
         captured = torch.cuda.CUDAGraph()
         # thread_local: NCCL's watchdog thread keeps querying events during the capture

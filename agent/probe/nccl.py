@@ -1,11 +1,12 @@
 """NCCL called directly, on the communicator torch built: the probe's data plane on GPUs.
 
 nccl-tests times a loop of NCCL calls made from C. Through torch.distributed the same loop
-costs far more CPU per call than the GPU needs at small sizes: on one H200, 37-68 us per
-torch sendrecv (an 8 KiB copy takes ~7 us), so an eager torch loop times Python and torch,
-not the fabric, and a CUDA graph of torch calls adds ~5-20 us of stream joins per call
-(``bench/probe_graph_variants.py``). NCCL's own entry points, called through ctypes, cost
-~13 us per sendrecv on an H100 (``bench/probe_accuracy.py`` on one GPU).
+costs far more CPU per call than the GPU needs at small sizes: on one H200, 37-82 us per
+torch sendrecv (nccl-tests' C loop makes one in 7-10 us), so an eager torch loop times
+Python and torch, not the fabric, and a CUDA graph of torch calls adds ~5-20 us of stream
+joins per call (``bench/probe_graph_variants.py``). NCCL's own entry points, called
+through ctypes from the probe's loop, took 10-20 us per sendrecv there, as the lend's CPU
+varied (``scripts/gpu_probe_accuracy.sh`` on one GPU).
 
 The communicator is torch's (``ProcessGroupNCCL._comm_ptr()``), not a second one: NCCL's
 buffers take hundreds of MiB per communicator, and a second would break the probe's

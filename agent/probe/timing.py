@@ -138,7 +138,7 @@ def fastest(phases: dict[str, Blocks]) -> str:
     """The method whose blocks give the shortest iteration time (the first on a tie).
 
     Each way of timing only adds its own overhead to the collective: the eager loop the
-    CPU's launch cost per call (on one H200 ~40 us per torch sendrecv, more than an 8 KiB
+    CPU's launch cost per call (on one H200 37-82 us per torch sendrecv, more than an 8 KiB
     copy takes), a CUDA graph torch's stream joins between captured calls (~5-20 us
     more per call than eager once the GPU is the bottleneck). The collective's own time
     is at most the shorter of the two, which ``auto`` timing reports over torch's calls

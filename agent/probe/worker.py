@@ -25,7 +25,7 @@ Timing (:mod:`agent.probe.timing` says how much): as nccl-tests, warm-up iterati
 back-to-back iterations timed as one loop, the mean of one iteration reported; adaptive on
 GPUs (blocks of iterations until the timing is stable or a time cap). On GPUs the timed
 calls are NCCL's own, made through ctypes on the communicator torch built
-(:mod:`agent.probe.nccl`: torch.distributed's calls cost 37-68 us of CPU each, NCCL's
+(:mod:`agent.probe.nccl`: torch.distributed's calls cost 37-82 us of CPU each, NCCL's
 ~10 us), unless this torch gives no communicator, when they are torch's. ``timing: eager``
 calls them from Python between two CUDA events, as nccl-tests does from C; ``graph`` makes
 a block one CUDA graph holding ``k`` captured calls, replayed between the events; ``auto``
