@@ -248,11 +248,12 @@ def heatmap(out: Path, backend: str) -> None:
     labels = tuple(str(i) for i in range(n))
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     size = "64 MiB" if backend == "nccl" else "1 MiB"
+    device = "GPU" if backend == "nccl" else "CPU slot"  # as the --matrix heatmap says
     png = heatmap_png(
         values,
-        rows=Axis(f"{host} GPU (rank 0)", labels),
-        cols=Axis(f"{host} GPU (rank 1)", labels),
-        title=f"sendrecv busbw per GPU pair, {size}, {backend}\n{host}, {when}",
+        rows=Axis(f"{host} {device} (rank 0)", labels),
+        cols=Axis(f"{host} {device} (rank 1)", labels),
+        title=f"sendrecv busbw per {device} pair, {size}, {backend}\n{host}, {when}",
         reasons=reasons,
     )
     (out / "heatmap.png").write_bytes(png)
