@@ -172,7 +172,7 @@ class NvmlSettings:
 
     link_error_rotation: int = 18
     slow_error_rotation: int = 72
-    #: run the live NVML sampler in a supervised child process (agent/isolation.py), so a
+    #: run the live NVML sampler in a supervised child process (agent/core/isolation.py), so a
     #: crash or hang in the driver library costs a pass, not the agent
     isolate: bool = True
 

@@ -1,7 +1,7 @@
 """Every finding of a node, from whichever snapshots exist: the join behind
 ``fabricscope topo`` and the ``fabricscope_findings{kind}`` series. Pure.
 
-Each area contributes its own kinds (registered in :data:`agent.findings.KINDS`); an area
+Each area contributes its own kinds (registered in :data:`agent.core.findings.KINDS`); an area
 whose snapshot is absent (sampler off, no hardware, snapshot replay without it) contributes
 nothing and is listed in :attr:`NodeFindings.areas_missing`, so "no finding" and "not
 looked" stay apart.
@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent import infiniband, nvml_findings, topology, workload_findings
-from agent.findings import KINDS, Area, Finding
-from agent.infiniband import InfinibandSnapshot
-from agent.nvml_snapshot import NvmlSnapshot
-from agent.pci import PciSnapshot
-from agent.workload import WorkloadSnapshot
+from agent.core.findings import KINDS, Area, Finding
+from agent.infiniband import sampler as infiniband
+from agent.infiniband.sampler import InfinibandSnapshot
+from agent.nvml import findings as nvml_findings
+from agent.nvml.snapshot import NvmlSnapshot
+from agent.pci import topology
+from agent.pci.sampler import PciSnapshot
+from agent.workload import findings as workload_findings
+from agent.workload.sampler import WorkloadSnapshot
 
 AREAS: tuple[Area, ...] = ("infiniband", "pci", "nvml", "workload")
 

@@ -5,20 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from agent.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
 from agent.config import AgentConfig
-from agent.infiniband import InfinibandSampler, InfinibandSnapshot
-from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
-from agent.nvml import NvmlSampler, isolated_sampler
-from agent.nvml_api import NvmlApi
-from agent.nvml_snapshot import NvmlSnapshot
-from agent.pci import PciSampler, PciSnapshot
+from agent.core.runner import SamplerSpec
+from agent.core.sampler import Sampler, Snapshot
+from agent.core.sysfs import SysfsReader
+from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
+from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
+from agent.netdev.sampler import NetdevSampler
+from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE
+from agent.nvml.api import NvmlApi
+from agent.nvml.sampler import NvmlSampler, isolated_sampler
+from agent.nvml.snapshot import NvmlSnapshot
+from agent.pci.sampler import PciSampler, PciSnapshot
 from agent.probe.sampler import build_probe_sampler
-from agent.runner import SamplerSpec
-from agent.sampler import Sampler, Snapshot
-from agent.sysfs import SysfsReader
 from agent.throughput.sampler import ThroughputSampler
-from agent.workload import WorkloadSampler, pod_identities
+from agent.workload.sampler import WorkloadSampler, pod_identities
 
 S = TypeVar("S")
 

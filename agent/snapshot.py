@@ -5,7 +5,7 @@ Layout of the archive (gzip'd tar):
 
     MANIFEST.json        what was captured, by which version, what could not be read
     sys/...              the files, directories and symlinks the samplers touched
-    nvml.recording.json  every NVML answer of one pass (agent.nvml_record), when a GPU
+    nvml.recording.json  every NVML answer of one pass (agent.nvml.record), when a GPU
                          driver answered
 
 Symlinks are stored as symlinks (sysfs is made of them: class/infiniband/mlx5_0 ->
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from agent import __version__
-from agent.sysfs import classify_os_error
+from agent.core.sysfs import classify_os_error
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,17 @@
 """``fabricscope topo``: the GPU/NIC matrix, the PCIe links and ACS state on the paths, the
 RDMA ports and every finding of the node, as a table for people and JSON for programs.
-Pure: it formats what :mod:`agent.topology` and :mod:`agent.node_findings` derived.
+Pure: it formats what :mod:`agent.pci.topology` and :mod:`agent.node_findings` derived.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
-from agent.findings import KINDS
-from agent.infiniband import InfinibandSnapshot
+from agent.core.findings import KINDS
+from agent.infiniband.sampler import InfinibandSnapshot
 from agent.node_findings import NodeFindings
-from agent.pci import PciDevice, format_cpulist
-from agent.topology import ACS_STATE_TEXT, LEGEND, NvlinkCounts, Topology
+from agent.pci.sampler import PciDevice, format_cpulist
+from agent.pci.topology import ACS_STATE_TEXT, LEGEND, NvlinkCounts, Topology
 
 
 def _numa_text(node: int | None) -> str:

@@ -87,11 +87,11 @@ def sampling_pass_cpu(passes: int) -> dict[str, float]:
     """Median CPU seconds of one pass (sample + render) per sampler and for all together."""
     sys.path.insert(0, str(ROOT))
     from agent.config import AgentConfig, Sampling
+    from agent.core.sysfs import SysfsReader
     from agent.samplers import build_samplers
-    from agent.sysfs import SysfsReader
-    from exporter.catalog import AREAS
-    from exporter.exposition import render_text
-    from exporter.spec import Families
+    from exporter.metrics.catalog import AREAS
+    from exporter.metrics.exposition import render_text
+    from exporter.metrics.spec import Families
 
     config = AgentConfig(sampling=Sampling(frozenset({"infiniband", "pci"})))
     samplers = build_samplers(config, SysfsReader(TREE))

@@ -1,4 +1,4 @@
-"""What running the NVML sampler in a child process (agent/isolation.py) costs, against the
+"""What running the NVML sampler in a child process (agent/core/isolation.py) costs, against the
 same sampler in the agent's process: CPU per pass (agent and child), RSS of both, and the
 latency from the start of a pass to fresh /metrics bytes (the runner's call, the pipe, the
 unpickling and the rendering, as the agent does it).
@@ -28,11 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.isolation import ChildSpec, IsolatedSampler
-from agent.nvml import NvmlSampler, child_sampler
-from agent.nvml_record import replay_sampler
-from agent.runner import SamplerSpec
-from agent.sampler import Sampler
+from agent.core.isolation import ChildSpec, IsolatedSampler
+from agent.core.runner import SamplerSpec
+from agent.core.sampler import Sampler
+from agent.nvml.record import replay_sampler
+from agent.nvml.sampler import NvmlSampler, child_sampler
 from exporter.app import AgentApp
 
 RECORDING = Path(__file__).resolve().parent.parent / "tests/fixtures/nvml/h200x2.recording.json"
@@ -102,11 +102,11 @@ def main() -> int:
     }
     local: Callable[[], NvmlSampler]
     if ns.live:
-        spec = ChildSpec("agent.nvml:child_sampler", settings)
+        spec = ChildSpec("agent.nvml.sampler:child_sampler", settings)
         local = lambda: child_sampler(**settings)  # type: ignore[arg-type]  # noqa: E731
     else:
         replay = {**settings, "recording": ns.recording}
-        spec = ChildSpec("agent.nvml_record:replay_sampler", replay)
+        spec = ChildSpec("agent.nvml.record:replay_sampler", replay)
         local = lambda: replay_sampler(recording=ns.recording, **settings)  # type: ignore[arg-type]  # noqa: E731
     base_rss = rss_bytes()
     in_process = local()

@@ -39,10 +39,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.nvml import NvmlSampler
-from agent.nvml_api import LiveNvml, NvmlApi
-from agent.nvml_record import RecordingNvml, ReplayNvml, load
-from agent.nvml_snapshot import NvmlSnapshot
+from agent.nvml.api import LiveNvml, NvmlApi
+from agent.nvml.record import RecordingNvml, ReplayNvml, load
+from agent.nvml.sampler import NvmlSampler
+from agent.nvml.snapshot import NvmlSnapshot
 
 #: CPU seconds per call, ``bench/nvml_fieldvalues.py`` on the lent 2x H200 node (driver
 #: 580.159.04, nvidia-ml-py 13.610); 200 repetitions each (50 for the batches)

@@ -189,13 +189,13 @@ def start_exporters() -> dict[str, tuple[subprocess.Popen[bytes], int]]:
 _BASE_SERVER = """
 import asyncio, sys, time
 sys.path.insert(0, sys.argv[3])
-from exporter.exposition import ExpositionCache
+from exporter.metrics.exposition import ExpositionCache
 base, port, body = sys.argv[1], int(sys.argv[2]), open(sys.argv[4], "rb").read()
 cache = ExpositionCache()
 cache.set_fragment("all", body)
 if base == "aiohttp":
     from aiohttp import web
-    from exporter.exposition import CONTENT_TYPE
+    from exporter.metrics.exposition import CONTENT_TYPE
     async def metrics(request):
         gz = "gzip" in request.headers.get("Accept-Encoding", "")
         headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
@@ -211,8 +211,8 @@ else:
         import threaded_server as server  # the old module, from git
         srv = server.serve(cache, f"127.0.0.1:{port}", max_requests=400)  # 1,600 connections
     else:
-        from exporter import server
-        from exporter.connlimits import ConnectionLimits
+        from exporter.http import server
+        from exporter.http.limits import ConnectionLimits
         limits = ConnectionLimits(max_connections=2000, max_per_address=2000,
                                   header_timeout=300, idle_timeout=300)
         srv = server.serve(cache, f"127.0.0.1:{port}", limits=limits)
@@ -226,7 +226,7 @@ def bases() -> dict[str, object]:
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         old = subprocess.run(
-            ["git", "show", f"{THREADED_COMMIT}:exporter/server.py"],
+            ["git", "show", f"{THREADED_COMMIT}:exporter/http/server.py"],
             cwd=ROOT,
             capture_output=True,
             check=True,

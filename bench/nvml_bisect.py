@@ -128,8 +128,8 @@ def _sampler(variant: str, deadline: float, counter: list[int]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import pynvml as n
 
-    from agent.nvml import NvmlSampler
-    from agent.nvml_api import LiveNvml
+    from agent.nvml.api import LiveNvml
+    from agent.nvml.sampler import NvmlSampler
 
     rot = (18, 72) if variant == "sampler_default_xid" else (1, 1)
     api = LiveNvml()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.nvml import NvmlSampler
+from agent.nvml.sampler import NvmlSampler
 
 passes = int(sys.argv[1]) if len(sys.argv) > 1 else 36
 sampler = NvmlSampler(watch_xid=False)

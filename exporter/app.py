@@ -8,13 +8,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from agent.runner import Runner, SamplerSpec
-from agent.sampler import Snapshot
+from agent.core.runner import Runner, SamplerSpec
+from agent.core.sampler import Snapshot
 from agent.samplers import DEPENDENT, Latest
-from exporter import findings
-from exporter.catalog import SELF_OWNER, render_sampler, render_self
-from exporter.exposition import ExpositionCache, render_text
-from exporter.spec import Families
+from exporter.metrics import findings
+from exporter.metrics.catalog import SELF_OWNER, render_sampler, render_self
+from exporter.metrics.exposition import ExpositionCache, render_text
+from exporter.metrics.spec import Families
 
 log = logging.getLogger(__name__)
 

@@ -293,7 +293,7 @@ def parse_metrics(text: str) -> Metrics:
 
 def metrics_nvlink_matrix(m: Metrics) -> dict[tuple[int, int], int] | None:
     """GPU pairs' NVLink counts from ``fabricscope_nvlink_remote_info``, by the rule of
-    ``agent.gpu_topology.nvlink_matrix``: links to another GPU of this node count for that
+    ``agent.nvml.topology.nvlink_matrix``: links to another GPU of this node count for that
     pair; links to an NVSwitch (``remote_type="NVSwitch"``) join one switch fabric, and two
     GPUs on it get the smaller of their switch-link counts. ``None`` when some active link's
     far end is neither (not exported, or an unknown device): the metrics cannot say."""
@@ -369,7 +369,7 @@ def crosscheck(
     matrix: Mapping[tuple[int, int], int] | None,
 ) -> list[Check]:
     """Every check, in a stable order. ``matrix`` is fabricscope's NVLink matrix
-    (``agent.gpu_topology.nvlink_matrix``); ``None`` to derive it from the metrics."""
+    (``agent.nvml.topology.nvlink_matrix``); ``None`` to derive it from the metrics."""
     out: list[Check] = []
     info = {int(lab["gpu"]): lab for lab, _ in m.all("fabricscope_gpu_info")}
     by_bus = {lab["pci_bus_id"]: g for g, lab in info.items()}
@@ -562,13 +562,13 @@ def run_smi(smi: str, *args: str, timeout: float = 60.0) -> tuple[int, str]:
 def _in_process(recording: str | None = None) -> tuple[str, dict[tuple[int, int], int]]:
     """One pass of the sampler over the live library, or over ``recording`` (a recording
     made on this node in this run: live against live, through the replay path)."""
-    from agent.gpu_topology import nvlink_matrix
-    from agent.nvml import NvmlSampler
-    from agent.nvml_findings import findings
-    from agent.nvml_record import ReplayNvml, load
-    from exporter import nvml
-    from exporter.exposition import render_text
-    from exporter.spec import Families
+    from agent.nvml.findings import findings
+    from agent.nvml.record import ReplayNvml, load
+    from agent.nvml.sampler import NvmlSampler
+    from agent.nvml.topology import nvlink_matrix
+    from exporter.metrics import nvml
+    from exporter.metrics.exposition import render_text
+    from exporter.metrics.spec import Families
 
     if recording is None:
         sampler = NvmlSampler(watch_xid=False)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record every NVML answer this machine gives to one full fabricscope sampling pass (XID
 event-set creation and registration included) into a JSON file that
-``agent.nvml_record.ReplayNvml`` replays exactly::
+``agent.nvml.record.ReplayNvml`` replays exactly::
 
     python scripts/nvml_record.py -o tests/fixtures/nvml/h200x2.recording.json
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.errors import NoData
-from agent.nvml_api import LiveNvml, NvmlApi
-from agent.nvml_record import JsonValue, dumps, record
+from agent.core.errors import NoData
+from agent.nvml.api import LiveNvml, NvmlApi
+from agent.nvml.record import JsonValue, dumps, record
 
 
 def _pynvml_version() -> str | None:

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import attribution, netdev, probe, workload
-from exporter.spec import MetricSpec
+from exporter.metrics import attribution, netdev, probe, workload
+from exporter.metrics.spec import MetricSpec
 
 ROOT = Path(__file__).resolve().parent
 DGX = ROOT / "fixtures" / "dgx-h100" / "sys"

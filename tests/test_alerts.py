@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from agent.probe.records import REASONS as PROBE_REASONS
-from exporter.catalog import all_specs
-from exporter.spec import LABELS
+from exporter.metrics.catalog import all_specs
+from exporter.metrics.spec import LABELS
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "rules"
@@ -52,14 +52,14 @@ TARGET_LABELS = frozenset(
 #: the labels it will have. Used only while the catalog lacks the name; once it has it, the
 #: catalog is the authority (delete the entry then). Empty now: the probe alerts' metrics
 #: (fabricscope_probe_busbw_bytes_per_second, fabricscope_probe_runs_total) landed in the
-#: catalog with exporter/probe.py. Only fabricscope_probe_* names were ever pending.
+#: catalog with exporter/metrics/probe.py. Only fabricscope_probe_* names were ever pending.
 PENDING_METRICS: dict[str, tuple[str, ...]] = {}
 
 #: Labels a metric leaves empty on some of its series, which Prometheus then does not store
-#: (an intra-node probe has no peer and no GPU pair: exporter/probe.py).
+#: (an intra-node probe has no peer and no GPU pair: exporter/metrics/probe.py).
 MAY_BE_EMPTY: dict[str, set[str]] = {
     "fabricscope_probe_busbw_bytes_per_second": {"peer", "gpu", "peer_gpu"},
-    # a root port has no parent bridge; GPUs and NICs have no port type (exporter/pci.py)
+    # a root port has no parent bridge; GPUs and NICs have no port type (exporter/metrics/pci.py)
     "fabricscope_pci_device_info": {"parent_pci_bus_id", "port_type", "driver"},
 }
 
@@ -319,7 +319,8 @@ def test_alert_uses_only_catalog_metrics_and_their_labels(alert: Alert) -> None:
     used_labels: set[str] = set(TARGET_LABELS)
     for sel in q.selectors:
         assert sel.name in known, (
-            f"{alert.name}: {sel.name} is neither in exporter.catalog nor in PENDING_METRICS"
+            f"{alert.name}: {sel.name} is neither in exporter.metrics.catalog "
+            "nor in PENDING_METRICS"
         )
         labels = set(known[sel.name])
         used_labels |= labels

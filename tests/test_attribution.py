@@ -20,9 +20,13 @@ from kubernetes.client import ApiClient, Configuration
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from agent import podresources_pb2 as pb
-from agent import podresources_pb2_grpc as pb_grpc
-from agent.attribution import (
+from agent.core.errors import NoData
+from agent.core.runner import Runner, SamplerSpec
+from agent.core.sysfs import ReadIssue, SysfsReader
+from agent.infiniband.sampler import IbDevice, InfinibandSnapshot
+from agent.kubernetes import podresources_pb2 as pb
+from agent.kubernetes import podresources_pb2_grpc as pb_grpc
+from agent.kubernetes.attribution import (
     AttributionSampler,
     AttributionSnapshot,
     ContainerCpus,
@@ -34,17 +38,20 @@ from agent.attribution import (
     normalize_pci_address,
     resolve_gpu,
 )
-from agent.cgroup import PodContainer
-from agent.errors import NoData
-from agent.infiniband import IbDevice, InfinibandSnapshot
-from agent.nvml_snapshot import ComputeProcess, NvmlGpu, NvmlSnapshot
-from agent.podresources import ContainerAllocation, DeviceAllocation, PodAllocation
-from agent.podwatch import PodIndex, PodMeta, PodWatcher, WatchSettings, iter_lines, parse_pod
-from agent.runner import Runner, SamplerSpec
-from agent.sysfs import ReadIssue, SysfsReader
-from exporter import attribution as render_attribution
-from exporter.exposition import render_text
-from exporter.spec import Families
+from agent.kubernetes.cgroup import PodContainer
+from agent.kubernetes.podresources import ContainerAllocation, DeviceAllocation, PodAllocation
+from agent.kubernetes.podwatch import (
+    PodIndex,
+    PodMeta,
+    PodWatcher,
+    WatchSettings,
+    iter_lines,
+    parse_pod,
+)
+from agent.nvml.snapshot import ComputeProcess, NvmlGpu, NvmlSnapshot
+from exporter.metrics import attribution as render_attribution
+from exporter.metrics.exposition import render_text
+from exporter.metrics.spec import Families
 
 PROCFS = Path(__file__).resolve().parent / "fixtures" / "procfs-cgroup"
 NODE = "node-a"

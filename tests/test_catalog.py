@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.catalog import all_specs
-from exporter.docs import render_markdown
-from exporter.spec import MetricSpec, spec_problems
+from exporter.metrics.catalog import all_specs
+from exporter.metrics.docs import render_markdown
+from exporter.metrics.spec import MetricSpec, spec_problems
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 

@@ -1,4 +1,5 @@
-"""agent/cgroup.py: real /proc/<pid>/cgroup files and lines (tests/fixtures/procfs-cgroup/
+"""agent/kubernetes/cgroup.py: real /proc/<pid>/cgroup files and lines
+(tests/fixtures/procfs-cgroup/
 PROVENANCE.md, and the source named on each single line below) -> pod UID and container id."""
 
 from __future__ import annotations
@@ -7,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.cgroup import CgroupLine, PodContainer, parse_cgroup, parse_cgroup_path, pod_container
+from agent.kubernetes.cgroup import (
+    CgroupLine,
+    PodContainer,
+    parse_cgroup,
+    parse_cgroup_path,
+    pod_container,
+)
 
 PROCFS = Path(__file__).resolve().parent / "fixtures" / "procfs-cgroup"
 

@@ -1,12 +1,12 @@
-"""exporter.connlimits: which connection is closed, or refused, when a limit is reached."""
+"""exporter.http.limits: which connection is closed, or refused, when a limit is reached."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.errors import ConfigError
-from exporter.connlimits import ConnectionLimits, ConnectionTable
-from exporter.listen import client_key
+from agent.core.errors import ConfigError
+from exporter.http.limits import ConnectionLimits, ConnectionTable
+from exporter.http.listen import client_key
 
 
 def test_an_address_at_its_cap_loses_its_oldest_idle_connection() -> None:

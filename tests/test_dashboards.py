@@ -25,8 +25,8 @@ import pytest
 import yaml
 from grafana_foundation_sdk.models import dashboard as dm
 
-from exporter.catalog import all_specs
 from exporter.explain.checks import CAUSES
+from exporter.metrics.catalog import all_specs
 from tests.lab.backfill import TEST_HOURS, TEST_STEP, ScenarioCache
 from tests.lab.scenarios import GOOD_TOKENS_PER_SECOND, SCENARIOS, Scenario
 

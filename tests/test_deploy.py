@@ -32,7 +32,7 @@ import yaml
 
 from agent.config import DEFAULT_POD_LOGS, DEFAULT_PROBE_PORT
 from agent.probe.membership import parse_peers
-from exporter.cli import build_parser
+from exporter.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -397,7 +397,7 @@ def test_host_paths_are_few_and_read_only(built: dict[str, list[Doc]], build: st
     assert all(read_only for _, read_only in mounts.values())
     assert mounts["/sys"][0] == "/host/sys" and mounts["/proc"][0] == "/host/proc"
     if POD_RESOURCES in mounts:
-        # the agent's default socket path (agent/podresources.py) lies under the mount
+        # the agent's default socket path (agent/kubernetes/podresources.py) lies under the mount
         assert mounts[POD_RESOURCES][0] == POD_RESOURCES
     if POD_LOGS in mounts:  # where --path.pod-logs looks by default
         assert mounts[POD_LOGS][0] == DEFAULT_POD_LOGS == POD_LOGS

@@ -12,9 +12,10 @@ from pathlib import Path
 from agentrun import fabricscope
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import infiniband, topology
-from agent.pci import PciSampler
-from agent.sysfs import SysfsReader
+from agent.core.sysfs import SysfsReader
+from agent.infiniband import sampler as infiniband
+from agent.pci import topology
+from agent.pci.sampler import PciSampler
 
 EXPECTED_FINDINGS = {
     ("nic_cross_numa", "0000:5d:00.0"),  # 1: mlx5_5's numa_node rewritten to 1

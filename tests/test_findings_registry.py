@@ -1,4 +1,4 @@
-"""The finding-kind registry (agent/findings.py KINDS) is the one vocabulary: every kind the
+"""The finding-kind registry (agent/core/findings.py KINDS) is the one vocabulary: every kind the
 code can raise is registered, every registered series is in the metric catalog, every
 registered alert is a shipped rule whose expression reads that series, and the docs list
 every kind (docs/metrics.md is regenerated from the registry by tests/test_catalog.py)."""
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent import findings as findings_mod
-from agent.findings import KINDS, Finding
-from agent.workload_findings import PROCESS_FINDING_KINDS
-from exporter.catalog import all_specs
+from agent.core import findings as findings_mod
+from agent.core.findings import KINDS, Finding
+from agent.workload.findings import PROCESS_FINDING_KINDS
+from exporter.metrics.catalog import all_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,13 @@ def shipped_alerts() -> dict[str, str]:
 def raised_kinds() -> set[str]:
     """Kinds named in Finding(...) calls of the analysis modules, read from their source."""
     kinds: set[str] = set()
-    for name in ("infiniband", "topology", "nvml", "nvml_findings", "workload_findings"):
+    for name in (
+        "infiniband/sampler",
+        "pci/topology",
+        "nvml/sampler",
+        "nvml/findings",
+        "workload/findings",
+    ):
         text = (ROOT / "agent" / f"{name}.py").read_text()
         kinds |= set(re.findall(r'Finding\(\s*"([a-z0-9_]+)"', text))
     return kinds
@@ -70,8 +76,8 @@ def test_docs_list_every_kind() -> None:
 def test_the_findings_fragment_is_rebuilt_for_exactly_the_samplers_it_reads() -> None:
     """The agent rebuilds ``fabricscope_findings`` only on updates of ``SOURCES``: those must
     be the samplers ``render`` reads, or a finding would go stale."""
-    from exporter import findings
-    from exporter.spec import Families
+    from exporter.metrics import findings
+    from exporter.metrics.spec import Families
 
     seen: set[str] = set()
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import NoData
-from agent.findings import Finding
-from agent.infiniband import (
+from agent.core.errors import NoData
+from agent.core.findings import Finding
+from agent.core.sysfs import ReadIssue, SysfsReader
+from agent.infiniband.sampler import (
     IbPort,
     InfinibandSampler,
     InfinibandSnapshot,
@@ -23,10 +24,9 @@ from agent.infiniband import (
     PortState,
     findings,
 )
-from agent.sysfs import ReadIssue, SysfsReader
-from exporter import infiniband as ib_metrics
-from exporter.exposition import render_text
-from exporter.spec import Families
+from exporter.metrics import infiniband as ib_metrics
+from exporter.metrics.exposition import render_text
+from exporter.metrics.spec import Families
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 P = "fabricscope_infiniband_port_"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.infiniband import (
+from agent.infiniband.sampler import (
     NoPmaError,
     PortCounter,
     PortState,

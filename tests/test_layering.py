@@ -33,5 +33,109 @@ def test_agent_never_imports_exporter_or_prometheus_client() -> None:
 
 def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("from exporter.spec import Families\nimport prometheus_client\n")
-    assert {"exporter.spec", "prometheus_client"} <= imported_modules(bad)
+    bad.write_text("from exporter.metrics.spec import Families\nimport prometheus_client\n")
+    assert {"exporter.metrics.spec", "prometheus_client"} <= imported_modules(bad)
+
+
+#: the agent's source packages, one per source of data; each may import the shared
+#: machinery (agent.core), the settings (agent.config: frozen dataclasses, a leaf that imports
+#: nothing of the agent) and the joins declared here, and no other source
+SOURCES = (
+    "infiniband",
+    "pci",
+    "netdev",
+    "nvml",
+    "throughput",
+    "workload",
+    "kubernetes",
+    "probe",
+)
+DECLARED_JOINS = {
+    # RDMA devices and GPU UUIDs are what pods are attributed by
+    "kubernetes": {"infiniband", "nvml"},
+    # processes' NUMA placement against their GPUs' and NICs', attributed to pods
+    "workload": {"pci", "nvml", "kubernetes"},
+    # the pods whose logs are read come from the pod watch
+    "throughput": {"kubernetes"},
+    # the probe's peers (agent pods) and its busy-GPU checks (NVML)
+    "probe": {"kubernetes", "nvml"},
+}
+#: agent.core is the bottom floor: no agent module above it
+CORE_MAY_IMPORT = {"agent.core"}
+#: exporter packages and what of the exporter each may import (besides itself)
+EXPORTER_MAY_IMPORT = {
+    "metrics": set(),
+    "http": {"metrics"},
+    "explain": set(),
+}
+
+
+def _owner(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def _module_of(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def offending_imports(module: str, imports: set[str]) -> list[str]:
+    """The imports of ``module`` that run against the layering above."""
+    here = _owner(module)
+    top, _, pkg = here.partition(".")
+    bad = []
+    for mod in sorted(imports):
+        there = _owner(mod)
+        if there == here or mod.split(".")[0] not in ("agent", "exporter"):
+            continue
+        other = there.partition(".")[2]
+        if top == "agent" and pkg == "core":
+            ok = there in CORE_MAY_IMPORT
+        elif top == "agent" and pkg in SOURCES:
+            ok = there in ("agent.core", "agent.config") or (
+                mod.startswith("agent.") and other in DECLARED_JOINS.get(pkg, set())
+            )
+        elif top == "exporter" and pkg in EXPORTER_MAY_IMPORT:
+            ok = mod.startswith("agent") or other in EXPORTER_MAY_IMPORT[pkg]
+        else:
+            continue  # the composition (agent/*.py, exporter/app.py, exporter/cli/)
+        if not ok:
+            bad.append(mod)
+    return bad
+
+
+def layering_offenders() -> list[str]:
+    files = sorted((ROOT / "agent").rglob("*.py")) + sorted((ROOT / "exporter").rglob("*.py"))
+    return [
+        f"{f.relative_to(ROOT)} imports {mod}"
+        for f in files
+        for mod in offending_imports(_module_of(f), imported_modules(f))
+    ]
+
+
+def test_sources_import_only_the_shared_machinery_and_declared_joins() -> None:
+    assert layering_offenders() == []
+
+
+def test_every_source_is_a_package_that_says_what_it_may_import() -> None:
+    for name in (*SOURCES, "core"):
+        init = ROOT / "agent" / name / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and "May import" in doc, init
+    for name in (*EXPORTER_MAY_IMPORT, "cli"):
+        init = ROOT / "exporter" / name / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), init
+
+
+def test_the_layering_check_catches_imports_across_sources_and_floors() -> None:
+    assert offending_imports("agent.pci.sampler", {"agent.nvml.api", "agent.core.errors"}) == [
+        "agent.nvml.api"
+    ]
+    assert offending_imports("agent.core.runner", {"agent.nvml.api", "agent.config"}) == [
+        "agent.config",
+        "agent.nvml.api",
+    ]
+    assert offending_imports("exporter.metrics.pci", {"exporter.http.server"}) == [
+        "exporter.http.server"
+    ]
+    assert offending_imports("agent.workload.sampler", {"agent.pci.topology"}) == []

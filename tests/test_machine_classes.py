@@ -29,11 +29,11 @@ from agentrun import fabricscope
 from prometheus_client.parser import text_string_to_metric_families
 from test_topology_dgx import tree
 
-from agent.infiniband import InfinibandSampler, InfinibandSnapshot
+from agent.core.sysfs import SysfsReader
+from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
 from agent.node_findings import collect
-from agent.pci import PciSampler, PciSnapshot
-from agent.sysfs import SysfsReader
-from agent.topology import analyse
+from agent.pci.sampler import PciSampler, PciSnapshot
+from agent.pci.topology import analyse
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ROOT = Path(__file__).resolve().parent.parent

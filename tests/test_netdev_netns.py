@@ -21,18 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import NoData
-from agent.netdev import (
+from agent.core.errors import NoData
+from agent.core.sysfs import Issues, ReadIssue, SysfsReader
+from agent.netdev.sampler import NetdevSampler, read_links
+from agent.netdev.stats import (
     OPERSTATES,
     EthtoolStat,
     EthtoolStats,
     NetdevSample,
-    NetdevSampler,
     NetdevSnapshot,
     RdmaPort,
-    read_links,
 )
-from agent.sysfs import Issues, ReadIssue, SysfsReader
 
 SEND_UDP = """
 import socket, sys

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import NoData
-from agent.netdev import (
+from agent.core.errors import NoData
+from agent.core.sysfs import Issues, ReadIssue, SysfsReader
+from agent.netdev.sampler import NetdevSampler, read_rdma_netdevs
+from agent.netdev.stats import (
     DEFAULT_ETHTOOL_INCLUDE,
     EthtoolStat,
     EthtoolStats,
     LinkStats64,
-    NetdevSampler,
     NetlinkLink,
     PriorityStats,
     RdmaPort,
@@ -23,11 +24,9 @@ from agent.netdev import (
     parse_ndev,
     parse_operstate,
     parse_speed,
-    read_rdma_netdevs,
     to_link,
     to_stats64,
 )
-from agent.sysfs import Issues, ReadIssue, SysfsReader
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 COUNTERS_RST = FIXTURES / "netdev-mlx5-counters" / "counters-rst-names.txt"

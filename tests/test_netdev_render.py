@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.netdev import (
+from agent.netdev.stats import (
     EthtoolStat,
     EthtoolStats,
     LinkStats64,
@@ -11,10 +11,10 @@ from agent.netdev import (
     PriorityStats,
     RdmaPort,
 )
-from exporter import netdev
-from exporter.catalog import all_specs
-from exporter.exposition import render_text
-from exporter.spec import Families
+from exporter.metrics import netdev
+from exporter.metrics.catalog import all_specs
+from exporter.metrics.exposition import render_text
+from exporter.metrics.spec import Families
 
 Series = dict[tuple[str, tuple[str, ...]], float]
 

@@ -13,11 +13,10 @@ from collections.abc import Callable, Iterator, Sequence
 import pynvml
 import pytest
 
-from agent.errors import NoData
-from agent.findings import Finding
-from agent.gpu_topology import nvlink_matrix
-from agent.nvml import NvmlSampler, normalize_pci_bus_id
-from agent.nvml_api import (
+from agent.core.errors import NoData
+from agent.core.findings import Finding
+from agent.core.sysfs import ReadIssue
+from agent.nvml.api import (
     NVML_ERROR_NAMES,
     LiveNvml,
     NvmlAnswerError,
@@ -26,12 +25,13 @@ from agent.nvml_api import (
     XidEvent,
     error_name,
 )
-from agent.nvml_findings import findings
-from agent.nvml_record import RecordingError, RecordingNvml, ReplayNvml
-from agent.nvml_snapshot import NvLink, NvLinkErrorCounts, NvmlGpu, NvmlSnapshot, XidCount
-from agent.sysfs import ReadIssue
-from exporter import nvml as metrics
-from exporter.spec import Families
+from agent.nvml.findings import findings
+from agent.nvml.record import RecordingError, RecordingNvml, ReplayNvml
+from agent.nvml.sampler import NvmlSampler, normalize_pci_bus_id
+from agent.nvml.snapshot import NvLink, NvLinkErrorCounts, NvmlGpu, NvmlSnapshot, XidCount
+from agent.nvml.topology import nvlink_matrix
+from exporter.metrics import nvml as metrics
+from exporter.metrics.spec import Families
 from tests.test_nvml_fixtures import (
     Recording,
     RecordingBuilder,

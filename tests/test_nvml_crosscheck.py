@@ -16,13 +16,13 @@ from types import ModuleType
 
 import pytest
 
-from agent.gpu_topology import nvlink_matrix
-from agent.nvml import NvmlSampler
-from agent.nvml_record import ReplayNvml
-from agent.nvml_snapshot import NvmlSnapshot
-from exporter import nvml as metrics
-from exporter.exposition import render_text
-from exporter.spec import Families
+from agent.nvml.record import ReplayNvml
+from agent.nvml.sampler import NvmlSampler
+from agent.nvml.snapshot import NvmlSnapshot
+from agent.nvml.topology import nvlink_matrix
+from exporter.metrics import nvml as metrics
+from exporter.metrics.exposition import render_text
+from exporter.metrics.spec import Families
 from tests.test_nvml_fixtures import h200x2_recording, with_link_down
 
 ROOT = Path(__file__).resolve().parent.parent

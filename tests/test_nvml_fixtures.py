@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.nvml import NvmlSampler
-from agent.nvml_api import ERROR_CODES, NVLINK_ERROR_COUNTERS
-from agent.nvml_record import FORMAT, JsonValue, ReplayNvml, call_key, load
+from agent.nvml.api import ERROR_CODES, NVLINK_ERROR_COUNTERS
+from agent.nvml.record import FORMAT, JsonValue, ReplayNvml, call_key, load
+from agent.nvml.sampler import NvmlSampler
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 H200X2_RECORDING = FIXTURES / "nvml" / "h200x2.recording.json"

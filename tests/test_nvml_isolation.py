@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from promharness import free_port
 
-from agent.errors import NoData, SamplerFailure
-from agent.isolation import ChildSpec, IsolatedSampler, describe_exit
+from agent.core.errors import NoData, SamplerFailure
+from agent.core.isolation import ChildSpec, IsolatedSampler, describe_exit
 from agent.probe.devices import GpuSlot, NvmlBusyGpus, discover_slots, isolated_gpu_view
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -358,9 +358,9 @@ def test_without_isolation_the_same_crash_kills_the_process(
 
 def test_a_replayed_node_in_a_child_matches_in_process() -> None:
     """The snapshot that crosses the pipe is the in-process one (the recorded 2x H200)."""
-    from agent.nvml_record import replay_sampler
+    from agent.nvml.record import replay_sampler
 
-    spec = ChildSpec("agent.nvml_record:replay_sampler", {"recording": str(RECORDING)})
+    spec = ChildSpec("agent.nvml.record:replay_sampler", {"recording": str(RECORDING)})
     isolated = IsolatedSampler("nvml", spec, timeout_seconds=10)
     local = replay_sampler(recording=str(RECORDING))
     try:
@@ -378,7 +378,7 @@ def test_no_driver_is_quiet_and_keeps_no_child(tmp_path: Path) -> None:
     """No libnvidia-ml.so.1 at all: NoData, the child is gone, and the next pass answers
     NoData without starting one (until the recheck)."""
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    spec = ChildSpec("agent.nvml:child_sampler", {"watch_xid": False})
+    spec = ChildSpec("agent.nvml.sampler:child_sampler", {"watch_xid": False})
     isolated = IsolatedSampler("nvml", spec, timeout_seconds=10, env=env)
     with pytest.raises(NoData, match="no NVIDIA driver"):
         isolated.sample()
@@ -393,7 +393,7 @@ def test_backoff_doubles_and_fails_fast(standin: StandIn) -> None:
     """Two crashes in a row: the second restart waits twice as long; passes in between
     fail at once with reason backoff."""
     now = [0.0]
-    spec = ChildSpec("agent.nvml:child_sampler", {"watch_xid": False})
+    spec = ChildSpec("agent.nvml.sampler:child_sampler", {"watch_xid": False})
     isolated = IsolatedSampler(
         "nvml", spec, timeout_seconds=10, env=standin.env(), monotonic=lambda: now[0]
     )

@@ -12,10 +12,10 @@ from types import ModuleType
 
 import pytest
 
-from agent.nvml import NvmlSampler
-from agent.nvml_api import LiveNvml, NvmlCallError
-from agent.nvml_record import FORMAT, RecordingNvml, ReplayNvml, dumps, load, record
-from agent.nvml_snapshot import NvmlSnapshot
+from agent.nvml.api import LiveNvml, NvmlCallError
+from agent.nvml.record import FORMAT, RecordingNvml, ReplayNvml, dumps, load, record
+from agent.nvml.sampler import NvmlSampler
+from agent.nvml.snapshot import NvmlSnapshot
 from tests.test_nvml_fixtures import (
     Recording,
     h200x2_recording,

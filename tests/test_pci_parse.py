@@ -1,10 +1,10 @@
-"""Table tests for the pure parsers of agent/pci.py."""
+"""Table tests for the pure parsers of agent/pci/sampler.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.pci import (
+from agent.pci.sampler import (
     AcsState,
     classify,
     format_cpulist,

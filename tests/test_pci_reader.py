@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import NoData
-from agent.pci import AcsState, NumaNode, PciDevice, PciLink, PciSampler, PciSnapshot
-from agent.sysfs import ReadIssue, SysfsReader
+from agent.core.errors import NoData
+from agent.core.sysfs import ReadIssue, SysfsReader
+from agent.pci.sampler import AcsState, NumaNode, PciDevice, PciLink, PciSampler, PciSnapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

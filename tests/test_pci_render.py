@@ -1,4 +1,4 @@
-"""exporter/pci.py: the exact series rendered from PCI snapshots, linted by promtool."""
+"""exporter/metrics/pci.py: the exact series rendered from PCI snapshots, linted by promtool."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.pci import AcsState, NumaNode, PciDevice, PciLink, PciSampler, PciSnapshot
-from agent.sysfs import SysfsReader
-from exporter import pci
-from exporter.exposition import render_text
-from exporter.spec import Families
+from agent.core.sysfs import SysfsReader
+from agent.pci.sampler import AcsState, NumaNode, PciDevice, PciLink, PciSampler, PciSnapshot
+from exporter.metrics import pci
+from exporter.metrics.exposition import render_text
+from exporter.metrics.spec import Families
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -1,6 +1,7 @@
-"""agent/podresources.py against a real gRPC server on a unix socket, speaking the kubelet's
-``v1.PodResourcesLister`` through the servicer generated from agent/podresources.proto; and
-the generated modules regenerated from that proto and diffed."""
+"""agent/kubernetes/podresources.py against a real gRPC server on a unix socket, speaking
+the kubelet's ``v1.PodResourcesLister`` through the servicer generated from
+agent/kubernetes/podresources.proto; and the generated modules regenerated from that proto
+and diffed."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent import podresources_pb2 as pb
-from agent import podresources_pb2_grpc as pb_grpc
-from agent.podresources import (
+from agent.kubernetes import podresources_pb2 as pb
+from agent.kubernetes import podresources_pb2_grpc as pb_grpc
+from agent.kubernetes.podresources import (
     ContainerAllocation,
     DeviceAllocation,
     KubeletUnavailable,
@@ -30,11 +31,11 @@ from agent.podresources import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO = "agent/podresources.proto"
+PROTO = "agent/kubernetes/podresources.proto"
 GENERATED = (
-    "agent/podresources_pb2.py",
-    "agent/podresources_pb2.pyi",
-    "agent/podresources_pb2_grpc.py",
+    "agent/kubernetes/podresources_pb2.py",
+    "agent/kubernetes/podresources_pb2.pyi",
+    "agent/kubernetes/podresources_pb2_grpc.py",
 )
 #: keeps ruff (lint and format) and mypy out of generated code without any per-file config
 HEADER = "# ruff: noqa\n# fmt: off\n# mypy: ignore-errors\n"
@@ -46,7 +47,7 @@ VF = "0000:1a:00.2"
 
 def generate(out: Path) -> dict[str, str]:
     """Run protoc (grpcio-tools) on the proto into ``out`` and add the header."""
-    (out / "agent").mkdir(parents=True, exist_ok=True)
+    (out / PROTO).parent.mkdir(parents=True, exist_ok=True)
     (out / PROTO).write_bytes((ROOT / PROTO).read_bytes())
     subprocess.run(
         [

@@ -17,7 +17,7 @@ from kubernetes.client import ApiClient, Configuration
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from agent.podwatch import WatchSettings
+from agent.kubernetes.podwatch import WatchSettings
 from agent.probe.k8s_members import (
     ERROR_REASONS,
     AgentPod,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
 from agent.probe.membership import (
     MembershipSource,
     PeersFile,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
 from agent.probe.rendezvous_client import propose
 from agent.probe.rendezvous_messages import Answer, Offer
 from agent.probe.rendezvous_server import RendezvousServer

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from agent.config import ProbeSettings
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
 from agent.probe.addresses import parse_hostport, probe_id, requested_slot
 from agent.probe.budget import GpuBudget
 from agent.probe.devices import GpuSlot, GpuViewSampler, NvmlBusyGpus, discover_slots
@@ -32,9 +32,9 @@ from agent.probe.rendezvous_server import RendezvousStats
 from agent.probe.results import SKIP_REASONS, ProbeRun, ProbeSnapshot
 from agent.probe.service import ProbeService
 from agent.probe.worker import measured_record
-from exporter.exposition import render_text
-from exporter.probe import render
-from exporter.spec import Families
+from exporter.metrics.exposition import render_text
+from exporter.metrics.probe import render
+from exporter.metrics.spec import Families
 
 A, B = "127.0.0.1", "127.0.0.2"
 SECRET = secrets.token_bytes(32)

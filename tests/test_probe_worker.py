@@ -291,7 +291,7 @@ def test_the_resident_agent_never_imports_matplotlib() -> None:
     service, the CLI module and the exporter load without it."""
     code = (
         "import sys, agent.probe.sampler, agent.probe.matrix, agent.probe.heatmap,"
-        " exporter.cli, exporter.commands.probe, exporter.app;"
+        " exporter.cli.main, exporter.cli.probe, exporter.app;"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     )
     done = subprocess.run(

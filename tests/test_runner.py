@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent.errors import NoData
-from agent.runner import ERROR_REASONS, Runner, SamplerSpec
-from agent.sysfs import ReadIssue
+from agent.core.errors import NoData
+from agent.core.runner import ERROR_REASONS, Runner, SamplerSpec
+from agent.core.sysfs import ReadIssue
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +131,7 @@ def test_failing_update_callback_is_isolated() -> None:
 def test_file_issue_transitions_are_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     s = Counting("x", ["issues", "issues", "ok"])
     runner = Runner([SamplerSpec(s, 1, 1)])
-    with caplog.at_level("INFO", logger="agent.runner"):
+    with caplog.at_level("INFO", logger="agent.core.runner"):
         for _ in range(3):
             runner.run_sampler("x")
     cannot = [r for r in caplog.records if "cannot use a/b" in r.getMessage()]

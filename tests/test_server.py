@@ -1,4 +1,4 @@
-"""exporter.server: real sockets, real TLS, and a real Prometheus scraping it."""
+"""exporter.http.server: real sockets, real TLS, and a real Prometheus scraping it."""
 
 from __future__ import annotations
 
@@ -32,18 +32,18 @@ from promharness import (
     write_test_pki,
 )
 
-import exporter.basicauth as basicauth_module
-from agent.errors import ConfigError
-from exporter.exposition import CONTENT_TYPE, ExpositionCache, render_text
-from exporter.server import (
+import exporter.http.basicauth as basicauth_module
+from agent.core.errors import ConfigError
+from exporter.http.server import (
     ConnectionLimits,
     MetricsServer,
     accepts_gzip,
     parse_listen_address,
     serve,
 )
-from exporter.spec import Families, MetricSpec
-from exporter.webconfig import WebConfig, load_web_config
+from exporter.http.webconfig import WebConfig, load_web_config
+from exporter.metrics.exposition import CONTENT_TYPE, ExpositionCache, render_text
+from exporter.metrics.spec import Families, MetricSpec
 
 USER = "prometheus"
 PASSWORD = "s3cret pass"
@@ -428,7 +428,7 @@ basic_auth_users:
   {USER}: '{bcrypt_hash}'
 """,
     )
-    with caplog.at_level(logging.WARNING, logger="exporter.server"):
+    with caplog.at_level(logging.WARNING, logger="exporter.http.server"):
         srv = serve(cache, "127.0.0.1:0", web_config=config)
     with srv:
         assert "clear text" in caplog.text
@@ -629,7 +629,7 @@ def test_rotated_certificate_is_used_for_new_connections(
         # A certificate without its key is refused; the server keeps the last good pair.
         other = write_test_pki(tmp_path / "other", server_name="other")
         os.replace(other.server_cert, pki.server_cert)
-        with caplog.at_level(logging.WARNING, logger="exporter.tlsreload"):
+        with caplog.at_level(logging.WARNING, logger="exporter.http.tlsreload"):
             assert served_cert(srv) == rotated
         assert "keeping the old ones" in caplog.text
 
@@ -729,7 +729,7 @@ def test_connections_per_address_displace_only_their_own(
         return reply
 
     with (
-        caplog.at_level(logging.WARNING, logger="exporter.server"),
+        caplog.at_level(logging.WARNING, logger="exporter.http.server"),
         serve(cache, "127.0.0.1:0", limits=limits) as srv,
     ):
         scraper = connect(srv)  # from 127.0.0.1

@@ -26,10 +26,10 @@ import pytest
 from promharness import TestPKI, write_test_pki
 from slowloris import raise_fd_limit
 
-from exporter.exposition import ExpositionCache, render_text
-from exporter.server import ConnectionLimits, MetricsServer, serve
-from exporter.spec import Families, MetricSpec
-from exporter.webconfig import load_web_config
+from exporter.http.server import ConnectionLimits, MetricsServer, serve
+from exporter.http.webconfig import load_web_config
+from exporter.metrics.exposition import ExpositionCache, render_text
+from exporter.metrics.spec import Families, MetricSpec
 
 ATTACKER = "127.0.0.2"
 IDLE, TRICKLE = 1000, 200

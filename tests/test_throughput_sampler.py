@@ -5,7 +5,7 @@
 The kubelet and API server cannot run here: the pod log tree is written in the kubelet's
 documented layout and CRI line format, with message text from the real logs of
 tests/fixtures/throughput-logs; pod metadata is parsed from API-shaped JSON by the real
-agent.podwatch.parse_pod.
+agent.kubernetes.podwatch.parse_pod.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from agent.config import ThroughputFile, ThroughputSettings
-from agent.errors import NoData
-from agent.podwatch import PodIndex, parse_pod
+from agent.core.errors import NoData
+from agent.kubernetes.podwatch import PodIndex, parse_pod
 from agent.throughput.sampler import ThroughputSampler, ThroughputSeries, ThroughputSnapshot
-from exporter.spec import Families
-from exporter.throughput import render
+from exporter.metrics.spec import Families
+from exporter.metrics.throughput import render
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "tests" / "fixtures" / "throughput-logs"

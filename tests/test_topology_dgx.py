@@ -19,10 +19,10 @@ from types import ModuleType
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.findings import Finding
-from agent.pci import PciSampler, PciSnapshot
-from agent.sysfs import SysfsReader
-from agent.topology import Topology, analyse, findings, path_type
+from agent.core.findings import Finding
+from agent.core.sysfs import SysfsReader
+from agent.pci.sampler import PciSampler, PciSnapshot
+from agent.pci.topology import Topology, analyse, findings, path_type
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "dgx-h100"
 

@@ -1,4 +1,4 @@
-"""agent/topology.py on hand-built snapshots (path types checked by hand), and on a tree
+"""agent/pci/topology.py on hand-built snapshots (path types checked by hand), and on a tree
 rebuilt from a real host whose `nvidia-smi topo -m` is known."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.findings import Finding
+from agent.core.findings import Finding
+from agent.core.sysfs import SysfsReader
 from agent.node_findings import collect
-from agent.pci import AcsState, PciDevice, PciLink, PciSampler, PciSnapshot, PortType, Role
-from agent.sysfs import SysfsReader
-from agent.topo_report import format_table, to_json
-from agent.topology import (
+from agent.pci.sampler import AcsState, PciDevice, PciLink, PciSampler, PciSnapshot, PortType, Role
+from agent.pci.topology import (
     PATH_RANK,
     GpuAffinity,
     LinkCheck,
@@ -21,6 +20,7 @@ from agent.topology import (
     findings,
     path_type,
 )
+from agent.topo_report import format_table, to_json
 
 
 def dev(

@@ -1,4 +1,4 @@
-"""exporter.webconfig against real files, cross-checked with ``promtool check web-config``
+"""exporter.http.webconfig against real files, cross-checked with ``promtool check web-config``
 (exporter-toolkit's own parser): what it accepts we accept unless we are deliberately
 stricter, and each such difference is listed here."""
 
@@ -13,8 +13,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from promharness import PromtoolError, promtool_check_web_config, write_test_pki
 
-from agent.errors import ConfigError
-from exporter.webconfig import load_web_config
+from agent.core.errors import ConfigError
+from exporter.http.webconfig import load_web_config
 
 PASSWORD = "correct horse"
 

@@ -11,16 +11,21 @@ from pathlib import Path
 import pytest
 from agentrun import fabricscope
 
-from agent.attribution import AttributionSnapshot, ContainerCpus, GpuAttribution, allocated_gpus
 from agent.config import AgentConfig, ProbeSettings, Sampling
-from agent.isolation import ChildSpec, IsolatedSampler
-from agent.nvml import NvmlSampler
-from agent.nvml_record import ReplayNvml, load
-from agent.nvml_snapshot import ComputeProcess, NvmlSnapshot
+from agent.core.isolation import ChildSpec, IsolatedSampler
+from agent.core.sysfs import SysfsReader
+from agent.kubernetes.attribution import (
+    AttributionSnapshot,
+    ContainerCpus,
+    GpuAttribution,
+    allocated_gpus,
+)
+from agent.nvml.record import ReplayNvml, load
+from agent.nvml.sampler import NvmlSampler
+from agent.nvml.snapshot import ComputeProcess, NvmlSnapshot
 from agent.probe.devices import UnionBusy
 from agent.samplers import DEPENDENT, Latest, build_specs
-from agent.sysfs import SysfsReader
-from agent.workload import PodIdentity, pod_identities
+from agent.workload.sampler import PodIdentity, pod_identities
 from exporter.app import AgentApp
 
 RECORDING = Path(__file__).resolve().parent / "fixtures" / "nvml" / "h200x2.recording.json"
@@ -160,7 +165,7 @@ def test_nvml_rotation_settings_reach_the_sampler(tmp_path: Path) -> None:
     assert isinstance(isolated, IsolatedSampler)
     assert isolated.timeout_seconds == 4.0
     assert isolated.spec == ChildSpec(
-        "agent.nvml:child_sampler",
+        "agent.nvml.sampler:child_sampler",
         {"watch_xid": False, "link_error_rotation": 6, "slow_error_rotation": 36},
     )
     with pytest.raises(ValueError, match="rotations must be >= 1"):

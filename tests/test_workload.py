@@ -1,4 +1,5 @@
-"""agent/workload.py and exporter/workload.py: GPU processes' CPU placement, NCCL settings and
+"""agent/workload/sampler.py and exporter/metrics/workload.py: GPU processes' CPU placement, NCCL
+settings and
 the node's GPUDirect RDMA path.
 
 There is no GPU here, so every NVML snapshot below is *simulated*: built in the test from
@@ -31,12 +32,20 @@ from pathlib import Path
 import pytest
 from promharness import promtool_check_metrics
 
-from agent.errors import NoData
-from agent.nvml_snapshot import ComputeProcess, NvmlGpu, NvmlSnapshot
-from agent.pci import PciSampler, PciSnapshot
-from agent.runner import Runner, SamplerSpec
-from agent.sysfs import Issues, ReadIssue, RecordingReader, SysfsReader
-from agent.workload import (
+from agent.core.errors import NoData
+from agent.core.runner import Runner, SamplerSpec
+from agent.core.sysfs import Issues, ReadIssue, RecordingReader, SysfsReader
+from agent.nvml.snapshot import ComputeProcess, NvmlGpu, NvmlSnapshot
+from agent.pci.sampler import PciSampler, PciSnapshot
+from agent.workload.findings import (
+    HcaEntry,
+    IbHcaSpec,
+    findings,
+    ib_disabled,
+    parse_ib_hca,
+    workload_findings,
+)
+from agent.workload.sampler import (
     ALLOWED_NAMES,
     MAX_VALUE_LENGTH,
     REDACTED,
@@ -56,17 +65,9 @@ from agent.workload import (
     read_gpudirect,
     safe_value,
 )
-from agent.workload_findings import (
-    HcaEntry,
-    IbHcaSpec,
-    findings,
-    ib_disabled,
-    parse_ib_hca,
-    workload_findings,
-)
-from exporter import workload
-from exporter.exposition import render_text
-from exporter.spec import Families
+from exporter.metrics import workload
+from exporter.metrics.exposition import render_text
+from exporter.metrics.spec import Families
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 WORKLOAD = FIXTURES / "procfs-workload"
@@ -540,7 +541,7 @@ def test_pod_mapping_failure_costs_only_pod_labels(
         raise ConnectionError("kubelet socket gone")
 
     sampler = sampler_for(PROC, dgx_pci, simulated_nvml(dgx_pci, FIXTURE_GPUS), pods=broken)
-    with caplog.at_level(logging.INFO, logger="agent.workload"):
+    with caplog.at_level(logging.INFO, logger="agent.workload.sampler"):
         first = sampler.sample()
         second = sampler.sample()
     for snap in (first, second):

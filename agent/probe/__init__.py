@@ -28,6 +28,9 @@ Parts (each its own module; the resident agent never imports torch):
                 the ``--probe.*`` settings.
 - ``matrix`` / ``heatmap``  ``fabricscope probe --matrix``: every GPU pair, CSV and PNG.
 
+May import: :mod:`agent.core`, :mod:`agent.config` and, as declared joins,
+:mod:`agent.kubernetes` (agent pods as peers) and :mod:`agent.nvml` (busy-GPU checks).
+
 Record schema (one JSON object per line on the worker's stdout; ``records.py`` is the
 authority, this is the summary):
 

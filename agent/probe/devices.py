@@ -5,7 +5,7 @@ probes off one device.
 
 NVML is never called in the agent's own process: :class:`GpuViewSampler` (the GPUs a probe
 may use and which of them run compute processes now) runs in a supervised child process
-(:func:`isolated_gpu_view`, :mod:`agent.isolation`), the same way the NVML sampler does, so a
+(:func:`isolated_gpu_view`, :mod:`agent.core.isolation`), the same way the NVML sampler does, so a
 crash or hang inside the driver library costs a busy check ("unknown": nothing is probed),
 never ``/metrics``. The discovery and every later busy check ask the same child.
 
@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.errors import ConfigError, NoData, SamplerFailure
-from agent.isolation import ChildError, ChildSpec, IsolatedSampler, expect
-from agent.nvml_api import LiveNvml, NvmlApi, NvmlCallError, open_api
-from agent.sysfs import ReadIssue
+from agent.core.errors import ConfigError, NoData, SamplerFailure
+from agent.core.isolation import ChildError, ChildSpec, IsolatedSampler, expect
+from agent.core.sysfs import ReadIssue
+from agent.nvml.api import LiveNvml, NvmlApi, NvmlCallError, open_api
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class GpuViewSampler:
 
 
 def gpu_view_sampler(visible: str | None = None) -> GpuViewSampler:
-    """The child process's factory (:class:`~agent.isolation.ChildSpec`)."""
+    """The child process's factory (:class:`~agent.core.isolation.ChildSpec`)."""
     return GpuViewSampler(visible=visible)
 
 

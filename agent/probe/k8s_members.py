@@ -3,7 +3,7 @@
 :class:`KubernetesMembers` is a :class:`~agent.probe.membership.MembershipSource`. It lists
 the agent pods (``GET /api/v1/namespaces/<namespace>/pods?labelSelector=<selector>``) and
 then watches them from the list's resourceVersion in a background thread (the loop of
-:class:`~agent.podwatch.ListWatch`, shared with the attribution's pod watch), so that
+:class:`~agent.kubernetes.podwatch.ListWatch`, shared with the attribution's pod watch), so that
 ``members()`` only returns the latest tuple and never waits on the API server.
 
 Who is a member
@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agent.podwatch import (
+from agent.kubernetes.podwatch import (
     ListWatch,
     WatchSettings,
     default_api_client,
@@ -153,7 +153,7 @@ def members_from_pod_list(pods_json: object) -> tuple[str, ...]:
 
 class KubernetesMembers(ListWatch):
     """The probe members: Ready agent pods' host IPs, kept current by a list+watch thread
-    (:class:`~agent.podwatch.ListWatch`).
+    (:class:`~agent.kubernetes.podwatch.ListWatch`).
 
     ``namespace`` and ``label_selector`` select the DaemonSet's pods. ``api_client`` makes the
     client (default: in-cluster configuration, else the kubeconfig). ``self_node`` is this

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
 from agent.probe import rendezvous_wire as wire
 from agent.probe.rendezvous_messages import Answer, Offer
 from agent.probe.rendezvous_wire import (

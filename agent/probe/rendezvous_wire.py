@@ -44,7 +44,7 @@ import socket
 import struct
 import time
 
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent.config import ProbeSettings
+from agent.core.sysfs import ReadIssue
 from agent.probe.records import REASONS, ProbeRecord
 from agent.probe.rendezvous_server import RendezvousStats
-from agent.sysfs import ReadIssue
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import socket
 from collections.abc import Callable
 
 from agent.config import ProbeSettings
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
 from agent.probe.addresses import parse_hostport
 from agent.probe.devices import (
     BusyGpus,

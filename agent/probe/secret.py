@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
 
 MIN_SECRET_BYTES = 16
 MAX_SECRET_BYTES = 4096

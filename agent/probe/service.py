@@ -64,7 +64,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from agent.config import DEFAULT_PROBE_PORT, ProbeSettings
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
+from agent.core.sysfs import ReadIssue
 from agent.probe.addresses import MANUAL_PREFIX, probe_id, requested_slot
 from agent.probe.budget import GpuBudget, ProbeCosts
 from agent.probe.devices import BusyGpus, GpuLocks, GpuSlot, no_busy_gpus
@@ -77,7 +78,6 @@ from agent.probe.rendezvous_server import RendezvousServer
 from agent.probe.results import ProbeLedger, ProbeRun, ProbeSnapshot, device_label, run_reason
 from agent.probe.schedule import partner_of
 from agent.probe.specs import at_master, default_sizes, guest_spec, intra_specs, worker_timeout
-from agent.sysfs import ReadIssue
 
 log = logging.getLogger(__name__)
 

@@ -71,7 +71,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from agent.logsetup import LEVELS, setup_logging
+from agent.core.logsetup import LEVELS, setup_logging
 from agent.probe import formulas, measure
 from agent.probe.nccl import Nccl, attach
 from agent.probe.records import (

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.config import ThroughputSettings
-from agent.errors import NoData
-from agent.podwatch import PodIndex, PodMeta
-from agent.sysfs import ReadIssue
+from agent.core.errors import NoData
+from agent.core.sysfs import ReadIssue
+from agent.kubernetes.podwatch import PodIndex, PodMeta
 from agent.throughput.formats import BadRegex, compile_custom, parse_line
 from agent.throughput.pods import (
     current_log,

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from agent.logsetup import LEVELS
+from agent.core.logsetup import LEVELS
 from exporter.explain import discover, render
 from exporter.explain.client import ClientSettings, PrometheusClient, PrometheusError
 from exporter.explain.report import ExplainError, explain

@@ -15,17 +15,18 @@ from __future__ import annotations
 
 from functools import cache, partial
 
-from agent.attribution import AttributionSnapshot
 from agent.config import AgentConfig
-from agent.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevSampler
-from agent.nvml_record import ReplayNvml
+from agent.core.runner import SamplerSpec
+from agent.core.sysfs import SysfsReader
+from agent.kubernetes.attribution import AttributionSnapshot
+from agent.netdev.sampler import NetdevSampler
+from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE
+from agent.nvml.record import ReplayNvml
 from agent.probe.results import ProbeSnapshot
-from agent.runner import SamplerSpec
 from agent.samplers import Latest, build_specs, gpu_pods
-from agent.sysfs import SysfsReader
 from agent.throughput.sampler import ThroughputSampler
 from exporter.app import AgentApp
-from exporter.cli import _config, build_parser
+from exporter.cli.main import _config, build_parser
 from tests.lab.kubelet import pod_index
 from tests.lab.node import LabKernel, LabNode
 

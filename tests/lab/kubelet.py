@@ -1,5 +1,6 @@
 """The kubelet's pod-resources API for a lab node: a real gRPC server on a unix socket
-(``v1.PodResourcesLister``, the servicer generated from ``agent/podresources.proto``), so the
+(``v1.PodResourcesLister``, the servicer generated from ``agent/kubernetes/podresources.proto``),
+so the
 agent's attribution sampler reads the job's pods exactly as on a Kubernetes node; and the
 job's pod as the API server lists it (:func:`pod_object`), for the agent's pod index."""
 
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import grpc
 
-from agent import podresources_pb2 as pb
-from agent import podresources_pb2_grpc as pb_grpc
-from agent.podwatch import PodIndex, parse_pod
+from agent.kubernetes import podresources_pb2 as pb
+from agent.kubernetes import podresources_pb2_grpc as pb_grpc
+from agent.kubernetes.podwatch import PodIndex, parse_pod
 from tests.lab.scenarios import CONTAINER, JOB_NAME, NAMESPACE, RAILS
 
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -17,7 +17,7 @@ What each source is, and what is real:
   GPUs (GPU *g* answers what recorded GPU *g* mod 2 answered), with the DGX tree's PCI
   addresses, a UUID per node and GPU, the name an H100 SXM reports, the job's compute
   process on every GPU, and NVLink error counters the scenario advances. Replayed through
-  :class:`agent.nvml_record.ReplayNvml`, so the real NVML sampler runs.
+  :class:`agent.nvml.record.ReplayNvml`, so the real NVML sampler runs.
 * **netlink / ethtool**: a file tree cannot hold them, so :class:`LabKernel` answers the
   netdev sampler's two kernel calls (link dump, ``ETHTOOL_GSTATS``) with dicts shaped as
   pyroute2 returns them and mlx5's statistic names (kernel ``counters.rst``); the sampler's
@@ -54,7 +54,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from agent.nvml_record import FORMAT, JsonValue
+from agent.nvml.record import FORMAT, JsonValue
 from agent.probe.records import MiB, ProbeError, ProbeRecord
 from agent.probe.results import ProbeRun, ProbeSnapshot
 from tests.lab.kubelet import Lister

@@ -1,0 +1,200 @@
+"""Findings: conditions an SRE should act on, derived from snapshots by pure functions, and
+the one vocabulary of their kinds.
+
+Each area's analysis (``agent.infiniband.sampler.findings``, ``agent.pci.topology.findings``,
+``agent.nvml.findings.findings``, ``agent.workload.findings.findings``) returns a list of
+:class:`Finding`; :func:`agent.node_findings.collect` joins them for ``fabricscope topo``
+(table and JSON) and for the ``fabricscope_findings{kind}`` series. :data:`KINDS` is the
+single registry: every kind a finding may carry, with its severity, the series an alert can
+use and the shipped alert that fires on it. A :class:`Finding` of an unregistered kind
+cannot be built, and docs/metrics.md is generated from the registry, so the CLI, the series,
+the alerts and the docs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Severity = Literal["critical", "warning", "info"]
+Area = Literal["infiniband", "pci", "nvml", "workload"]
+
+
+@dataclass(frozen=True, slots=True)
+class FindingKind:
+    """One kind of finding.
+
+    ``area`` is the sampler whose snapshot it is derived from. ``series`` is the per-object
+    series that carries it (its identity labels name the subject); ``alert`` the shipped
+    alert rule on that series, or None (then ``fabricscope_findings{kind}`` is the series an
+    operator's own rule can use). ``alert_note`` says where the alert and the finding
+    deliberately differ.
+    """
+
+    kind: str
+    area: Area
+    severity: Severity
+    help: str
+    series: str
+    alert: str | None = None
+    alert_note: str = ""
+
+
+_KINDS: tuple[FindingKind, ...] = (
+    FindingKind(
+        "port_down",
+        "infiniband",
+        "critical",
+        "An RDMA port is not ACTIVE.",
+        "fabricscope_infiniband_port_up",
+        "FabricscopeInfinibandPortDown",
+        "The alert leaves out ports whose physical state is Disabled (3): switched off by an "
+        "administrator; the finding names them, with their physical state.",
+    ),
+    FindingKind(
+        "counter_saturated",
+        "infiniband",
+        "warning",
+        "A PMA port counter sits at the maximum of its width and no longer counts.",
+        "fabricscope_infiniband_port_pma_saturated",
+        "FabricscopeInfinibandCounterSaturated",
+    ),
+    FindingKind(
+        "nic_cross_numa",
+        "pci",
+        "warning",
+        "Every nearest NIC of a GPU reports another NUMA node than the GPU.",
+        "fabricscope_topology_gpu_nearest_nic_cross_numa",
+        "FabricscopeGpuNearestNicCrossNuma",
+    ),
+    FindingKind(
+        "pci_link_width_degraded",
+        "pci",
+        "warning",
+        "A PCIe link on a GPU/NIC path trained narrower than both ends report they support "
+        "(judged only on widths actually reported: never on virtual functions or links "
+        "reading width 0 / speed Unknown).",
+        "fabricscope_pci_link_width_degraded",
+        "FabricscopePcieLinkWidthDegraded",
+    ),
+    FindingKind(
+        "acs_p2p_redirect",
+        "pci",
+        "warning",
+        "A PCIe switch port or bridge on a GPU/NIC path (not a root port) redirects "
+        "peer-to-peer requests or completions up to the root complex.",
+        "fabricscope_pci_acs_p2p_redirect_enabled",
+        "FabricscopeAcsP2pRedirectEnabled",
+        "Root ports are not judged (their series still reads 1): peers behind different "
+        "root ports reach each other through the root complex either way.",
+    ),
+    FindingKind(
+        "nvlink_down",
+        "nvml",
+        "warning",
+        "An NVLink is inactive on a node whose other NVLinks are up.",
+        "fabricscope_nvlink_up",
+        "FabricscopeNvlinkDown",
+    ),
+    FindingKind(
+        "nvlink_errors",
+        "nvml",
+        "warning",
+        "An NVLink's replay, recovery or CRC-flit error counter is above 0.",
+        "fabricscope_nvlink_errors_total",
+        "FabricscopeNvlinkErrorsRising",
+        "The alert fires on an increase within an hour; the finding on any count since the "
+        "driver loaded.",
+    ),
+    FindingKind(
+        "gpu_lost",
+        "nvml",
+        "critical",
+        "NVML answers GPU_IS_LOST for a GPU.",
+        "fabricscope_gpu_lost",
+        "FabricscopeGpuLost",
+    ),
+    FindingKind(
+        "pcie_link_degraded",
+        "nvml",
+        "warning",
+        "NVML reports a GPU's PCIe link narrower than its maximum.",
+        "fabricscope_pci_link_width_degraded",
+        "FabricscopePcieLinkWidthDegraded",
+        "The alert is the sysfs judgement of the same link (pci_link_width_degraded), which "
+        "also knows the upstream port's width.",
+    ),
+    FindingKind(
+        "row_remap_failure",
+        "nvml",
+        "critical",
+        "A GPU memory row remap failed; the GPU needs service.",
+        "fabricscope_gpu_row_remap_failure",
+        "FabricscopeGpuRowRemapFailure",
+    ),
+    FindingKind(
+        "xid",
+        "nvml",
+        "warning",
+        "A GPU reported XID events since the agent started.",
+        "fabricscope_gpu_xid_errors_total",
+        "FabricscopeGpuXidErrors",
+    ),
+    FindingKind(
+        "process_cpus_off_gpu_numa",
+        "workload",
+        "warning",
+        "A GPU process may run only on CPUs away from its GPUs' NUMA nodes.",
+        "fabricscope_workload_finding_processes",
+    ),
+    FindingKind(
+        "nccl_ib_disabled",
+        "workload",
+        "warning",
+        "A GPU process runs with NCCL's InfiniBand transport off on a node with RDMA NICs.",
+        "fabricscope_workload_finding_processes",
+    ),
+    FindingKind(
+        "nccl_ib_hca_no_match",
+        "workload",
+        "warning",
+        "NCCL_IB_HCA of a GPU process selects none of the node's RDMA devices.",
+        "fabricscope_workload_finding_processes",
+    ),
+    FindingKind(
+        "nccl_ib_hca_wrong_numa",
+        "workload",
+        "warning",
+        "NCCL_IB_HCA of a GPU process selects no RDMA device on one of its GPUs' NUMA nodes.",
+        "fabricscope_workload_finding_processes",
+    ),
+    FindingKind(
+        "gpudirect_rdma_unavailable",
+        "workload",
+        "warning",
+        "The node has GPUs and RDMA NICs but no GPUDirect RDMA kernel path.",
+        "fabricscope_gpudirect_rdma_available",
+    ),
+)
+
+#: the registry: every finding kind, by name
+KINDS: dict[str, FindingKind] = {k.kind: k for k in _KINDS}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Finding:
+    """``kind`` is one of :data:`KINDS`; ``subject`` names the thing concerned (a PCI
+    address, ``mlx5_0/1``, ``mlx5_0/1/port_xmit_wait``, ``gpu0/link3``); ``detail`` is one
+    sentence for a person."""
+
+    kind: str
+    subject: str
+    detail: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"finding kind {self.kind!r} is not in agent.core.findings.KINDS")
+
+    @property
+    def severity(self) -> Severity:
+        return KINDS[self.kind].severity

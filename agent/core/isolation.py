@@ -1,0 +1,490 @@
+"""Runs a sampler in a supervised child process, so that a crash or a hang inside a vendor C
+library (NVML) costs that sampler's pass, never the agent serving ``/metrics``.
+
+The parent side
+    :class:`IsolatedSampler` implements the :class:`~agent.core.sampler.Sampler` protocol. Its first
+    ``sample()`` starts ``python -m agent.core.isolation`` (a fresh interpreter: no inherited
+    threads, no NVML state) and sends it a :class:`ChildSpec` naming a factory
+    (``"agent.nvml.sampler:child_sampler"``) and its keyword arguments; the child builds the sampler
+    once and keeps it (and so NVML's initialisation, caches and rotation) between passes.
+    Each ``sample()`` sends one request and waits for the answer: the pass's pickled
+    snapshot, ``NoData`` (raised again here), or an exception's description (raised here as
+    :class:`ChildError`, which the runner counts as ``exception``; the child lives on).
+
+Failures, as :class:`~agent.core.errors.SamplerFailure` (the runner counts each by its reason)
+    * ``crashed``: the child died during a pass or between two (a segfault or ``abort()`` in
+      the library: the message names the signal, ``killed by SIGSEGV``).
+    * ``hung``: no answer within the sampling timeout; the child is killed (SIGKILL) instead
+      of leaving a thread inside the library. A fresh child's first pass (interpreter start,
+      ``nvmlInit``, the first full read) is given ``start_timeout_seconds`` instead.
+    * ``backoff``: after either, the child is restarted on the first pass at least
+      ``backoff`` seconds later (1 s, doubling up to 60 s, back to 1 s after a successful
+      pass); passes before that fail at once with this reason.
+    ``restarts_total`` counts children started to replace one that crashed or hung.
+
+No hardware
+    ``NoData`` from the child (no driver, no GPU) is quiet: the child is shut down and
+    ``NoData`` is answered without one for ``nodata_recheck_seconds`` (60 s), so a node
+    without GPUs keeps no second process and pays one interpreter start per minute.
+
+The pipe
+    Frames both ways are a 4-byte big-endian length and a pickle of a tuple of plain values
+    and the samplers' frozen snapshot dataclasses. The child writes frames to a duplicate of
+    its stdout and points its fd 1 at stderr, so a library printing to stdout cannot corrupt
+    the stream; its log lines (same level and format as the agent's) and faulthandler's
+    traceback of a crash go to the agent's stderr. The child exits within a second of the
+    agent's death, even while hung (a thread of its own watches the parent pid).
+    ``close()`` closes the pipe; the child closes its sampler
+    (``nvmlShutdown``) and exits, and is killed after ``close_grace_seconds``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import logging
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, TypeAlias, TypeVar, cast
+
+from agent.core.errors import NoData, SamplerFailure
+from agent.core.logsetup import JsonFormatter, setup_logging
+from agent.core.sampler import Sampler, Snapshot
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">I")
+#: the largest frame accepted (a snapshot of a large node is well under 1 MiB)
+MAX_FRAME_BYTES = 64 << 20
+#: the package root, put first on the child's PYTHONPATH so it runs the agent's own code
+_ROOT = str(Path(__file__).resolve().parent.parent)
+
+Setting: TypeAlias = bool | int | float | str | None
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    """What the child runs: ``factory`` is ``"module:function"``, called with ``kwargs`` to
+    build the sampler. Only plain values travel to the child."""
+
+    factory: str
+    kwargs: Mapping[str, Setting] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ChildStats:
+    """The child as it reported itself after its latest pass."""
+
+    pid: int
+    #: user + system CPU time since the child started
+    cpu_seconds: float
+    #: resident set size now
+    rss_bytes: int
+
+
+class ChildError(RuntimeError):
+    """The sampler in the child raised; the message is the exception's ``repr``."""
+
+
+def expect(answer: object, kind: type[T]) -> T:
+    """``answer`` (what a child sent) as a ``kind``; :class:`ChildError` when it is not."""
+    if not isinstance(answer, kind):
+        raise ChildError(f"expected a {kind.__name__}, got {type(answer).__name__}")
+    return answer
+
+
+class _Died(Exception):  # noqa: N818 - control flow inside this module
+    pass
+
+
+class _Hung(Exception):  # noqa: N818
+    pass
+
+
+def describe_exit(returncode: int | None) -> str:
+    """``killed by SIGSEGV`` / ``exited with status 3`` / ``still running``."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+# -- frames -------------------------------------------------------------------------------
+
+
+def encode(message: tuple[object, ...]) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body)) + body
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
+    chunks, left = [], n
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(stream: BinaryIO) -> tuple[object, ...] | None:
+    """One frame from a blocking stream; None at end of stream."""
+    head = _read_exact(stream, _HEADER.size)
+    if head is None:
+        return None
+    (size,) = _HEADER.unpack(head)
+    if size > MAX_FRAME_BYTES:
+        raise ValueError(f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+    body = _read_exact(stream, size)
+    if body is None:
+        return None
+    message = pickle.loads(body)
+    if not isinstance(message, tuple):
+        raise ValueError(f"frame holds a {type(message).__name__}, not a tuple")
+    return message
+
+
+class _FrameReader:
+    """Reads frames from a pipe's fd with a deadline (the parent side)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = bytearray()
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+
+    def read(self, timeout: float) -> tuple[object, ...]:
+        """Raises _Died at end of stream, _Hung after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self._buf) >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(self._buf)
+                if size > MAX_FRAME_BYTES:
+                    raise _Died(f"sent a frame of {size} bytes")
+                end = _HEADER.size + size
+                if len(self._buf) >= end:
+                    body = bytes(self._buf[_HEADER.size : end])
+                    del self._buf[:end]
+                    message = pickle.loads(body)
+                    if not isinstance(message, tuple):
+                        raise _Died(f"sent a {type(message).__name__}")
+                    return message
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Hung()
+            if not self._poll.poll(max(1, int(left * 1000) + 1)):
+                continue
+            chunk = os.read(self._fd, 1 << 20)
+            if not chunk:
+                raise _Died("closed the pipe")
+            self._buf += chunk
+
+
+# -- the parent side ----------------------------------------------------------------------
+
+
+def _log_settings() -> tuple[str, str]:
+    root = logging.getLogger()
+    level = logging.getLevelName(root.getEffectiveLevel()).lower()
+    json_format = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
+    return level, "json" if json_format else "text"
+
+
+class IsolatedSampler:
+    """A sampler run in a supervised child process (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        spec: ChildSpec,
+        *,
+        timeout_seconds: float,
+        start_timeout_seconds: float = 30.0,
+        backoff_seconds: float = 1.0,
+        max_backoff_seconds: float = 60.0,
+        nodata_recheck_seconds: float = 60.0,
+        close_grace_seconds: float = 2.0,
+        one_shot: bool = False,
+        env: Mapping[str, str] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._name = name
+        self.spec = spec
+        self.timeout_seconds = timeout_seconds
+        self.start_timeout_seconds = max(start_timeout_seconds, timeout_seconds)
+        self._backoff_min = backoff_seconds
+        self._backoff_max = max_backoff_seconds
+        self._backoff = backoff_seconds
+        self._nodata_recheck = nodata_recheck_seconds
+        self._grace = close_grace_seconds
+        self._one_shot = one_shot  # a command's single pass: no restart to announce
+        self._env = dict(os.environ if env is None else env)
+        self._mono = monotonic
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: _FrameReader | None = None
+        self._fresh = True  # the child has not answered yet
+        self._retry_at = 0.0
+        self._replace = False  # the next child replaces one that failed
+        self._last_failure = ""
+        self._nodata_until = 0.0
+        self._nodata = ""
+        #: children started to replace one that crashed or hung
+        self.restarts_total = 0
+        #: the child as it reported itself after its latest pass
+        self.last_stats: ChildStats | None = None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return None if proc is None else proc.pid
+
+    def call_deadline_seconds(self) -> float:
+        """How long the next ``sample()`` may take before it kills its child and returns:
+        the runner waits that long (plus a margin) instead of its own timeout."""
+        if self._proc is None or self._fresh:
+            return self.start_timeout_seconds
+        return self.timeout_seconds
+
+    def sample(self) -> Snapshot:
+        with self._lock:
+            now = self._mono()
+            if now < self._nodata_until:
+                raise NoData(self._nodata)
+            if self._proc is None:
+                if now < self._retry_at:
+                    raise SamplerFailure(
+                        "backoff",
+                        f"child restarts in {self._retry_at - now:.1f}s "
+                        f"(after: {self._last_failure})",
+                    )
+                self._spawn()
+            return self._ask()
+
+    def _spawn(self) -> None:
+        env = dict(self._env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.core.isolation"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        assert proc.stdout is not None
+        self._proc = proc
+        self._reader = _FrameReader(proc.stdout.fileno())
+        self._fresh = True
+        if self._replace:
+            self.restarts_total += 1
+            self._replace = False
+        log.debug("sampler %s: started child process %d", self._name, proc.pid)
+        level, fmt = _log_settings()
+        self._send(("init", self.spec.factory, dict(self.spec.kwargs), level, fmt, os.getpid()))
+
+    def _send(self, message: tuple[object, ...]) -> None:
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None
+        proc.stdin.write(encode(message))
+        proc.stdin.flush()
+
+    def _ask(self) -> Snapshot:
+        proc, reader = self._proc, self._reader
+        assert proc is not None and reader is not None
+        limit = self.call_deadline_seconds()
+        try:
+            self._send(("sample",))
+            reply = reader.read(limit)
+        except (BrokenPipeError, _Died) as exc:
+            returncode = self._reap(kill_after=1.0)
+            raise self._failed(
+                "crashed", f"child process {proc.pid} {describe_exit(returncode)} ({exc})"
+            ) from None
+        except _Hung:
+            self._reap(kill_after=0.0)
+            raise self._failed(
+                "hung", f"child process {proc.pid} gave no answer in {limit:g}s; killed"
+            ) from None
+        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
+            self._reap(kill_after=0.0)
+            detail = f"child process {proc.pid} sent garbage: {exc!r}"
+            raise self._failed("crashed", detail) from None
+        self._fresh = False
+        kind = reply[0]
+        stats = reply[-1]
+        if isinstance(stats, tuple) and len(stats) == 3:
+            self.last_stats = ChildStats(int(stats[0]), float(stats[1]), int(stats[2]))
+        if kind == "ok":
+            self._backoff = self._backoff_min
+            return cast(Snapshot, reply[1])
+        if kind == "nodata":
+            self._nodata = str(reply[1])
+            self._nodata_until = self._mono() + self._nodata_recheck
+            self._stop_child()
+            raise NoData(self._nodata)
+        if kind == "error":
+            raise ChildError(str(reply[1]))
+        self._reap(kill_after=0.0)
+        raise self._failed("crashed", f"child process {proc.pid} answered {kind!r}")
+
+    def _failed(self, reason: str, detail: str) -> SamplerFailure:
+        delay = self._backoff
+        self._backoff = min(self._backoff * 2, self._backoff_max)
+        self._retry_at = self._mono() + delay
+        self._replace = True
+        self._last_failure = detail
+        if self._one_shot:
+            return SamplerFailure(reason, detail)
+        return SamplerFailure(reason, f"{detail}; restarting it in {delay:.0f}s")
+
+    def _reap(self, kill_after: float) -> int | None:
+        """Forget the child: wait ``kill_after`` seconds for it to exit, then SIGKILL it."""
+        proc, self._proc, self._reader = self._proc, None, None
+        if proc is None:
+            return None
+        try:
+            returncode = proc.wait(kill_after) if kill_after > 0 else proc.poll()
+        except subprocess.TimeoutExpired:
+            returncode = None
+        if returncode is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError as exc:  # the pipe to a dead child: nothing left to flush
+                    log.debug("sampler %s: closing a pipe: %s", self._name, exc)
+        return returncode
+
+    def _stop_child(self) -> None:
+        """Close the pipe; the child closes its sampler and exits (killed after the grace)."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError as exc:  # a child that already died: nothing to flush to
+                log.debug("sampler %s: closing the pipe: %s", self._name, exc)
+        returncode = self._reap(kill_after=self._grace)
+        if returncode is None:
+            log.warning(
+                "sampler %s: child process %d did not exit within %.1fs of close; killed",
+                self._name,
+                proc.pid,
+                self._grace,
+            )
+
+    def close(self) -> None:
+        """Stop the child (its sampler closes first). A pass still waiting is cut short."""
+        if not self._lock.acquire(timeout=self._grace):
+            proc = self._proc
+            if proc is not None:
+                proc.kill()
+            return
+        try:
+            self._stop_child()
+        finally:
+            self._lock.release()
+
+
+# -- the child side -----------------------------------------------------------------------
+
+
+def _die_with_parent(parent: int, every: float = 1.0) -> None:
+    """Exit when the agent is gone, even while the sampler hangs in the library: a thread
+    that only compares ``getppid()`` (it never calls the library). Not PR_SET_PDEATHSIG: that
+    fires when the parent *thread* that started the child exits, and the runner starts it
+    from a short-lived one."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _stats() -> tuple[int, float, int]:
+    """(pid, CPU seconds, RSS bytes): plain values, since the child runs this module as
+    ``__main__`` and its classes would not unpickle in the agent."""
+    t = os.times()
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = 0
+    return os.getpid(), t.user + t.system, rss
+
+
+def _build(factory: str, kwargs: Mapping[str, Setting]) -> Sampler:
+    module, _, attr = factory.partition(":")
+    fn = getattr(importlib.import_module(module), attr)
+    return cast(Sampler, fn(**kwargs))
+
+
+def child_main() -> int:
+    """The child: build the sampler, answer ``sample`` requests until the pipe closes."""
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)  # a library printing to stdout lands on stderr, not in the frames
+    faulthandler.enable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the agent decides
+    inp = sys.stdin.buffer
+    init = read_frame(inp)
+    if init is None or init[0] != "init" or len(init) != 6:
+        print(f"fabricscope isolation child: expected init, got {init!r}", file=sys.stderr)
+        return 2
+    _, factory, kwargs, level, fmt, parent = init
+    setup_logging(str(level), str(fmt))
+    _die_with_parent(int(cast(int, parent)))
+    sampler = _build(str(factory), cast(Mapping[str, Setting], kwargs))
+    try:
+        while True:
+            request = read_frame(inp)
+            if request is None or request[0] == "close":
+                break
+            reply: tuple[object, ...]
+            try:
+                reply = ("ok", sampler.sample())
+            except NoData as exc:
+                reply = ("nodata", str(exc))
+            except Exception as exc:
+                log.debug("sampler failed in the child", exc_info=exc)
+                text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                reply = ("error", text)
+            try:
+                frame = encode((*reply, _stats()))
+            except Exception as exc:  # a snapshot that does not pickle: a bug, reported
+                frame = encode(("error", f"cannot send the answer: {exc!r}", _stats()))
+            out.write(frame)
+    finally:
+        close = getattr(sampler, "close", None)
+        if callable(close):
+            close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())

@@ -1,0 +1,621 @@
+"""InfiniBand / RoCE sampler: every port of every RDMA device under ``/sys/class/infiniband``.
+
+Reads mlx5, mlx4, irdma/i40iw, bnxt_re, hfi1, EFA and bonded devices alike: device identity
+(firmware, board, HCA type, node GUID/type, PCI address, NUMA node), per-port state, rate,
+link layer, LIDs and netdev, and every file in ``ports/N/counters``, ``ports/N/hw_counters``
+and the legacy ``ports/N/counters_ext``. Nothing is dropped because a list did not know its
+name: each counter file becomes a :class:`PortCounter`, and the exporter decides its metric.
+
+Units are converted here: ``rate`` (Gb/s) to bytes/second, the PMA data counters (4-byte
+words on InfiniBand, 8-byte flits on Omni-Path hfi1) to bytes, ``hw_counters/lifespan`` (ms)
+to seconds. PMA counters saturate at the maximum of their width instead of wrapping; each
+counter carries the width the kernel gives it so a stuck counter can be flagged.
+
+One unreadable or malformed file (EACCES, EIO, a file vanishing mid-scan, garbage,
+``N/A (no PMA)``) costs that value only and is recorded as a :class:`~agent.core.sysfs.ReadIssue`.
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TypeVar
+
+from agent.core.errors import NoData
+from agent.core.findings import Finding
+from agent.core.sysfs import Issues, ReadIssue, SysfsReader, UnsupportedValue, classify_os_error
+
+T = TypeVar("T")
+
+CLASS_DIR = "class/infiniband"
+
+#: counter directories of a port, in the order they are read (``source`` values)
+COUNTER_SOURCES = ("counters", "counters_ext", "hw_counters")
+
+#: IB port states as the kernel prints them (``state_show`` in drivers/infiniband/core/sysfs.c)
+PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+#: IB physical port states (``phys_state_show``)
+PHYS_STATES = {
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "Phy Test",
+}
+PORT_STATE_ACTIVE = 4
+PHYS_STATE_LINK_UP = 5
+
+#: Widths in bits of the PMA PortCounters fields, from the kernel's
+#: ``PORT_PMA_ATTR(name, counter, width, offset)`` table in drivers/infiniband/core/sysfs.c.
+#: The kernel reads these over a PerfMgmt MAD; the hardware stops them at their maximum
+#: (they saturate, they do not wrap) until someone resets them.
+PMA_WIDTHS: dict[str, int] = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+    "port_xmit_wait": 32,
+}
+#: Data and packet counters: 32 bits in the basic table, 64 bits (``PORT_PMA_ATTR_EXT``) when
+#: the device's PMA ClassPortInfo advertises extended width (``pma_attrs_ext`` and
+#: ``pma_attrs_noietf``).
+PMA_DATA_COUNTERS = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets")
+#: Present only in the extended table (``pma_attrs_ext``), always 64 bits. Their presence in
+#: ``counters/`` proves the data counters beside them are 64-bit too.
+PMA_EXT_ONLY_COUNTERS = (
+    "unicast_xmit_packets",
+    "unicast_rcv_packets",
+    "multicast_xmit_packets",
+    "multicast_rcv_packets",
+)
+#: The legacy ``counters_ext/`` directory (mlx4 before Linux 4.5): all 64-bit.
+COUNTERS_EXT_64 = (
+    "port_xmit_data_64",
+    "port_rcv_data_64",
+    "port_xmit_packets_64",
+    "port_rcv_packets_64",
+    "port_unicast_xmit_packets",
+    "port_unicast_rcv_packets",
+    "port_multicast_xmit_packets",
+    "port_multicast_rcv_packets",
+)
+#: Counters that count data in link units (IB: 4-byte words; OPA: 8-byte flits), by source.
+DATA_COUNTERS = {
+    ("counters", "port_xmit_data"),
+    ("counters", "port_rcv_data"),
+    ("counters_ext", "port_xmit_data_64"),
+    ("counters_ext", "port_rcv_data_64"),
+}
+#: IBTA PortXmitData/PortRcvData count octets divided by 4.
+IB_DATA_UNIT_BYTES = 4
+#: hfi1 (Omni-Path) fills them from its flit counters (hfi1 mad.c pma_get_opa_port_dctrs reads
+#: C_DC_XMIT_FLITS / C_DC_RCV_FLITS); Intel's opa-ff documents "PortXmitData and PortRcvData
+#: are in units of flits (8 bytes)". procfs/node_exporter multiply by 4 here too, halving it.
+OPA_DATA_UNIT_BYTES = 8
+OPA_DRIVERS = ("hfi1",)
+
+_U64_MAX = (1 << 64) - 1
+_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_STATE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s+Gb/sec\b")
+_COUNTER = re.compile(r"^\s*(\d+)\s*$")
+#: errnos with which reading ``gid_attrs/ndevs/0`` says "this GID has no netdev" (an
+#: InfiniBand port): expected, not a problem
+_NO_NDEV_ERRNOS = (errno.EINVAL, errno.ENODATA)
+
+
+class NoPmaError(UnsupportedValue):
+    """A PMA counter file says the device has no PMA (``N/A (no PMA)``, Linux < 4.20)."""
+
+
+# -- samples -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PortState:
+    """A parsed ``"4: ACTIVE"``: the number the kernel reports and the name beside it."""
+
+    number: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PortCounter:
+    """One counter file of a port.
+
+    ``source`` is the directory it came from (``counters``, ``counters_ext``,
+    ``hw_counters``) and ``name`` the file name as the kernel spells it. ``raw`` is the number
+    in the file; ``scale`` the bytes per unit it counts in (4 or 8 for data counters, else 1),
+    so ``value`` is in base units. ``width`` is the PMA field width in bits when the kernel
+    defines one (``None`` for hw_counters and files fabricscope does not know).
+    """
+
+    source: str
+    name: str
+    raw: int
+    scale: int = 1
+    width: int | None = None
+
+    @property
+    def value(self) -> int:
+        """The counter in base units (bytes for data counters)."""
+        return self.raw * self.scale
+
+    @property
+    def saturated(self) -> bool | None:
+        """True when the counter sits exactly at the maximum of its width (it has stopped
+        counting); ``None`` when its width is unknown."""
+        if self.width is None:
+            return None
+        return self.raw == (1 << self.width) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class IbPort:
+    """One port of an RDMA device. ``None`` means absent or unreadable, never 0."""
+
+    device: str
+    port: int
+    state: PortState | None
+    phys_state: PortState | None
+    rate_bytes_per_second: int | None
+    link_layer: str | None
+    lid: int | None
+    sm_lid: int | None
+    #: netdevs of this port, the primary one first (``gid_attrs/ndevs/0``, else the PCI
+    #: device's ``net/*`` entries whose ``dev_port`` matches); empty when none
+    netdevs: tuple[str, ...]
+    counters: tuple[PortCounter, ...]
+    #: ``hw_counters/lifespan``: how long the driver caches hw_counters reads, in seconds
+    hw_counters_lifespan_seconds: float | None
+
+    @property
+    def up(self) -> bool | None:
+        """State ACTIVE and physical state LinkUp; ``None`` when either is unknown."""
+        if self.state is None or self.phys_state is None:
+            return None
+        return (
+            self.state.number == PORT_STATE_ACTIVE and self.phys_state.number == PHYS_STATE_LINK_UP
+        )
+
+    @property
+    def netdev(self) -> str | None:
+        return self.netdevs[0] if self.netdevs else None
+
+
+@dataclass(frozen=True, slots=True)
+class IbDevice:
+    """One RDMA device (``/sys/class/infiniband/<name>``)."""
+
+    name: str
+    fw_ver: str | None
+    board_id: str | None
+    hca_type: str | None
+    node_guid: str | None
+    #: node type name (``CA``, ``switch``, ``router``, ``RNIC``)
+    node_type: str | None
+    pci_bus_id: str | None
+    numa_node: int | None
+    #: kernel driver bound to the parent device (``mlx5_core``, ``hfi1``), when linked
+    driver: str | None
+    ports: tuple[IbPort, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InfinibandSnapshot:
+    devices: tuple[IbDevice, ...] = ()
+    issues: tuple[ReadIssue, ...] = ()
+
+
+# -- pure parsers ----------------------------------------------------------------------
+
+
+def parse_text(text: str) -> str:
+    """A one-line attribute (``fw_ver``, ``board_id``, ``link_layer`` ...), stripped."""
+    return text.strip()
+
+
+def parse_state(text: str) -> PortState:
+    """``"4: ACTIVE"`` -> ``PortState(4, "ACTIVE")`` (also ``phys_state``, ``node_type``)."""
+    m = _STATE.match(text)
+    if m is None:
+        raise ValueError(f"expected 'NUMBER: NAME', got {text.strip()[:40]!r}")
+    return PortState(int(m.group(1)), m.group(2))
+
+
+def parse_node_type(text: str) -> str:
+    """``"1: CA"`` -> ``"CA"``."""
+    return parse_state(text).name
+
+
+def parse_rate(text: str) -> int:
+    """``"400 Gb/sec (4X NDR)"`` -> 50_000_000_000 bytes/second (1 Gb/s = 125,000,000 B/s)."""
+    m = _RATE.match(text)
+    if m is None:
+        raise ValueError(f"expected 'N Gb/sec (...)', got {text.strip()[:40]!r}")
+    return int(Decimal(m.group(1)) * 125_000_000)  # the regex admits only plain decimals
+
+
+def parse_counter(text: str) -> int:
+    """A counter file: a non-negative decimal that fits in 64 bits.
+
+    ``N/A (no PMA)`` (what Linux < 4.20 prints when the device has no PMA) raises
+    :class:`NoPmaError`; anything else that is not a u64 raises ``ValueError``.
+    """
+    stripped = text.strip()
+    if stripped.startswith("N/A"):
+        raise NoPmaError(stripped[:40])
+    m = _COUNTER.match(text)
+    if m is None:
+        raise ValueError(f"not a non-negative integer: {stripped[:40]!r}")
+    value = int(m.group(1))
+    if value > _U64_MAX:
+        raise ValueError(f"{stripped[:40]} does not fit in 64 bits")
+    return value
+
+
+def parse_lid(text: str) -> int:
+    """``"0x1a"`` -> 26 (``lid`` and ``sm_lid`` are printed in hex)."""
+    stripped = text.strip()
+    if not stripped.lower().startswith("0x"):
+        raise ValueError(f"expected a hex LID like 0x1a, got {stripped[:40]!r}")
+    try:
+        return int(stripped, 16)
+    except ValueError as exc:
+        raise ValueError(f"bad hex LID {stripped[:40]!r}") from exc
+
+
+def parse_int(text: str) -> int:
+    """A signed decimal (``numa_node`` is -1 when the platform reports none)."""
+    try:
+        return int(text.strip())
+    except ValueError as exc:
+        raise ValueError(f"not an integer: {text.strip()[:40]!r}") from exc
+
+
+def parse_hex_int(text: str) -> int:
+    """``"0x1"`` -> 1 (a netdev's legacy ``dev_id``)."""
+    try:
+        return int(text.strip(), 16)
+    except ValueError as exc:
+        raise ValueError(f"not a hex integer: {text.strip()[:40]!r}") from exc
+
+
+def parse_lifespan_seconds(text: str) -> float:
+    """``hw_counters/lifespan`` is in milliseconds: ``"10"`` -> 0.01 seconds."""
+    return parse_counter(text) / 1000
+
+
+def pma_width(source: str, name: str, extended: bool) -> int | None:
+    """The kernel-defined width of a counter in bits, or ``None`` when it defines none.
+
+    ``extended``: whether the port's ``counters/`` data and packet counters are the 64-bit
+    extended ones (see :func:`has_extended_pma`).
+    """
+    if source == "counters":
+        if name in PMA_WIDTHS:
+            return PMA_WIDTHS[name]
+        if name in PMA_DATA_COUNTERS:
+            return 64 if extended else 32
+        if name in PMA_EXT_ONLY_COUNTERS:
+            return 64
+        return None
+    if source == "counters_ext" and name in COUNTERS_EXT_64:
+        return 64
+    return None
+
+
+def has_extended_pma(counters: dict[str, int]) -> bool:
+    """Whether a port's ``counters/`` (name -> raw value) uses the 64-bit extended table.
+
+    True when a file that exists only in the extended table is there, or when a data or
+    packet counter holds more than 32 bits can. Otherwise the port is treated as 32-bit: a
+    64-bit counter sitting at exactly 2**32-1 at a sampling instant is not a real concern.
+    """
+    if any(name in counters for name in PMA_EXT_ONLY_COUNTERS):
+        return True
+    return any(counters.get(name, 0) > 0xFFFFFFFF for name in PMA_DATA_COUNTERS)
+
+
+def data_unit_bytes(driver: str | None, device: str) -> int:
+    """Bytes per unit of the PMA data counters: 8 (flits) on Omni-Path hfi1, else 4 (words).
+
+    Uses the bound driver when the device links to one, else the device name's driver prefix
+    (``hfi1_0``).
+    """
+    kind = driver if driver is not None else re.sub(r"_\d+$", "", device)
+    return OPA_DATA_UNIT_BYTES if kind in OPA_DRIVERS else IB_DATA_UNIT_BYTES
+
+
+def build_counters(raw: Iterable[tuple[str, str, int]], data_unit: int) -> tuple[PortCounter, ...]:
+    """Turn ``(source, name, raw value)`` triples of one port into counters with their width
+    and unit scale, in stable (source, name) order."""
+    items = sorted(raw)
+    pma = {name: value for source, name, value in items if source == "counters"}
+    extended = has_extended_pma(pma)
+    return tuple(
+        PortCounter(
+            source=source,
+            name=name,
+            raw=value,
+            scale=data_unit if (source, name) in DATA_COUNTERS else 1,
+            width=pma_width(source, name, extended),
+        )
+        for source, name, value in items
+    )
+
+
+def pci_location_from_path(resolved: str) -> tuple[str, str] | None:
+    """``devices/pci0000:05/.../0000:09:00.0/infiniband/i40iw0`` -> ``("0000:09:00.0", dir)``.
+
+    For a device directory reached through its ``class/infiniband`` symlink; ``None`` when
+    the path is not below a PCI function (a plain directory, a virtual device).
+    """
+    parts = resolved.split("/")
+    if len(parts) >= 3 and parts[-2] == "infiniband" and _PCI_ADDRESS.match(parts[-3]):
+        return parts[-3], "/".join(parts[:-2])
+    return None
+
+
+def is_pci_address(name: str) -> bool:
+    return _PCI_ADDRESS.match(name) is not None
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+def _link_name(issues: Issues, rel: str) -> str | None:
+    """Basename of the symlink ``rel``'s target; ``None`` when ``rel`` is no symlink."""
+    try:
+        target = issues.reader.readlink(rel)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.EINVAL, errno.ENOTDIR):
+            return None  # no such link: a plain directory or a device without a parent
+        issues.add(rel, classify_os_error(exc), exc.strerror or str(exc))
+        return None
+    return posixpath.basename(target.rstrip("/")) or None
+
+
+def _listdir(issues: Issues, rel: str) -> list[str] | None:
+    try:
+        return issues.reader.listdir(rel)
+    except OSError as exc:
+        issues.add(rel, classify_os_error(exc), exc.strerror or str(exc))
+        return None
+
+
+def read_infiniband(sys: SysfsReader) -> InfinibandSnapshot:
+    """Read every RDMA device below ``class/infiniband``. Raises ``NoData`` when there is
+    none; any other problem is recorded in the snapshot's ``issues``."""
+    issues = Issues(sys)
+    try:
+        names = sys.listdir(CLASS_DIR)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise NoData(f"{CLASS_DIR} is absent: no RDMA devices") from exc
+        issues.add(CLASS_DIR, classify_os_error(exc), exc.strerror or str(exc))
+        return InfinibandSnapshot(devices=(), issues=issues.freeze())
+    if not names:
+        raise NoData(f"{CLASS_DIR} is empty: no RDMA devices")
+    devices = [d for d in (read_device(sys, issues, name) for name in names) if d is not None]
+    return InfinibandSnapshot(devices=tuple(devices), issues=issues.freeze())
+
+
+def read_device(sys: SysfsReader, issues: Issues, name: str) -> IbDevice | None:
+    """One device; ``None`` (and one ``vanished`` issue) if it disappeared during the scan."""
+    base = f"{CLASS_DIR}/{name}"
+    mark = len(issues.items)
+
+    pci_bus_id, pci_dir = _read_pci_location(sys, issues, base)
+    driver = _link_name(issues, f"{base}/device/driver")
+    data_unit = data_unit_bytes(driver, name)
+    device = IbDevice(
+        name=name,
+        fw_ver=issues.read_optional(f"{base}/fw_ver", parse_text),
+        board_id=issues.read_optional(f"{base}/board_id", parse_text),
+        hca_type=issues.read_optional(f"{base}/hca_type", parse_text),
+        node_guid=issues.read_optional(f"{base}/node_guid", parse_text),
+        node_type=issues.read_optional(f"{base}/node_type", parse_node_type),
+        pci_bus_id=pci_bus_id,
+        numa_node=(issues.read_optional(f"{pci_dir}/numa_node", parse_int) if pci_dir else None),
+        driver=driver,
+        ports=_read_ports(sys, issues, name, data_unit),
+    )
+    if not sys.exists(base):
+        # The device went away mid-scan (driver unload, VF removal): what was read is partial
+        # and the hardware is gone. One issue for the device instead of one per file.
+        del issues.items[mark:]
+        issues.add(base, "vanished", "device disappeared during the scan")
+        return None
+    return device
+
+
+def _read_pci_location(sys: SysfsReader, issues: Issues, base: str) -> tuple[str | None, str]:
+    """(PCI address, directory holding the PCI function's attributes) of a device."""
+    parent = _link_name(issues, f"{base}/device")
+    if parent is not None:
+        if not is_pci_address(parent):
+            # the link's text need not end in the address (``device -> ../..`` is as valid as
+            # the kernel's ``../../../0000:1a:00.0``): resolve it
+            try:
+                parent = posixpath.basename(sys.realpath(f"{base}/device"))
+            except OSError as exc:
+                issues.add(f"{base}/device", classify_os_error(exc), exc.strerror or str(exc))
+                return None, f"{base}/device"
+        return (parent if is_pci_address(parent) else None), f"{base}/device"
+    try:
+        resolved = sys.realpath(base)
+    except OSError as exc:
+        issues.add(base, classify_os_error(exc), exc.strerror or str(exc))
+        return None, ""
+    found = pci_location_from_path(resolved)
+    if found is None:
+        return None, ""
+    return found
+
+
+def _read_ports(
+    sys: SysfsReader, issues: Issues, device: str, data_unit: int
+) -> tuple[IbPort, ...]:
+    ports_dir = f"{CLASS_DIR}/{device}/ports"
+    entries = _listdir(issues, ports_dir)
+    if entries is None:
+        return ()
+    numbered: list[tuple[int, str]] = []
+    for entry in entries:
+        if not entry.isdigit():
+            issues.add(f"{ports_dir}/{entry}", "parse", "port directory name is not a number")
+            continue
+        numbered.append((int(entry), entry))
+    numbered.sort()
+    return tuple(
+        read_port(
+            sys,
+            issues,
+            device,
+            number=number,
+            entry=entry,
+            port_count=len(numbered),
+            data_unit=data_unit,
+        )
+        for number, entry in numbered
+    )
+
+
+def read_port(
+    sys: SysfsReader,
+    issues: Issues,
+    device: str,
+    *,
+    number: int,
+    entry: str,
+    port_count: int,
+    data_unit: int,
+) -> IbPort:
+    """Port ``number`` (directory ``entry``) of ``device``; ``port_count`` is how many ports
+    the device has, ``data_unit`` the bytes per unit of its PMA data counters."""
+    p = f"{CLASS_DIR}/{device}/ports/{entry}"
+    raw: list[tuple[str, str, int]] = []
+    lifespan: float | None = None
+    for source in COUNTER_SOURCES:
+        directory = f"{p}/{source}"
+        try:
+            files = sys.listdir_files(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # irdma has no counters/, only mlx4 on old kernels has counters_ext/
+        except OSError as exc:
+            issues.add(directory, classify_os_error(exc), exc.strerror or str(exc))
+            continue
+        for fname in files:
+            rel = f"{directory}/{fname}"
+            if source == "hw_counters" and fname == "lifespan":
+                lifespan = issues.read(rel, parse_lifespan_seconds)
+                continue
+            value = issues.read(rel, parse_counter)
+            if value is not None:
+                raw.append((source, fname, value))
+    return IbPort(
+        device=device,
+        port=number,
+        state=issues.read(f"{p}/state", parse_state),
+        phys_state=issues.read(f"{p}/phys_state", parse_state),
+        rate_bytes_per_second=issues.read(f"{p}/rate", parse_rate),
+        link_layer=issues.read(f"{p}/link_layer", parse_text),
+        lid=issues.read_optional(f"{p}/lid", parse_lid),
+        sm_lid=issues.read_optional(f"{p}/sm_lid", parse_lid),
+        netdevs=_read_netdevs(sys, issues, device, p=p, number=number, port_count=port_count),
+        counters=build_counters(raw, data_unit),
+        hw_counters_lifespan_seconds=lifespan,
+    )
+
+
+def _read_netdevs(
+    sys: SysfsReader, issues: Issues, device: str, *, p: str, number: int, port_count: int
+) -> tuple[str, ...]:
+    """The port's netdev: ``gid_attrs/ndevs/0`` (RoCE, bonds), else the PCI device's
+    ``net/*`` whose ``dev_port`` (or legacy ``dev_id``) is ``port - 1`` (IPoIB, iWARP)."""
+    ndev0 = f"{p}/gid_attrs/ndevs/0"
+    if sys.exists(ndev0):
+        try:
+            name = sys.read_text(ndev0).strip()
+        except OSError as exc:
+            if exc.errno not in _NO_NDEV_ERRNOS:
+                issues.add(ndev0, classify_os_error(exc), exc.strerror or str(exc))
+            # else: GID 0 has no netdev (an InfiniBand port); look at the parent device
+        else:
+            if name:
+                return (name,)
+    net = f"{CLASS_DIR}/{device}/device/net"
+    if not sys.is_dir(net):
+        return ()
+    names = _listdir(issues, net) or []
+    matched: list[str] = []
+    for name in names:
+        dev_port = issues.read_optional(f"{net}/{name}/dev_port", parse_int)
+        if dev_port is None:
+            dev_port = issues.read_optional(f"{net}/{name}/dev_id", parse_hex_int)
+        if dev_port is None:
+            if port_count == 1:
+                matched.append(name)
+        elif dev_port == number - 1:
+            matched.append(name)
+    return tuple(matched)
+
+
+class InfinibandSampler:
+    """Samples ``/sys/class/infiniband`` through a :class:`~agent.core.sysfs.SysfsReader`."""
+
+    name = "infiniband"
+
+    def __init__(self, sys: SysfsReader) -> None:
+        self.sys = sys
+
+    def sample(self) -> InfinibandSnapshot:
+        return read_infiniband(self.sys)
+
+
+# -- analysis --------------------------------------------------------------------------
+
+
+def findings(snap: InfinibandSnapshot) -> list[Finding]:
+    """Ports not ACTIVE (``port_down``) and PMA counters stuck at the maximum of their width
+    (``counter_saturated``), sorted."""
+    out: list[Finding] = []
+    for dev in snap.devices:
+        for port in dev.ports:
+            subject = f"{dev.name}/{port.port}"
+            if port.state is not None and port.state.number != PORT_STATE_ACTIVE:
+                phys = f", physical state {port.phys_state.name}" if port.phys_state else ""
+                out.append(
+                    Finding(
+                        "port_down",
+                        subject,
+                        f"{dev.name} port {port.port} is {port.state.name}{phys}, not ACTIVE.",
+                    )
+                )
+            for c in port.counters:
+                if c.saturated:
+                    out.append(
+                        Finding(
+                            "counter_saturated",
+                            f"{subject}/{c.name}",
+                            f"{c.source}/{c.name} on {dev.name} port {port.port} sits at "
+                            f"{c.raw}, the maximum of its {c.width}-bit width: it no longer "
+                            "counts until the port counters are reset (perfquery -R).",
+                        )
+                    )
+    return sorted(out)

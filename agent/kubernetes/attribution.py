@@ -1,0 +1,446 @@
+"""Pod attribution: which pod and container holds each GPU and RDMA device of this node.
+
+Two methods, each named in the snapshot's records:
+
+``podresources``
+    The kubelet's pod-resources ``List`` (:mod:`agent.kubernetes.podresources`), called once per
+    pass on
+    the local socket: what every container was *allocated*. GPU device ids are GPU or MIG UUIDs
+    (index ids and time-slicing's ``<id>::<replica>`` are understood too) and are joined to
+    the NVML snapshot for the GPU's index and PCI address; RDMA / SR-IOV device ids are VF PCI
+    addresses or RDMA device names and are joined to the InfiniBand snapshot. An id in another
+    format is kept as it is, never dropped. The container's exclusive CPUs (static CPU manager)
+    come along for the workload checks.
+
+``cgroup``
+    For nodes without the socket (or GPUs a pod uses without having been allocated them):
+    every GPU process NVML reports -> ``<procfs>/<pid>/cgroup`` -> pod UID and container id
+    (:mod:`agent.kubernetes.cgroup`) -> namespace, pod and container name from an in-memory index
+    of the
+    node's pods, which :class:`~agent.kubernetes.podwatch.PodWatcher` keeps current from the API
+    server
+    in its own thread, so a pass never waits on the network.
+
+Failures degrade: a failing kubelet or API server leaves devices unattributed and counts an
+error (``kubelet_unavailable``, ``api_forbidden``, ``api_error``, ``cgroup_parse``); only a
+node with neither a socket nor a node name to watch is :class:`~agent.core.errors.NoData`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agent.core.errors import NoData
+from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
+from agent.infiniband.sampler import InfinibandSnapshot
+from agent.kubernetes.cgroup import PodContainer, pod_container
+from agent.kubernetes.podresources import (
+    DEFAULT_SOCKET,
+    KubeletUnavailable,
+    PodAllocation,
+    PodResourcesClient,
+    SocketAbsent,
+)
+from agent.kubernetes.podwatch import PodIndex, PodWatcher, WatchSettings, default_api_client
+from agent.nvml.snapshot import NvmlGpu, NvmlSnapshot
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+log = logging.getLogger(__name__)
+
+#: how an attribution was obtained
+METHODS = ("cgroup", "podresources")
+#: reasons counted in ``AttributionSnapshot.errors_total``
+ERROR_REASONS = ("api_error", "api_forbidden", "cgroup_parse", "kubelet_unavailable")
+
+
+# --- records ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAttribution:
+    """A GPU allocated to (``podresources``) or used by (``cgroup``) a container.
+
+    ``uuid`` is the GPU's UUID, a MIG device's own UUID, or the device plugin's id as it was
+    when it is neither; ``gpu`` is NVML's index of the GPU (a MIG device's parent), None when
+    the NVML snapshot does not know it.
+    """
+
+    namespace: str
+    pod: str
+    container: str
+    uuid: str
+    gpu: int | None
+    pci_bus_id: str | None
+    method: str
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaAttribution:
+    """An RDMA or SR-IOV device allocated to a container (``podresources`` only).
+
+    ``device_id`` is the device plugin's id as it is; ``device`` the RDMA device it resolves
+    to in the InfiniBand snapshot and ``pci_bus_id`` its PCI address (a VF's own address even
+    when its RDMA device is not visible on the host), each None when unknown.
+    """
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_id: str
+    device: str | None
+    pci_bus_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerCpus:
+    """The exclusive CPUs of a container (static CPU manager policy)."""
+
+    namespace: str
+    pod: str
+    container: str
+    cpu_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionSnapshot:
+    """One pass: attributions sorted, the methods that worked, errors counted since start."""
+
+    gpus: tuple[GpuAttribution, ...] = ()
+    rdma: tuple[RdmaAttribution, ...] = ()
+    cpus: tuple[ContainerCpus, ...] = ()
+    #: (method, worked this pass) for every method in :data:`METHODS`
+    methods_up: tuple[tuple[str, bool], ...] = tuple((m, False) for m in METHODS)
+    #: (reason, count since the agent started) for every reason in :data:`ERROR_REASONS`
+    errors_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in ERROR_REASONS)
+    issues: tuple[ReadIssue, ...] = ()
+
+    @property
+    def pods(self) -> int:
+        """Distinct pods holding at least one attributed GPU or RDMA device."""
+        gpu_pods = {(a.namespace, a.pod) for a in self.gpus}
+        return len(gpu_pods | {(a.namespace, a.pod) for a in self.rdma})
+
+
+class ErrorCounts:
+    """Thread-safe error counters (the watch thread and sampling passes both count)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(ERROR_REASONS, 0)
+
+    def add(self, reason: str, n: int = 1) -> None:
+        if reason not in self._counts:
+            raise ValueError(f"unknown attribution error reason {reason}")
+        with self._lock:
+            self._counts[reason] += n
+
+    def totals(self) -> tuple[tuple[str, int], ...]:
+        with self._lock:
+            return tuple(sorted(self._counts.items()))
+
+
+# --- device ids -> hardware ---------------------------------------------------------------
+
+_PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+_INDEX = re.compile(r"^(\d+)(?::\d+)?$")  # device-id-strategy=index: "3", MIG "3:1"
+#: resource-name prefixes of the SR-IOV / RDMA device plugins' usual resource pools
+RDMA_RESOURCE_PREFIXES = ("rdma/", "openshift.io/", "intel.com/", "mellanox.com/")
+
+
+def normalize_pci_address(text: str) -> str | None:
+    """``0000:1a:00.2`` for ``0000:1A:00.2`` or ``1a:00.2``; None when not a PCI address."""
+    m = _PCI.match(text.strip())
+    if not m:
+        return None
+    domain = (m.group(1) or "0000").lower()
+    return f"{domain.zfill(4)}:{m.group(2).lower()}:{m.group(3).lower()}.{m.group(4)}"
+
+
+def is_gpu_resource(resource: str, device_ids: Iterable[str]) -> bool:
+    """NVIDIA GPU resources: ``nvidia.com/gpu`` (and renamed shared pools such as
+    ``nvidia.com/gpu.shared``), ``nvidia.com/mig-*``, or any ``nvidia.com/`` resource whose
+    ids are GPU or MIG UUIDs."""
+    if not resource.startswith("nvidia.com/"):
+        return False
+    kind = resource[len("nvidia.com/") :]
+    if kind.startswith(("gpu", "mig-")):
+        return True
+    return any(i.startswith(("GPU-", "MIG-")) for i in device_ids)
+
+
+def is_rdma_resource(resource: str) -> bool:
+    """SR-IOV and RDMA device-plugin pools by their usual names: ``rdma/*``,
+    ``openshift.io/*``, ``intel.com/*``, ``mellanox.com/*``, and any name mentioning rdma,
+    sriov or hostdev (``nvidia.com/rdma_shared_device_a``, ``nvidia.com/hostdev``)."""
+    low = resource.lower()
+    return low.startswith(RDMA_RESOURCE_PREFIXES) or any(
+        word in low for word in ("rdma", "sriov", "hostdev")
+    )
+
+
+def resolve_gpu(device_id: str, nvml: NvmlSnapshot | None) -> tuple[str, NvmlGpu | None]:
+    """(uuid, NVML GPU) for one ``nvidia.com`` device id.
+
+    ``GPU-<uuid>`` is looked up by UUID; ``MIG-GPU-<uuid>/<gi>/<ci>`` (drivers before R470)
+    names its parent; ``MIG-<uuid>`` (R470 on) does not, so its GPU stays None; ``3`` or
+    ``3:1`` (device-id-strategy=index) is looked up by index and reports the GPU's UUID;
+    time-slicing's ``<id>::<replica>`` is the device ``<id>``.
+    """
+    raw = device_id.split("::", 1)[0]
+    gpus = nvml.gpus if nvml is not None else ()
+    by_uuid = {g.uuid.lower(): g for g in gpus if g.uuid}
+    if raw.startswith("GPU-"):
+        return raw, by_uuid.get(raw.lower())
+    if raw.startswith("MIG-GPU-"):
+        return raw, by_uuid.get(raw[len("MIG-") :].split("/", 1)[0].lower())
+    m = _INDEX.match(raw)
+    if m:
+        index = int(m.group(1))
+        gpu = next((g for g in gpus if g.index == index), None)
+        whole = ":" not in raw
+        return (gpu.uuid if whole and gpu is not None and gpu.uuid else raw), gpu
+    return raw, None
+
+
+def resolve_rdma(device_id: str, ib: InfinibandSnapshot | None) -> tuple[str | None, str | None]:
+    """(RDMA device, PCI address) for one RDMA / SR-IOV device id: a PCI address is matched
+    against the RDMA devices' PCI addresses (and kept as the address when none matches), a
+    name against their names; anything else resolves to (None, None)."""
+    devices = ib.devices if ib is not None else ()
+    pci = normalize_pci_address(device_id)
+    if pci is not None:
+        dev = next((d for d in devices if d.pci_bus_id == pci), None)
+        return (dev.name if dev is not None else None), pci
+    dev = next((d for d in devices if d.name == device_id), None)
+    if dev is not None:
+        return dev.name, dev.pci_bus_id
+    return None, None
+
+
+def attribute_allocations(
+    pods: Iterable[PodAllocation], nvml: NvmlSnapshot | None, ib: InfinibandSnapshot | None
+) -> tuple[list[GpuAttribution], list[RdmaAttribution], list[ContainerCpus]]:
+    """Join the kubelet's allocations to the hardware snapshots (pure)."""
+    gpus: list[GpuAttribution] = []
+    rdma: list[RdmaAttribution] = []
+    cpus: list[ContainerCpus] = []
+    for p in pods:
+        for c in p.containers:
+            if c.cpu_ids:
+                cpus.append(ContainerCpus(p.namespace, p.name, c.name, c.cpu_ids))
+            for d in c.devices:
+                if is_gpu_resource(d.resource_name, d.device_ids):
+                    for device_id in d.device_ids:
+                        uuid, g = resolve_gpu(device_id, nvml)
+                        gpus.append(
+                            GpuAttribution(
+                                p.namespace,
+                                p.name,
+                                c.name,
+                                uuid,
+                                g.index if g is not None else None,
+                                g.pci_bus_id if g is not None else None,
+                                "podresources",
+                            )
+                        )
+                    continue
+                resolved = {i: resolve_rdma(i, ib) for i in d.device_ids}
+                if not is_rdma_resource(d.resource_name) and not any(
+                    dev is not None for dev, _ in resolved.values()
+                ):
+                    continue  # another kind of device (FPGA, a non-NVIDIA GPU ...)
+                for device_id, (dev, pci) in resolved.items():
+                    rdma.append(
+                        RdmaAttribution(
+                            p.namespace, p.name, c.name, d.resource_name, device_id, dev, pci
+                        )
+                    )
+    return gpus, rdma, cpus
+
+
+# --- the sampler --------------------------------------------------------------------------
+
+
+class AttributionSampler:
+    """Samples pod attribution; needs the latest NVML and InfiniBand snapshots.
+
+    ``gpus`` and ``rdma`` return the runner's latest snapshots (None when absent or failed).
+    ``socket_path``: the kubelet's pod-resources socket (None: don't use it). ``node_name``:
+    this node's name, which turns on the cgroup method and its API watch; ``api_client``
+    builds the API client (default: in-cluster config, else kubeconfig). ``procfs`` reads
+    ``<pid>/cgroup`` below ``--path.procfs``. ``first_sync_wait_seconds``: how long the first
+    pass may wait for the pod index (0: never wait; useful for one-shot runs).
+    """
+
+    name = "attribution"
+
+    def __init__(
+        self,
+        *,
+        gpus: Callable[[], NvmlSnapshot | None],
+        rdma: Callable[[], InfinibandSnapshot | None],
+        procfs: SysfsReader,
+        socket_path: str | None = DEFAULT_SOCKET,
+        kubelet_timeout_seconds: float = 2.0,
+        node_name: str | None = None,
+        api_client: Callable[[], ApiClient] | None = None,
+        watch: WatchSettings | None = None,
+        first_sync_wait_seconds: float = 0.0,
+    ) -> None:
+        self._gpus = gpus
+        self._rdma = rdma
+        self._procfs = procfs
+        self.errors = ErrorCounts()
+        self._kubelet = (
+            PodResourcesClient(socket_path, timeout_seconds=kubelet_timeout_seconds)
+            if socket_path
+            else None
+        )
+        self.watcher = (
+            PodWatcher(
+                node_name,
+                api_client or default_api_client,
+                self.errors.add,
+                watch or WatchSettings(),
+            )
+            if node_name
+            else None
+        )
+        self._first_wait = first_sync_wait_seconds
+        self._kubelet_state = ""
+
+    def sample(self) -> AttributionSnapshot:
+        socket = self._kubelet is not None and self._kubelet.socket_exists()
+        if not socket and self.watcher is None:
+            where = self._kubelet.socket_path if self._kubelet is not None else "(not set)"
+            raise NoData(f"no pod-resources socket at {where} and no node name to watch pods of")
+        if self.watcher is not None:
+            self.watcher.start()
+            if self._first_wait > 0:
+                self.watcher.wait_synced(self._first_wait)
+                self._first_wait = 0.0
+        nvml, ib = self._gpus(), self._rdma()
+        issues = Issues(self._procfs)
+
+        allocations = self._list_kubelet()
+        gpus: list[GpuAttribution] = []
+        rdma: list[RdmaAttribution] = []
+        cpus: list[ContainerCpus] = []
+        if allocations is not None:
+            gpus, rdma, cpus = attribute_allocations(allocations, nvml, ib)
+
+        index = self.watcher.index if self.watcher is not None else None
+        if index is not None and nvml is not None:
+            seen = {_gpu_key(a) for a in gpus}
+            for a in self._by_cgroup(nvml, index, issues):
+                if _gpu_key(a) not in seen:
+                    seen.add(_gpu_key(a))
+                    gpus.append(a)
+
+        up = {
+            "podresources": allocations is not None,
+            "cgroup": self.watcher is not None and self.watcher.healthy,
+        }
+        return AttributionSnapshot(
+            gpus=tuple(sorted(gpus, key=_gpu_sort)),
+            rdma=tuple(sorted(rdma, key=_rdma_sort)),
+            cpus=tuple(sorted(cpus, key=lambda c: (c.namespace, c.pod, c.container))),
+            methods_up=tuple((m, up[m]) for m in METHODS),
+            errors_total=self.errors.totals(),
+            issues=issues.freeze(),
+        )
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+        if self._kubelet is not None:
+            self._kubelet.close()
+
+    def _list_kubelet(self) -> tuple[PodAllocation, ...] | None:
+        if self._kubelet is None:
+            return None
+        try:
+            pods = self._kubelet.list()
+        except SocketAbsent:
+            self._kubelet_transition("absent", "")
+            return None
+        except KubeletUnavailable as exc:
+            self.errors.add("kubelet_unavailable")
+            self._kubelet_transition("failing", str(exc))
+            return None
+        self._kubelet_transition("ok", f"{len(pods)} pods")
+        return pods
+
+    def _kubelet_transition(self, state: str, detail: str) -> None:
+        previous, self._kubelet_state = self._kubelet_state, state
+        if state == previous:
+            return
+        path = self._kubelet.socket_path if self._kubelet is not None else ""
+        if state == "ok":
+            log.info("kubelet pod-resources at %s: answering (%s)", path, detail)
+        elif state == "absent":
+            log.info("kubelet pod-resources socket %s absent; GPUs attributed by cgroup", path)
+        else:
+            log.warning("kubelet pod-resources at %s failing: %s", path, detail)
+
+    def _by_cgroup(
+        self, nvml: NvmlSnapshot, index: PodIndex, issues: Issues
+    ) -> Iterator[GpuAttribution]:
+        where: dict[int, PodContainer | None] = {}
+        for g in nvml.gpus:
+            for proc in g.compute_processes or ():
+                if proc.pid not in where:
+                    where[proc.pid] = self._read_cgroup(proc.pid, issues)
+                found = where[proc.pid]
+                hit = index.lookup(found) if found is not None else None
+                if hit is None:
+                    continue
+                pod, container = hit
+                uuid = g.uuid or ""
+                yield GpuAttribution(
+                    pod.namespace, pod.name, container, uuid, g.index, g.pci_bus_id, "cgroup"
+                )
+
+    def _read_cgroup(self, pid: int, issues: Issues) -> PodContainer | None:
+        rel = f"{pid}/cgroup"
+        try:
+            text = self._procfs.read_text(rel)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ESRCH):  # else: the process just exited
+                issues.add(rel, classify_os_error(exc), exc.strerror or str(exc))
+            return None
+        try:
+            return pod_container(text)
+        except ValueError as exc:
+            self.errors.add("cgroup_parse")
+            issues.add(rel, "parse", str(exc))
+            return None
+
+
+def _gpu_key(a: GpuAttribution) -> tuple[str, str, str]:
+    return a.namespace, a.pod, str(a.gpu) if a.gpu is not None else a.uuid
+
+
+def _gpu_sort(a: GpuAttribution) -> tuple[str, str, str, int, str, str]:
+    return (a.namespace, a.pod, a.container, a.gpu if a.gpu is not None else -1, a.uuid, a.method)
+
+
+def _rdma_sort(a: RdmaAttribution) -> tuple[str, str, str, str, str]:
+    return a.namespace, a.pod, a.container, a.resource, a.device_id
+
+
+def allocated_gpus(snap: AttributionSnapshot | None) -> frozenset[int]:
+    """GPU indices the kubelet has allocated to a pod, or a pod is seen using: the probe
+    never runs on them. Empty when there is no attribution (bare metal, Slurm)."""
+    if snap is None:
+        return frozenset()
+    return frozenset(a.gpu for a in snap.gpus if a.gpu is not None)

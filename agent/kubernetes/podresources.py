@@ -1,0 +1,160 @@
+"""Client of the kubelet's pod-resources API: which devices and CPUs each container was given.
+
+The kubelet serves ``v1.PodResourcesLister`` on a unix socket (by default
+``/var/lib/kubelet/pod-resources/kubelet.sock``, root only). ``List`` returns, per pod and
+container, the device-plugin resources allocated to it (``nvidia.com/gpu`` device ids are GPU
+UUIDs; SR-IOV and RDMA plugins report VF PCI addresses or RDMA device names) and, with the
+static CPU manager policy, its exclusive CPUs. It answers from the kubelet's memory, so one
+call per sampling pass is cheap; a short deadline bounds a hung kubelet.
+
+The wire types come from ``agent/kubernetes/podresources.proto`` (the upstream messages, subset);
+this
+module turns them into plain frozen records at once, so nothing past it sees protobuf.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import grpc
+
+from agent.kubernetes import podresources_pb2 as pb
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+#: the kubelet's own limit for pod-resources messages (podresources.DefaultMaxMsgSize, 16 MiB)
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+_LIST = "/v1.PodResourcesLister/List"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAllocation:
+    """Devices of one resource given to a container; ``numa_nodes`` from their topology."""
+
+    resource_name: str
+    device_ids: tuple[str, ...]
+    numa_nodes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    """What one container was given: devices, and exclusive CPUs (static CPU manager only)."""
+
+    name: str
+    devices: tuple[DeviceAllocation, ...] = ()
+    cpu_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodAllocation:
+    namespace: str
+    name: str
+    containers: tuple[ContainerAllocation, ...] = ()
+
+
+class SocketAbsent(Exception):  # noqa: N818 - an outcome, not a failure
+    """The pod-resources socket does not exist: not a kubelet node, or not mounted in."""
+
+
+class KubeletUnavailable(Exception):  # noqa: N818 - named after the error reason it counts as
+    """The socket exists but ``List`` failed; ``code`` is the gRPC status name
+    (``DEADLINE_EXCEEDED``, ``UNAVAILABLE``, ``PERMISSION_DENIED`` ...)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+def from_response(resp: pb.ListPodResourcesResponse) -> tuple[PodAllocation, ...]:
+    """Plain records for a ``List`` answer, pods sorted by namespace and name."""
+    pods = []
+    for p in resp.pod_resources:
+        containers = tuple(
+            ContainerAllocation(
+                name=c.name,
+                devices=tuple(
+                    DeviceAllocation(
+                        d.resource_name,
+                        tuple(d.device_ids),
+                        tuple(sorted(n.ID for n in d.topology.nodes)),
+                    )
+                    for d in c.devices
+                ),
+                cpu_ids=tuple(sorted(c.cpu_ids)),
+            )
+            for c in p.containers
+        )
+        pods.append(PodAllocation(p.namespace, p.name, containers))
+    return tuple(sorted(pods, key=lambda a: (a.namespace, a.name)))
+
+
+class PodResourcesClient:
+    """Calls ``List`` on the kubelet's socket with a deadline of ``timeout_seconds``.
+
+    One channel is kept between calls and dropped after a failure, so a restarted kubelet is
+    picked up on the next call instead of after gRPC's reconnect backoff (up to 2 minutes).
+    """
+
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, *, timeout_seconds: float = 2.0) -> None:
+        self.socket_path = socket_path
+        self.timeout_seconds = timeout_seconds
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._list: (
+            grpc.UnaryUnaryMultiCallable[pb.ListPodResourcesRequest, pb.ListPodResourcesResponse]
+            | None
+        ) = None
+
+    def socket_exists(self) -> bool:
+        return os.path.exists(self.socket_path)
+
+    def list(self) -> tuple[PodAllocation, ...]:
+        """Every pod the kubelet knows, with what its containers were given.
+
+        Raises :class:`SocketAbsent` when there is no socket and :class:`KubeletUnavailable`
+        when the call fails or misses its deadline.
+        """
+        if not self.socket_exists():
+            self.close()
+            raise SocketAbsent(self.socket_path)
+        with self._lock:
+            call = self._list
+            if call is None:
+                call = self._connect()
+        try:
+            resp = call(pb.ListPodResourcesRequest(), timeout=self.timeout_seconds)
+        except grpc.RpcError as exc:
+            self.close()
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+            detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            raise KubeletUnavailable(name, detail or "") from None
+        return from_response(resp)
+
+    def _connect(
+        self,
+    ) -> grpc.UnaryUnaryMultiCallable[pb.ListPodResourcesRequest, pb.ListPodResourcesResponse]:
+        channel = grpc.insecure_channel(
+            "unix://" + os.path.abspath(self.socket_path),
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.enable_http_proxy", 0),
+            ],
+        )
+        call: grpc.UnaryUnaryMultiCallable[
+            pb.ListPodResourcesRequest, pb.ListPodResourcesResponse
+        ] = channel.unary_unary(
+            _LIST,
+            request_serializer=pb.ListPodResourcesRequest.SerializeToString,
+            response_deserializer=pb.ListPodResourcesResponse.FromString,
+        )
+        self._channel, self._list = channel, call
+        return call
+
+    def close(self) -> None:
+        with self._lock:
+            channel, self._channel, self._list = self._channel, None, None
+        if channel is not None:
+            channel.close()

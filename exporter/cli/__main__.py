@@ -1,0 +1,7 @@
+"""``python -m exporter.cli``: the same as the ``fabricscope`` command."""
+
+import sys
+
+from exporter.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,212 @@
+"""The probe's flags: ``fabricscope agent --probe ...`` (the probe service, off by default;
+:func:`settings_from_args` turns them into :class:`~agent.config.ProbeSettings`), the device
+flags ``fabricscope probe`` shares with it, and their argument types."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from agent.config import DEFAULT_PROBE_PORT, PROBE_BACKENDS, PROBE_KINDS, ProbeSettings
+from agent.core.errors import ConfigError
+from agent.probe.records import ELEMENT_BYTES
+from exporter.cli.argtypes import count, non_negative, positive
+
+_SIZE = re.compile(r"^(\d+)([KMG]?)(i?B)?$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``65536``, ``64K``, ``1M``, ``1GiB`` -> bytes (binary units), a positive multiple
+    of 4."""
+    m = _SIZE.match(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 65536, 64K, 1M, 1G)")
+    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value <= 0 or value % ELEMENT_BYTES:
+        raise argparse.ArgumentTypeError(f"size {text!r} is not a positive multiple of 4 bytes")
+    return value
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    return tuple(parse_size(t) for t in text.split(",") if t.strip())
+
+
+def parse_kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [k for k in kinds if k not in PROBE_KINDS]
+    if not kinds or bad:
+        raise argparse.ArgumentTypeError(
+            f"collectives must be some of {', '.join(PROBE_KINDS)}, got {text!r}"
+        )
+    return kinds
+
+
+def add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--probe.backend",
+        dest="probe_backend",
+        choices=PROBE_BACKENDS,
+        default="auto",
+        help="auto: NCCL when NVML sees GPUs, else gloo on CPU (default: %(default)s)",
+    )
+    p.add_argument(
+        "--probe.sizes",
+        dest="probe_sizes",
+        type=parse_sizes,
+        default=(),
+        metavar="LIST",
+        help="message sizes, e.g. 1M,64M,256M (default: 8K,64K,256K,1M,16M,64M on GPUs, "
+        "64K,1M on CPU)",
+    )
+    p.add_argument(
+        "--probe.timeout",
+        dest="probe_timeout",
+        type=positive,
+        default=60.0,
+        metavar="SECONDS",
+        help="hard limit of one probe; its workers are killed after it (default: %(default)s)",
+    )
+    p.add_argument(
+        "--probe.force",
+        dest="probe_force",
+        action="store_true",
+        help="also probe GPUs that run compute processes",
+    )
+    p.add_argument(
+        "--probe.cpu-slots",
+        dest="probe_cpu_slots",
+        type=count,
+        default=2,
+        metavar="N",
+        help="simulated devices under gloo (default: %(default)s)",
+    )
+
+
+# --- the agent's flags -----------------------------------------------------------------------
+
+
+def add_agent_flags(parser: argparse.ArgumentParser) -> None:
+    """``fabricscope agent --probe ...``: the probe service (off by default)."""
+    g = parser.add_argument_group("probe (NCCL bandwidth probes; off unless --probe)")
+    g.add_argument(
+        "--probe",
+        dest="probe_enabled",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run probes on a schedule: intra-node, and node pairs with --probe.peers-file "
+        "(default: off; never with --once)",
+    )
+    g.add_argument(
+        "--probe.peers-file",
+        dest="probe_peers_file",
+        default=None,
+        metavar="FILE",
+        help="hostfile of the nodes that probe each other, one per line (re-read on change)",
+    )
+    g.add_argument(
+        "--probe.kubernetes-selector",
+        dest="probe_kubernetes_selector",
+        default=None,
+        metavar="SELECTOR",
+        help="probe the nodes of the agent pods matching this label selector (Kubernetes "
+        "membership; instead of --probe.peers-file), e.g. app.kubernetes.io/name=fabricscope",
+    )
+    g.add_argument(
+        "--probe.kubernetes-namespace",
+        dest="probe_kubernetes_namespace",
+        default=None,
+        metavar="NS",
+        help="namespace of those pods (default: this pod's service-account namespace)",
+    )
+    g.add_argument(
+        "--probe.secret-file",
+        dest="probe_secret_file",
+        default=None,
+        metavar="FILE",
+        help="shared secret peers prove to each other (mode 0600, 16+ bytes); required "
+        "with a peers file or a listen address",
+    )
+    g.add_argument(
+        "--probe.listen-address",
+        dest="probe_listen_address",
+        default=None,
+        metavar="HOST[:PORT]",
+        help=f"this node's address for the probe rendezvous (default port {DEFAULT_PROBE_PORT})",
+    )
+    g.add_argument(
+        "--probe.node-id",
+        dest="probe_node_id",
+        default=None,
+        metavar="NAME",
+        help="this node's name in the peers file (default: the listen host)",
+    )
+    g.add_argument(
+        "--probe.round-seconds",
+        dest="probe_round_seconds",
+        type=positive,
+        default=300.0,
+        metavar="SECONDS",
+        help="length of a pairing round (default: %(default)s)",
+    )
+    g.add_argument(
+        "--probe.intra-seconds",
+        dest="probe_intra_seconds",
+        type=non_negative,
+        default=3600.0,
+        metavar="SECONDS",
+        help="time between intra-node probes; 0: none (default: %(default)s)",
+    )
+    g.add_argument(
+        "--probe.budget",
+        dest="probe_budget",
+        type=positive,
+        default=0.01,
+        metavar="FRACTION",
+        help="fraction of the node's GPU time probes may use (default: %(default)s)",
+    )
+    g.add_argument(
+        "--probe.pair-kinds",
+        dest="probe_pair_kinds",
+        type=parse_kinds,
+        default=("sendrecv", "latency"),
+        metavar="LIST",
+        help="collectives of a node-pair probe (default: sendrecv,latency)",
+    )
+    g.add_argument(
+        "--probe.max-age",
+        dest="probe_max_age",
+        type=positive,
+        default=None,
+        metavar="SECONDS",
+        help="drop results older than this (default: 3 rounds; 3 intervals intra-node)",
+    )
+    add_device_flags(g)
+
+
+def settings_from_args(ns: argparse.Namespace) -> ProbeSettings:
+    """ProbeSettings from the agent's flags (the defaults for a command without them)."""
+    if not hasattr(ns, "probe_enabled"):
+        return ProbeSettings()
+    try:
+        return ProbeSettings(
+            enabled=ns.probe_enabled,
+            peers_file=ns.probe_peers_file,
+            secret_file=ns.probe_secret_file,
+            listen_address=ns.probe_listen_address,
+            node_id=ns.probe_node_id,
+            round_seconds=ns.probe_round_seconds,
+            intra_seconds=ns.probe_intra_seconds,
+            timeout_seconds=ns.probe_timeout,
+            budget=ns.probe_budget,
+            backend=ns.probe_backend,
+            sizes=ns.probe_sizes,
+            pair_kinds=ns.probe_pair_kinds,
+            force=ns.probe_force,
+            cpu_slots=ns.probe_cpu_slots,
+            max_age_seconds=ns.probe_max_age,
+            kubernetes_selector=ns.probe_kubernetes_selector,
+            kubernetes_namespace=ns.probe_kubernetes_namespace,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

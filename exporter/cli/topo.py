@@ -1,0 +1,79 @@
+"""``fabricscope topo``: the GPU/NIC topology matrix, RDMA ports and every finding of the
+node, as a table or JSON, from the host or a snapshot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import ExitStack
+
+from agent import topo_report
+from agent.core.runner import Runner, SamplerSpec
+from agent.core.sampler import Sampler
+from agent.core.sysfs import SysfsReader
+from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
+from agent.node_findings import collect
+from agent.nvml.sampler import NvmlSampler, isolated_sampler
+from agent.nvml.snapshot import NvmlSnapshot
+from agent.nvml.topology import nvlinks_by_address
+from agent.pci import topology
+from agent.pci.sampler import PciSampler, PciSnapshot
+from agent.workload.sampler import WorkloadSampler, WorkloadSnapshot
+from exporter.cli.source import open_source
+
+
+def cmd_topo(ns: argparse.Namespace) -> int:
+    """PCI, InfiniBand and NVML once, then the workload checks on their snapshots (live
+    host only: a snapshot holds no process state); every finding of the node is printed."""
+    with ExitStack() as stack:
+        src = open_source(stack, ns)
+        sysfs = SysfsReader(src.sysfs)
+        specs = [
+            SamplerSpec(PciSampler(sysfs), 30.0, 30.0),
+            SamplerSpec(InfinibandSampler(sysfs), 30.0, 30.0),
+        ]
+        if "nvml" not in src.unavailable:
+            nvml: Sampler
+            if src.nvml_api is None:  # the live library: in a child process, as in the agent
+                child = isolated_sampler({"watch_xid": False}, 30.0, one_shot=True)
+                stack.callback(child.close)
+                nvml = child
+            else:  # a snapshot's recording, replayed (pure Python)
+                nvml = NvmlSampler(src.nvml_api, watch_xid=False)
+            specs.append(SamplerSpec(nvml, 30.0, 30.0))
+        statuses = Runner(specs).run_once()
+        pci = statuses["pci"]
+        if not isinstance(pci.snapshot, PciSnapshot):
+            if pci.success:
+                print(f"no PCI devices found under {src.sysfs}/bus/pci/devices", file=sys.stderr)
+            else:
+                print("reading the PCI topology failed; see the log above", file=sys.stderr)
+            return 1
+        pci_snap = pci.snapshot
+        ib_st, nvml_st = statuses["infiniband"], statuses.get("nvml")
+        ib = ib_st.snapshot if isinstance(ib_st.snapshot, InfinibandSnapshot) else None
+        gpu = (
+            nvml_st.snapshot
+            if nvml_st is not None and isinstance(nvml_st.snapshot, NvmlSnapshot)
+            else None
+        )
+        work = None
+        if "workload" not in src.unavailable and gpu is not None:
+            workload = WorkloadSampler(
+                SysfsReader(ns.path_procfs), sysfs, lambda: gpu, lambda: pci_snap
+            )
+            w = Runner([SamplerSpec(workload, 30.0, 30.0)]).run_once()["workload"]
+            work = w.snapshot if isinstance(w.snapshot, WorkloadSnapshot) else None
+        nvlinks = nvlinks_by_address(gpu) if gpu is not None else {}
+        topo = topology.analyse(pci_snap)
+        node = collect(pci=topo, ib=ib, gpu=gpu, work=work)
+        if ns.format == "json":
+            doc = topo_report.to_json(topo, node, ib, nvlinks)
+            print(json.dumps(doc, indent=2, sort_keys=True))
+        else:
+            failed = [
+                n for n in ("infiniband", "nvml") if n in statuses and not statuses[n].success
+            ]
+            print(topo_report.format_table(topo, node, ib, nvlinks, failed))
+        return 0

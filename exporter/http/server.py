@@ -1,0 +1,336 @@
+"""The HTTP(S) server in front of the exposition cache.
+
+One asyncio event loop on one thread owns the listener and every connection. The parts:
+
+- ``exporter.http.listen``: ``--web.listen-address`` parsing and the listening socket;
+- ``exporter.http.limits``: which connections count, which are closed first under pressure;
+- ``exporter.http.connection``: one connection (TLS start, HTTP/1.1 via h11, timeouts, writes);
+- ``exporter.http.site``: what each path answers; ``exporter.http.basicauth``: the credentials
+check;
+- ``exporter.http.tlsreload``: the TLS context, re-read when the certificate files change;
+- here: ``serve()``, the loop thread, accepting and admitting connections, and running
+  what may block (``ready()``, a first bcrypt check) on worker threads.
+
+Behaviour:
+
+- A connection waiting for its TLS handshake or request head, or idle between keep-alive
+  requests, costs no thread: a few KiB of memory and a file descriptor. A scrape with
+  cached (or no) credentials is answered on the loop: an auth check and a socket write.
+  ``/healthz`` (``ready()``) and a first bcrypt check run on a worker thread.
+- Timeouts (``ConnectionLimits``): the TLS handshake plus the request head and body must
+  arrive within ``header_timeout`` seconds; an idle keep-alive connection is closed after
+  ``idle_timeout``; a response must be delivered within ``send_timeout`` (it is written in
+  64 KiB pieces as the client reads, so a slow reader holds little memory).
+- The listener defers accepting (``TCP_DEFER_ACCEPT``, ``header_timeout``): a connection
+  that sends nothing costs the process nothing until then, and a newcomer's request is
+  readable when it is accepted. Its queue is ``SOMAXCONN`` long.
+- Limits: more than ``max_requests`` requests being answered at once get ``503 too many
+  requests``. A new connection beyond ``max_per_address`` from one client address, or
+  ``max_connections`` in all, closes the oldest evictable connection instead (see
+  ``exporter.http.limits``); it is refused (``503`` on plain HTTP) only when all are busy.
+- TLS, with client certificate verification when configured; a plain HTTP request on a TLS
+  port gets ``400``. HTTP/1.1 keep-alive with ``Content-Length``, so Prometheus reuses its
+  connection. Access logging is off; failed connections and requests are logged at DEBUG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from exporter.http.basicauth import BasicAuth
+from exporter.http.connection import HTTPConnection
+from exporter.http.limits import ConnectionLimits, ConnectionTable
+from exporter.http.listen import client_key, listen, parse_listen_address, peer_name
+from exporter.http.site import Request, Response, Site, accepts_gzip
+from exporter.http.tlsreload import ReloadingTLSContext
+from exporter.http.webconfig import WebConfig
+from exporter.metrics.exposition import ExpositionCache, render_text
+from exporter.metrics.httpstats import OWNER, HttpStats
+from exporter.metrics.spec import Families
+
+__all__ = ["ConnectionLimits", "MetricsServer", "accepts_gzip", "parse_listen_address", "serve"]
+
+log = logging.getLogger(__name__)
+
+#: How long ``shutdown()`` waits for the loop thread (seconds).
+SHUTDOWN_GRACE_SECONDS = 5.0
+
+_REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n"
+)
+#: Connections accepted per wake-up of the listener before other events get their turn.
+_ACCEPT_BATCH = 64
+
+
+def _always_ready() -> bool:
+    return True
+
+
+def serve(
+    cache: ExpositionCache,
+    address: str,
+    *,
+    web_config: WebConfig | None = None,
+    ready: Callable[[], bool] = _always_ready,
+    max_requests: int = 40,
+    limits: ConnectionLimits | None = None,
+) -> MetricsServer:
+    """Listen on ``address`` (``:10118``, ``127.0.0.1:10118``, ``[::1]:10118``; port 0 picks
+    a free port) and serve ``cache`` from a background thread until ``shutdown()``.
+
+    ``limits`` defaults to ``ConnectionLimits(max_requests=max_requests)``. Raises
+    ``ConfigError`` when the address is malformed or cannot be bound (``cannot listen on
+    ...: address already in use``) or a limit is out of range."""
+    if limits is None:
+        limits = ConnectionLimits(max_requests=max_requests)
+    tls = ReloadingTLSContext(web_config.tls) if web_config and web_config.tls else None
+    auth = BasicAuth(web_config.basic_auth_users) if web_config else None
+    if auth is not None and not auth.enabled:
+        auth = None
+    headers = tuple(web_config.headers.items()) if web_config else ()
+    listener = listen(address, defer_accept=limits.header_timeout)
+    server = MetricsServer(
+        listener,
+        Site(cache=cache, ready=ready, auth=auth, headers=headers),
+        tls=tls,
+        limits=limits,
+        publish=lambda data: cache.set_fragment(OWNER, data),
+    )
+    if auth is not None and tls is None:
+        log.warning(
+            "basic auth without TLS on %s: credentials cross the network in clear text", server.url
+        )
+    log.info(
+        "serving metrics on %s (tls: %s, client certificates: %s, basic auth users: %d)",
+        server.url,
+        "on" if tls else "off",
+        tls.config.client_auth_type if tls else "none",
+        len(web_config.basic_auth_users) if web_config else 0,
+    )
+    return server
+
+
+class MetricsServer:
+    """A running server. ``port`` is the bound port (useful with port 0); ``url`` is a base
+    URL a local client can use (``http://127.0.0.1:43121``, no trailing slash)."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        site: Site,
+        *,
+        tls: ReloadingTLSContext | None,
+        limits: ConnectionLimits,
+        publish: Callable[[bytes], None] | None = None,
+    ) -> None:
+        self._listener = listener
+        self.site = site
+        self.tls = tls
+        self.limits = limits
+        self.table: ConnectionTable[HTTPConnection] = ConnectionTable(
+            limits.max_connections, limits.max_per_address
+        )
+        #: requests being answered now (loop thread only)
+        self.in_flight = 0
+        self.workers = ThreadPoolExecutor(
+            max_workers=limits.max_requests, thread_name_prefix="fabricscope-http-worker"
+        )
+        self._closed = False
+        self._warned: set[tuple[str, str]] = set()
+        #: what the limits did, published into the cache's ``_http`` fragment once a second
+        self.stats = HttpStats()
+        self._publish = publish
+        host, port = listener.getsockname()[:2]
+        self.port: int = port
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run, name=f"fabricscope-http-{port}", daemon=True
+        )
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop accepting, close every open connection, stop the loop thread (bounded).
+        Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.loop.call_soon_threadsafe(self._stop)
+        self._thread.join(SHUTDOWN_GRACE_SECONDS)
+        self.workers.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.shutdown()
+
+    def _run(self) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        loop.add_reader(self._listener, self._accept)
+        self._publish_stats()
+        try:
+            loop.run_forever()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        finally:
+            loop.close()
+
+    def _publish_stats(self) -> None:
+        """Render the limit counts into the cache when they changed; again in a second."""
+        if self._closed:
+            return
+        if self._publish is not None and self.stats.dirty:
+            out = Families()
+            self.stats.render(out)
+            self._publish(render_text(out))
+        self.loop.call_later(1.0, self._publish_stats)
+
+    def _stop(self) -> None:
+        self.loop.remove_reader(self._listener)
+        self._listener.close()
+        for conn in list(self.table):
+            conn.abort("shutdown")
+        self.loop.call_soon(self.loop.stop)
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                # Out of file descriptors or memory: stop watching for a moment instead of
+                # spinning on a listener that stays readable.
+                log.warning("cannot accept connection on %s: %s", self.url, e)
+                self.loop.remove_reader(self._listener)
+                self.loop.call_later(0.1, self._resume_accepting)
+                return
+            try:
+                self._admit(sock, addr)
+            except Exception:  # keep serving whatever one connection did
+                log.exception("unexpected error accepting a connection on %s", self.url)
+                sock.close()
+
+    def _warn_once(self, address: str, limit: str) -> None:
+        """Say once per (address, limit) that a limit was reached (a reconnecting client
+        must not flood the log); later hits are logged at DEBUG with each refusal."""
+        if (address, limit) in self._warned:
+            return
+        if len(self._warned) >= 1024:
+            self._warned.clear()
+        self._warned.add((address, limit))
+        if limit == "per_address":
+            log.warning(
+                "client %s reached %d connections (the per-address limit) on %s: its oldest "
+                "idle connections are closed and further ones refused while all are in use",
+                address,
+                self.limits.max_per_address,
+                self.url,
+            )
+        else:
+            log.warning(
+                "%d connections open on %s (the limit): the oldest idle connections of the "
+                "clients holding the most are closed for new ones (latest from %s)",
+                self.limits.max_connections,
+                self.url,
+                address,
+            )
+
+    def _resume_accepting(self) -> None:
+        if not self._closed:
+            self.loop.add_reader(self._listener, self._accept)
+
+    def _admit(self, sock: socket.socket, addr: object) -> None:
+        peer = peer_name(addr)
+        address = client_key(addr)
+        conn = HTTPConnection(self, sock, peer)
+        has_request = False
+        if self.table.count(address) >= self.limits.max_per_address:
+            self._warn_once(address, "per_address")
+            if self.tls is None:
+                has_request = _has_request_head(sock)
+        elif len(self.table) >= self.limits.max_connections:
+            self._warn_once(address, "total")
+        victims = self.table.admit(conn, address, has_request=has_request)
+        if victims is None:
+            log.debug(
+                "refusing connection from %s: %d open from it, %d in all, all busy",
+                peer,
+                self.table.count(address),
+                len(self.table),
+            )
+            self.stats.count("refused")
+            _refuse(sock, tls=self.tls is not None)
+            return
+        for victim in victims:
+            self.stats.count("evicted")
+            victim.abort("closed to make room for a new connection")
+        conn.start()
+
+    def answer(self, conn: HTTPConnection, req: Request) -> None:
+        """Answer ``req`` on ``conn``: on the loop when cheap, else on a worker thread."""
+        if self.in_flight >= self.limits.max_requests:
+            self.stats.count("too_many_requests")
+            conn.respond(self.site.status(503, b"too many requests\n"))
+            return
+        quick = self.site.quick(req)
+        if quick is not None:
+            conn.respond(quick)
+            return
+        self.in_flight += 1
+        future = self.workers.submit(self.site.answer, req)
+
+        def done(f: Future[Response]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody to answer
+                self.loop.call_soon_threadsafe(self._answered, conn, f)
+
+        future.add_done_callback(done)
+
+    def _answered(self, conn: HTTPConnection, future: Future[Response]) -> None:
+        self.in_flight -= 1
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            log.error("answering a request from %s failed", conn.peer, exc_info=exc)
+            conn.respond(self.site.status(500, b"internal error\n"), close=True)
+        else:
+            conn.respond(future.result())
+
+
+def _has_request_head(sock: socket.socket) -> bool:
+    """Whether a complete request head is already waiting (read without consuming it)."""
+    try:
+        return b"\r\n\r\n" in sock.recv(16384, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return False
+
+
+def _refuse(sock: socket.socket, *, tls: bool) -> None:
+    """Close at once; on plain HTTP say why first. What the client already sent is read
+    (one non-blocking read) so that the close does not reset the connection and destroy
+    the reply before the client reads it."""
+    sock.setblocking(False)
+    with contextlib.suppress(BlockingIOError, ConnectionError):  # nothing sent, or gone
+        sock.recv(65536)
+    try:
+        if not tls:
+            sock.send(_REFUSED)
+    except OSError as e:
+        log.debug("refusing connection: %s", e)
+    finally:
+        sock.close()

@@ -1,0 +1,94 @@
+"""Metric specs and rendering for the attribution sampler: which pod holds which GPU and RDMA
+device, as join-able ``*_info`` series. Pod labels are never stamped on hardware series; a
+query joins them on, e.g.::
+
+    fabricscope_nvlink_errors_total * on(gpu) group_left(namespace, pod) fabricscope_pod_gpu_info
+"""
+
+from __future__ import annotations
+
+from agent.kubernetes.attribution import ERROR_REASONS, AttributionSnapshot
+from exporter.metrics.spec import Families, MetricSpec
+
+POD_GPU_INFO = MetricSpec(
+    "fabricscope_pod_gpu_info",
+    "gauge",
+    "A GPU allocated to (method podresources) or used by (method cgroup) a container; always 1. "
+    "Join it onto GPU series by gpu, uuid or pci_bus_id, e.g. "
+    "fabricscope_nvlink_errors_total * on(gpu) group_left(namespace, pod) "
+    "fabricscope_pod_gpu_info (one series per GPU and container: a GPU shared by several "
+    "containers needs a many-to-many aware query). uuid is a MIG device's own UUID for MIG "
+    "slices; gpu and pci_bus_id are empty when NVML does not know the device.",
+    ("namespace", "pod", "container", "gpu", "uuid", "pci_bus_id", "method"),
+)
+POD_RDMA_INFO = MetricSpec(
+    "fabricscope_pod_rdma_info",
+    "gauge",
+    "An RDMA or SR-IOV device allocated to a container (kubelet pod-resources); always 1. "
+    "device_id is the device plugin's id as it is; device is the RDMA device it resolves to "
+    "(empty when it is not visible on the host, e.g. a VF moved into the pod) and pci_bus_id "
+    "its PCI address. Join onto port series with "
+    "* on(device) group_left(namespace, pod) fabricscope_pod_rdma_info.",
+    ("namespace", "pod", "container", "resource", "device_id", "device", "pci_bus_id"),
+)
+PODS = MetricSpec(
+    "fabricscope_attribution_pods",
+    "gauge",
+    "Pods on this node holding at least one attributed GPU or RDMA device.",
+)
+METHOD_UP = MetricSpec(
+    "fabricscope_attribution_method_up",
+    "gauge",
+    "1 when an attribution method worked in the latest pass, else 0: podresources when the "
+    "kubelet's pod-resources List answered, cgroup when the pod index from the API server is "
+    "current.",
+    ("method",),
+)
+ERRORS = MetricSpec(
+    "fabricscope_attribution_errors_total",
+    "counter",
+    "Attribution failures by reason: kubelet_unavailable (pod-resources List failed or missed "
+    "its deadline), api_forbidden (the API server answered 403: RBAC), api_error (any other "
+    "API server failure), cgroup_parse (an unparsable /proc/<pid>/cgroup). Devices stay "
+    "unattributed meanwhile; hardware series are unaffected.",
+    ("reason",),
+)
+
+SPECS: tuple[MetricSpec, ...] = (POD_GPU_INFO, POD_RDMA_INFO, PODS, METHOD_UP, ERRORS)
+
+
+def _label(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def render(snap: AttributionSnapshot, out: Families) -> None:
+    for g in snap.gpus:
+        out.add(
+            POD_GPU_INFO,
+            1,
+            g.namespace,
+            g.pod,
+            g.container,
+            _label(g.gpu),
+            g.uuid,
+            _label(g.pci_bus_id),
+            g.method,
+        )
+    for r in snap.rdma:
+        out.add(
+            POD_RDMA_INFO,
+            1,
+            r.namespace,
+            r.pod,
+            r.container,
+            r.resource,
+            r.device_id,
+            _label(r.device),
+            _label(r.pci_bus_id),
+        )
+    out.add(PODS, snap.pods)
+    for method, up in snap.methods_up:
+        out.add(METHOD_UP, up, method)
+    errors = dict(snap.errors_total)
+    for reason in ERROR_REASONS:
+        out.add(ERRORS, errors.get(reason, 0), reason)

@@ -1,0 +1,54 @@
+"""What the metrics server's connection limits did, as a series: an attack on ``/metrics``
+(idle, half-sent or slowly read connections) shows in Prometheus, not only in the log.
+
+The server's event loop counts (one thread: no lock needed for the counts); every second,
+when something changed, it renders the counts into the exposition cache's ``_http``
+fragment, so a scrape still only joins cached bytes.
+"""
+
+from __future__ import annotations
+
+from exporter.metrics.spec import Families, MetricSpec
+
+#: fixed vocabulary of ``reason``
+REASONS = (
+    "refused",
+    "evicted",
+    "header_timeout",
+    "idle_timeout",
+    "send_timeout",
+    "too_many_requests",
+)
+
+CONNECTIONS_CLOSED = MetricSpec(
+    "fabricscope_http_connections_closed_total",
+    "counter",
+    "Connections the metrics server closed or refused because of its limits, and requests "
+    "it answered 503 for load, by reason: refused (the client's address, or the server, was "
+    "at its connection limit with every connection in use), evicted (an idle or half-sent "
+    "connection closed to make room for a newcomer), header_timeout (no complete request "
+    "within the header timeout), idle_timeout (keep-alive), send_timeout (the client did not "
+    "read the response in time), too_many_requests (503: --web.max-requests being answered).",
+    ("reason",),
+)
+SPECS = (CONNECTIONS_CLOSED,)
+OWNER = "_http"
+
+
+class HttpStats:
+    """Counts by reason; ``dirty`` until rendered."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self.dirty = True
+
+    def count(self, reason: str) -> None:
+        if reason not in self.counts:
+            raise ValueError(f"unknown reason {reason!r}")
+        self.counts[reason] += 1
+        self.dirty = True
+
+    def render(self, out: Families) -> None:
+        for reason in REASONS:
+            out.add(CONNECTIONS_CLOSED, self.counts[reason], reason)
+        self.dirty = False

@@ -1,0 +1,425 @@
+"""Metric specs and rendering for the infiniband sampler.
+
+Well-known counters get a dedicated, well-named metric in base units; every other counter
+file (an unknown hw_counter, a driver-specific one, or the 32-bit twin of a 64-bit
+``counters_ext`` counter) is still exported through ``fabricscope_infiniband_port_generic_total``
+with ``source`` and ``counter`` labels, so nothing is dropped because a list lacked its name.
+(promtool's lint rejects metric names containing "counter", hence "generic" and
+"pma_saturated".)
+"""
+
+from __future__ import annotations
+
+from agent.infiniband.sampler import InfinibandSnapshot, PortCounter
+from exporter.metrics.spec import Families, MetricSpec
+
+_DP = ("device", "port")
+_P = "fabricscope_infiniband_port_"
+
+DEVICE_INFO = MetricSpec(
+    "fabricscope_infiniband_device_info",
+    "gauge",
+    "RDMA device identity from /sys/class/infiniband/<device>; always 1. Empty label values "
+    "are attributes the device does not expose.",
+    (
+        "device",
+        "fw_ver",
+        "board_id",
+        "hca_type",
+        "node_guid",
+        "node_type",
+        "pci_bus_id",
+        "numa_node",
+    ),
+)
+PORT_INFO = MetricSpec(
+    _P + "info",
+    "gauge",
+    "RDMA port identity; always 1. lid is decimal (empty when absent); netdev is the port's "
+    "network interface (empty when it has none).",
+    ("device", "port", "link_layer", "lid", "netdev"),
+)
+PORT_STATE = MetricSpec(
+    _P + "state",
+    "gauge",
+    "Logical port state as the kernel numbers it: 0 NOP, 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, "
+    "5 ACTIVE_DEFER.",
+    _DP,
+)
+PORT_PHYSICAL_STATE = MetricSpec(
+    _P + "physical_state",
+    "gauge",
+    "Physical port state as the kernel numbers it: 1 Sleep, 2 Polling, 3 Disabled, "
+    "4 PortConfigurationTraining, 5 LinkUp, 6 LinkErrorRecovery, 7 Phy Test.",
+    _DP,
+)
+PORT_UP = MetricSpec(
+    _P + "up",
+    "gauge",
+    "1 when the port is ACTIVE and its physical state is LinkUp, else 0.",
+    _DP,
+)
+PORT_RATE = MetricSpec(
+    _P + "rate_bytes_per_second",
+    "gauge",
+    "Negotiated port signalling rate (sysfs rate, Gb/s converted to bytes per second).",
+    _DP,
+    "bytes_per_second",
+)
+PORT_SM_LID = MetricSpec(
+    _P + "sm_lid",
+    "gauge",
+    "LID of the subnet manager the port reports; a change means the SM moved.",
+    _DP,
+)
+HW_COUNTERS_LIFESPAN = MetricSpec(
+    _P + "hw_counters_lifespan_seconds",
+    "gauge",
+    "How long the driver caches hw_counters values between hardware reads "
+    "(hw_counters/lifespan, milliseconds converted to seconds); a setting, not a counter.",
+    _DP,
+    "seconds",
+)
+COUNTER_SATURATED = MetricSpec(
+    _P + "pma_saturated",
+    "gauge",
+    "1 when a PMA counter of known width narrower than 64 bits sits at its maximum, where "
+    "the hardware stops it instead of wrapping (rates read 0 until the counters are reset); "
+    "widths from the kernel's PORT_PMA_ATTR table.",
+    ("device", "port", "counter"),
+)
+GENERIC_COUNTER = MetricSpec(
+    _P + "generic_total",
+    "counter",
+    "A port counter file with no dedicated fabricscope_infiniband_port_* metric (unknown to "
+    "fabricscope, driver-specific, or the 32-bit twin of a 64-bit counters_ext counter), as "
+    "the kernel counts it, except data counters which are converted to bytes.",
+    ("device", "port", "source", "counter"),
+)
+
+
+def _counter(what: str, help_: str, unit: str = "") -> MetricSpec:
+    return MetricSpec(_P + what + "_total", "counter", help_, _DP, unit)
+
+
+TRANSMITTED_BYTES = _counter(
+    "transmitted_bytes",
+    "Data octets transmitted on all VLs (PortXmitData; the kernel's 4-byte words, or hfi1 "
+    "8-byte flits, converted to bytes).",
+    "bytes",
+)
+RECEIVED_BYTES = _counter(
+    "received_bytes",
+    "Data octets received on all VLs (PortRcvData; the kernel's 4-byte words, or hfi1 8-byte "
+    "flits, converted to bytes).",
+    "bytes",
+)
+
+#: (source, counter file) -> dedicated metric. Where two files feed one metric, the later
+#: source in PREFERENCE wins (counters_ext holds the 64-bit values of mlx4 on old kernels).
+_KNOWN: dict[tuple[str, str], MetricSpec] = {}
+PREFERENCE = ("hw_counters", "counters", "counters_ext")
+
+
+def _known(spec: MetricSpec, *keys: tuple[str, str]) -> MetricSpec:
+    for key in keys:
+        _KNOWN[key] = spec
+    return spec
+
+
+_C = "counters"
+_X = "counters_ext"
+_H = "hw_counters"
+
+_known(TRANSMITTED_BYTES, (_C, "port_xmit_data"), (_X, "port_xmit_data_64"))
+_known(RECEIVED_BYTES, (_C, "port_rcv_data"), (_X, "port_rcv_data_64"))
+_PMA_SPECS = (
+    TRANSMITTED_BYTES,
+    RECEIVED_BYTES,
+    _known(
+        _counter("transmitted_packets", "Packets transmitted on all VLs (PortXmitPkts)."),
+        (_C, "port_xmit_packets"),
+        (_X, "port_xmit_packets_64"),
+    ),
+    _known(
+        _counter("received_packets", "Packets received on all VLs, errors included."),
+        (_C, "port_rcv_packets"),
+        (_X, "port_rcv_packets_64"),
+    ),
+    _known(
+        _counter("transmitted_unicast_packets", "Unicast packets transmitted."),
+        (_C, "unicast_xmit_packets"),
+        (_X, "port_unicast_xmit_packets"),
+    ),
+    _known(
+        _counter("received_unicast_packets", "Unicast packets received."),
+        (_C, "unicast_rcv_packets"),
+        (_X, "port_unicast_rcv_packets"),
+    ),
+    _known(
+        _counter("transmitted_multicast_packets", "Multicast packets transmitted."),
+        (_C, "multicast_xmit_packets"),
+        (_X, "port_multicast_xmit_packets"),
+    ),
+    _known(
+        _counter("received_multicast_packets", "Multicast packets received."),
+        (_C, "multicast_rcv_packets"),
+        (_X, "port_multicast_rcv_packets"),
+    ),
+    _known(
+        _counter("symbol_errors", "Minor link errors detected on one or more lanes (16-bit)."),
+        (_C, "symbol_error"),
+    ),
+    _known(
+        _counter(
+            "link_error_recovery",
+            "Times the link completed error recovery successfully (8-bit).",
+        ),
+        (_C, "link_error_recovery"),
+    ),
+    _known(
+        _counter("link_downed", "Times the link failed error recovery and went down (8-bit)."),
+        (_C, "link_downed"),
+    ),
+    _known(
+        _counter("receive_errors", "Received packets containing an error (16-bit)."),
+        (_C, "port_rcv_errors"),
+    ),
+    _known(
+        _counter(
+            "receive_remote_physical_errors",
+            "Received packets marked with the EBP delimiter (16-bit).",
+        ),
+        (_C, "port_rcv_remote_physical_errors"),
+    ),
+    _known(
+        _counter(
+            "receive_switch_relay_errors",
+            "Received packets discarded because they could not be forwarded (16-bit).",
+        ),
+        (_C, "port_rcv_switch_relay_errors"),
+    ),
+    _known(
+        _counter("receive_constraint_errors", "Received packets discarded by constraints."),
+        (_C, "port_rcv_constraint_errors"),
+    ),
+    _known(
+        _counter(
+            "receive_discards",
+            "Inbound packets discarded because the port was down or congested.",
+        ),
+        (_C, "port_rcv_discards"),
+    ),
+    _known(
+        _counter(
+            "transmit_discards",
+            "Outbound packets discarded because the port was down or congested (16-bit).",
+        ),
+        (_C, "port_xmit_discards"),
+    ),
+    _known(
+        _counter("transmit_constraint_errors", "Packets not transmitted because of constraints."),
+        (_C, "port_xmit_constraint_errors"),
+    ),
+    _known(
+        _counter(
+            "transmit_wait",
+            "Ticks during which the port had data to send but sent none (PortXmitWait, a tick "
+            "count, not seconds; 32-bit).",
+        ),
+        (_C, "port_xmit_wait"),
+    ),
+    _known(
+        _counter(
+            "local_link_integrity_errors",
+            "Times local physical errors exceeded the threshold (4-bit: saturates at 15).",
+        ),
+        (_C, "local_link_integrity_errors"),
+    ),
+    _known(
+        _counter(
+            "excessive_buffer_overrun_errors",
+            "Times consecutive receive buffer overruns exceeded the threshold (4-bit: "
+            "saturates at 15).",
+        ),
+        (_C, "excessive_buffer_overrun_errors"),
+    ),
+    _known(
+        _counter("vl15_dropped", "Incoming VL15 (subnet management) packets dropped."),
+        (_C, "VL15_dropped"),
+    ),
+)
+
+#: hw_counters with a dedicated name (mlx5 spelling; other drivers' hw_counters go generic)
+_HW = (
+    ("np_cnp_sent", "cnp_sent", "RoCE CNPs sent by this port as notification point."),
+    ("rp_cnp_handled", "cnp_handled", "RoCE CNPs handled by this port as reaction point."),
+    ("rp_cnp_ignored", "cnp_ignored", "RoCE CNPs received and ignored by the reaction point."),
+    (
+        "np_ecn_marked_roce_packets",
+        "ecn_marked_roce_packets",
+        "RoCE packets received with an ECN congestion mark.",
+    ),
+    (
+        "out_of_buffer",
+        "out_of_buffer",
+        "Packets dropped because no receive WQE was posted (receive queue empty).",
+    ),
+    ("out_of_sequence", "out_of_sequence", "Out-of-sequence packets received."),
+    ("packet_seq_err", "packet_sequence_errors", "Received NAKs for packet sequence errors."),
+    (
+        "local_ack_timeout_err",
+        "local_ack_timeout_errors",
+        "Times the sender's ACK timer expired (QP retransmission).",
+    ),
+    ("rnr_nak_retry_err", "rnr_nak_retry_errors", "Times the RNR NAK retry limit was exceeded."),
+    (
+        "implied_nak_seq_err",
+        "implied_nak_sequence_errors",
+        "Implied NAK sequence errors (a later response implied a lost one).",
+    ),
+    ("duplicate_request", "duplicate_requests", "Duplicate requests received."),
+    ("req_cqe_error", "requester_cqe_errors", "Requester completions with an error."),
+    (
+        "req_cqe_flush_error",
+        "requester_cqe_flush_errors",
+        "Requester completions flushed with an error.",
+    ),
+    (
+        "req_remote_access_errors",
+        "requester_remote_access_errors",
+        "Requester remote access errors.",
+    ),
+    (
+        "req_remote_invalid_request",
+        "requester_remote_invalid_requests",
+        "Requester remote invalid request errors.",
+    ),
+    ("resp_cqe_error", "responder_cqe_errors", "Responder completions with an error."),
+    (
+        "resp_cqe_flush_error",
+        "responder_cqe_flush_errors",
+        "Responder completions flushed with an error.",
+    ),
+    (
+        "resp_local_length_error",
+        "responder_local_length_errors",
+        "Responder local length errors.",
+    ),
+    (
+        "resp_remote_access_errors",
+        "responder_remote_access_errors",
+        "Responder remote access errors.",
+    ),
+    ("roce_adp_retrans", "roce_adaptive_retransmissions", "RoCE adaptive retransmissions."),
+    (
+        "roce_adp_retrans_to",
+        "roce_adaptive_retransmission_timeouts",
+        "RoCE adaptive retransmission timeouts.",
+    ),
+    ("roce_slow_restart", "roce_slow_restarts", "RoCE slow restarts."),
+    ("roce_slow_restart_cnps", "roce_slow_restart_cnps", "CNPs sent during RoCE slow restart."),
+    (
+        "roce_slow_restart_trans",
+        "roce_slow_restart_transitions",
+        "Transitions into RoCE slow restart.",
+    ),
+    ("rx_read_requests", "received_read_requests", "RDMA read requests received."),
+    ("rx_write_requests", "received_write_requests", "RDMA write requests received."),
+    ("rx_atomic_requests", "received_atomic_requests", "RDMA atomic requests received."),
+    ("rx_dct_connect", "received_dct_connects", "DCT connect requests received."),
+    (
+        "rx_icrc_encapsulated",
+        "received_icrc_encapsulated_packets",
+        "RoCE packets received with ICRC encapsulation.",
+    ),
+)
+_HW_SPECS = tuple(_known(_counter(what, help_), (_H, name)) for name, what, help_ in _HW)
+
+SPECS: tuple[MetricSpec, ...] = (
+    DEVICE_INFO,
+    PORT_INFO,
+    PORT_STATE,
+    PORT_PHYSICAL_STATE,
+    PORT_UP,
+    PORT_RATE,
+    PORT_SM_LID,
+    HW_COUNTERS_LIFESPAN,
+    COUNTER_SATURATED,
+    GENERIC_COUNTER,
+    *_PMA_SPECS,
+    *_HW_SPECS,
+)
+
+
+def dedicated_spec(source: str, name: str) -> MetricSpec | None:
+    """The dedicated metric a counter file feeds, if any."""
+    return _KNOWN.get((source, name))
+
+
+def split_counters(
+    counters: tuple[PortCounter, ...],
+) -> tuple[list[tuple[MetricSpec, PortCounter]], list[PortCounter]]:
+    """Which counters render under a dedicated metric and which go generic.
+
+    Where two files feed one metric, the one from the later source in ``PREFERENCE`` is
+    chosen and the other goes generic, so every file is exported exactly once.
+    """
+    chosen: dict[str, tuple[MetricSpec, PortCounter]] = {}
+    for c in counters:
+        spec = dedicated_spec(c.source, c.name)
+        if spec is None:
+            continue
+        held = chosen.get(spec.name)
+        if held is None or PREFERENCE.index(c.source) > PREFERENCE.index(held[1].source):
+            chosen[spec.name] = (spec, c)
+    picked = {id(c) for _, c in chosen.values()}
+    dedicated = [chosen[k] for k in sorted(chosen)]
+    generic = [c for c in counters if id(c) not in picked]
+    return dedicated, generic
+
+
+def _label(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def render(snap: InfinibandSnapshot, out: Families) -> None:
+    for dev in snap.devices:
+        out.add(
+            DEVICE_INFO,
+            1,
+            dev.name,
+            _label(dev.fw_ver),
+            _label(dev.board_id),
+            _label(dev.hca_type),
+            _label(dev.node_guid),
+            _label(dev.node_type),
+            _label(dev.pci_bus_id),
+            _label(dev.numa_node),
+        )
+        for port in dev.ports:
+            labels = (dev.name, str(port.port))
+            out.add(
+                PORT_INFO,
+                1,
+                *labels,
+                _label(port.link_layer),
+                _label(port.lid),
+                _label(port.netdev),
+            )
+            out.add(PORT_STATE, port.state.number if port.state else None, *labels)
+            out.add(
+                PORT_PHYSICAL_STATE, port.phys_state.number if port.phys_state else None, *labels
+            )
+            out.add(PORT_UP, port.up, *labels)
+            out.add(PORT_RATE, port.rate_bytes_per_second, *labels)
+            out.add(PORT_SM_LID, port.sm_lid, *labels)
+            out.add(HW_COUNTERS_LIFESPAN, port.hw_counters_lifespan_seconds, *labels)
+            dedicated, generic = split_counters(port.counters)
+            for spec, c in dedicated:
+                out.add(spec, c.value, *labels)
+            for c in generic:
+                out.add(GENERIC_COUNTER, c.value, *labels, c.source, c.name)
+            for c in port.counters:
+                if c.width is not None and c.width < 64:
+                    out.add(COUNTER_SATURATED, c.saturated, *labels, c.name)

@@ -1,0 +1,289 @@
+"""Metric specs and rendering for the netdev sampler (agent/netdev/sampler.py).
+
+Kernel counters come from ``IFLA_STATS64``; they never include RDMA traffic, which the
+mlx5 ``*_vport_rdma_*`` and ``*_phy`` ethtool statistics do (exported through
+``fabricscope_netdev_ethtool_statistic_total``). Every ethtool statistic is exported once:
+either under a named metric below or under the generic family, never both.
+"""
+
+from __future__ import annotations
+
+from agent.netdev.stats import OPERSTATES, EthtoolStats, LinkStats64, NetdevSample, NetdevSnapshot
+from exporter.metrics.spec import Families, MetricSpec
+
+INFO = MetricSpec(
+    "fabricscope_netdev_info",
+    "gauge",
+    "A constant 1 per sampled network interface, labelled with its bound kernel driver "
+    "(empty for virtual interfaces, or when sysfs shows another network namespace).",
+    ("netdev", "driver"),
+)
+OPERSTATE = MetricSpec(
+    "fabricscope_netdev_operstate",
+    "gauge",
+    "1 for the interface's RFC 2863 operational state, 0 for each other state.",
+    ("netdev", "operstate"),
+)
+CARRIER = MetricSpec(
+    "fabricscope_netdev_carrier",
+    "gauge",
+    "1 if the interface has carrier (link detected), else 0.",
+    ("netdev",),
+)
+CARRIER_CHANGES = MetricSpec(
+    "fabricscope_netdev_carrier_changes_total",
+    "counter",
+    "Carrier up and down transitions since the interface was created (a flap counts two).",
+    ("netdev",),
+)
+MTU = MetricSpec(
+    "fabricscope_netdev_mtu_bytes",
+    "gauge",
+    "Interface MTU.",
+    ("netdev",),
+    unit="bytes",
+)
+SPEED = MetricSpec(
+    "fabricscope_netdev_speed_bytes_per_second",
+    "gauge",
+    "Negotiated link speed (sysfs speed, converted from Mb/s); absent while unknown or down.",
+    ("netdev",),
+    unit="bytes_per_second",
+)
+BYTES = MetricSpec(
+    "fabricscope_netdev_bytes_total",
+    "counter",
+    "Bytes received or transmitted by the kernel network stack (RDMA traffic excluded).",
+    ("netdev", "direction"),
+    unit="bytes",
+)
+PACKETS = MetricSpec(
+    "fabricscope_netdev_packets_total",
+    "counter",
+    "Packets received or transmitted by the kernel network stack (RDMA traffic excluded).",
+    ("netdev", "direction"),
+)
+ERRORS = MetricSpec(
+    "fabricscope_netdev_errors_total",
+    "counter",
+    "Packets with receive or transmit errors (rx_errors, tx_errors).",
+    ("netdev", "direction"),
+)
+ERRORS_BY_REASON = MetricSpec(
+    "fabricscope_netdev_errors_by_reason_total",
+    "counter",
+    "Receive and transmit errors by cause, as the kernel breaks them down: rx reasons "
+    "length, over, crc, frame, fifo, missed; tx reasons aborted, carrier, fifo, heartbeat, "
+    "window.",
+    ("netdev", "direction", "reason"),
+)
+DROPPED = MetricSpec(
+    "fabricscope_netdev_dropped_packets_total",
+    "counter",
+    "Packets dropped by the interface or stack without an error (rx_dropped, tx_dropped).",
+    ("netdev", "direction"),
+)
+MULTICAST = MetricSpec(
+    "fabricscope_netdev_multicast_packets_total",
+    "counter",
+    "Multicast packets received.",
+    ("netdev",),
+)
+PFC_PAUSE_FRAMES = MetricSpec(
+    "fabricscope_netdev_pfc_pause_frames_total",
+    "counter",
+    "Priority flow control pause frames received (rx: the network throttles this NIC) or "
+    "sent (tx: this NIC cannot absorb traffic), per priority (queue) (mlx5 "
+    "rx/tx_prio<p>_pause).",
+    ("netdev", "direction", "queue"),
+)
+PFC_PAUSE_DURATION = MetricSpec(
+    "fabricscope_netdev_pfc_pause_duration_seconds_total",
+    "counter",
+    "Time paused by priority flow control, per priority (queue) (mlx5 "
+    "rx/tx_prio<p>_pause_duration, converted from microseconds).",
+    ("netdev", "direction", "queue"),
+    unit="seconds",
+)
+PAUSE_FRAMES = MetricSpec(
+    "fabricscope_netdev_pause_frames_total",
+    "counter",
+    "Link-level (802.3x) pause frames received or sent on the physical port (mlx5 "
+    "rx/tx_pause_ctrl_phy).",
+    ("netdev", "direction"),
+)
+PAUSE_STORM_WARNINGS = MetricSpec(
+    "fabricscope_netdev_pause_storm_warning_events_total",
+    "counter",
+    "Times the NIC kept sending pause frames past the warning watermark (mlx5 "
+    "tx_pause_storm_warning_events).",
+    ("netdev",),
+)
+PAUSE_STORM_ERRORS = MetricSpec(
+    "fabricscope_netdev_pause_storm_error_events_total",
+    "counter",
+    "Times pause storm prevention stopped the NIC sending pause frames after a timeout; "
+    "drops may follow (mlx5 tx_pause_storm_error_events).",
+    ("netdev",),
+)
+PHY_DISCARDS = MetricSpec(
+    "fabricscope_netdev_phy_discarded_packets_total",
+    "counter",
+    "Packets the physical port discarded: rx for lack of receive buffers (the adapter is "
+    "congested), tx despite no error (link down, head-of-line drop, pause) (mlx5 "
+    "rx/tx_discards_phy).",
+    ("netdev", "direction"),
+)
+OUT_OF_BUFFER = MetricSpec(
+    "fabricscope_netdev_out_of_buffer_drops_total",
+    "counter",
+    "Received packets dropped because a receive queue had no software buffer posted (mlx5 "
+    "rx_out_of_buffer).",
+    ("netdev",),
+)
+PRIORITY_DISCARDS = MetricSpec(
+    "fabricscope_netdev_priority_discarded_packets_total",
+    "counter",
+    "Received packets the device discarded, per priority (queue) and reason: no_buffer "
+    "(rx_prio<p>_discards), host_buffer (rx_prio<p>_buf_discard), host_congestion "
+    "(rx_prio<p>_cong_discard).",
+    ("netdev", "queue", "reason"),
+)
+ECN_MARKED = MetricSpec(
+    "fabricscope_netdev_ecn_marked_packets_total",
+    "counter",
+    "Received packets the device ECN-marked for host congestion, per priority (queue) (mlx5 "
+    "rx_prio<p>_marked).",
+    ("netdev", "queue"),
+)
+PCIE_STALLED_READS = MetricSpec(
+    "fabricscope_netdev_pcie_stalled_reads_ratio",
+    "gauge",
+    "Share of the last second the NIC had outbound PCIe reads waiting for credits (mlx5 "
+    "outbound_pci_stalled_rd, converted from percent).",
+    ("netdev",),
+    unit="ratio",
+)
+PCIE_STALLED_WRITES = MetricSpec(
+    "fabricscope_netdev_pcie_stalled_writes_ratio",
+    "gauge",
+    "Share of the last second the NIC had outbound PCIe writes waiting for credits (mlx5 "
+    "outbound_pci_stalled_wr, converted from percent).",
+    ("netdev",),
+    unit="ratio",
+)
+ETHTOOL_COUNTER = MetricSpec(
+    "fabricscope_netdev_ethtool_statistic_total",
+    "counter",
+    "Included ethtool statistics without a named metric, by the driver's name (units as the "
+    "driver counts them: *_bits_phy in bits, *_duration in microseconds).",
+    ("netdev", "statistic"),
+)
+ETHTOOL_GAUGE = MetricSpec(
+    "fabricscope_netdev_ethtool_statistic",
+    "gauge",
+    "Included ethtool statistics known to be instantaneous values rather than counters "
+    "(peer_ifindex), by the driver's name.",
+    ("netdev", "statistic"),
+)
+
+SPECS: tuple[MetricSpec, ...] = (
+    INFO,
+    OPERSTATE,
+    CARRIER,
+    CARRIER_CHANGES,
+    MTU,
+    SPEED,
+    BYTES,
+    PACKETS,
+    ERRORS,
+    ERRORS_BY_REASON,
+    DROPPED,
+    MULTICAST,
+    PFC_PAUSE_FRAMES,
+    PFC_PAUSE_DURATION,
+    PAUSE_FRAMES,
+    PAUSE_STORM_WARNINGS,
+    PAUSE_STORM_ERRORS,
+    PHY_DISCARDS,
+    OUT_OF_BUFFER,
+    PRIORITY_DISCARDS,
+    ECN_MARKED,
+    PCIE_STALLED_READS,
+    PCIE_STALLED_WRITES,
+    ETHTOOL_COUNTER,
+    ETHTOOL_GAUGE,
+)
+
+
+def render(snap: NetdevSnapshot, out: Families) -> None:
+    for nd in snap.netdevs:
+        _render_link(nd, out)
+        if nd.stats is not None:
+            _render_stats(nd.name, nd.stats, out)
+        if nd.ethtool is not None:
+            _render_ethtool(nd.name, nd.ethtool, out)
+
+
+def _render_link(nd: NetdevSample, out: Families) -> None:
+    n = nd.name
+    out.add(INFO, 1, n, nd.driver or "")
+    if nd.operstate is not None:
+        for state in OPERSTATES:
+            out.add(OPERSTATE, state == nd.operstate, n, state)
+    out.add(CARRIER, nd.carrier, n)
+    out.add(CARRIER_CHANGES, nd.carrier_changes, n)
+    out.add(MTU, nd.mtu_bytes, n)
+    out.add(SPEED, nd.speed_bytes_per_second, n)
+
+
+def _render_stats(n: str, s: LinkStats64, out: Families) -> None:
+    out.add(BYTES, s.rx_bytes, n, "rx")
+    out.add(BYTES, s.tx_bytes, n, "tx")
+    out.add(PACKETS, s.rx_packets, n, "rx")
+    out.add(PACKETS, s.tx_packets, n, "tx")
+    out.add(ERRORS, s.rx_errors, n, "rx")
+    out.add(ERRORS, s.tx_errors, n, "tx")
+    out.add(DROPPED, s.rx_dropped, n, "rx")
+    out.add(DROPPED, s.tx_dropped, n, "tx")
+    out.add(MULTICAST, s.multicast, n)
+    for direction, reason, value in (
+        ("rx", "length", s.rx_length_errors),
+        ("rx", "over", s.rx_over_errors),
+        ("rx", "crc", s.rx_crc_errors),
+        ("rx", "frame", s.rx_frame_errors),
+        ("rx", "fifo", s.rx_fifo_errors),
+        ("rx", "missed", s.rx_missed_errors),
+        ("tx", "aborted", s.tx_aborted_errors),
+        ("tx", "carrier", s.tx_carrier_errors),
+        ("tx", "fifo", s.tx_fifo_errors),
+        ("tx", "heartbeat", s.tx_heartbeat_errors),
+        ("tx", "window", s.tx_window_errors),
+    ):
+        out.add(ERRORS_BY_REASON, value, n, direction, reason)
+
+
+def _render_ethtool(n: str, e: EthtoolStats, out: Families) -> None:
+    for p in e.priorities:
+        q = str(p.priority)
+        out.add(PFC_PAUSE_FRAMES, p.rx_pause_frames, n, "rx", q)
+        out.add(PFC_PAUSE_FRAMES, p.tx_pause_frames, n, "tx", q)
+        out.add(PFC_PAUSE_DURATION, p.rx_pause_duration_seconds, n, "rx", q)
+        out.add(PFC_PAUSE_DURATION, p.tx_pause_duration_seconds, n, "tx", q)
+        out.add(PRIORITY_DISCARDS, p.rx_discarded_no_buffer, n, q, "no_buffer")
+        out.add(PRIORITY_DISCARDS, p.rx_discarded_host_buffer, n, q, "host_buffer")
+        out.add(PRIORITY_DISCARDS, p.rx_discarded_host_congestion, n, q, "host_congestion")
+        out.add(ECN_MARKED, p.rx_ecn_marked, n, q)
+    out.add(PAUSE_FRAMES, e.rx_pause_frames, n, "rx")
+    out.add(PAUSE_FRAMES, e.tx_pause_frames, n, "tx")
+    out.add(PAUSE_STORM_WARNINGS, e.pause_storm_warning_events, n)
+    out.add(PAUSE_STORM_ERRORS, e.pause_storm_error_events, n)
+    out.add(PHY_DISCARDS, e.rx_discards_phy, n, "rx")
+    out.add(PHY_DISCARDS, e.tx_discards_phy, n, "tx")
+    out.add(OUT_OF_BUFFER, e.rx_out_of_buffer, n)
+    out.add(PCIE_STALLED_READS, e.pcie_stalled_reads_ratio, n)
+    out.add(PCIE_STALLED_WRITES, e.pcie_stalled_writes_ratio, n)
+    for stat in e.counters:
+        out.add(ETHTOOL_COUNTER, stat.value, n, stat.name)
+    for stat in e.gauges:
+        out.add(ETHTOOL_GAUGE, stat.value, n, stat.name)

@@ -1,0 +1,241 @@
+"""Metric specs and rendering for the nvml sampler.
+
+Per-GPU series carry only ``gpu`` (NVML's index); ``fabricscope_gpu_info`` joins it to the
+UUID (what kubelet's pod-resources API names), the PCI address (what sysfs and the topology
+series name), the model and the VBIOS. Only values NVML answered are exported: a counter
+the GPU does not offer is absent, never 0.
+"""
+
+from __future__ import annotations
+
+from agent.nvml.snapshot import NvmlGpu, NvmlSnapshot
+from exporter.metrics.spec import Families, MetricSpec
+
+_G = ("gpu",)
+_GL = ("gpu", "link")
+
+GPU_INFO = MetricSpec(
+    "fabricscope_gpu_info",
+    "gauge",
+    "GPU identity from NVML; always 1. pci_bus_id is in sysfs form (0000:19:00.0), fw_ver is "
+    "the VBIOS version. Empty label values are attributes NVML did not give.",
+    ("gpu", "uuid", "pci_bus_id", "model", "fw_ver"),
+)
+DRIVER_INFO = MetricSpec(
+    "fabricscope_gpu_driver_info",
+    "gauge",
+    "NVIDIA driver version NVML reports; always 1.",
+    ("version",),
+)
+NVML_INFO = MetricSpec(
+    "fabricscope_gpu_nvml_info",
+    "gauge",
+    "NVML library version; always 1.",
+    ("version",),
+)
+GPU_LOST = MetricSpec(
+    "fabricscope_gpu_lost",
+    "gauge",
+    "1 when NVML answers GPU_IS_LOST for the GPU (fallen off the bus or inaccessible), else 0.",
+    _G,
+)
+PCIE_CURRENT_GENERATION = MetricSpec(
+    "fabricscope_gpu_pcie_current_link_generation",
+    "gauge",
+    "Current PCIe link generation of the GPU (drops at idle by design).",
+    _G,
+)
+PCIE_MAX_GENERATION = MetricSpec(
+    "fabricscope_gpu_pcie_max_link_generation",
+    "gauge",
+    "Highest PCIe link generation the GPU and the system it sits in support.",
+    _G,
+)
+PCIE_CURRENT_WIDTH = MetricSpec(
+    "fabricscope_gpu_pcie_current_link_width",
+    "gauge",
+    "Current PCIe link width of the GPU in lanes.",
+    _G,
+)
+PCIE_MAX_WIDTH = MetricSpec(
+    "fabricscope_gpu_pcie_max_link_width",
+    "gauge",
+    "Widest PCIe link the GPU supports, in lanes.",
+    _G,
+)
+PCIE_REPLAYS = MetricSpec(
+    "fabricscope_gpu_pcie_replays_total",
+    "counter",
+    "PCIe link-level replays (retransmissions) of the GPU since the driver loaded.",
+    _G,
+)
+REMAPPED_ROWS = MetricSpec(
+    "fabricscope_gpu_remapped_rows_total",
+    "counter",
+    "GPU memory rows remapped, by reason (correctable, uncorrectable memory errors).",
+    ("gpu", "reason"),
+)
+ROW_REMAP_PENDING = MetricSpec(
+    "fabricscope_gpu_row_remap_pending",
+    "gauge",
+    "1 when a row remap waits for a GPU reset, else 0.",
+    _G,
+)
+ROW_REMAP_FAILURE = MetricSpec(
+    "fabricscope_gpu_row_remap_failure",
+    "gauge",
+    "1 when a row remap failed (the GPU needs service), else 0.",
+    _G,
+)
+ECC_ERRORS = MetricSpec(
+    "fabricscope_gpu_ecc_errors_total",
+    "counter",
+    "Volatile ECC memory errors since the driver loaded, by reason (correctable, uncorrectable).",
+    ("gpu", "reason"),
+)
+CLOCKS_EVENT_ACTIVE = MetricSpec(
+    "fabricscope_gpu_clocks_event_active",
+    "gauge",
+    "1 while a clock-event (throttle) reason holds the GPU's clocks down, else 0, per reason "
+    "(sw_power_cap, hw_slowdown, hw_thermal_slowdown, sw_thermal_slowdown, "
+    "hw_power_brake_slowdown, gpu_idle ...).",
+    ("gpu", "reason"),
+)
+COMPUTE_PROCESSES = MetricSpec(
+    "fabricscope_gpu_compute_processes",
+    "gauge",
+    "Compute processes running on the GPU.",
+    _G,
+)
+XID_ERRORS = MetricSpec(
+    "fabricscope_gpu_xid_errors_total",
+    "counter",
+    "XID critical-error events since the agent started watching, by XID code (reason). A "
+    "series appears with its first event: alert on it existing as well as on increase().",
+    ("gpu", "reason"),
+)
+XID_WATCHED = MetricSpec(
+    "fabricscope_gpu_xid_watched",
+    "gauge",
+    "1 when the agent receives the GPU's XID events, 0 when NVML refused to register them.",
+    _G,
+)
+NVLINK_UP = MetricSpec(
+    "fabricscope_nvlink_up",
+    "gauge",
+    "1 when the NVLink is trained (active or in a low-power state), 0 when inactive.",
+    _GL,
+)
+NVLINK_VERSION = MetricSpec(
+    "fabricscope_nvlink_version",
+    "gauge",
+    "NVLink version as nvmlDeviceGetNvLinkVersion numbers it.",
+    _GL,
+)
+NVLINK_SPEED = MetricSpec(
+    "fabricscope_nvlink_speed_bytes_per_second",
+    "gauge",
+    "Speed of an active NVLink per direction, in bytes per second.",
+    _GL,
+    unit="bytes_per_second",
+)
+NVLINK_REMOTE_INFO = MetricSpec(
+    "fabricscope_nvlink_remote_info",
+    "gauge",
+    "The device at the far end of an active NVLink; always 1. pci_bus_id is the far end's PCI "
+    "address (another GPU's, or an NVSwitch's); remote_type is GPU, NVSwitch, IBMNPU or unknown "
+    "(empty when NVML does not say).",
+    ("gpu", "link", "pci_bus_id", "remote_type"),
+)
+NVLINK_ERRORS = MetricSpec(
+    "fabricscope_nvlink_errors_total",
+    "counter",
+    "NVLink data-link error counters, by reason: replay, recovery, crc_flit, crc_data, ecc_data. "
+    "NVML spends about 0.85 ms of CPU per link read (H200), so each link's replay, recovery "
+    "and crc_flit are read every 18th pass and crc_data and ecc_data every 72nd (4.5 and 18 min "
+    "at the default 15 s interval; --nvml.*-rotation); between reads the last value is "
+    "exported.",
+    ("gpu", "link", "reason"),
+)
+
+SPECS: tuple[MetricSpec, ...] = (
+    GPU_INFO,
+    DRIVER_INFO,
+    NVML_INFO,
+    GPU_LOST,
+    PCIE_CURRENT_GENERATION,
+    PCIE_MAX_GENERATION,
+    PCIE_CURRENT_WIDTH,
+    PCIE_MAX_WIDTH,
+    PCIE_REPLAYS,
+    REMAPPED_ROWS,
+    ROW_REMAP_PENDING,
+    ROW_REMAP_FAILURE,
+    ECC_ERRORS,
+    CLOCKS_EVENT_ACTIVE,
+    COMPUTE_PROCESSES,
+    XID_ERRORS,
+    XID_WATCHED,
+    NVLINK_UP,
+    NVLINK_VERSION,
+    NVLINK_SPEED,
+    NVLINK_REMOTE_INFO,
+    NVLINK_ERRORS,
+)
+
+
+def render(snap: NvmlSnapshot, out: Families) -> None:
+    if snap.driver_version is not None:
+        out.add(DRIVER_INFO, 1, snap.driver_version)
+    if snap.nvml_version is not None:
+        out.add(NVML_INFO, 1, snap.nvml_version)
+    for gpu in snap.gpus:
+        _render_gpu(gpu, out)
+    for reg in snap.xid_registrations:
+        out.add(XID_WATCHED, reg.watched, str(reg.gpu))
+    for xid in snap.xid_errors:
+        out.add(XID_ERRORS, xid.count, str(xid.gpu), str(xid.xid))
+
+
+def _render_gpu(gpu: NvmlGpu, out: Families) -> None:
+    g = str(gpu.index)
+    out.add(GPU_LOST, gpu.lost, g)
+    if gpu.uuid is not None or gpu.pci_bus_id is not None:
+        out.add(
+            GPU_INFO,
+            1,
+            g,
+            gpu.uuid or "",
+            gpu.pci_bus_id or "",
+            gpu.name or "",
+            gpu.vbios_version or "",
+        )
+    pcie = gpu.pcie
+    out.add(PCIE_CURRENT_GENERATION, pcie.current_generation, g)
+    out.add(PCIE_MAX_GENERATION, pcie.max_generation, g)
+    out.add(PCIE_CURRENT_WIDTH, pcie.current_width, g)
+    out.add(PCIE_MAX_WIDTH, pcie.max_width, g)
+    out.add(PCIE_REPLAYS, pcie.replays, g)
+    rows = gpu.remapped_rows
+    if rows is not None:
+        out.add(REMAPPED_ROWS, rows.correctable, g, "correctable")
+        out.add(REMAPPED_ROWS, rows.uncorrectable, g, "uncorrectable")
+        out.add(ROW_REMAP_PENDING, rows.pending, g)
+        out.add(ROW_REMAP_FAILURE, rows.failure, g)
+    out.add(ECC_ERRORS, gpu.ecc_corrected_volatile, g, "correctable")
+    out.add(ECC_ERRORS, gpu.ecc_uncorrected_volatile, g, "uncorrectable")
+    for reason, active in gpu.active_clocks_event_reasons() or ():
+        out.add(CLOCKS_EVENT_ACTIVE, active, g, reason)
+    if gpu.compute_processes is not None:
+        out.add(COMPUTE_PROCESSES, len(gpu.compute_processes), g)
+    for link in gpu.nvlinks:
+        n = str(link.link)
+        out.add(NVLINK_UP, link.up, g, n)
+        out.add(NVLINK_VERSION, link.version, g, n)
+        out.add(NVLINK_SPEED, link.speed_bytes_per_second, g, n)
+        if link.remote_pci_bus_id is not None:
+            out.add(
+                NVLINK_REMOTE_INFO, 1, g, n, link.remote_pci_bus_id, link.remote_device_type or ""
+            )
+        for reason, value in link.errors.items():
+            out.add(NVLINK_ERRORS, value, g, n, reason)

@@ -1,0 +1,132 @@
+"""The agent's own series: build info and per-sampler health from the runner."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+
+from agent import __version__
+from agent.core.runner import CHILD_REASONS, ERROR_REASONS, SamplerStatus
+from exporter.metrics.spec import Families, MetricSpec
+
+BUILD_INFO = MetricSpec(
+    "fabricscope_build_info",
+    "gauge",
+    "A constant 1, labelled with the fabricscope version and the Python version.",
+    ("version", "python_version"),
+)
+SAMPLER_SUCCESS = MetricSpec(
+    "fabricscope_sampler_success",
+    "gauge",
+    "1 if the sampler's latest attempt completed (absent hardware counts as success), else 0.",
+    ("sampler",),
+)
+SAMPLER_HARDWARE_PRESENT = MetricSpec(
+    "fabricscope_sampler_hardware_present",
+    "gauge",
+    "1 if the sampler found its hardware on its latest successful attempt, 0 if it found none.",
+    ("sampler",),
+)
+SAMPLER_DURATION = MetricSpec(
+    "fabricscope_sampler_duration_seconds",
+    "gauge",
+    "Wall time of the sampler's latest attempt (the timeout, when it timed out).",
+    ("sampler",),
+    unit="seconds",
+)
+SAMPLER_LAST_SUCCESS = MetricSpec(
+    "fabricscope_sampler_last_success_timestamp_seconds",
+    "gauge",
+    "Unix time of the sampler's latest successful attempt.",
+    ("sampler",),
+    unit="seconds",
+)
+SAMPLER_ATTEMPTS = MetricSpec(
+    "fabricscope_sampler_attempts_total",
+    "counter",
+    "Sampling attempts made, successful or not.",
+    ("sampler",),
+)
+SAMPLER_ERRORS = MetricSpec(
+    "fabricscope_sampler_errors_total",
+    "counter",
+    "Failed sampling attempts, by reason: exception, timeout, still_running (the previous "
+    "call was still hung, so this pass was skipped); for a sampler run in a child process "
+    "(nvml): crashed (the child died, e.g. a segfault in the driver library), hung (killed "
+    "at the timeout), backoff (not restarted yet).",
+    ("sampler", "reason"),
+)
+SAMPLER_READ_ERRORS = MetricSpec(
+    "fabricscope_sampler_read_errors_total",
+    "counter",
+    "Files a sampler could not read or parse (the one series is absent, the rest carry on), by "
+    "reason: vanished, permission, io, parse, unsupported.",
+    ("sampler", "reason"),
+)
+SAMPLER_READ_ERRORS_LAST = MetricSpec(
+    "fabricscope_sampler_read_errors",
+    "gauge",
+    "Files that could not be read or parsed during the sampler's latest successful pass.",
+    ("sampler",),
+)
+
+SAMPLER_RENDER_ERRORS = MetricSpec(
+    "fabricscope_sampler_render_errors_total",
+    "counter",
+    "Times a sampler's state could not be rendered into metrics (a bug: its series were "
+    "withdrawn until the next pass; the log has the traceback).",
+    ("sampler",),
+)
+
+SAMPLER_CHILD_RESTARTS = MetricSpec(
+    "fabricscope_sampler_child_restarts_total",
+    "counter",
+    "Child processes started to replace one that crashed or hung, for samplers run in a "
+    "supervised child process (nvml).",
+    ("sampler",),
+)
+
+SPECS = (
+    SAMPLER_RENDER_ERRORS,
+    SAMPLER_CHILD_RESTARTS,
+    BUILD_INFO,
+    SAMPLER_SUCCESS,
+    SAMPLER_HARDWARE_PRESENT,
+    SAMPLER_DURATION,
+    SAMPLER_LAST_SUCCESS,
+    SAMPLER_ATTEMPTS,
+    SAMPLER_ERRORS,
+    SAMPLER_READ_ERRORS,
+    SAMPLER_READ_ERRORS_LAST,
+)
+
+
+def render(
+    statuses: Mapping[str, SamplerStatus], render_errors: Mapping[str, int], out: Families
+) -> None:
+    out.add(BUILD_INFO, 1, __version__, platform.python_version())
+    for spec in SPECS:
+        out.declare(spec)
+    for name, n in render_errors.items():
+        if name not in statuses:  # a renderer that joins samplers ("findings")
+            out.add(SAMPLER_RENDER_ERRORS, n, name)
+    for name, st in statuses.items():
+        out.add(SAMPLER_ATTEMPTS, st.attempts_total, name)
+        out.add(SAMPLER_RENDER_ERRORS, render_errors.get(name, 0), name)
+        in_child = st.child_restarts_total is not None
+        for reason in ERROR_REASONS:
+            if in_child or reason not in CHILD_REASONS:  # the child's reasons, where one runs
+                out.add(SAMPLER_ERRORS, st.error_count(reason), name, reason)
+        if st.child_restarts_total is not None:
+            out.add(SAMPLER_CHILD_RESTARTS, st.child_restarts_total, name)
+        for reason, count in st.read_errors_total:
+            out.add(SAMPLER_READ_ERRORS, count, name, reason)
+        if st.attempts_total == 0:
+            continue
+        out.add(SAMPLER_SUCCESS, st.success, name)
+        out.add(SAMPLER_DURATION, st.duration_seconds, name)
+        out.add(SAMPLER_LAST_SUCCESS, st.last_success_timestamp_seconds, name)
+        if st.success:
+            out.add(SAMPLER_HARDWARE_PRESENT, st.hardware_present, name)
+        if st.snapshot is not None:
+            out.add(SAMPLER_READ_ERRORS_LAST, len(st.snapshot.issues), name)

@@ -1,0 +1,173 @@
+"""Metric specifications and the accumulator that renders snapshots into families.
+
+A ``MetricSpec`` is written once, in the area module that owns it
+(``exporter/metrics/infiniband.py``
+and so on); ``exporter/metrics/catalog.py`` gathers every spec into the one catalog that rendering,
+the docs generator and the dashboards' query check all read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+MetricType = Literal["gauge", "counter"]
+
+#: The one label vocabulary. Every label of every metric is one of these, spelled this way.
+LABELS: dict[str, str] = {
+    "sampler": "fabricscope sampler name (infiniband, pci, netdev, ...)",
+    "reason": "why something failed, from a fixed per-metric vocabulary",
+    "device": "RDMA device name, as in /sys/class/infiniband (mlx5_0)",
+    "port": "RDMA port number (1-based)",
+    "counter": "counter file name as the kernel spells it (for generically exported counters)",
+    "source": "which sysfs directory a counter came from (counters, hw_counters, counters_ext)",
+    "netdev": "network interface name (eth0, ib0)",
+    "queue": "queue or traffic-class index, or priority number",
+    "direction": "rx or tx",
+    "statistic": "ethtool statistic name as the driver spells it",
+    "pci_bus_id": "PCI address domain:bus:device.function (0000:19:00.0)",
+    "numa_node": "NUMA node number, -1 when the platform reports none",
+    "link_layer": "InfiniBand or Ethernet (RoCE)",
+    "state": "port or link state name",
+    "role": "what a PCI device is to fabricscope: gpu, nic, bridge",
+    "vendor": "PCI vendor id (0x10de)",
+    "model": "PCI device id or model name",
+    "parent_pci_bus_id": "PCI address of the upstream bridge",
+    "path_type": "nvidia-smi topo -m path type: PIX, PXB, PHB, NODE, SYS",
+    "port_type": "PCIe port type from config space: root_port, upstream_port, downstream_port",
+    "kind": "a finding's kind, from a fixed vocabulary",
+    "fw_ver": "firmware version",
+    "board_id": "board identifier (PSID)",
+    "hca_type": "HCA type reported by the driver (MT4129)",
+    "node_guid": "node GUID",
+    "node_type": "RDMA node type (CA, switch, router, RNIC)",
+    "lid": "InfiniBand local identifier",
+    "driver": "kernel driver bound to the device",
+    "operstate": "netdev operational state (up, down, ...)",
+    "version": "software version",
+    "python_version": "interpreter version",
+    "gpu": "GPU index as NVML numbers it",
+    "uuid": "GPU UUID",
+    "link": "NVLink index",
+    "remote_type": "what is at the far end of an NVLink: GPU, NVSwitch, IBMNPU, unknown",
+    "peer": "probe peer host",
+    "peer_gpu": "the probe peer's GPU index as NVML numbers it on that node",
+    "collective": "probe collective: all_reduce, sendrecv, latency",
+    "size_bytes": "probe message size in bytes",
+    "namespace": "Kubernetes namespace",
+    "pod": "Kubernetes pod name",
+    "container": "Kubernetes container name",
+    "resource": "Kubernetes extended resource name as the kubelet reports it (nvidia.com/gpu)",
+    "device_id": "device id a device plugin gave the kubelet (GPU UUID, VF PCI address, ...)",
+    "method": "how a pod attribution was made: podresources (kubelet API) or cgroup",
+    "cpus": "CPU list in kernel list format (0-31,64-95)",
+    "variable": "environment variable name, from a fixed allowlist (NCCL_IB_HCA)",
+    "value": "a setting's value as the process was started with it, or <redacted>",
+    "job_name": "a training job's name: --throughput.file PATH=JOB, --throughput.job or the "
+    "file's stem; in Kubernetes the pod annotation fabricscope.io/job, else the pod's owner",
+    "format": "the log format whose parser read a throughput line (composer, hf_trainer, "
+    "megatron, deepspeed, torchtitan, lightning, nanogpt, custom)",
+}
+
+_NAME = re.compile(r"^fabricscope_[a-z0-9_]+$")
+_UNITS = ("bytes", "seconds", "bytes_per_second", "transfers_per_second", "ratio", "celsius")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric family.
+
+    ``name`` is the exposition name (counters end in ``_total``). ``unit`` is a base unit
+    (``bytes``, ``seconds``, ``bytes_per_second`` ...) and must be the name's suffix (before
+    ``_total``), or empty for dimensionless values, states and info series.
+    """
+
+    name: str
+    type: MetricType
+    help: str
+    labels: tuple[str, ...] = ()
+    unit: str = ""
+
+    def __post_init__(self) -> None:
+        problems = list(spec_problems(self))
+        if problems:
+            raise ValueError(f"bad metric spec {self.name}: {'; '.join(problems)}")
+
+    @property
+    def family_name(self) -> str:
+        """Name without the counter suffix, as the text format's TYPE line wants it."""
+        if self.type == "counter":
+            return self.name[: -len("_total")]
+        return self.name
+
+
+def spec_problems(spec: MetricSpec) -> list[str]:
+    """Convention violations of one spec (empty when it follows Prometheus conventions)."""
+    out = []
+    if not _NAME.match(spec.name):
+        out.append("name must be fabricscope_ followed by [a-z0-9_]")
+    if spec.type == "counter" and not spec.name.endswith("_total"):
+        out.append("counters end in _total")
+    if spec.type != "counter" and spec.name.endswith("_total"):
+        out.append("only counters end in _total")
+    base = spec.name.removesuffix("_total")
+    if spec.unit:
+        if spec.unit not in _UNITS:
+            out.append(f"unit {spec.unit} is not a base unit")
+        elif not base.endswith("_" + spec.unit):
+            out.append(f"name must end in _{spec.unit}")
+    if base.endswith("_info") and (spec.type != "gauge" or spec.unit):
+        out.append("_info series are unitless gauges of value 1")
+    for label in spec.labels:
+        if label not in LABELS:
+            out.append(f"label {label} is not in the vocabulary (exporter/metrics/spec.py LABELS)")
+    if len(set(spec.labels)) != len(spec.labels):
+        out.append("duplicate label")
+    if len(spec.labels) > 12:
+        out.append("more than 12 labels")
+    if not spec.help or spec.help[0].islower() or not spec.help.endswith("."):
+        out.append("help must be a sentence: capitalised, ending in a full stop")
+    return out
+
+
+class Families:
+    """Accumulates samples per spec during one render.
+
+    ``add(spec, value, *label_values)`` takes label values positionally, in the order of
+    ``spec.labels``. A sample with a ``None`` value is skipped: absent stays absent.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self) -> None:
+        self._data: dict[str, tuple[MetricSpec, dict[tuple[str, ...], float]]] = {}
+
+    def add(self, spec: MetricSpec, value: float | int | bool | None, *label_values: str) -> None:
+        if value is None:
+            return
+        if len(label_values) != len(spec.labels):
+            raise ValueError(
+                f"{spec.name} takes labels {spec.labels}, got {len(label_values)} values"
+            )
+        entry = self._data.get(spec.name)
+        if entry is None:
+            entry = (spec, {})
+            self._data[spec.name] = entry
+        elif entry[0] is not spec:
+            raise ValueError(f"two specs named {spec.name}")
+        entry[1][label_values] = float(value)
+
+    def declare(self, spec: MetricSpec) -> None:
+        """Make sure the family exists (HELP/TYPE emitted) even with no samples."""
+        if spec.name not in self._data:
+            self._data[spec.name] = (spec, {})
+
+    def items(self) -> list[tuple[MetricSpec, list[tuple[tuple[str, ...], float]]]]:
+        """Families sorted by name, samples sorted by label values."""
+        return [
+            (spec, sorted(samples.items())) for _, (spec, samples) in sorted(self._data.items())
+        ]
+
+    def __len__(self) -> int:
+        return sum(len(s) for _, s in self._data.values())

@@ -1,0 +1,143 @@
+"""Metric specs and rendering for the throughput sampler: the training throughput jobs print
+in their logs, per container (or log file) and format.
+
+Every series carries ``namespace``, ``pod``, ``container`` (empty outside Kubernetes),
+``job_name`` (empty when unknown) and ``format`` (the parser that read the line). They join
+the attribution series on ``namespace`` and ``pod``, e.g. the GPUs a job's pods hold::
+
+    fabricscope_throughput_tokens_per_second
+      * on(namespace, pod) group_left(gpu) fabricscope_pod_gpu_info
+
+(``docs/throughput.md`` has more.) A stalled job keeps its last value: watch
+``fabricscope_throughput_last_parsed_timestamp_seconds`` for staleness.
+"""
+
+from __future__ import annotations
+
+from agent.throughput.sampler import ERROR_REASONS, ThroughputSnapshot
+from exporter.metrics.spec import Families, MetricSpec
+
+_L = ("namespace", "pod", "container", "job_name", "format")
+_P = "fabricscope_throughput_"
+_AS_PRINTED = (
+    " Labels: namespace, pod, container (empty outside Kubernetes), job_name, format (the "
+    "parser that read the line)."
+)
+
+TOKENS = MetricSpec(
+    _P + "tokens_per_second",
+    "gauge",
+    "Latest tokens per second the job printed (torchtitan prints it per device)." + _AS_PRINTED,
+    _L,
+)
+SAMPLES = MetricSpec(
+    _P + "samples_per_second",
+    "gauge",
+    "Latest samples per second the job printed, or its global batch size over its time per "
+    "iteration (Megatron)." + _AS_PRINTED,
+    _L,
+)
+ITERATIONS = MetricSpec(
+    _P + "iterations_per_second",
+    "gauge",
+    "Latest iterations (steps) per second the job printed, or the inverse of its time per "
+    "iteration." + _AS_PRINTED,
+    _L,
+)
+STEP = MetricSpec(
+    _P + "step_seconds",
+    "gauge",
+    "Latest time per iteration (step) the job printed, or the inverse of its iterations per "
+    "second." + _AS_PRINTED,
+    _L,
+    "seconds",
+)
+FLOPS = MetricSpec(
+    _P + "flops_per_gpu",
+    "gauge",
+    "Latest model FLOP/s per GPU the job printed (TFLOP/s x 1e12)." + _AS_PRINTED,
+    _L,
+)
+MFU = MetricSpec(
+    _P + "mfu_ratio",
+    "gauge",
+    "Latest model FLOPs utilisation the job printed, 0..1 (percentages divided by 100)."
+    + _AS_PRINTED,
+    _L,
+    "ratio",
+)
+LAST_PARSED = MetricSpec(
+    _P + "last_parsed_timestamp_seconds",
+    "gauge",
+    "Wall time of the last line a value was parsed from: its CRI log timestamp, or for a plain "
+    "file the file's modification time when it was read. A stalled job shows here.",
+    ("namespace", "pod", "container", "job_name"),
+    "seconds",
+)
+LINES_PARSED = MetricSpec(
+    _P + "lines_parsed_total",
+    "counter",
+    "Log lines that yielded a value, since the agent started (a first read starts 1 MiB "
+    "before the end of an already written log)." + _AS_PRINTED,
+    _L,
+)
+SOURCES = MetricSpec(
+    _P + "sources",
+    "gauge",
+    "Log files and container logs the throughput sampler is reading.",
+)
+ERRORS = MetricSpec(
+    _P + "errors_total",
+    "counter",
+    "Throughput log reading problems by reason: bad_regex (an unusable "
+    "fabricscope.io/throughput-regex), cri_parse (a line not in the CRI log format), gzip, "
+    "invalid_utf8 (decoded with replacement characters; its numbers still read), io, "
+    "line_too_long (skipped), no_match (a --throughput.file pattern matching nothing), "
+    "not_regular_file (a FIFO, socket, device or directory in place of a log), permission, "
+    "rotated (a log rotated: not an error), truncated (read again from its start), vanished "
+    "(a log or pod log directory gone).",
+    ("reason",),
+)
+
+SPECS: tuple[MetricSpec, ...] = (
+    TOKENS,
+    SAMPLES,
+    ITERATIONS,
+    STEP,
+    FLOPS,
+    MFU,
+    LAST_PARSED,
+    LINES_PARSED,
+    SOURCES,
+    ERRORS,
+)
+
+_VALUES = (
+    (TOKENS, "tokens_per_second"),
+    (SAMPLES, "samples_per_second"),
+    (ITERATIONS, "iterations_per_second"),
+    (STEP, "step_seconds"),
+    (FLOPS, "flops_per_gpu"),
+    (MFU, "mfu_ratio"),
+)
+
+
+def render(snap: ThroughputSnapshot, out: Families) -> None:
+    for s in snap.series:
+        labels = (s.namespace, s.pod, s.container, s.job_name, s.format)
+        for spec, attr in _VALUES:
+            out.add(spec, getattr(s, attr), *labels)
+        out.add(LINES_PARSED, s.lines_parsed, *labels)
+    for t in snap.times:
+        out.add(
+            LAST_PARSED,
+            t.last_parsed_timestamp_seconds,
+            t.namespace,
+            t.pod,
+            t.container,
+            t.job_name,
+        )
+    out.add(SOURCES, snap.sources)
+    errors = dict(snap.errors_total)
+    for reason in ERROR_REASONS:
+        out.add(ERRORS, errors.get(reason, 0), reason)
