@@ -50,7 +50,7 @@ def test_every_raised_kind_is_registered_and_every_registered_kind_is_raised() -
 
 
 def test_an_unregistered_kind_cannot_be_built() -> None:
-    with pytest.raises(ValueError, match=r"not in agent\.findings\.KINDS"):
+    with pytest.raises(ValueError, match=r"not in agent\.core\.findings\.KINDS"):
         Finding("made_up", "x", "y")
 
 
