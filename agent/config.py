@@ -9,7 +9,19 @@ import re
 from dataclasses import dataclass, field
 
 #: Every sampler, in the order they are listed in ``--help``.
-SAMPLER_NAMES = ("attribution", "infiniband", "netdev", "nvml", "pci", "throughput", "workload")
+SAMPLER_NAMES = (
+    "attribution",
+    "ibpeer",
+    "infiniband",
+    "netdev",
+    "nvml",
+    "pci",
+    "throughput",
+    "workload",
+)
+#: Samplers that run only when asked for (``--sampler.ibpeer``): they need a device or a
+#: privilege the default deployment does not give
+DEFAULT_OFF = frozenset({"ibpeer"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +40,7 @@ class Sampling:
     ``timeout_seconds``: a pass running longer is abandoned and counted as a timeout.
     """
 
-    enabled: frozenset[str] = frozenset(SAMPLER_NAMES)
+    enabled: frozenset[str] = frozenset(SAMPLER_NAMES) - DEFAULT_OFF
     interval_seconds: float = 15.0
     timeout_seconds: float = 10.0
 
@@ -238,6 +250,23 @@ class ThroughputSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class IbPeerSettings:
+    """The ``ibpeer`` sampler (``agent/ibpeer``): how it runs infiniband-diags.
+
+    ``command_prefix``: argv put in front of every tool (``ibsim-run`` for the simulator, a
+    wrapper, ``sudo -n``); empty: the tools are run directly. ``tool_timeout_seconds``: one
+    tool call running longer is killed with its process group and fails the pass.
+    """
+
+    command_prefix: tuple[str, ...] = ()
+    tool_timeout_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.tool_timeout_seconds > 0:
+            raise ValueError("ibpeer tool timeout must be positive")
+
+
+@dataclass(frozen=True, slots=True)
 class AgentConfig:
     paths: Paths = field(default_factory=Paths)
     sampling: Sampling = field(default_factory=Sampling)
@@ -246,3 +275,4 @@ class AgentConfig:
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     nvml: NvmlSettings = field(default_factory=NvmlSettings)
     throughput: ThroughputSettings = field(default_factory=ThroughputSettings)
+    ibpeer: IbPeerSettings = field(default_factory=IbPeerSettings)

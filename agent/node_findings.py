@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.core.findings import KINDS, Area, Finding
+from agent.ibpeer import sampler as ibpeer
+from agent.ibpeer.sampler import IbPeerSnapshot
 from agent.infiniband import sampler as infiniband
 from agent.infiniband.sampler import InfinibandSnapshot
 from agent.nvml import findings as nvml_findings
@@ -21,7 +23,7 @@ from agent.pci.sampler import PciSnapshot
 from agent.workload import findings as workload_findings
 from agent.workload.sampler import WorkloadSnapshot
 
-AREAS: tuple[Area, ...] = ("infiniband", "pci", "nvml", "workload")
+AREAS: tuple[Area, ...] = ("infiniband", "ibpeer", "pci", "nvml", "workload")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,7 @@ def collect(
     ib: InfinibandSnapshot | None = None,
     gpu: NvmlSnapshot | None = None,
     work: WorkloadSnapshot | None = None,
+    peer: IbPeerSnapshot | None = None,
 ) -> NodeFindings:
     """All findings of the snapshots given (``pci`` may be an already analysed topology)."""
     found: list[Finding] = []
@@ -56,6 +59,9 @@ def collect(
     if ib is not None:
         found += infiniband.findings(ib)
         checked.append("infiniband")
+    if peer is not None:
+        found += ibpeer.findings(peer)
+        checked.append("ibpeer")
     if pci is not None:
         topo = pci if isinstance(pci, topology.Topology) else topology.analyse(pci)
         found += topology.findings(topo)

@@ -9,6 +9,7 @@ from agent.config import AgentConfig
 from agent.core.runner import SamplerSpec
 from agent.core.sampler import Sampler, Snapshot
 from agent.core.sysfs import SysfsReader
+from agent.ibpeer.sampler import IbPeerSampler, check_tools
 from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
 from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
 from agent.netdev.sampler import NetdevSampler
@@ -99,6 +100,19 @@ def build_samplers(
         )
     if "infiniband" in enabled:
         out.append(InfinibandSampler(sysfs))
+    if "ibpeer" in enabled:
+        ip = config.ibpeer
+        check_tools(ip.command_prefix)
+        out.append(
+            IbPeerSampler(
+                sysfs,
+                prefix=ip.command_prefix,
+                tool_timeout=ip.tool_timeout_seconds,
+                # the sampler's own deadline, inside the runner's: its verdict is the one
+                # counted, and the last tool is killed before the runner gives up on the call
+                pass_budget=max(config.sampling.timeout_seconds - 1.0, 0.5),
+            )
+        )
     if "netdev" in enabled:
         nd = config.netdev
         ethtool = nd.ethtool_include or DEFAULT_ETHTOOL_INCLUDE

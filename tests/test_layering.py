@@ -42,6 +42,7 @@ def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
 #: nothing of the agent) and the joins declared here, and no other source
 SOURCES = (
     "infiniband",
+    "ibpeer",
     "pci",
     "netdev",
     "nvml",
@@ -51,6 +52,8 @@ SOURCES = (
     "probe",
 )
 DECLARED_JOINS = {
+    # the far end's counters carry the local counters' names, widths and units (PortCounter)
+    "ibpeer": {"infiniband"},
     # RDMA devices and GPU UUIDs are what pods are attributed by
     "kubernetes": {"infiniband", "nvml"},
     # processes' NUMA placement against their GPUs' and NICs', attributed to pods

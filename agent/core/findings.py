@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Severity = Literal["critical", "warning", "info"]
-Area = Literal["infiniband", "pci", "nvml", "workload"]
+Area = Literal["infiniband", "ibpeer", "pci", "nvml", "workload"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,46 @@ _KINDS: tuple[FindingKind, ...] = (
         "A PMA port counter sits at the maximum of its width and no longer counts.",
         "fabricscope_infiniband_port_pma_saturated",
         "FabricscopeInfinibandCounterSaturated",
+    ),
+    FindingKind(
+        "ib_peer_errors",
+        "ibpeer",
+        "warning",
+        "The port at the other end of a node's InfiniBand cable (a switch port) counts symbol, "
+        "receive, link-recovery or link-down errors: this node's transmitter or the cable.",
+        "fabricscope_infiniband_peer_port_symbol_errors_total",
+        "FabricscopeInfinibandPeerErrorsRising",
+        "The alert fires on symbol or receive errors rising within an hour; the finding on any "
+        "count since the switch's counters were last reset.",
+    ),
+    FindingKind(
+        "ib_link_width_degraded",
+        "ibpeer",
+        "warning",
+        "An InfiniBand link trained narrower than the widest width both ends support "
+        "(PortInfo LinkWidthActive against both ends' LinkWidthSupported).",
+        "fabricscope_infiniband_link_width_degraded",
+        "FabricscopeInfinibandLinkWidthDegraded",
+    ),
+    FindingKind(
+        "ib_link_speed_degraded",
+        "ibpeer",
+        "warning",
+        "An InfiniBand link trained at a lower lane speed than the fastest both ends support "
+        "(PortInfo LinkSpeed(Ext)Active against both ends' LinkSpeed(Ext)Supported).",
+        "fabricscope_infiniband_link_speed_degraded",
+        "FabricscopeInfinibandLinkSpeedDegraded",
+    ),
+    FindingKind(
+        "ib_peer_changed",
+        "ibpeer",
+        "warning",
+        "The other end of a local InfiniBand port is another node GUID or port than before: "
+        "the cable was moved or the neighbour replaced.",
+        "fabricscope_infiniband_peer_info",
+        "FabricscopeInfinibandPeerChanged",
+        "The finding holds for an hour after the agent saw the change; the alert reads the "
+        "info series over 30 minutes, so it also fires after an agent restart.",
     ),
     FindingKind(
         "nic_cross_numa",

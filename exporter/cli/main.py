@@ -18,6 +18,7 @@ import argparse
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -27,10 +28,12 @@ from dataclasses import replace
 
 from agent import __version__
 from agent.config import (
+    DEFAULT_OFF,
     DEFAULT_POD_LOGS,
     DEFAULT_POD_RESOURCES_SOCKET,
     SAMPLER_NAMES,
     AgentConfig,
+    IbPeerSettings,
     KubernetesSettings,
     NetdevSettings,
     NvmlSettings,
@@ -203,13 +206,31 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
         "costs a pass, counted, never /metrics (default: on; off only to debug)",
     )
     for name in SAMPLER_NAMES:
+        on = name not in DEFAULT_OFF
         g.add_argument(
             f"--sampler.{name}",
             dest=f"sampler_{name}",
             action=argparse.BooleanOptionalAction,
-            default=True,
-            help=f"enable the {name} sampler (default: on)",
+            default=on,
+            help=f"enable the {name} sampler (default: {'on' if on else 'off'})",
         )
+    g.add_argument(
+        "--ibpeer.command-prefix",
+        dest="ibpeer_command_prefix",
+        default="",
+        metavar="COMMAND",
+        help="words put before every smpquery/perfquery the ibpeer sampler runs (split like a "
+        "shell: 'ibsim-run' for the simulator, a wrapper; default: none)",
+    )
+    g.add_argument(
+        "--ibpeer.tool-timeout",
+        dest="ibpeer_tool_timeout",
+        type=positive,
+        default=2.0,
+        metavar="SECONDS",
+        help="an smpquery/perfquery call running longer is killed and fails the ibpeer pass "
+        "(default: %(default)s)",
+    )
     g.add_argument(
         "--sampling.interval",
         dest="sampling_interval",
@@ -365,6 +386,7 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
         sampling=sampling,
         netdev=NetdevSettings(ns.netdev_include, ns.netdev_ethtool_include, ns.netdev_ethtool),
         probe=probe_flags.settings_from_args(ns),
+        ibpeer=_ibpeer_settings(ns),
         nvml=NvmlSettings(
             ns.nvml_link_error_rotation, ns.nvml_slow_error_rotation, isolate=ns.nvml_isolate
         ),
@@ -381,6 +403,14 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
             node_name=getattr(ns, "node_name", None) or None,
         ),
     )
+
+
+def _ibpeer_settings(ns: argparse.Namespace) -> IbPeerSettings:
+    try:
+        prefix = tuple(shlex.split(getattr(ns, "ibpeer_command_prefix", "")))
+    except ValueError as exc:
+        raise ConfigError(f"--ibpeer.command-prefix: {exc}") from exc
+    return IbPeerSettings(prefix, getattr(ns, "ibpeer_tool_timeout", 2.0))
 
 
 def cmd_agent(ns: argparse.Namespace) -> int:
@@ -484,4 +514,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NoData as exc:
         print(f"fabricscope: {exc}", file=sys.stderr)
         return 1
-

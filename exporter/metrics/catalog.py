@@ -12,6 +12,7 @@ from exporter.metrics import (
     attribution,
     findings,
     httpstats,
+    ibpeer,
     infiniband,
     netdev,
     nvml,
@@ -37,6 +38,7 @@ AREAS: dict[str, Area] = {
     a.sampler: a
     for a in (
         Area("attribution", attribution.SPECS, attribution.render),
+        Area("ibpeer", ibpeer.SPECS, ibpeer.render),
         Area("infiniband", infiniband.SPECS, infiniband.render),
         Area("netdev", netdev.SPECS, netdev.render),
         Area("nvml", nvml.SPECS, nvml.render),

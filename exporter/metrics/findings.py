@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from agent.core.runner import SamplerStatus
+from agent.ibpeer.sampler import IbPeerSnapshot
 from agent.infiniband.sampler import InfinibandSnapshot
 from agent.node_findings import collect
 from agent.nvml.snapshot import NvmlSnapshot
@@ -30,7 +31,7 @@ FINDINGS = MetricSpec(
 SPECS: tuple[MetricSpec, ...] = (FINDINGS,)
 
 #: the samplers whose snapshots the findings join: only their updates change the fragment
-SOURCES = frozenset({"pci", "infiniband", "nvml", "workload"})
+SOURCES = frozenset({"pci", "infiniband", "ibpeer", "nvml", "workload"})
 
 
 def _snap(statuses: Mapping[str, SamplerStatus], name: str, kind: type[object]) -> object:
@@ -44,10 +45,12 @@ def render(statuses: Mapping[str, SamplerStatus], out: Families) -> None:
     ib = _snap(statuses, "infiniband", InfinibandSnapshot)
     gpu = _snap(statuses, "nvml", NvmlSnapshot)
     work = _snap(statuses, "workload", WorkloadSnapshot)
+    peer = _snap(statuses, "ibpeer", IbPeerSnapshot)
     assert pci is None or isinstance(pci, PciSnapshot)
     assert ib is None or isinstance(ib, InfinibandSnapshot)
     assert gpu is None or isinstance(gpu, NvmlSnapshot)
     assert work is None or isinstance(work, WorkloadSnapshot)
-    node = collect(pci=pci, ib=ib, gpu=gpu, work=work)
+    assert peer is None or isinstance(peer, IbPeerSnapshot)
+    node = collect(pci=pci, ib=ib, gpu=gpu, work=work, peer=peer)
     for kind, n in node.counts().items():
         out.add(FINDINGS, n, kind)

@@ -357,6 +357,12 @@ def dedicated_spec(source: str, name: str) -> MetricSpec | None:
     return _KNOWN.get((source, name))
 
 
+def pma_specs() -> dict[str, MetricSpec]:
+    """Counter file of ``counters/`` (the PMA's PortCounters) -> its dedicated metric: what
+    the ibpeer sampler's neighbour counters are named after."""
+    return {name: spec for (source, name), spec in sorted(_KNOWN.items()) if source == _C}
+
+
 def split_counters(
     counters: tuple[PortCounter, ...],
 ) -> tuple[list[tuple[MetricSpec, PortCounter]], list[PortCounter]]:

@@ -43,6 +43,13 @@ LABELS: dict[str, str] = {
     "node_guid": "node GUID",
     "node_type": "RDMA node type (CA, switch, router, RNIC)",
     "lid": "InfiniBand local identifier",
+    "end": "which end of a cable a value was read at: local (this node's port) or peer (the "
+    "port at the other end)",
+    "peer_guid": "node GUID of the device at the other end of a local port's cable (0x and 16 "
+    "hex digits)",
+    "peer_port": "port number, on the device at the other end of the cable, the cable lands on",
+    "peer_description": "node description of the device at the other end of the cable "
+    "(printable ASCII, at most 64 characters)",
     "driver": "kernel driver bound to the device",
     "operstate": "netdev operational state (up, down, ...)",
     "version": "software version",
