@@ -63,6 +63,11 @@ LABEL org.opencontainers.image.title="fabricscope" \
       org.opencontainers.image.description="Node agent and Prometheus exporter for GPU training fabrics" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=builder /opt/fabricscope /opt/fabricscope
+# smpquery/perfquery for the optional ibpeer sampler (components/ibpeer): ~1 MB with
+# libibumad3, libibmad5 and libibnetdisc5
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends infiniband-diags=44.0-2 \
+    && rm -rf /var/lib/apt/lists/*
 # nobody by default; see runtime-probe for why the DaemonSet runs uid 0 without capabilities
 USER 65534:65534
 EXPOSE 10118

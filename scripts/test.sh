@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a Debian/Ubuntu machine, installing what it needs:
 # Prometheus, promtool, Alertmanager and node_exporter (Debian packages; real components in
-# tests), iproute2 (network-namespace tests), a virtualenv with pinned Python packages.
+# tests), ibsim-utils, infiniband-diags and opensm (a simulated InfiniBand fabric), iproute2
+# (network-namespace tests), a virtualenv with pinned Python packages.
 # Needs root (or sudo): the netdev tests create network namespaces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,11 @@ command -v prometheus-node-exporter >/dev/null || pkgs+=(prometheus-node-exporte
 command -v ip >/dev/null || pkgs+=(iproute2)
 command -v openssl >/dev/null || pkgs+=(openssl)
 command -v gcc >/dev/null || pkgs+=(gcc)  # builds the stand-in NVML library (tests)
+# a simulated InfiniBand fabric for the ibpeer sampler's tests: ibsim + libumad2sim, the real
+# diags tools (smpquery, perfquery, ibportstate) and OpenSM
+command -v ibsim >/dev/null || pkgs+=(ibsim-utils)
+command -v smpquery >/dev/null || [ -x /usr/sbin/smpquery ] || pkgs+=(infiniband-diags)
+command -v opensm >/dev/null || [ -x /usr/sbin/opensm ] || pkgs+=(opensm)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
 if [ ${#pkgs[@]} -gt 0 ]; then
   echo "== installing system packages: ${pkgs[*]}"

@@ -48,6 +48,7 @@ Doc = dict[str, Any]
 COMBINATIONS = {
     "standard-acs": "resources: [../standard]\ncomponents: [../../components/acs]\n",
     "standard-nonroot": "resources: [../standard]\ncomponents: [../../components/nonroot]\n",
+    "standard-ibpeer": "resources: [../standard]\ncomponents: [../../components/ibpeer]\n",
     "standard-environ": (
         "resources: [../standard]\ncomponents: [../../components/workload-environ]\n"
     ),

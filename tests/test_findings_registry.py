@@ -34,6 +34,7 @@ def raised_kinds() -> set[str]:
     kinds: set[str] = set()
     for name in (
         "infiniband/sampler",
+        "ibpeer/sampler",
         "pci/topology",
         "nvml/sampler",
         "nvml/findings",
