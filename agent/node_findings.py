@@ -23,7 +23,10 @@ from agent.pci.sampler import PciSnapshot
 from agent.workload import findings as workload_findings
 from agent.workload.sampler import WorkloadSnapshot
 
-AREAS: tuple[Area, ...] = ("infiniband", "ibpeer", "pci", "nvml", "workload")
+AREAS: tuple[Area, ...] = ("infiniband", "pci", "nvml", "workload")
+#: areas of opt-in samplers (``--sampler.ibpeer``): counted when their snapshot is there, never
+#: listed as missing (``fabricscope topo`` runs no MAD queries; most nodes never enable them)
+OPT_IN_AREAS: tuple[Area, ...] = ("ibpeer",)
 
 
 @dataclass(frozen=True, slots=True)
