@@ -24,7 +24,6 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from agent.core.errors import NoData
 from agent.core.sysfs import ReadIssue
 from agent.kubernetes.podwatch import PodIndex, PodMeta
 from agent.throughput.formats import BadRegex, compile_custom, parse_line
+from agent.throughput.linear import Pattern
 from agent.throughput.pods import (
     current_log,
     newest_rotated,
@@ -117,7 +117,7 @@ class _Stream:
     values: dict[str, dict[str, float]] = field(default_factory=dict)
     parsed: Counter[str] = field(default_factory=Counter)
     last_ts: float | None = None
-    custom: re.Pattern[str] | None = None
+    custom: Pattern | None = None
     custom_source: str | None = None
     custom_error: str | None = None
     parsed_this_poll: bool = False

@@ -84,7 +84,10 @@ WHOLE_FILE = Limits(max_bytes_per_pass=None, initial_bytes=None)
 
 def parse_cri_timestamp(raw: bytes) -> float | None:
     """Seconds since the epoch of a CRI log timestamp (``2024-04-06T02:55:45.123456789Z``
-    or with a ``+hh:mm`` offset); None when it is not one."""
+    or with a ``+hh:mm`` offset); None when it is not one (a longer field than any RFC 3339
+    timestamp is refused before it is looked at: the field is a pod's text)."""
+    if len(raw) > 64:
+        return None
     text = raw.decode("ascii", errors="replace")
     if "." in text:
         head, _, rest = text.partition(".")
