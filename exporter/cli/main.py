@@ -172,6 +172,33 @@ def _add_throughput(p: argparse.ArgumentParser) -> None:
         help="read only pods whose labels match this label selector (app=llm,tier!=eval); "
         "needs the API-server pod watch (--kubernetes.node-name)",
     )
+    g.add_argument(
+        "--throughput.isolate",
+        dest="throughput_isolate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read and parse logs in a supervised child process: whatever a pod writes "
+        "costs at most a throughput pass, counted, never /metrics (default: on; off only to "
+        "debug)",
+    )
+    g.add_argument(
+        "--throughput.stream-cpu-budget",
+        dest="throughput_stream_cpu",
+        type=positive,
+        default=0.5,
+        metavar="SECONDS",
+        help="CPU time one log may take in one pass; the rest of it waits for the next pass, "
+        "counted as cpu_budget (default: %(default)s)",
+    )
+    g.add_argument(
+        "--throughput.max-open-files",
+        dest="throughput_max_open_files",
+        type=count,
+        default=256,
+        metavar="N",
+        help="log files kept open between passes; idle ones beyond it are closed and "
+        "reopened at their offset (default: %(default)s)",
+    )
 
 
 def _add_samplers(p: argparse.ArgumentParser) -> None:
@@ -375,6 +402,9 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
             pods=getattr(ns, "throughput_pods", "gpu"),
             namespaces=tuple(getattr(ns, "throughput_namespaces", ())),
             selector=getattr(ns, "throughput_selector", None),
+            isolate=getattr(ns, "throughput_isolate", True),
+            stream_cpu_seconds=getattr(ns, "throughput_stream_cpu", 0.5),
+            max_open_files=getattr(ns, "throughput_max_open_files", 256),
         ),
         kubernetes=KubernetesSettings(
             pod_resources_socket=getattr(ns, "pod_resources_socket", None) or None,
@@ -484,4 +514,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NoData as exc:
         print(f"fabricscope: {exc}", file=sys.stderr)
         return 1
-
