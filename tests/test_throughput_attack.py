@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from agentrun import fabricscope
 from promharness import free_port
 from pytest_httpserver import HTTPServer
 
@@ -241,6 +242,13 @@ def test_a_hostile_pod_never_stalls_scrapes_or_shutdown(agent: Agent, tmp_path: 
         assert errors(body, "bad_regex") == 1
         assert 'fabricscope_sampler_errors_total{reason="timeout",sampler="throughput"} 0.0' in body
         assert 'fabricscope_sampler_errors_total{reason="hung",sampler="throughput"} 0.0' in body
+        # SIGHUP is not a silent death (the issue: exit 129, nothing logged)
+        agent.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while "received SIGHUP: ignored" not in agent.logs():
+            assert time.monotonic() < deadline, agent.logs()[-3000:]
+            time.sleep(0.05)
+        assert agent.scrape()[0] == 200 and agent.proc.poll() is None
         # SIGTERM in the middle of the attack: gone within 5 s, cleanly
         t_term = time.monotonic()
         agent.proc.send_signal(signal.SIGTERM)
@@ -257,3 +265,8 @@ def test_a_hostile_pod_never_stalls_scrapes_or_shutdown(agent: Agent, tmp_path: 
     assert "tenant/backref-0" in refused[0] and "fabricscope.io/throughput-regex" in refused[0]
     assert "linear-time (RE2)" in refused[0]
     assert "1" * 100 not in logs and "a" * 40 not in logs
+
+
+def test_help_says_what_sighup_does() -> None:
+    out = fabricscope(["agent", "--help"]).stdout
+    assert "SIGHUP is ignored, with a log line" in " ".join(out.split())

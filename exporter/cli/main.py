@@ -289,7 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fabricscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    agent = sub.add_parser("agent", help="run the node agent and serve /metrics")
+    agent = sub.add_parser(
+        "agent",
+        help="run the node agent and serve /metrics",
+        epilog="Signals: SIGTERM and SIGINT stop the agent (within a few seconds). SIGHUP is "
+        "ignored, with a log line: there is nothing to reload by hand (TLS files are re-read "
+        "when they change, pods and their logs are found again on every pass); changing "
+        "flags or the --web.config.file's users needs a restart.",
+    )
     _add_common(agent)
     _add_samplers(agent)
     _add_kubernetes(agent)
@@ -482,8 +489,15 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
         log.info("received signal %d, shutting down", signum)
         stop.set()
 
+    def _hangup(_signum: int, _frame: object) -> None:
+        log.info(
+            "received SIGHUP: ignored (TLS files are re-read when they change, pods on every "
+            "pass; a changed flag or web config user needs a restart)"
+        )
+
     signal.signal(signal.SIGTERM, _handle)
     signal.signal(signal.SIGINT, _handle)
+    signal.signal(signal.SIGHUP, _hangup)
     app.runner.start()
     stop.wait()
     server.shutdown()
