@@ -452,3 +452,25 @@ def test_stop_leaves_the_rest_for_the_next_poll(tmp_path: Path) -> None:
     assert 0 < len(sink.tokens) < 200
     t.poll()
     assert len(sink.tokens) == 10_000
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "2026-11-20T10:00:01.25Z",
+        "2026-11-20T23:59:59.123456789Z",
+        "2024-02-29T00:00:00.000000001Z",
+        "2026-11-20T10:00:00.5Z",
+    ],
+)
+def test_the_kubelets_timestamp_form_takes_the_fast_path_to_the_same_value(raw: str) -> None:
+    head, frac = raw[:-1].split(".")
+    expected = datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
+    assert parse_cri_timestamp(raw.encode()) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "raw", ["2026-13-20T10:00:00.1Z", "2026-11-20T10:00:00.1x", "9" * 65, "x" * 30 + "Z"]
+)
+def test_malformed_timestamps_are_none(raw: str) -> None:
+    assert parse_cri_timestamp(raw.encode()) is None
