@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.config import ThroughputSettings
-from agent.podwatch import PodIndex, PodMeta
+from agent.kubernetes.podwatch import PodIndex, PodMeta
 from agent.throughput.formats import (
     Reading,
     compile_custom,

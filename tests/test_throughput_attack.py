@@ -194,12 +194,13 @@ def agent(tmp_path: Path, httpserver: HTTPServer) -> Iterator[Agent]:
         )
     running = Agent(proc, port, log)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # a loaded CI machine: the pod watch's first list
         while True:
             assert proc.poll() is None, running.logs()
             try:
                 body = running.scrape()[2]
-                if value(body, GOOD_SERIES) is not None:
+                # the good pod's series, and the pod index has reached the child process
+                if value(body, GOOD_SERIES) is not None and errors(body, "bad_regex") >= 1:
                     break
             except OSError:
                 pass  # not listening yet
