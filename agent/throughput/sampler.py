@@ -46,7 +46,13 @@ from agent.core.errors import NoData
 from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.core.sysfs import ReadIssue
 from agent.kubernetes.podwatch import PodIndex, PodMeta
-from agent.throughput.formats import BadRegex, compile_custom, parse_line, parse_window
+from agent.throughput.formats import (
+    MAX_PARSE_CHARS,
+    BadRegex,
+    compile_custom,
+    parse_line,
+    parse_window,
+)
 from agent.throughput.linear import Pattern
 from agent.throughput.pods import (
     current_log,
@@ -165,7 +171,7 @@ class _Stream:
     def on_line(self, text: str, ts: float | None) -> None:
         r = parse_line(text, self.custom)
         if r is None:
-            if len(text) > 4096 and parse_window(text) is None:
+            if len(text) > MAX_PARSE_CHARS and parse_window(text) is None:
                 self.counts["too_long_to_parse"] += 1
             return
         slot = self.values.setdefault(r.format, {})
