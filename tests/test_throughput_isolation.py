@@ -176,3 +176,17 @@ def test_an_orphaned_child_holding_the_gil_ends_itself() -> None:
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     pytest.fail(f"child {child} still running {ORPHAN_GRACE_SECONDS + 6:.0f}s after its agent died")
+
+
+def test_nothing_to_read_starts_no_child(tmp_path: Path) -> None:
+    """A node without pod logs (and no --throughput.file) keeps no second process: the
+    agent answers NoData itself, as it did before the sampler moved into a child."""
+    from agent.core.errors import NoData
+
+    child = isolated_sampler(
+        ThroughputSettings(pod_logs=str(tmp_path / "absent")), 1.0, ThroughputInputs
+    )
+    with pytest.raises(NoData, match="no pod log directory"):
+        child.sample()
+    assert child.pid is None
+    child.close()

@@ -41,6 +41,8 @@ The pipe
     agent's death, even while hung (a thread of its own watches the parent pid); a pass stuck
     in C code that holds the GIL starves that thread, so faulthandler's watchdog (a C thread)
     also ends any pass running ``ORPHAN_GRACE_SECONDS`` past its deadline.
+    A ``precheck`` (cheap, in the agent) that raises ``NoData`` answers it without starting
+    a child (the throughput sampler on a node with no log to read).
     ``close()`` closes the pipe; the child closes its sampler
     (``nvmlShutdown``) and exits, and is killed after ``close_grace_seconds``.
 """
@@ -236,10 +238,12 @@ class IsolatedSampler:
         one_shot: bool = False,
         env: Mapping[str, str] | None = None,
         inputs: Callable[[], object] | None = None,
+        precheck: Callable[[], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._name = name
         self._inputs = inputs
+        self._precheck = precheck
         self._sent: object = _UNSENT
         self.spec = spec
         self.timeout_seconds = timeout_seconds
@@ -287,6 +291,12 @@ class IsolatedSampler:
             now = self._mono()
             if now < self._nodata_until:
                 raise NoData(self._nodata)
+            if self._precheck is not None:
+                try:
+                    self._precheck()
+                except NoData:
+                    self._stop_child()  # nothing to sample: no second process kept
+                    raise
             if self._proc is None:
                 if now < self._retry_at:
                     raise SamplerFailure(

@@ -257,7 +257,7 @@ class ThroughputSampler:
         s = self._settings
         pod_logs_present = os.path.isdir(s.pod_logs)
         if not s.files and not pod_logs_present:
-            raise NoData(f"no --throughput.file given and no pod log directory at {s.pod_logs}")
+            nothing_to_read(s)
         issues: list[ReadIssue] = []
         wanted: dict[str, tuple[str, Labels, bool, bool]] = {}  # key -> path, labels, cri, new
         for f in s.files:
@@ -579,6 +579,13 @@ def child_sampler(*, settings: str, pass_seconds: float) -> ThroughputSampler:
     return ThroughputSampler(settings_from_json(settings), pass_seconds=pass_seconds)
 
 
+def nothing_to_read(settings: ThroughputSettings) -> None:
+    """Raise ``NoData`` when there is no log to read at all (no file given, no pod log
+    directory): checked in the agent before any child process is started."""
+    if not settings.files and not os.path.isdir(settings.pod_logs):
+        raise NoData(f"no --throughput.file given and no pod log directory at {settings.pod_logs}")
+
+
 def isolated_sampler(
     settings: ThroughputSettings,
     timeout_seconds: float,
@@ -595,4 +602,5 @@ def isolated_sampler(
         ),
         timeout_seconds=timeout_seconds,
         inputs=inputs,
+        precheck=lambda: nothing_to_read(settings),
     )
