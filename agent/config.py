@@ -230,7 +230,11 @@ class ThroughputSettings:
     ``pods``: ``gpu`` (pods holding a GPU of this node) or ``all``; ``namespaces`` and
     ``selector`` (a label selector) narrow it. ``max_line_bytes``: longest line read; longer
     ones are skipped and counted. ``initial_bytes``: how far before the end of an already
-    written log reading starts.
+    written log reading starts. ``isolate``: read and parse logs in a supervised child
+    process (:mod:`agent.core.isolation`), never in the process serving ``/metrics``.
+    ``stream_cpu_seconds``: CPU time one stream may take in one pass; past it the stream's
+    rest waits for the next pass, counted. ``max_open_files``: log files kept open between
+    passes; the idle ones beyond it are closed and reopened at their offset.
     """
 
     files: tuple[ThroughputFile, ...] = ()
@@ -241,8 +245,13 @@ class ThroughputSettings:
     selector: str | None = None
     max_line_bytes: int = 1 << 20
     initial_bytes: int = 1 << 20
+    isolate: bool = True
+    stream_cpu_seconds: float = 0.5
+    max_open_files: int = 256
 
     def __post_init__(self) -> None:
+        if self.stream_cpu_seconds <= 0 or self.max_open_files < 1:
+            raise ValueError("throughput stream CPU budget and open files must be positive")
         if self.pods not in ("gpu", "all"):
             raise ValueError("throughput pods must be gpu or all")
         if self.max_line_bytes < 1024 or self.initial_bytes < 0:

@@ -12,6 +12,7 @@ from agent.core.sysfs import SysfsReader
 from agent.ibpeer.sampler import IbPeerSampler, check_tools
 from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
 from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
+from agent.kubernetes.podwatch import PodIndex
 from agent.netdev.sampler import NetdevSampler
 from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE
 from agent.nvml.api import NvmlApi
@@ -19,7 +20,8 @@ from agent.nvml.sampler import NvmlSampler, isolated_sampler
 from agent.nvml.snapshot import NvmlSnapshot
 from agent.pci.sampler import PciSampler, PciSnapshot
 from agent.probe.sampler import build_probe_sampler
-from agent.throughput.sampler import ThroughputSampler
+from agent.throughput.sampler import ThroughputInputs, ThroughputSampler
+from agent.throughput.sampler import isolated_sampler as isolated_throughput
 from agent.workload.sampler import WorkloadSampler, pod_identities
 
 S = TypeVar("S")
@@ -136,14 +138,27 @@ def build_samplers(
         out.append(PciSampler(sysfs))
     if "throughput" in enabled:
         watcher = attribution.watcher if attribution is not None else None
-        out.append(
-            ThroughputSampler(
-                config.throughput,
-                gpu_pods=lambda: gpu_pods(pods()),
-                pod_index=lambda: watcher.index if watcher is not None else None,
-                once=once,
+
+        def index() -> PodIndex | None:
+            return watcher.index if watcher is not None else None
+
+        if config.throughput.isolate and not once:  # parsed in a child: never stalls a scrape
+            out.append(
+                isolated_throughput(
+                    config.throughput,
+                    config.sampling.timeout_seconds,
+                    lambda: ThroughputInputs(gpu_pods(pods()), index()),
+                )
             )
-        )
+        else:  # --once (one pass, nothing served), or --no-throughput.isolate
+            out.append(
+                ThroughputSampler(
+                    config.throughput,
+                    gpu_pods=lambda: gpu_pods(pods()),
+                    pod_index=index,
+                    once=once,
+                )
+            )
     if config.probe.enabled and run_probes:
         out.append(build_probe_sampler(config.probe, allocated=lambda: allocated_gpus(pods())))
     return sorted(out, key=lambda s: s.name)

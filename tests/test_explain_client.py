@@ -235,3 +235,140 @@ def test_real_prometheus_with_tls_and_basic_auth(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# --- hostile answers (issue 19) -----------------------------------------------------------
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """A server that answers the way no healthy Prometheus does; ``behaviour`` picks how."""
+
+    behaviour = ""
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        b = self.behaviour
+        try:
+            if b == "trickle_body":  # headers at once, then a byte every 0.2 s
+                body = json.dumps(_VECTOR).encode()
+                self._head(len(body))
+                for i in range(len(body)):
+                    self.wfile.write(body[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            elif b == "trickle_headers":  # the status line itself, a byte every 0.2 s
+                for ch in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n":
+                    self.wfile.write(bytes([ch]))
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            elif b == "huge_declared":  # says 200 MB up front
+                self._head(200 << 20)
+                self.wfile.write(b"[" * 1024)
+            elif b == "huge_streamed":  # no length: 8 MiB until the connection closes
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for _ in range(128):
+                    self.wfile.write(b" " * 65536)
+            elif b == "deep":
+                self._body(
+                    b'{"status": "success", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+                )
+            elif b == "nan_literal":
+                self._body(
+                    b'{"status": "success", "data": {"resultType": "scalar", "result": NaN}}'
+                )
+            elif b == "nan_series":
+                self._nan_series()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up, as it should
+
+    def _nan_series(self) -> None:
+        if self.path.endswith("/series"):
+            data: object = [
+                {
+                    "__name__": "fabricscope_throughput_tokens_per_second",
+                    "namespace": "training",
+                    "job_name": "llm",
+                    "pod": "llm-0",
+                    "instance": "node0:10118",
+                }
+            ]
+        else:
+            now = time.time()
+            values = [[now - 60 * i, v] for i, v in enumerate(["NaN", "+Inf", "-Inf"] * 20)]
+            data = {"resultType": "matrix", "result": [{"metric": {}, "values": values}]}
+        self._body(json.dumps({"status": "success", "data": data}).encode())
+
+    def _head(self, length: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+
+    def _body(self, body: bytes) -> None:
+        self._head(len(body))
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+_VECTOR = {"status": "success", "data": {"resultType": "vector", "result": []}}
+
+
+def _hostile(behaviour: str) -> Iterator[str]:
+    handler = type("H", (_Hostile,), {"behaviour": behaviour})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize("behaviour", ["trickle_body", "trickle_headers"])
+def test_one_deadline_covers_connect_headers_and_body(behaviour: str) -> None:
+    """A byte every 0.2 s never times out a per-read timeout; the answer's deadline does
+    (the issue: --prometheus.timeout 5s held for 65 s)."""
+    for url in _hostile(behaviour):
+        started = time.monotonic()
+        msg = _error(url, timeout=1.0)
+        assert "did not answer /api/v1/query within 1s" in msg
+        assert time.monotonic() - started < 1.5
+        started = time.monotonic()
+        err = _one_line_exit_2(_cli(url, "--prometheus.timeout", "1s"))
+        assert "within 1s" in err
+        assert time.monotonic() - started < 10  # interpreter start included
+
+
+@pytest.mark.parametrize("behaviour", ["huge_declared", "huge_streamed"])
+def test_an_answer_bigger_than_the_cap_is_refused(behaviour: str) -> None:
+    for url in _hostile(behaviour):
+        assert "with more than 1 MiB (--prometheus.max-body-bytes" in _error(
+            url, max_body_bytes=1 << 20
+        )
+        err = _one_line_exit_2(_cli(url, "--prometheus.max-body-bytes", str(1 << 20)))
+        assert "more than 1 MiB" in err
+
+
+def test_absurdly_nested_json_is_one_line_not_a_traceback() -> None:
+    for url in _hostile("deep"):
+        assert "JSON nested absurdly deep" in _error(url)
+        assert "nested absurdly deep" in _one_line_exit_2(_cli(url))
+
+
+def test_bare_nan_is_not_json() -> None:
+    for url in _hostile("nan_literal"):
+        assert "with a bare NaN, which is not JSON" in _error(url)
+
+
+def test_a_throughput_of_only_nan_and_inf_is_an_error_not_a_verdict() -> None:
+    """The issue: NaN/+Inf values gave a confident "no fabric cause found", exit 0."""
+    for url in _hostile("nan_series"):
+        err = _one_line_exit_2(_cli(url))
+        assert "only NaN or infinite values for the job's throughput" in err

@@ -310,6 +310,13 @@ def test_custom_regex_wins_over_builtin_on_its_lines() -> None:
         (r"tok/s=([\d.]+)", "names no group"),
         (r"tok/s=(?P<tokens>[\d.]+)", "unknown named group(s) tokens"),
         ("x" * 2000, "longer than 1024"),
+        # what only a backtracking engine runs is refused at compile time, never run
+        (r"(\d+) (?P<tokens_per_second>\1)", "linear-time (RE2) regex: invalid escape"),
+        (r"(?=x)(?P<tokens_per_second>\d+)", "linear-time (RE2) regex: invalid perl operator"),
+        (r"(?<=tps: )(?P<tokens_per_second>\d+)", "linear-time (RE2) regex"),
+        (r"(?P<tokens_per_second>\d++)", "linear-time (RE2) regex: bad repetition operator"),
+        (r"(?:(?:(?:a{100}){10}){10})(?P<tokens_per_second>\d+)", "linear-time (RE2) regex"),
+        (r"(?P<tokens_per_second>\d{1,999}) (?P<step_seconds>\d{1,999})", "at most 2000"),
     ],
 )
 def test_bad_custom_regex_is_a_clear_error(pattern: str, message: str) -> None:

@@ -344,3 +344,133 @@ def test_corrupt_gzip_is_counted(tmp_path: Path) -> None:
 def test_parse_cri_timestamp(raw: bytes, expected: float | None) -> None:
     got = parse_cri_timestamp(raw)
     assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+# --- hostile files (issue 19) ------------------------------------------------------------
+
+
+def rooted(path: Path, root: Path) -> tuple[FileTail, Collector, Counter[str]]:
+    sink, counts = Collector(), Counter[str]()
+    t = FileTail(str(path), sink, counts, cri=False, limits=Limits(), root=str(root))
+    return t, sink, counts
+
+
+def test_a_log_that_is_a_symlink_is_never_opened(tmp_path: Path) -> None:
+    """A ``0.log`` pointing at a file outside the pod log directory (the issue pointed one
+    at /etc/shadow): refused without reading a byte, counted, said once."""
+    secret = tmp_path / "shadow"
+    secret.write_text(TOKENS.format("1.0") * 26)
+    root = tmp_path / "pods"
+    (root / "ns_p_u" / "c").mkdir(parents=True)
+    log = root / "ns_p_u" / "c" / "0.log"
+    log.symlink_to(secret)
+    t, sink, counts = rooted(log, root)
+    assert t.poll() == ("symlink", "a symbolic link (never followed under the pod log directory)")
+    assert sink.lines == [] and counts["symlink"] == 1
+    # the gzip reader too
+    gz = root / "ns_p_u" / "c" / "0.log.20261120-100000.gz"
+    gz.symlink_to(secret)
+    assert read_gzip_tail(str(gz), sink, counts, cri=False, limits=Limits(), root=str(root))
+    assert sink.lines == [] and counts["symlink"] == 2
+
+
+def test_a_symlinked_directory_cannot_lead_out_of_the_root(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "0.log").write_text(TOKENS.format("1.0"))
+    root = tmp_path / "pods"
+    (root / "ns_p_u").mkdir(parents=True)
+    (root / "ns_p_u" / "c").symlink_to(outside)  # the container directory is a link
+    t, sink, counts = rooted(root / "ns_p_u" / "c" / "0.log", root)
+    reason, _ = t.poll() or ("", "")
+    assert reason == "outside_root" and counts["outside_root"] == 1
+    assert sink.lines == []
+    # without a root (an admin's --throughput.file) links are followed as before
+    t2, sink2, _ = tail(root / "ns_p_u" / "c" / "0.log")
+    assert t2.poll() is None and sink2.tokens == [1.0]
+
+
+def test_truncated_then_regrown_past_the_offset_is_read_from_its_start(tmp_path: Path) -> None:
+    """The issue's case: truncated and written again past the old offset between two passes.
+    Size alone cannot tell; the bytes before the offset can. 300 lines, none lost."""
+    log = tmp_path / "train.log"
+    log.write_text("".join(TOKENS.format(f"{i}.5") for i in range(100)))
+    t, sink, counts = tail(log)
+    t.poll()
+    assert len(sink.tokens) == 100
+    with log.open("w") as f:  # copytruncate, then the job writes on
+        f.write("".join(TOKENS.format(f"{i}.25") for i in range(200)))
+    t.poll()
+    assert counts["truncated"] == 1
+    assert sink.tokens[100:] == [i + 0.25 for i in range(200)]
+    assert counts["unread_bytes"] == 0  # everything written was read
+
+
+def test_truncation_that_cut_unread_bytes_counts_them(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(TOKENS.format("1.0") * 10)
+    t, _sink, counts = tail(log, limits=Limits(max_bytes_per_pass=len(TOKENS.format("1.0")) * 4))
+    t.poll()  # reads 4 of 10 lines; the size seen says 6 more exist
+    log.write_text("")
+    t.poll()
+    assert counts["truncated"] == 1
+    assert counts["unread_bytes"] == len(TOKENS.format("1.0")) * 6
+
+
+def test_closed_tail_reopens_at_its_offset_and_finds_a_rotation(tmp_path: Path) -> None:
+    """Closing a tail (to bound open files) loses nothing: it reopens where it stopped, and
+    a log rotated while it was closed is finished under its new name first."""
+    log = tmp_path / "0.log"
+    log.write_text(TOKENS.format("1.0"))
+    t, sink, counts = tail(log)
+    t.poll()
+    t.close()
+    with log.open("a") as f:
+        f.write(TOKENS.format("2.0"))
+    t.poll()
+    assert sink.tokens == [1.0, 2.0]
+    t.close()
+    with log.open("a") as f:
+        f.write(TOKENS.format("3.0"))
+    log.rename(tmp_path / "0.log.20261120-100000")
+    log.write_text(TOKENS.format("4.0"))
+    t.poll()
+    assert sink.tokens == [1.0, 2.0, 3.0, 4.0]
+    assert counts["rotated"] == 1 and counts["unread_bytes"] == 0
+    # truncated and regrown while closed: read from the start, counted
+    t.close()
+    log.write_text(TOKENS.format("5.0") * 3)
+    t.poll()
+    assert sink.tokens[-3:] == [5.0, 5.0, 5.0] and counts["truncated"] == 1
+
+
+def test_stop_leaves_the_rest_for_the_next_poll(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(TOKENS.format("1.0") * 10_000)
+    t, sink, _ = tail(log, limits=Limits(chunk_bytes=4096))
+    t.poll(stop=lambda: True)  # one chunk, then stop
+    assert 0 < len(sink.tokens) < 200
+    t.poll()
+    assert len(sink.tokens) == 10_000
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "2026-11-20T10:00:01.25Z",
+        "2026-11-20T23:59:59.123456789Z",
+        "2024-02-29T00:00:00.000000001Z",
+        "2026-11-20T10:00:00.5Z",
+    ],
+)
+def test_the_kubelets_timestamp_form_takes_the_fast_path_to_the_same_value(raw: str) -> None:
+    head, frac = raw[:-1].split(".")
+    expected = datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
+    assert parse_cri_timestamp(raw.encode()) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "raw", ["2026-13-20T10:00:00.1Z", "2026-11-20T10:00:00.1x", "9" * 65, "x" * 30 + "Z"]
+)
+def test_malformed_timestamps_are_none(raw: str) -> None:
+    assert parse_cri_timestamp(raw.encode()) is None

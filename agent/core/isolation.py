@@ -10,6 +10,11 @@ The parent side
     Each ``sample()`` sends one request and waits for the answer: the pass's pickled
     snapshot, ``NoData`` (raised again here), or an exception's description (raised here as
     :class:`ChildError`, which the runner counts as ``exception``; the child lives on).
+    A sampler whose child needs the agent's state each pass (the throughput sampler needs
+    the pods holding a GPU and the pod index) is given ``inputs``: a callable whose value
+    travels with a request whenever it differs from the last one sent (``!=``; always after
+    a child starts), and is handed to the child sampler's ``accept_inputs(value)`` before
+    its pass.
 
 Failures, as :class:`~agent.core.errors.SamplerFailure` (the runner counts each by its reason)
     * ``crashed``: the child died during a pass or between two (a segfault or ``abort()`` in
@@ -33,7 +38,11 @@ The pipe
     its stdout and points its fd 1 at stderr, so a library printing to stdout cannot corrupt
     the stream; its log lines (same level and format as the agent's) and faulthandler's
     traceback of a crash go to the agent's stderr. The child exits within a second of the
-    agent's death, even while hung (a thread of its own watches the parent pid).
+    agent's death, even while hung (a thread of its own watches the parent pid); a pass stuck
+    in C code that holds the GIL starves that thread, so faulthandler's watchdog (a C thread)
+    also ends any pass running ``ORPHAN_GRACE_SECONDS`` past its deadline.
+    A ``precheck`` (cheap, in the agent) that raises ``NoData`` answers it without starting
+    a child (the throughput sampler on a node with no log to read).
     ``close()`` closes the pipe; the child closes its sampler
     (``nvmlShutdown``) and exits, and is killed after ``close_grace_seconds``.
 """
@@ -67,11 +76,16 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">I")
 #: the largest frame accepted (a snapshot of a large node is well under 1 MiB)
 MAX_FRAME_BYTES = 64 << 20
+#: seconds past its pass deadline a child ends itself (faulthandler's watchdog), for when the
+#: agent that should have killed it is gone
+ORPHAN_GRACE_SECONDS = 5.0
 #: the package root, put first on the child's PYTHONPATH so it runs the agent's own code
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
 Setting: TypeAlias = bool | int | float | str | None
 T = TypeVar("T")
+#: no inputs sent to the current child yet
+_UNSENT = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,9 +237,14 @@ class IsolatedSampler:
         close_grace_seconds: float = 2.0,
         one_shot: bool = False,
         env: Mapping[str, str] | None = None,
+        inputs: Callable[[], object] | None = None,
+        precheck: Callable[[], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._name = name
+        self._inputs = inputs
+        self._precheck = precheck
+        self._sent: object = _UNSENT
         self.spec = spec
         self.timeout_seconds = timeout_seconds
         self.start_timeout_seconds = max(start_timeout_seconds, timeout_seconds)
@@ -272,6 +291,12 @@ class IsolatedSampler:
             now = self._mono()
             if now < self._nodata_until:
                 raise NoData(self._nodata)
+            if self._precheck is not None:
+                try:
+                    self._precheck()
+                except NoData:
+                    self._stop_child()  # nothing to sample: no second process kept
+                    raise
             if self._proc is None:
                 if now < self._retry_at:
                     raise SamplerFailure(
@@ -296,12 +321,24 @@ class IsolatedSampler:
         self._proc = proc
         self._reader = _FrameReader(proc.stdout.fileno())
         self._fresh = True
+        self._sent = _UNSENT
         if self._replace:
             self.restarts_total += 1
             self._replace = False
         log.debug("sampler %s: started child process %d", self._name, proc.pid)
         level, fmt = _log_settings()
-        self._send(("init", self.spec.factory, dict(self.spec.kwargs), level, fmt, os.getpid()))
+        self._send(
+            (
+                "init",
+                self.spec.factory,
+                dict(self.spec.kwargs),
+                level,
+                fmt,
+                os.getpid(),
+                self.start_timeout_seconds + ORPHAN_GRACE_SECONDS,
+                self.timeout_seconds + ORPHAN_GRACE_SECONDS,
+            )
+        )
 
     def _send(self, message: tuple[object, ...]) -> None:
         proc = self._proc
@@ -313,8 +350,16 @@ class IsolatedSampler:
         proc, reader = self._proc, self._reader
         assert proc is not None and reader is not None
         limit = self.call_deadline_seconds()
+        request: tuple[object, ...] = ("sample",)
+        value: object = _UNSENT
+        if self._inputs is not None:
+            value = self._inputs()
+            if self._sent is _UNSENT or value != self._sent:
+                request = ("sample", value)
         try:
-            self._send(("sample",))
+            self._send(request)
+            if value is not _UNSENT:
+                self._sent = value
             reply = reader.read(limit)
         except (BrokenPipeError, _Died) as exc:
             returncode = self._reap(kill_after=1.0)
@@ -453,20 +498,33 @@ def child_main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the agent decides
     inp = sys.stdin.buffer
     init = read_frame(inp)
-    if init is None or init[0] != "init" or len(init) != 6:
+    if init is None or init[0] != "init" or len(init) != 8:
         print(f"fabricscope isolation child: expected init, got {init!r}", file=sys.stderr)
         return 2
-    _, factory, kwargs, level, fmt, parent = init
+    _, factory, kwargs, level, fmt, parent, first_limit, limit = init
     setup_logging(str(level), str(fmt))
     _die_with_parent(int(cast(int, parent)))
     sampler = _build(str(factory), cast(Mapping[str, Setting], kwargs))
+    passes = 0
     try:
         while True:
             request = read_frame(inp)
             if request is None or request[0] == "close":
                 break
             reply: tuple[object, ...]
+            # a pass stuck in C code that holds the GIL (a backtracking regex) starves the
+            # parent-watch thread; faulthandler's watchdog is a C thread: it ends this process
+            # even then, should the agent be gone and unable to kill it
+            faulthandler.dump_traceback_later(
+                float(cast(float, first_limit if passes == 0 else limit)), exit=True
+            )
+            passes += 1
             try:
+                if len(request) > 1:
+                    accept = getattr(sampler, "accept_inputs", None)
+                    if not callable(accept):
+                        raise TypeError(f"{factory} takes no inputs")
+                    accept(request[1])
                 reply = ("ok", sampler.sample())
             except NoData as exc:
                 reply = ("nodata", str(exc))
@@ -474,6 +532,7 @@ def child_main() -> int:
                 log.debug("sampler failed in the child", exc_info=exc)
                 text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                 reply = ("error", text)
+            faulthandler.cancel_dump_traceback_later()
             try:
                 frame = encode((*reply, _stats()))
             except Exception as exc:  # a snapshot that does not pickle: a bug, reported

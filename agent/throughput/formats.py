@@ -12,14 +12,23 @@ size and the time per iteration) is derived here and said so in the parser's doc
 
 Formats (the ``format`` label): composer, hf_trainer, megatron, deepspeed, torchtitan,
 lightning, nanogpt, custom (a pod's ``fabricscope.io/throughput-regex``).
+
+Lines are untrusted (any pod on the node writes them), so parsing is linear in a line's
+length and bounded per line: every pattern is compiled by RE2 (:mod:`.linear`), whose
+matching time is linear in the text whatever the pattern, and numbers are matched by
+:data:`_NUM`, whose quantifiers cannot overlap. :func:`parse_line` looks at no more than
+:data:`MAX_PARSE_CHARS` characters of a line (the latest redraw of a ``\r``-separated
+progress bar); a longer one is not parsed (:func:`parse_window` says so, the sampler counts
+it). A format is a pure function from one such bounded line to a :class:`Reading`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+
+from agent.throughput.linear import NotLinear, Pattern, compile_linear
 
 #: every built-in format, in the order lines are tried, then ``custom``
 FORMATS = (
@@ -76,16 +85,80 @@ assert tuple(f.name for f in fields(Reading))[1:] == FIELDS
 
 Parser = Callable[[str], "Reading | None"]
 
-_NUM = r"([-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+#: a printed number: digits (with thousands commas), an optional fraction, an optional
+#: exponent. No two quantifiers can consume the same character (``\d[\d,]*\.?\d*`` could:
+#: backtracking tried every split of a digit run, quadratic in its length)
+_NUM = r"([-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
+#: the most characters of one line a parser looks at (the latest redraw of a progress bar);
+#: the longest throughput line of the recorded fixtures is under 1,000
+MAX_PARSE_CHARS = 16384
 
 
-def number(text: str) -> float | None:
-    """A printed number as a float (``30,768`` -> 30768.0); None for nan, inf or junk."""
+def parse_window(line: str) -> str | None:
+    """The part of ``line`` parsers look at: the latest non-blank ``\r``-separated redraw
+    (a tqdm bar's updates share one line), or None when that is longer than
+    :data:`MAX_PARSE_CHARS`. Linear in the line's length (C-level ``rstrip``/``rfind``)."""
+    if "\r" in line:
+        line = line.rstrip()
+        line = line[line.rfind("\r") + 1 :]
+    return line if len(line) <= MAX_PARSE_CHARS else None
+
+
+def number(text: str | None) -> float | None:
+    """A printed number as a float (``30,768`` -> 30768.0); None for nan, inf, junk or an
+    optional group that did not match (None)."""
+    if text is None:
+        return None
     try:
         v = float(text.replace(",", ""))
     except ValueError:
         return None
     return v if math.isfinite(v) else None
+
+
+#: the most matches of one pattern a parser takes from one line (a real line has a dozen)
+MAX_MATCHES = 64
+
+
+def _at_literal(rx: Pattern, literal: str, line: str) -> list[tuple[str | None, ...]]:
+    """The groups of the matches of ``rx`` (which begins with ``literal``) where ``literal``
+    occurs: found with ``str.find`` and matched anchored there, one RE2 call each instead
+    of an unanchored search's three passes. At most :data:`MAX_MATCHES` matches and four
+    times as many attempts per line."""
+    out: list[tuple[str | None, ...]] = []
+    at = line.find(literal)
+    attempts = 0
+    while at >= 0 and len(out) < MAX_MATCHES and attempts < 4 * MAX_MATCHES:
+        attempts += 1
+        groups = rx.groups_at(line, at)
+        if groups is not None:
+            out.append(groups)
+        at = line.find(literal, at + 1)
+    return out
+
+
+def _first(rx: Pattern, literal: str, line: str) -> float | None:
+    """The non-negative number in group 1 of the first match of ``rx`` at ``literal``."""
+    at = line.find(literal)
+    attempts = 0
+    while at >= 0 and attempts < 4 * MAX_MATCHES:
+        attempts += 1
+        groups = rx.groups_at(line, at)
+        if groups is not None:
+            return _nonneg(number(groups[0]))
+        at = line.find(literal, at + 1)
+    return None
+
+
+def _matches(rx: Pattern, line: str) -> list[tuple[str, str]]:
+    """Groups 1 and 2 of the first :data:`MAX_MATCHES` matches of ``rx`` in ``line``: a line
+    of 30,000 repeated figures costs 64 matches, not 30,000 (each one costs Python work)."""
+    out = []
+    for m in rx.finditer(line):
+        out.append((m.group(1) or "", m.group(2) or ""))
+        if len(out) == MAX_MATCHES:
+            break
+    return out
 
 
 def _rate(per_unit: float | None) -> float | None:
@@ -99,7 +172,7 @@ def _nonneg(v: float | None) -> float | None:
 
 # --- MosaicML Composer ---------------------------------------------------------------------
 
-_COMPOSER = re.compile(r"Train throughput/((?:device/)?[a-z_]+): " + _NUM)
+_COMPOSER = compile_linear(r"Train throughput/((?:device/)?[a-z_]+): " + _NUM)
 _COMPOSER_KEYS = {
     "tokens_per_sec": "tokens_per_second",
     "samples_per_sec": "samples_per_second",
@@ -122,8 +195,8 @@ def parse_composer(line: str) -> Reading | None:
     if "Train throughput/" not in line:
         return None
     found: dict[str, float] = {}
-    for key, raw in _COMPOSER.findall(line):
-        name = _COMPOSER_KEYS.get(key)
+    for key, raw in _at_literal(_COMPOSER, "Train throughput/", line):
+        name = _COMPOSER_KEYS.get(key or "")
         v = _nonneg(number(raw))
         if name is not None and v is not None:
             found[name] = v
@@ -132,12 +205,13 @@ def parse_composer(line: str) -> Reading | None:
 
 # --- Megatron-LM, Megatron-Core, Megatron-DeepSpeed ---------------------------------------
 
-_MEG_ELAPSED = re.compile(r"elapsed time per iteration \(ms\): " + _NUM)
-_MEG_TFLOPS = re.compile(r"(?:throughput per GPU \(TFLOP/s/GPU\)|TFLOPs): " + _NUM)
-_MEG_SAMPLES = re.compile(r"samples per second: " + _NUM)
-_MEG_TOKENS = re.compile(r"tokens per second: " + _NUM)
-_MEG_GBS = re.compile(r"global batch size: +" + _NUM)
-_MEG_SEQLEN = re.compile(r"actual seqlen: +" + _NUM)
+_MEG_ELAPSED = compile_linear(r"elapsed time per iteration \(ms\): " + _NUM)
+_MEG_TFLOPS_CORE = compile_linear(r"throughput per GPU \(TFLOP/s/GPU\): " + _NUM)
+_MEG_TFLOPS_DS = compile_linear(r"TFLOPs: " + _NUM)
+_MEG_SAMPLES = compile_linear(r"samples per second: " + _NUM)
+_MEG_TOKENS = compile_linear(r"tokens per second: " + _NUM)
+_MEG_GBS = compile_linear(r"global batch size: +" + _NUM)
+_MEG_SEQLEN = compile_linear(r"actual seqlen: +" + _NUM)
 
 
 def parse_megatron(line: str) -> Reading | None:
@@ -154,16 +228,17 @@ def parse_megatron(line: str) -> Reading | None:
     """
     if "elapsed time per iteration (ms)" not in line:
         return None
-    m = _MEG_ELAPSED.search(line)
-    ms = _nonneg(number(m.group(1))) if m else None
+    ms = _first(_MEG_ELAPSED, "elapsed time per iteration (ms): ", line)
     step = ms / 1000.0 if ms is not None and ms > 0 else None
-    tflops = _search(_MEG_TFLOPS, line)
-    samples = _search(_MEG_SAMPLES, line)
-    tokens = _search(_MEG_TOKENS, line)
-    gbs = _search(_MEG_GBS, line)
+    tflops = _first(_MEG_TFLOPS_CORE, "throughput per GPU (TFLOP/s/GPU): ", line)
+    if tflops is None:
+        tflops = _first(_MEG_TFLOPS_DS, "TFLOPs: ", line)
+    samples = _first(_MEG_SAMPLES, "samples per second: ", line)
+    tokens = _first(_MEG_TOKENS, "tokens per second: ", line)
+    gbs = _first(_MEG_GBS, "global batch size: ", line)
     if samples is None and gbs is not None and step is not None:
         samples = gbs / step
-    seqlen = _search(_MEG_SEQLEN, line)
+    seqlen = _first(_MEG_SEQLEN, "actual seqlen: ", line)
     if tokens is None and seqlen is not None and gbs is not None and step is not None:
         tokens = gbs * seqlen / step
     return Reading(
@@ -176,15 +251,15 @@ def parse_megatron(line: str) -> Reading | None:
     )
 
 
-def _search(pattern: re.Pattern[str], line: str) -> float | None:
+def _search(pattern: Pattern, line: str) -> float | None:
     m = pattern.search(line)
     return _nonneg(number(m.group(1))) if m else None
 
 
 # --- DeepSpeed ----------------------------------------------------------------------------
 
-_DS_CURR = re.compile(r"CurrSamplesPerSec=" + _NUM)
-_DS_SAMPLES_SEC = re.compile(r"(?:samples/sec|SamplesPerSec)[=:] *" + _NUM)
+_DS_CURR = compile_linear(r"CurrSamplesPerSec=" + _NUM)
+_DS_SAMPLES_SEC = compile_linear(r"(?:samples/sec|SamplesPerSec)[=:] *" + _NUM)
 
 
 def parse_deepspeed(line: str) -> Reading | None:
@@ -198,7 +273,7 @@ def parse_deepspeed(line: str) -> Reading | None:
     """
     if "SamplesPerSec" not in line and "samples/sec" not in line:
         return None
-    v = _search(_DS_CURR, line)
+    v = _first(_DS_CURR, "CurrSamplesPerSec=", line)
     if v is None:
         v = _search(_DS_SAMPLES_SEC, line)
     return Reading("deepspeed", samples_per_second=v) if v is not None else None
@@ -206,9 +281,9 @@ def parse_deepspeed(line: str) -> Reading | None:
 
 # --- torchtitan ---------------------------------------------------------------------------
 
-_TT_TPS = re.compile(r"\btps: +" + _NUM)
-_TT_TFLOPS = re.compile(r"\btflops: +" + _NUM)
-_TT_MFU = re.compile(r"\bmfu: +" + _NUM + "%")
+_TT_TPS = compile_linear(r"\btps: +" + _NUM)
+_TT_TFLOPS = compile_linear(r"\btflops: +" + _NUM)
+_TT_MFU = compile_linear(r"\bmfu: +" + _NUM + "%")
 
 
 def parse_torchtitan(line: str) -> Reading | None:
@@ -222,11 +297,11 @@ def parse_torchtitan(line: str) -> Reading | None:
     """
     if "tps: " not in line:
         return None
-    tps = _search(_TT_TPS, line)
+    tps = _first(_TT_TPS, "tps: ", line)
     if tps is None:
         return None
-    tflops = _search(_TT_TFLOPS, line)
-    mfu = _search(_TT_MFU, line)
+    tflops = _first(_TT_TFLOPS, "tflops: ", line)
+    mfu = _first(_TT_MFU, "mfu: ", line)
     return Reading(
         "torchtitan",
         tokens_per_second=tps,
@@ -242,11 +317,13 @@ _HF_KEYS = {
     "train_samples_per_second": "samples_per_second",
     "train_steps_per_second": "iterations_per_second",
 }
-_HF_DICT = re.compile(
+_HF_DICT = compile_linear(
     r"""['"](train_tokens_per_second|train_samples_per_second|train_steps_per_second)['"]: """
     + _NUM
 )
-_TQDM = re.compile(r"(?<![\d.?])(\d+(?:\.\d+)?)(it/s|s/it)")
+#: ``N it/s`` / ``N s/it`` not preceded by a digit, ``.`` or ``?`` (RE2 has no lookbehind:
+#: the preceding character, or the line's start, is matched instead)
+_TQDM = compile_linear(r"(?:^|[^\d.?])(\d+(?:\.\d+)?)(it/s|s/it)")
 #: descriptions of Lightning's bars: training (``Epoch N``) and the loops that are not
 _LIGHTNING_BARS = ("Epoch ", "Validation", "Testing", "Predicting", "Sanity Checking")
 
@@ -266,7 +343,7 @@ def parse_hf_trainer(line: str) -> Reading | None:
     """
     if "_per_second" in line:
         found: dict[str, float] = {}
-        for key, raw in _HF_DICT.findall(line):
+        for key, raw in _matches(_HF_DICT, line):
             v = _nonneg(number(raw))
             if v is not None:
                 found[_HF_KEYS[key]] = v
@@ -280,17 +357,15 @@ def parse_hf_trainer(line: str) -> Reading | None:
 
 
 def _last_segment(line: str) -> str:
-    """The latest redraw of a ``\r``-separated progress bar (empty redraws skipped)."""
+    """The latest redraw of a ``\r``-separated progress bar (blank redraws skipped)."""
     if "\r" not in line:
         return line
-    for seg in reversed(line.split("\r")):
-        if seg.strip():
-            return seg
-    return ""
+    line = line.rstrip()
+    return line[line.rfind("\r") + 1 :]
 
 
 def _tqdm(fmt: str, text: str) -> Reading | None:
-    found = _TQDM.findall(text)
+    found = _matches(_TQDM, text)
     if not found:
         return None
     raw, unit = found[-1]
@@ -324,9 +399,9 @@ def parse_lightning(line: str) -> Reading | None:
 
 # --- nanoGPT, modded-nanogpt, llm.c -------------------------------------------------------
 
-_NANO_ITER = re.compile(r"^iter \d+: loss [^,]*, time " + _NUM + r"ms(?:, mfu " + _NUM + "%)?")
-_MODDED = re.compile(r"^step:\d+/\d+ .*step_avg:" + _NUM + "ms")
-_LLMC = re.compile(
+_NANO_ITER = compile_linear(r"^iter \d+: loss [^,]*, time " + _NUM + r"ms(?:, mfu " + _NUM + "%)?")
+_MODDED = compile_linear(r"^step:\d+/\d+ .*step_avg:" + _NUM + "ms")
+_LLMC = compile_linear(
     r"^step +\d+/\d+ \|.*\| " + _NUM + r" ms \|(?: " + _NUM + r"% bf16 MFU \|)? " + _NUM + " tok/s"
 )
 
@@ -393,17 +468,21 @@ class BadRegex(ValueError):  # noqa: N818 - a value that is wrong, reported as a
 MAX_CUSTOM_REGEX = 1024
 
 
-def compile_custom(pattern: str) -> re.Pattern[str]:
+def compile_custom(pattern: str) -> Pattern:
     """Compile a custom format's regex. It must name at least one group after a figure
     (``tokens_per_second``, ``samples_per_second``, ``iterations_per_second``,
     ``step_seconds``, ``flops_per_gpu``, ``mfu_ratio``) and no other group. Raises
-    :class:`BadRegex` with a message fit for a log line and an event."""
+    :class:`BadRegex` with a message fit for a log line and an event.
+
+    The regex is compiled by RE2 (linear-time matching): a pattern RE2 cannot run that way
+    (backreferences ``\\1``, lookahead ``(?=``, lookbehind ``(?<=``, possessive or atomic
+    groups, repetitions over 1000) is refused, never run by a backtracking engine."""
     if len(pattern) > MAX_CUSTOM_REGEX:
         raise BadRegex(f"longer than {MAX_CUSTOM_REGEX} characters")
     try:
-        rx = re.compile(pattern)
-    except re.error as exc:
-        raise BadRegex(f"does not compile: {exc}") from exc
+        rx = compile_linear(pattern)
+    except NotLinear as exc:
+        raise BadRegex(f"does not compile as a linear-time (RE2) regex: {exc}") from None
     names = set(rx.groupindex)
     unknown = names - set(FIELDS)
     if unknown:
@@ -417,7 +496,7 @@ def compile_custom(pattern: str) -> re.Pattern[str]:
     return rx
 
 
-def parse_custom(rx: re.Pattern[str], line: str) -> Reading | None:
+def parse_custom(rx: Pattern, line: str) -> Reading | None:
     """The named groups of the first match of a custom regex, as numbers; groups that did
     not match or are not numbers are absent. None when nothing usable matched."""
     m = rx.search(line)
@@ -444,9 +523,14 @@ BUILTIN: tuple[tuple[str, Parser], ...] = (
 )
 
 
-def parse_line(line: str, custom: re.Pattern[str] | None = None) -> Reading | None:
+def parse_line(line: str, custom: Pattern | None = None) -> Reading | None:
     """The first format that reads ``line``: the custom regex first (the pod asked for it),
-    then the built-in formats. None when no format states a figure on this line."""
+    then the built-in formats. None when no format states a figure on this line, or when
+    the line is too long to parse (:func:`parse_window`). Linear in the line's length."""
+    window = parse_window(line)
+    if window is None:
+        return None
+    line = window
     if custom is not None:
         r = parse_custom(custom, line)
         if r is not None:

@@ -17,25 +17,43 @@ as a stale timestamp, not as a frozen rate alone. A stream's values go when its 
 directory goes.
 
 No log line is ever kept past its parse, exported or logged: only numbers leave.
+
+What a pod can write costs bounded work. Parsing is linear per line (RE2, a per-line window:
+:mod:`agent.throughput.formats`). Each stream may use ``stream_cpu_seconds`` of CPU per
+pass; past it the rest of its file waits for the next pass (``cpu_budget``). A pass stops
+starting streams after ``pass_seconds`` (``pass_deadline`` per stream not reached; the next
+pass starts with them): streams not read keep their last values. At most
+``max_open_files`` files stay open between passes (idle ones are closed and reopened at
+their offset). In the agent all of this runs in a supervised child process
+(:func:`isolated_sampler`): a pass that still hangs costs that pass, counted as the
+throughput sampler's ``hung``, never a scrape.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.config import ThroughputSettings
+from agent.config import ThroughputFile, ThroughputSettings
 from agent.core.errors import NoData
+from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.core.sysfs import ReadIssue
 from agent.kubernetes.podwatch import PodIndex, PodMeta
-from agent.throughput.formats import BadRegex, compile_custom, parse_line
+from agent.throughput.formats import (
+    MAX_PARSE_CHARS,
+    BadRegex,
+    compile_custom,
+    parse_line,
+    parse_window,
+)
+from agent.throughput.linear import Pattern
 from agent.throughput.pods import (
     current_log,
     newest_rotated,
@@ -43,18 +61,31 @@ from agent.throughput.pods import (
     parse_selector,
     selector_matches,
 )
-from agent.throughput.tail import TAIL_REASONS, WHOLE_FILE, FileTail, Limits, read_gzip_tail
+from agent.throughput.tail import (
+    TAIL_REASONS,
+    UNREAD_BYTES,
+    WHOLE_FILE,
+    FileTail,
+    Limits,
+    read_gzip_tail,
+)
 
 log = logging.getLogger(__name__)
 
 #: reasons counted in ``ThroughputSnapshot.errors_total``
-ERROR_REASONS = tuple(sorted({*TAIL_REASONS, "bad_regex", "no_match"}))
+ERROR_REASONS = tuple(
+    sorted(
+        {*TAIL_REASONS, "bad_regex", "no_match", "too_long_to_parse", "cpu_budget", "pass_deadline"}
+    )
+)
 JOB_ANNOTATION = "fabricscope.io/job"
 REGEX_ANNOTATION = "fabricscope.io/throughput-regex"
 
 #: an issue's reason in the ReadIssue vocabulary, for the runner's read_errors_total
 _ISSUE_REASON = {
     "not_regular_file": "unsupported",
+    "symlink": "unsupported",
+    "outside_root": "unsupported",
     "bad_regex": "parse",
     "gzip": "parse",
     "no_match": "vanished",
@@ -102,6 +133,19 @@ class ThroughputSnapshot:
     sources: int = 0
     errors_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in ERROR_REASONS)
     issues: tuple[ReadIssue, ...] = ()
+    #: bytes known to have been written to a log and never read (see agent.throughput.tail)
+    unread_bytes_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputInputs:
+    """What the sampler needs from the rest of the agent each pass: the (namespace, pod)
+    pairs holding a GPU of this node (None: no attribution answer) and the API server's pod
+    index (None: not watching). Sent to the child process when it changes (the index is
+    compared by identity: the watcher replaces it on every change)."""
+
+    gpu_pods: frozenset[tuple[str, str]] | None = None
+    index: PodIndex | None = None
 
 
 # --- streams -------------------------------------------------------------------------------
@@ -113,11 +157,12 @@ Labels = tuple[str, str, str, str]  # namespace, pod, container, job_name
 class _Stream:
     labels: Labels
     cri: bool
+    counts: Counter[str]
     tail: FileTail | None = None
     values: dict[str, dict[str, float]] = field(default_factory=dict)
     parsed: Counter[str] = field(default_factory=Counter)
     last_ts: float | None = None
-    custom: re.Pattern[str] | None = None
+    custom: Pattern | None = None
     custom_source: str | None = None
     custom_error: str | None = None
     parsed_this_poll: bool = False
@@ -126,6 +171,8 @@ class _Stream:
     def on_line(self, text: str, ts: float | None) -> None:
         r = parse_line(text, self.custom)
         if r is None:
+            if len(text) > MAX_PARSE_CHARS and parse_window(text) is None:
+                self.counts["too_long_to_parse"] += 1
             return
         slot = self.values.setdefault(r.format, {})
         for name, v in r.values():
@@ -137,7 +184,7 @@ class _Stream:
 
     def close(self) -> None:
         if self.tail is not None:
-            self.tail.close()
+            self.tail.drop()
             self.tail = None
 
 
@@ -170,8 +217,17 @@ class ThroughputSampler:
         once: bool = False,
         limits: Limits | None = None,
         clock: Callable[[], float] = time.time,
+        pass_seconds: float | None = None,
+        cpu_clock: Callable[[], float] = time.thread_time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``pass_seconds``: after this long a pass starts no more streams (None: no bound,
+        for ``--once``); ``cpu_clock`` measures each stream's CPU time in a pass."""
         self._settings = settings
+        self._pass_seconds = pass_seconds
+        self._cpu = cpu_clock
+        self._mono = monotonic
+        self._cursor = 0  # where the previous pass stopped, when it ran out of time
         self._gpu_pods = gpu_pods
         self._pod_index = pod_index
         self._clock = clock
@@ -188,13 +244,20 @@ class ThroughputSampler:
         self._counts: Counter[str] = Counter()
         self._started = False
 
+    def accept_inputs(self, value: object) -> None:
+        """The agent's latest :class:`ThroughputInputs` (in the child process)."""
+        if not isinstance(value, ThroughputInputs):
+            raise TypeError(f"expected ThroughputInputs, got {type(value).__name__}")
+        self._gpu_pods = lambda: value.gpu_pods
+        self._pod_index = lambda: value.index
+
     # -- the pass --------------------------------------------------------------------------
 
     def sample(self) -> ThroughputSnapshot:
         s = self._settings
         pod_logs_present = os.path.isdir(s.pod_logs)
         if not s.files and not pod_logs_present:
-            raise NoData(f"no --throughput.file given and no pod log directory at {s.pod_logs}")
+            nothing_to_read(s)
         issues: list[ReadIssue] = []
         wanted: dict[str, tuple[str, Labels, bool, bool]] = {}  # key -> path, labels, cri, new
         for f in s.files:
@@ -215,7 +278,9 @@ class ThroughputSampler:
         return self._snapshot(issues)
 
     def _read_gz_once(self, path: str, labels: Labels, issues: list[ReadIssue]) -> None:
-        stream = self._streams.setdefault("gz:" + path, _Stream(labels, cri=False))
+        stream = self._streams.setdefault(
+            "gz:" + path, _Stream(labels, cri=False, counts=self._counts)
+        )
         if path in self._gz_done:
             return
         problem = read_gzip_tail(path, stream.on_line, self._counts, cri=False, limits=self._limits)
@@ -271,7 +336,7 @@ class ThroughputSampler:
                 labels: Labels = (pd.namespace, pd.pod, c, job)
                 stream = self._streams.get(key)
                 if stream is None:
-                    stream = self._streams[key] = _Stream(labels, cri=True)
+                    stream = self._streams[key] = _Stream(labels, cri=True, counts=self._counts)
                     self._seed_from_rotated(stream, cdir, names, current, issues)
                 self._set_custom(stream, regex, f"{pd.namespace}/{pd.pod}", issues)
                 # a log met for the first time starts initial_bytes before its end, which is
@@ -294,13 +359,16 @@ class ThroughputSampler:
         rotated = newest_rotated(names, current)
         if rotated is None:
             return
+        root = self._settings.pod_logs
         path = os.path.join(cdir, rotated)
         if rotated.endswith(".gz"):
             problem = read_gzip_tail(
-                path, stream.on_line, self._counts, cri=True, limits=self._limits
+                path, stream.on_line, self._counts, cri=True, limits=self._limits, root=root
             )
         else:
-            tail = FileTail(path, stream.on_line, self._counts, cri=True, limits=self._limits)
+            tail = FileTail(
+                path, stream.on_line, self._counts, cri=True, limits=self._limits, root=root
+            )
             problem = tail.poll()
             tail.close()
         if problem is not None:
@@ -332,35 +400,79 @@ class ThroughputSampler:
     def _reconcile(
         self, wanted: dict[str, tuple[str, Labels, bool, bool]], issues: list[ReadIssue]
     ) -> None:
+        started = self._mono()
         for key in [k for k in self._streams if not k.startswith("gz:")]:
             if key not in wanted:
                 stream = self._streams.pop(key)
                 if stream.tail is not None:
-                    stream.tail.poll()  # what was written before it went
+                    stream.tail.poll(self._budget_stop())  # what was written before it went
                     if not os.path.exists(stream.tail.path):
                         self._counts["vanished"] += 1
                 stream.close()
-        for key, (path, labels, cri, new) in wanted.items():
-            st = self._streams.get(key)
-            if st is None:
-                st = self._streams[key] = _Stream(labels, cri=cri)
-            st.labels = labels
-            fresh = new
-            if st.tail is not None and st.tail.path != path:
-                st.tail.poll()  # the container restarted: finish its previous log
-                self._finish_poll(st, st.tail.path)
-                st.close()
-                fresh = True
-            if st.tail is None:
-                st.tail = FileTail(
-                    path, st.on_line, self._counts, cri=cri, limits=self._limits, new_file=fresh
-                )
-            problem = st.tail.poll()
-            if problem is not None:
-                issues.append(
-                    ReadIssue(path, _ISSUE_REASON.get(problem[0], problem[0]), problem[1])
-                )
-            self._finish_poll(st, path)
+        keys = list(wanted)
+        if self._cursor >= len(keys):
+            self._cursor = 0
+        order = keys[self._cursor :] + keys[: self._cursor]  # who waited last pass goes first
+        for i, key in enumerate(order):
+            if self._pass_seconds is not None and self._mono() - started > self._pass_seconds:
+                self._counts["pass_deadline"] += len(order) - i
+                self._cursor = keys.index(key)
+                break
+            self._poll_stream(key, wanted[key], issues)
+        else:
+            self._cursor = 0
+        self._bound_open_files()
+
+    def _budget_stop(self) -> Callable[[], bool]:
+        """A ``stop`` for one stream's poll: True once it used its CPU budget."""
+        limit = self._settings.stream_cpu_seconds
+        start = self._cpu()
+        return lambda: self._cpu() - start > limit
+
+    def _poll_stream(
+        self, key: str, want: tuple[str, Labels, bool, bool], issues: list[ReadIssue]
+    ) -> None:
+        path, labels, cri, new = want
+        st = self._streams.get(key)
+        if st is None:
+            st = self._streams[key] = _Stream(labels, cri=cri, counts=self._counts)
+        st.labels = labels
+        fresh = new
+        root = self._settings.pod_logs if cri else None
+        stop = self._budget_stop()
+        if st.tail is not None and st.tail.path != path:
+            st.tail.poll(stop)  # the container restarted: finish its previous log
+            self._finish_poll(st, st.tail.path)
+            st.close()
+            fresh = True
+        if st.tail is None:
+            st.tail = FileTail(
+                path,
+                st.on_line,
+                self._counts,
+                cri=cri,
+                limits=self._limits,
+                new_file=fresh,
+                root=root,
+            )
+        problem = st.tail.poll(stop)
+        if stop():
+            self._counts["cpu_budget"] += 1
+        if problem is not None:
+            issues.append(ReadIssue(path, _ISSUE_REASON.get(problem[0], problem[0]), problem[1]))
+        self._finish_poll(st, path)
+
+    def _bound_open_files(self) -> None:
+        """Keep at most ``max_open_files`` logs open: close the idle ones first (they reopen
+        at their offset on the next pass), then any beyond the bound."""
+        tails = [st.tail for st in self._streams.values() if st.tail is not None]
+        open_tails = [t for t in tails if t.is_open]
+        excess = len(open_tails) - self._settings.max_open_files
+        if excess <= 0:
+            return
+        open_tails.sort(key=lambda t: t.last_poll_bytes > 0)  # idle first
+        for t in open_tails[:excess]:
+            t.close()
 
     def _finish_poll(self, stream: _Stream, path: str) -> None:
         if not stream.parsed_this_poll:
@@ -406,6 +518,7 @@ class ThroughputSampler:
             sources=sum(1 for st in self._streams.values() if st.tail is not None),
             errors_total=tuple((r, self._counts.get(r, 0)) for r in ERROR_REASONS),
             issues=tuple(issues),
+            unread_bytes_total=self._counts.get(UNREAD_BYTES, 0),
         )
 
     def close(self) -> None:
@@ -419,3 +532,75 @@ def _mtime(path: str) -> float | None:
         return os.stat(path).st_mtime
     except OSError:
         return None
+
+
+# --- in a child process ---------------------------------------------------------------------
+
+
+def settings_json(settings: ThroughputSettings) -> str:
+    """The settings as one JSON string: what travels to the child (plain values only)."""
+    return json.dumps(
+        {
+            "files": [[f.pattern, f.job] for f in settings.files],
+            "job": settings.job,
+            "pod_logs": settings.pod_logs,
+            "pods": settings.pods,
+            "namespaces": list(settings.namespaces),
+            "selector": settings.selector,
+            "max_line_bytes": settings.max_line_bytes,
+            "initial_bytes": settings.initial_bytes,
+            "isolate": settings.isolate,
+            "stream_cpu_seconds": settings.stream_cpu_seconds,
+            "max_open_files": settings.max_open_files,
+        }
+    )
+
+
+def settings_from_json(text: str) -> ThroughputSettings:
+    d = json.loads(text)
+    return ThroughputSettings(
+        files=tuple(ThroughputFile(p, j) for p, j in d["files"]),
+        job=d["job"],
+        pod_logs=d["pod_logs"],
+        pods=d["pods"],
+        namespaces=tuple(d["namespaces"]),
+        selector=d["selector"],
+        max_line_bytes=int(d["max_line_bytes"]),
+        initial_bytes=int(d["initial_bytes"]),
+        isolate=bool(d["isolate"]),
+        stream_cpu_seconds=float(d["stream_cpu_seconds"]),
+        max_open_files=int(d["max_open_files"]),
+    )
+
+
+def child_sampler(*, settings: str, pass_seconds: float) -> ThroughputSampler:
+    """The sampler as the agent's child process builds it (:mod:`agent.core.isolation`); its
+    inputs arrive with each pass that changes them (:class:`ThroughputInputs`)."""
+    return ThroughputSampler(settings_from_json(settings), pass_seconds=pass_seconds)
+
+
+def nothing_to_read(settings: ThroughputSettings) -> None:
+    """Raise ``NoData`` when there is no log to read at all (no file given, no pod log
+    directory): checked in the agent before any child process is started."""
+    if not settings.files and not os.path.isdir(settings.pod_logs):
+        raise NoData(f"no --throughput.file given and no pod log directory at {settings.pod_logs}")
+
+
+def isolated_sampler(
+    settings: ThroughputSettings,
+    timeout_seconds: float,
+    inputs: Callable[[], ThroughputInputs],
+) -> IsolatedSampler:
+    """The throughput sampler in a supervised child process: a pass is given
+    ``timeout_seconds`` before its child is killed (``hung``); the child stops starting
+    streams after half of it, so a slow pass ends with the streams it reached."""
+    return IsolatedSampler(
+        "throughput",
+        ChildSpec(
+            "agent.throughput.sampler:child_sampler",
+            {"settings": settings_json(settings), "pass_seconds": timeout_seconds / 2},
+        ),
+        timeout_seconds=timeout_seconds,
+        inputs=inputs,
+        precheck=lambda: nothing_to_read(settings),
+    )

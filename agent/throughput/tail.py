@@ -17,7 +17,20 @@ A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory
 - invalid UTF-8 is counted and decoded with replacement characters (the numbers, ASCII,
   survive);
 - a FIFO, socket, device or directory in place of the file is never opened for reading
-  (``stat`` first; opened ``O_NONBLOCK``; ``fstat`` again): counted as ``not_regular_file``.
+  (``stat`` first; opened ``O_NONBLOCK``; ``fstat`` again): counted as ``not_regular_file``;
+- with a ``root`` (the pod log directory), a file is opened ``O_NOFOLLOW`` (a symlink is
+  refused, counted as ``symlink``) and the opened file's real path (``/proc/self/fd``) must
+  lie under the root's real path (else ``outside_root``): a ``0.log`` pointing at
+  ``/etc/shadow``, or a container directory that is a symlink, is never read;
+- truncation is detected by size *and* content: the bytes just before the offset are kept
+  and compared on each pass, so a file truncated and written again past the old offset
+  between two passes is read again from its start (counted ``truncated``), not resumed in
+  the middle of other lines;
+- ``close()`` keeps the offset: a tail closed to bound the open files reopens at the same
+  position when the path still names the same file with the same bytes before the offset;
+- bytes known to exist that were never read (a truncation that cut unread bytes, a stream
+  dropped with bytes left) are counted in ``unread_bytes``; a ``stop`` callable lets a pass
+  leave a file between two chunks (its CPU budget spent): the rest waits, nothing is lost.
 
 Gzip'd files (rotated kubelet logs, ``*.gz`` given to ``--throughput.file``) are read whole
 with :func:`read_gzip_tail` (they never grow).
@@ -30,6 +43,7 @@ pair for the runner to log once. Nothing here logs or keeps a line beyond handin
 from __future__ import annotations
 
 import errno
+import functools
 import gzip
 import os
 import stat
@@ -39,6 +53,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import BinaryIO
 
 #: (text, CRI timestamp in seconds or None for plain files)
 LineSink = Callable[[str, float | None], None]
@@ -51,11 +66,17 @@ TAIL_REASONS = (
     "io",
     "line_too_long",
     "not_regular_file",
+    "outside_root",
     "permission",
     "rotated",
+    "symlink",
     "truncated",
     "vanished",
 )
+#: bytes before the offset compared on each pass to detect a truncated-and-regrown file
+MARK_BYTES = 64
+#: the key of ``counts`` holding bytes that existed and were never read
+UNREAD_BYTES = "unread_bytes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +105,16 @@ WHOLE_FILE = Limits(max_bytes_per_pass=None, initial_bytes=None)
 
 def parse_cri_timestamp(raw: bytes) -> float | None:
     """Seconds since the epoch of a CRI log timestamp (``2024-04-06T02:55:45.123456789Z``
-    or with a ``+hh:mm`` offset); None when it is not one."""
+    or with a ``+hh:mm`` offset); None when it is not one (a longer field than any RFC 3339
+    timestamp is refused before it is looked at: the field is a pod's text)."""
+    if len(raw) > 64:
+        return None
+    # the kubelet's own form, UTC with nanoseconds: the second from a small cache (lines of
+    # one second share it), the fraction as an integer; every other form below
+    if len(raw) > 21 and raw[19:20] == b"." and raw[-1:] == b"Z" and raw[20:-1].isdigit():
+        second = _utc_second(raw[:19])
+        if second is not None:
+            return second + int(raw[20:-1][:6].ljust(6, b"0")) / 1e6
     text = raw.decode("ascii", errors="replace")
     if "." in text:
         head, _, rest = text.partition(".")
@@ -100,6 +130,17 @@ def parse_cri_timestamp(raw: bytes) -> float | None:
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _utc_second(raw: bytes) -> float | None:
+    """``2024-04-06T02:55:45`` (UTC) as seconds since the epoch; None when it is not one."""
+    if raw[10:11] != b"T":
+        return None
+    try:
+        return datetime.fromisoformat(raw.decode("ascii") + "+00:00").timestamp()
+    except (ValueError, UnicodeDecodeError):
         return None
 
 
@@ -216,7 +257,58 @@ def _classify(exc: OSError) -> str:
         return "vanished"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return "permission"
+    if exc.errno == errno.ELOOP:
+        return "symlink"
     return "io"
+
+
+_NOT_REGULAR = "not a regular file (FIFO, socket, device or directory)"
+
+
+def open_log(path: str, counts: Counter[str], root: str | None) -> int | tuple[str, str]:
+    """A read-only, non-blocking fd on the regular file ``path``, or ``(reason, detail)``
+    (counted). With a ``root``: never through a symlink as the last component, and the
+    opened file must lie under the root's real path (checked on the open fd)."""
+    try:
+        st = os.stat(path) if root is None else os.lstat(path)
+    except OSError as exc:
+        return _classify(exc), exc.strerror or str(exc)
+    if stat.S_ISLNK(st.st_mode):
+        counts["symlink"] += 1
+        return "symlink", "a symbolic link (never followed under the pod log directory)"
+    if not stat.S_ISREG(st.st_mode):
+        counts["not_regular_file"] += 1
+        return "not_regular_file", _NOT_REGULAR
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    if root is not None:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        reason = _classify(exc)
+        counts[reason] += 1
+        return reason, exc.strerror or str(exc)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between stat and open
+        os.close(fd)
+        counts["not_regular_file"] += 1
+        return "not_regular_file", _NOT_REGULAR
+    if root is not None and not _under(_fd_path(fd, path), os.path.realpath(root)):
+        os.close(fd)
+        counts["outside_root"] += 1
+        return "outside_root", "its real path is outside the pod log directory"
+    return fd
+
+
+def _fd_path(fd: int, path: str) -> str:
+    """The real path of an open file (what was opened, whatever happened to ``path``)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: the path's resolution now (racy, but still a check)
+        return os.path.realpath(path)
+
+
+def _under(path: str, root: str) -> bool:
+    return path.startswith(root.rstrip("/") + "/")
 
 
 class FileTail:
@@ -235,48 +327,108 @@ class FileTail:
         cri: bool,
         limits: Limits,
         new_file: bool = False,
+        root: str | None = None,
     ) -> None:
         """``new_file``: the file appeared after tailing began (a restarted container's
-        next log): read it from its start rather than from ``initial_bytes`` before its end."""
+        next log): read it from its start rather than from ``initial_bytes`` before its end.
+        ``root``: the directory the file must stay in (see the module docstring)."""
         self.path = path
         self._counts = counts
         self._limits = limits
+        self._root = root
         self._split = LineSplitter(sink, counts, cri=cri, limits=limits)
         self._fd: int | None = None
         self._ident: tuple[int, int] = (0, 0)
         self._offset = 0
+        self._size = 0  # the size last seen: bytes up to it are known to exist
+        self._mark = b""  # the bytes just before the offset
         self._opened_before = new_file
         self.last_read_mtime: float | None = None
+        #: bytes read by the latest poll
+        self.last_poll_bytes = 0
 
     @property
     def is_open(self) -> bool:
         return self._fd is not None
 
     def close(self) -> None:
+        """Close the file; the offset is kept (the next poll reopens there if it can)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
+    def drop(self) -> None:
+        """Close for good: bytes the file holds past the offset are counted unread."""
+        if self._fd is not None:
+            try:
+                left = os.fstat(self._fd).st_size - self._offset
+            except OSError:
+                left = self._size - self._offset
+            self._counts[UNREAD_BYTES] += max(0, left)
+        self.close()
+
+    def _finish_renamed(self) -> None:
+        """The file read before a close was renamed (kubelet rotation) while closed: read
+        its rest through its new name in the same directory (found by inode); when it is
+        gone (compressed, deleted), what was known past the offset is counted unread."""
+        folder = os.path.dirname(self.path) or "."
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            names = []
+        for name in names:
+            candidate = os.path.join(folder, name)
+            try:
+                st = os.lstat(candidate)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) != self._ident or not stat.S_ISREG(st.st_mode):
+                continue
+            opened = open_log(candidate, self._counts, self._root)
+            if isinstance(opened, tuple):
+                break
+            try:
+                if self._mark_matches(opened):
+                    os.lseek(opened, self._offset, os.SEEK_SET)
+                    while data := os.read(opened, self._limits.chunk_bytes):
+                        self._split.feed(data)
+                    return
+            except OSError as exc:  # unreadable now: its rest is counted unread below
+                self._counts[_classify(exc)] += 1
+            finally:
+                os.close(opened)
+            break
+        self._counts[UNREAD_BYTES] += max(0, self._size - self._offset)
+
+    def _mark_matches(self, fd: int) -> bool:
+        """The bytes before the offset are still the ones read there."""
+        if not self._mark:
+            return True
+        try:
+            return os.pread(fd, len(self._mark), self._offset - len(self._mark)) == self._mark
+        except OSError:
+            return False
+
     def _open(self, *, from_start: bool) -> tuple[str, str] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError as exc:
-            return _classify(exc), exc.strerror or str(exc)
-        if not stat.S_ISREG(st.st_mode):
-            self._counts["not_regular_file"] += 1
-            return "not_regular_file", "not a regular file (FIFO, socket, device or directory)"
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            reason = _classify(exc)
-            self._counts[reason] += 1
-            return reason, exc.strerror or str(exc)
+        opened = open_log(self.path, self._counts, self._root)
+        if isinstance(opened, tuple):
+            return opened
+        fd = opened
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # swapped between stat and open
-            os.close(fd)
-            self._counts["not_regular_file"] += 1
-            return "not_regular_file", "not a regular file (FIFO, socket, device or directory)"
-        same = self._ident == (st.st_dev, st.st_ino) and st.st_size >= self._offset > 0
+        same = (
+            self._ident == (st.st_dev, st.st_ino)
+            and st.st_size >= self._offset > 0
+            and self._mark_matches(fd)
+        )
+        if self._opened_before and self._offset > 0 and not same:
+            if self._ident == (st.st_dev, st.st_ino):
+                self._counts["truncated"] += 1  # truncated (and maybe regrown) while closed
+                self._counts[UNREAD_BYTES] += max(0, self._size - self._offset)
+                self._split.reset()
+            else:  # rotated while closed: finish the old file under its new name
+                self._counts["rotated"] += 1
+                self._finish_renamed()
+            self._mark = b""
         self._fd = fd
         self._ident = (st.st_dev, st.st_ino)
         initial = self._limits.initial_bytes
@@ -288,11 +440,15 @@ class FileTail:
             self._split.skip_to_next_line()
         else:
             self._offset = 0
+        self._size = st.st_size
         self._opened_before = True
         return None
 
-    def poll(self) -> tuple[str, str] | None:
+    def poll(self, stop: Callable[[], bool] | None = None) -> tuple[str, str] | None:
+        """Read what is new (see the class docstring). ``stop`` is asked between two
+        chunks: True leaves the rest of the file for the next poll."""
         budget = self._limits.max_bytes_per_pass
+        self.last_poll_bytes = 0
         if self._fd is None:
             problem = self._open(from_start=self._opened_before)
             if problem is not None:
@@ -301,21 +457,26 @@ class FileTail:
             assert self._fd is not None
             try:
                 size = os.fstat(self._fd).st_size
-                if size < self._offset:
+                if size < self._offset or not self._mark_matches(self._fd):
                     self._counts["truncated"] += 1
+                    # bytes that were there past the offset when last seen are gone unread
+                    self._counts[UNREAD_BYTES] += max(0, self._size - self._offset)
                     self._split.reset()
                     self._offset = 0
+                    self._mark = b""
                     os.lseek(self._fd, 0, os.SEEK_SET)
-                read, at_eof = self._read(budget)
+                self._size = size
+                read, at_eof = self._read(budget, stop)
             except OSError as exc:
                 self.close()
                 reason = _classify(exc)
                 self._counts[reason] += 1
                 return reason, exc.strerror or str(exc)
+            self.last_poll_bytes += read
             if budget is not None:
                 budget -= read
             if not at_eof:
-                return None  # budget spent: the rest next pass
+                return None  # budget spent or stopped: the rest next pass
             try:
                 st = os.stat(self.path)
             except FileNotFoundError:
@@ -327,16 +488,19 @@ class FileTail:
             # rotated or replaced: the old file is read to its end; now the new one
             self._counts["rotated"] += 1
             self.close()
+            self._offset, self._size, self._mark = 0, 0, b""  # the old file is done
             problem = self._open(from_start=True)
             if problem is not None:
                 return problem
         return None
 
-    def _read(self, budget: int | None) -> tuple[int, bool]:
+    def _read(self, budget: int | None, stop: Callable[[], bool] | None) -> tuple[int, bool]:
         assert self._fd is not None
         total = 0
         chunk = self._limits.chunk_bytes
         while budget is None or total < budget:
+            if stop is not None and total and stop():
+                break
             want = chunk if budget is None else min(chunk, budget - total)
             data = os.read(self._fd, want)
             if not data:
@@ -345,44 +509,51 @@ class FileTail:
                 return total, True
             total += len(data)
             self._offset += len(data)
+            self._size = max(self._size, self._offset)
+            self._mark = (self._mark + data[-MARK_BYTES:])[-MARK_BYTES:]
             self._split.feed(data)
         if total:
             self.last_read_mtime = os.fstat(self._fd).st_mtime
         return total, False
 
 
-def gzip_size(path: str) -> int | None:
-    """The uncompressed size of a single-member gzip file (its trailer, mod 2**32)."""
+def gzip_size(f: BinaryIO) -> int | None:
+    """The uncompressed size of a single-member gzip file (its trailer, mod 2**32); the
+    file is left at its start."""
     try:
-        with open(path, "rb") as f:
-            f.seek(-4, os.SEEK_END)
-            (size,) = struct.unpack("<I", f.read(4))
-            return int(size)
+        f.seek(-4, os.SEEK_END)
+        (size,) = struct.unpack("<I", f.read(4))
+        f.seek(0)
+        return int(size)
     except (OSError, struct.error):
-        return None
+        return None  # too short or unreadable: the gzip read that follows says which
 
 
 def read_gzip_tail(
-    path: str, sink: LineSink, counts: Counter[str], *, cri: bool, limits: Limits
+    path: str,
+    sink: LineSink,
+    counts: Counter[str],
+    *,
+    cri: bool,
+    limits: Limits,
+    root: str | None = None,
 ) -> tuple[str, str] | None:
     """Read a gzip'd log (a rotated kubelet log, a compressed plain log): its last
     ``limits.initial_bytes`` of uncompressed content, or all of it when that is None.
-    Decompression streams in chunks: memory stays bounded whatever the file's size."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        return _classify(exc), exc.strerror or str(exc)
-    if not stat.S_ISREG(st.st_mode):
-        counts["not_regular_file"] += 1
-        return "not_regular_file", "not a regular file (FIFO, socket, device or directory)"
+    Decompression streams in chunks: memory stays bounded whatever the file's size.
+    ``root``: as :class:`FileTail`'s (no symlink, nothing outside it)."""
+    opened = open_log(path, counts, root)
+    if isinstance(opened, tuple):
+        return opened
+    raw = os.fdopen(opened, "rb")
     split = LineSplitter(sink, counts, cri=cri, limits=limits)
     skip = 0
-    size = gzip_size(path)
+    size = gzip_size(raw)
     if limits.initial_bytes is not None and size is not None and size > limits.initial_bytes:
         skip = size - limits.initial_bytes
         split.skip_to_next_line()
     try:
-        with gzip.open(path, "rb") as f:
+        with raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
             while skip > 0:
                 dropped = f.read(min(skip, limits.chunk_bytes))
                 if not dropped:

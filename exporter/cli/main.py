@@ -175,6 +175,33 @@ def _add_throughput(p: argparse.ArgumentParser) -> None:
         help="read only pods whose labels match this label selector (app=llm,tier!=eval); "
         "needs the API-server pod watch (--kubernetes.node-name)",
     )
+    g.add_argument(
+        "--throughput.isolate",
+        dest="throughput_isolate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read and parse logs in a supervised child process: whatever a pod writes "
+        "costs at most a throughput pass, counted, never /metrics (default: on; off only to "
+        "debug)",
+    )
+    g.add_argument(
+        "--throughput.stream-cpu-budget",
+        dest="throughput_stream_cpu",
+        type=positive,
+        default=0.5,
+        metavar="SECONDS",
+        help="CPU time one log may take in one pass; the rest of it waits for the next pass, "
+        "counted as cpu_budget (default: %(default)s)",
+    )
+    g.add_argument(
+        "--throughput.max-open-files",
+        dest="throughput_max_open_files",
+        type=count,
+        default=256,
+        metavar="N",
+        help="log files kept open between passes; idle ones beyond it are closed and "
+        "reopened at their offset (default: %(default)s)",
+    )
 
 
 def _add_samplers(p: argparse.ArgumentParser) -> None:
@@ -283,7 +310,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fabricscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    agent = sub.add_parser("agent", help="run the node agent and serve /metrics")
+    agent = sub.add_parser(
+        "agent",
+        help="run the node agent and serve /metrics",
+        epilog="Signals: SIGTERM and SIGINT stop the agent (within a few seconds). SIGHUP is "
+        "ignored, with a log line: there is nothing to reload by hand (TLS files are re-read "
+        "when they change, pods and their logs are found again on every pass); changing "
+        "flags or the --web.config.file's users needs a restart.",
+    )
     _add_common(agent)
     _add_samplers(agent)
     _add_kubernetes(agent)
@@ -397,6 +431,9 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
             pods=getattr(ns, "throughput_pods", "gpu"),
             namespaces=tuple(getattr(ns, "throughput_namespaces", ())),
             selector=getattr(ns, "throughput_selector", None),
+            isolate=getattr(ns, "throughput_isolate", True),
+            stream_cpu_seconds=getattr(ns, "throughput_stream_cpu", 0.5),
+            max_open_files=getattr(ns, "throughput_max_open_files", 256),
         ),
         kubernetes=KubernetesSettings(
             pod_resources_socket=getattr(ns, "pod_resources_socket", None) or None,
@@ -482,8 +519,15 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
         log.info("received signal %d, shutting down", signum)
         stop.set()
 
+    def _hangup(_signum: int, _frame: object) -> None:
+        log.info(
+            "received SIGHUP: ignored (TLS files are re-read when they change, pods on every "
+            "pass; a changed flag or web config user needs a restart)"
+        )
+
     signal.signal(signal.SIGTERM, _handle)
     signal.signal(signal.SIGINT, _handle)
+    signal.signal(signal.SIGHUP, _hangup)
     app.runner.start()
     stop.wait()
     server.shutdown()

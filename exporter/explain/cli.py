@@ -15,7 +15,12 @@ from typing import Any
 
 from agent.core.logsetup import LEVELS
 from exporter.explain import discover, render
-from exporter.explain.client import ClientSettings, PrometheusClient, PrometheusError
+from exporter.explain.client import (
+    DEFAULT_MAX_BODY_BYTES,
+    ClientSettings,
+    PrometheusClient,
+    PrometheusError,
+)
 from exporter.explain.report import ExplainError, explain
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)$")
@@ -27,6 +32,16 @@ def parse_duration(value: str) -> float:
     if not m:
         raise argparse.ArgumentTypeError(f"not a duration like 90m, 6h or 2d: {value!r}")
     return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _byte_count(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of bytes: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {value!r}")
+    return n
 
 
 def parse_time(value: str, now: float | None = None) -> float:
@@ -74,7 +89,15 @@ def add_parser(sub: Any) -> None:
         type=parse_duration,
         default=10.0,
         metavar="DURATION",
-        help="per request (default: 10s)",
+        help="per request: connect, headers and the whole answer (default: 10s)",
+    )
+    g.add_argument(
+        "--prometheus.max-body-bytes",
+        dest="prom_max_body",
+        type=_byte_count,
+        default=DEFAULT_MAX_BODY_BYTES,
+        metavar="BYTES",
+        help="the largest answer read; a bigger one is an error (default: %(default)s, 64 MiB)",
     )
     g.add_argument("--prometheus.ca-file", dest="prom_ca", metavar="FILE")
     g.add_argument(
@@ -167,6 +190,7 @@ def _run(ns: argparse.Namespace) -> int:
         ClientSettings(
             url=ns.prom_url,
             timeout=ns.prom_timeout,
+            max_body_bytes=ns.prom_max_body,
             ca_file=ns.prom_ca,
             cert_file=ns.prom_cert,
             key_file=ns.prom_key,

@@ -4,6 +4,15 @@ Every failure becomes one ``PrometheusError`` whose message is a single line a p
 act on (server down, refused, too slow, TLS, authentication, an HTTP error, an answer that is
 not Prometheus JSON, a query Prometheus rejected). Requests are POSTed as form data, so a
 query naming 64 instances does not run into URL length limits.
+
+An answer is untrusted input, bounded three ways: one deadline (``timeout``) covers connect,
+headers and body together (a server trickling a byte a second cannot hold it past the
+deadline: the request runs in a worker thread the caller stops waiting for, and the worker
+stops reading at the deadline); the body is read in chunks up to ``max_body_bytes`` (64 MiB
+by default; a bigger one is refused, by its Content-Length before reading when it has one);
+and JSON nested absurdly deep, or with ``NaN``/``Infinity`` literals (not JSON), is refused.
+Sample values may be ``NaN`` or ``±Inf`` (Prometheus's own, from 0/0 or x/0): the callers
+that need finite numbers check (:mod:`exporter.explain.discover`).
 """
 
 from __future__ import annotations
@@ -14,29 +23,48 @@ import json
 import math
 import socket
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 
 class PrometheusError(Exception):
     """A Prometheus request failed; ``str()`` is one line saying why."""
 
 
+#: the largest answer read by default (a week of 1,000 series at a 1-minute step is ~20 MB)
+DEFAULT_MAX_BODY_BYTES = 64 << 20
+_CHUNK = 1 << 16
+
+
+class _TooBig(Exception):  # noqa: N818 - control flow inside this module
+    pass
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
     """How to reach Prometheus.
 
-    ``timeout`` is seconds per request. ``password_file`` and ``bearer_token_file`` are read
-    at start (secrets never go on a command line); ``ca_file`` verifies the server,
-    ``cert_file``/``key_file`` are a client certificate; ``insecure`` skips verification.
+    ``timeout`` is seconds per request: connect, headers and body together.
+    ``max_body_bytes``: the largest answer read. ``password_file`` and
+    ``bearer_token_file`` are read at start (secrets never go on a command line);
+    ``ca_file`` verifies the server, ``cert_file``/``key_file`` are a client certificate;
+    ``insecure`` skips verification.
     """
 
     url: str
     timeout: float = 10.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
@@ -173,22 +201,38 @@ class PrometheusClient:
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         where = f"Prometheus at {self.base}"
         timeout = self.settings.timeout
+        cap = self.settings.max_body_bytes
+        too_slow = (
+            f"{where} did not answer /api/v1/{endpoint} within {timeout:g}s "
+            "(overloaded, or a query too large? --prometheus.timeout raises the limit)"
+        )
         try:
-            with self._opener.open(request, timeout=timeout) as response:
-                raw = response.read()
+            raw = self._fetch(request, time.monotonic() + timeout)
+        except _TooBig:
+            raise PrometheusError(
+                f"{where} answered /api/v1/{endpoint} with more than {_size(cap)} "
+                "(--prometheus.max-body-bytes raises the limit; or narrow --window)"
+            ) from None
         except urllib.error.HTTPError as exc:
             raise PrometheusError(_http_error(where, endpoint, exc)) from None
         except urllib.error.URLError as exc:
             raise PrometheusError(_connect_error(where, exc.reason, timeout)) from None
         except TimeoutError:
-            raise PrometheusError(
-                f"{where} did not answer /api/v1/{endpoint} within {timeout:g}s "
-                "(overloaded, or a query too large? --prometheus.timeout raises the limit)"
-            ) from None
+            raise PrometheusError(too_slow) from None
         except (ConnectionError, http.client.HTTPException, OSError) as exc:
             raise PrometheusError(f"{where}: connection failed: {_one_line(exc)}") from None
         try:
-            answer = json.loads(raw)
+            answer = json.loads(raw, parse_constant=_no_constant)
+        except RecursionError:
+            raise PrometheusError(
+                f"{where} answered /api/v1/{endpoint} with JSON nested absurdly deep: "
+                "is the URL a Prometheus server?"
+            ) from None
+        except _NotJson as exc:
+            raise PrometheusError(
+                f"{where} answered /api/v1/{endpoint} with {exc}, which is not JSON: "
+                "is the URL a Prometheus server?"
+            ) from None
         except (ValueError, UnicodeDecodeError):
             raise PrometheusError(
                 f"{where} answered /api/v1/{endpoint} with something that is not JSON "
@@ -206,11 +250,65 @@ class PrometheusClient:
             )
         return answer.get("data")
 
+    def _fetch(self, request: urllib.request.Request, deadline: float) -> bytes:
+        """The body of the answer to ``request``, by ``deadline`` (monotonic seconds), at most
+        ``max_body_bytes`` of it. Runs in a worker thread: the wait for it ends at the
+        deadline whatever the server does; the worker notices the deadline between chunks
+        (and each read waits at most the timeout), then stops."""
+        box: dict[str, object] = {}
+
+        def work() -> None:
+            try:
+                box["body"] = self._read(request, deadline)
+            except BaseException as exc:  # handed to the caller's thread as it is
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name="prometheus-request", daemon=True)
+        worker.start()
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if worker.is_alive():
+            raise TimeoutError
+        if "error" in box:
+            raise cast(BaseException, box["error"])
+        return cast(bytes, box["body"])
+
+    def _read(self, request: urllib.request.Request, deadline: float) -> bytes:
+        cap = self.settings.max_body_bytes
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        with self._opener.open(request, timeout=left) as response:
+            length = response.headers.get("Content-Length")
+            if length is not None and length.strip().isdigit() and int(length) > cap:
+                raise _TooBig
+            chunks: list[bytes] = []
+            total = 0
+            while True:
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                chunk = response.read1(_CHUNK)
+                if not chunk:
+                    return b"".join(chunks)
+                total += len(chunk)
+                if total > cap:
+                    raise _TooBig
+                chunks.append(chunk)
+
+
+class _NotJson(ValueError):  # noqa: N818 - control flow inside this module
+    pass
+
+
+def _no_constant(name: str) -> object:
+    """``NaN``, ``Infinity``, ``-Infinity`` as bare JSON tokens: Python's json takes them,
+    JSON does not (Prometheus writes non-finite values as strings)."""
+    raise _NotJson(f"a bare {name}")
+
 
 def _http_error(where: str, endpoint: str, exc: urllib.error.HTTPError) -> str:
     detail = ""
     try:
-        payload = json.loads(exc.read() or b"{}")
+        payload = json.loads(exc.read(_CHUNK) or b"{}")
         if isinstance(payload, dict) and payload.get("error"):
             detail = f": {payload.get('errorType', 'error')}: {_one_line(payload['error'])}"
     except (ValueError, OSError, UnicodeDecodeError):

@@ -9,13 +9,14 @@ job's instances.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from exporter.explain.checks import Check
-from exporter.explain.client import PrometheusClient, Sample, Series
+from exporter.explain.client import PrometheusClient, PrometheusError, Sample, Series
 from exporter.explain.evidence import _alternation, _escape
 
 #: throughput metrics in order of preference; step_seconds is inverted to steps per second
@@ -73,7 +74,13 @@ def throughput(
         inner = f"avg({metric}{{{job.matchers()}}})"
         expr = f"1 / {inner}" if metric.endswith("_step_seconds") else inner
         result = client.query_range(expr, start, end, step)
-        return Throughput(metric, unit, expr, result[0] if result else None, pods, instances)
+        series = result[0] if result else None
+        if series is not None and series.values and not any(map(math.isfinite, series.values)):
+            raise PrometheusError(
+                f"Prometheus answered only NaN or infinite values for the job's throughput "
+                f"({expr}): no slowdown can be judged from them"
+            )
+        return Throughput(metric, unit, expr, series, pods, instances)
     return Throughput("", "", "", None, (), ())
 
 

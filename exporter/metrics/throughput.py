@@ -90,13 +90,23 @@ ERRORS = MetricSpec(
     _P + "errors_total",
     "counter",
     "Throughput log reading problems by reason: bad_regex (an unusable "
-    "fabricscope.io/throughput-regex), cri_parse (a line not in the CRI log format), gzip, "
-    "invalid_utf8 (decoded with replacement characters; its numbers still read), io, "
-    "line_too_long (skipped), no_match (a --throughput.file pattern matching nothing), "
-    "not_regular_file (a FIFO, socket, device or directory in place of a log), permission, "
-    "rotated (a log rotated: not an error), truncated (read again from its start), vanished "
-    "(a log or pod log directory gone).",
+    "fabricscope.io/throughput-regex, e.g. one RE2 cannot run in linear time), cpu_budget "
+    "(a log used its CPU budget in a pass; its rest waits for the next), cri_parse (a line "
+    "not in the CRI log format), gzip, invalid_utf8 (decoded with replacement characters; "
+    "its numbers still read), io, line_too_long (skipped), no_match (a --throughput.file "
+    "pattern matching nothing), not_regular_file (a FIFO, socket, device or directory in "
+    "place of a log), outside_root (a log whose real path leaves --path.pod-logs), "
+    "pass_deadline (logs a pass had no time left for; first in the next pass), permission, "
+    "rotated (a log rotated: not an error), symlink (a pod log that is a symbolic link: "
+    "never followed), too_long_to_parse (a line over 16 KiB: not parsed), truncated (read "
+    "again from its start), vanished (a log or pod log directory gone).",
     ("reason",),
+)
+UNREAD = MetricSpec(
+    _P + "unread_bytes_total",
+    "counter",
+    "Bytes known to have been written to a log and never read: cut by a truncation before "
+    "they were read, or left in a log whose pod went.",
 )
 
 SPECS: tuple[MetricSpec, ...] = (
@@ -110,6 +120,7 @@ SPECS: tuple[MetricSpec, ...] = (
     LINES_PARSED,
     SOURCES,
     ERRORS,
+    UNREAD,
 )
 
 _VALUES = (
@@ -141,3 +152,4 @@ def render(snap: ThroughputSnapshot, out: Families) -> None:
     errors = dict(snap.errors_total)
     for reason in ERROR_REASONS:
         out.add(ERRORS, errors.get(reason, 0), reason)
+    out.add(UNREAD, snap.unread_bytes_total)
