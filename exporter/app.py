@@ -14,7 +14,7 @@ from agent.samplers import DEPENDENT, Latest
 from exporter.metrics import findings
 from exporter.metrics.catalog import SELF_OWNER, render_sampler, render_self
 from exporter.metrics.exposition import ExpositionCache, render_text
-from exporter.metrics.spec import Families
+from exporter.metrics.spec import Detail, Families
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 class AgentApp:
     """The runner plus the cache it feeds. ``ready()`` turns true once every sampler has
     made its first attempt. ``wall_clock`` stamps successes (the scenario lab replays
-    simulated time through it)."""
+    simulated time through it). ``detail`` is ``--collector.detail``: how much each sampler's
+    fragment carries (exporter/metrics/spec.py)."""
 
     def __init__(
         self,
@@ -30,7 +31,9 @@ class AgentApp:
         latest: Latest | None = None,
         *,
         wall_clock: Callable[[], float] = time.time,
+        detail: Detail = "default",
     ) -> None:
+        self.detail: Detail = detail
         self.cache = ExpositionCache()
         self._render_errors: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -46,7 +49,7 @@ class AgentApp:
 
     def _on_update(self, name: str) -> None:
         try:
-            data = render_text(render_sampler(self.runner.status(name)))
+            data = render_text(render_sampler(self.runner.status(name), self.detail))
         except Exception:
             # A rendering bug must cost this sampler's series, not the scrape; counted.
             log.exception("rendering sampler %s failed; its series are withdrawn", name)
@@ -60,7 +63,7 @@ class AgentApp:
 
     def _findings_text(self) -> bytes:
         """The node's findings across samplers; a failure costs this fragment, counted."""
-        out = Families()
+        out = Families(self.detail)
         try:
             findings.render(self.runner.statuses(), out)
         except Exception:

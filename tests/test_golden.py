@@ -23,8 +23,12 @@ TREES = {
 }
 
 
-@pytest.mark.parametrize("tree", sorted(TREES))
-def test_metrics_output_matches_golden_and_lints(tree: str, tmp_path: Path) -> None:
+#: (tree, --collector.detail): every tree at the shipped default, the DGX tree also at full
+CASES = [(t, "default") for t in sorted(TREES)] + [("dgx-h100", "full")]
+
+
+@pytest.mark.parametrize(("tree", "detail"), CASES)
+def test_metrics_output_matches_golden_and_lints(tree: str, detail: str, tmp_path: Path) -> None:
     proc = fabricscope(
         [
             "agent",
@@ -38,6 +42,7 @@ def test_metrics_output_matches_golden_and_lints(tree: str, tmp_path: Path) -> N
             # no pod logs: the throughput sampler must not read this host's /var/log/pods
             f"--path.pod-logs={tmp_path / 'no-pod-logs'}",
             "--log.level=error",
+            f"--collector.detail={detail}",
         ]
     )
     assert proc.returncode == 0, proc.stderr
@@ -48,7 +53,7 @@ def test_metrics_output_matches_golden_and_lints(tree: str, tmp_path: Path) -> N
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    golden = GOLDEN / f"{tree}.prom"
+    golden = GOLDEN / (f"{tree}.prom" if detail == "default" else f"{tree}.{detail}.prom")
     got = normalise(text)
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.parent.mkdir(exist_ok=True)

@@ -548,6 +548,7 @@ def test_roce_port_identity_netdev_and_congestion_counters(roce_sys_root: Path) 
         (P + "generic_total", (*dp, "hw_counters", "rx_vport_rdma_unicast_packets")): 99,
         (P + "pma_saturated", (*dp, "port_xmit_wait")): 0,
         (P + "pma_saturated", (*dp, "link_downed")): 0,
+        (P + "pma_saturated_counters", dp): 0,
     }
 
 

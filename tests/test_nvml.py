@@ -31,7 +31,7 @@ from agent.nvml.sampler import NvmlSampler, normalize_pci_bus_id
 from agent.nvml.snapshot import NvLink, NvLinkErrorCounts, NvmlGpu, NvmlSnapshot, XidCount
 from agent.nvml.topology import nvlink_matrix
 from exporter.metrics import nvml as metrics
-from exporter.metrics.spec import Families
+from exporter.metrics.spec import Detail, Families
 from tests.test_nvml_fixtures import (
     Recording,
     RecordingBuilder,
@@ -79,8 +79,8 @@ def sample(rec: Recording, made: list[NvmlSampler]) -> NvmlSnapshot:
     return sampler.sample()
 
 
-def rendered(snap: NvmlSnapshot) -> Samples:
-    out = Families()
+def rendered(snap: NvmlSnapshot, detail: Detail = "full") -> Samples:
+    out = Families(detail)
     metrics.render(snap, out)
     return {
         (spec.name, labels): value for spec, samples in out.items() for labels, value in samples
@@ -1158,7 +1158,34 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
         ("fabricscope_nvlink_errors_total", ("0", "0", "crc_data")): 0,
         ("fabricscope_nvlink_errors_total", ("0", "0", "ecc_data")): 3,
         ("fabricscope_nvlink_errors_total", ("0", "1", "replay")): 9,
+        ("fabricscope_gpu_nvlinks_up", g): 1,
+        ("fabricscope_nvlink_remote_links", ("0", "0000:c5:00.0", "NVSwitch")): 1,
+        ("fabricscope_gpu_nvlink_errors_total", ("0", "replay")): 10,
+        ("fabricscope_gpu_nvlink_errors_total", ("0", "recovery")): 0,
+        ("fabricscope_gpu_nvlink_errors_total", ("0", "crc_flit")): 2,
+        ("fabricscope_gpu_nvlink_errors_total", ("0", "crc_data")): 0,
+        ("fabricscope_gpu_nvlink_errors_total", ("0", "ecc_data")): 3,
     }
+    # below full: the down link and the non-zero finding counters per link, facts per GPU,
+    # the non-slowdown clock reasons and per-link far ends left out
+    default = rendered(snap, "default")
+    assert {k: v for k, v in default.items() if k[0].startswith("fabricscope_nvlink_")} == {
+        ("fabricscope_nvlink_up", down): 0,
+        ("fabricscope_nvlink_version", ("0", "")): 4,
+        ("fabricscope_nvlink_speed_bytes_per_second", ("0", "")): 26_562_000_000,
+        ("fabricscope_nvlink_remote_links", ("0", "0000:c5:00.0", "NVSwitch")): 1,
+        ("fabricscope_nvlink_errors_total", ("0", "0", "replay")): 1,
+        ("fabricscope_nvlink_errors_total", ("0", "0", "crc_flit")): 2,
+        ("fabricscope_nvlink_errors_total", ("0", "1", "replay")): 9,
+    }
+    assert {k[1][1] for k in default if k[0] == "fabricscope_gpu_clocks_event_active"} == {
+        "sw_power_cap",
+        "hw_slowdown",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    }
+    assert rendered(snap, "minimal") == default  # every NVML family is read by a rule
     assert kinds(findings(snap)) == [
         ("nvlink_down", "gpu0/link1"),
         ("nvlink_errors", "gpu0/link0"),

@@ -11,8 +11,8 @@ FINDINGS = (
     f" or (fabricscope_pci_link_width_degraded{{{N}}} == 1)"
     f" or (fabricscope_topology_gpu_nearest_nic_cross_numa{{{N}}} == 1)"
     f" or (fabricscope_nvlink_up{{{N}}} == 0)"
-    f' or (increase(fabricscope_nvlink_errors_total{{{N},reason=~"replay|recovery|crc_flit"}}[1h])'
-    " > 0)"
+    " or (increase(fabricscope_gpu_nvlink_errors_total"
+    f'{{{N},reason=~"replay|recovery|crc_flit"}}[1h]) > 0)'
     f" or (fabricscope_workload_finding_processes{{{N}}} > 0)"
     f' or (rate(fabricscope_netdev_pfc_pause_frames_total{{{N},direction="tx"}}[10m]) > 1000)'
 )

@@ -68,7 +68,7 @@ NODE_BOARD = Board(
             "bargauge",
             (
                 (
-                    "sort_desc(sum by (device) (fabricscope_infiniband_port_pma_saturated"
+                    "sort_desc(sum by (device) (fabricscope_infiniband_port_pma_saturated_counters"
                     f"{{{N}}}))",
                     "{{device}}",
                 ),
@@ -139,7 +139,7 @@ NODE_BOARD = Board(
         Panel(
             "NVLinks up per GPU",
             "bargauge",
-            ((f"sort(sum by (gpu) (fabricscope_nvlink_up{{{N}}}))", "GPU {{gpu}}"),),
+            ((f"sort(sum by (gpu) (fabricscope_gpu_nvlinks_up{{{N}}}))", "GPU {{gpu}}"),),
             "none",
             "Active NVLinks of each GPU (18 on an H100/H200).",
             w=6,
@@ -149,7 +149,7 @@ NODE_BOARD = Board(
             "timeseries",
             (
                 (
-                    "sum by (gpu, reason) (rate(fabricscope_nvlink_errors_total"
+                    "sum by (gpu, reason) (rate(fabricscope_gpu_nvlink_errors_total"
                     f'{{{N},reason=~"replay|recovery|crc_flit"}}[{RI}]))',
                     "GPU {{gpu}} {{reason}}",
                 ),

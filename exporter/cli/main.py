@@ -55,6 +55,7 @@ from exporter.cli import topo as topo_command
 from exporter.cli.argtypes import count, positive
 from exporter.cli.source import open_source
 from exporter.explain import cli as explain_cli
+from exporter.metrics.spec import DETAILS
 
 log = logging.getLogger("fabricscope")
 
@@ -223,6 +224,16 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
         metavar="PASSES",
         help="read each NVLink's crc_data/ecc_data counters every PASSES passes "
         "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--collector.detail",
+        dest="collector_detail",
+        choices=DETAILS,
+        default="default",
+        help="how much to export: minimal (what the shipped alerts, dashboards and explain "
+        "read), default (also diagnostic counters; almost-always-0 booleans and facts every "
+        "link shares folded), full (every series, unfolded); docs/metrics.md says what each "
+        "level drops (default: %(default)s)",
     )
     g.add_argument(
         "--nvml.isolate",
@@ -478,7 +489,7 @@ def cmd_agent(ns: argparse.Namespace) -> int:
             latest=latest,
             once=ns.once,
         )
-        app = AgentApp(specs, latest)
+        app = AgentApp(specs, latest, detail=ns.collector_detail)
         if ns.once:
             sys.stdout.buffer.write(app.run_once())
             sys.stdout.flush()

@@ -344,6 +344,8 @@ CHECKS: tuple[Check, ...] = (
         "nvlink_up",
         "nvlink",
         "NVLinks up (of the GPU's links, time-averaged)",
+        # the per-GPU count; agents before it exported every link's up
+        "sum by (instance, gpu) (avg_over_time(fabricscope_gpu_nvlinks_up{{{sel}}}[{d}])) or "
         "sum by (instance, gpu) (avg_over_time(fabricscope_nvlink_up{{{sel}}}[{d}]))",
         "drop",
         0.02,
@@ -354,6 +356,9 @@ CHECKS: tuple[Check, ...] = (
         "nvlink_errors",
         "nvlink",
         "NVLink replay/recovery/CRC errors",
+        # the per-GPU sums (below full detail a link's series starts at its first error,
+        # which rate() cannot see); agents before them exported every link
+        "sum by (instance, gpu) (rate(fabricscope_gpu_nvlink_errors_total{{{sel}}}[{d}])) or "
         "sum by (instance, gpu) (rate(fabricscope_nvlink_errors_total{{{sel}}}[{d}]))",
         "rate",
         1 / 60,

@@ -22,7 +22,7 @@ from exporter.metrics import (
     throughput,
     workload,
 )
-from exporter.metrics.spec import Families, MetricSpec
+from exporter.metrics.spec import Detail, Families, MetricSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +67,9 @@ def all_specs() -> list[MetricSpec]:
     return [seen[k] for k in sorted(seen)]
 
 
-def render_sampler(status: SamplerStatus) -> Families:
-    """Families for one sampler's latest state (empty when it has none)."""
-    out = Families()
+def render_sampler(status: SamplerStatus, detail: Detail) -> Families:
+    """Families for one sampler's latest state at ``detail`` (empty when it has none)."""
+    out = Families(detail)
     area = AREAS.get(status.name)
     if area is not None and status.snapshot is not None:
         area.render(status.snapshot, out)

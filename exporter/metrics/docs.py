@@ -17,15 +17,38 @@ def render_markdown() -> str:
         "",
         "Generated from the catalog by `python -m exporter.metrics.docs`; do not edit by hand.",
         "",
-        "| name | type | unit | labels | help |",
-        "| --- | --- | --- | --- | --- |",
+        "`detail` is the lowest `--collector.detail` level that exports the family (minimal: "
+        "what the shipped alerts, dashboards and `fabricscope explain` read; default: also the "
+        "diagnostic counters; full: everything); `*` marks a family that levels below full "
+        "fold (see [Detail levels](#detail-levels)).",
+        "",
+        "| name | type | unit | labels | detail | help |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for spec in all_specs():
         labels = ", ".join(f"`{x}`" for x in spec.labels)
         help_text = spec.help.replace("|", "\\|")
+        detail = spec.detail + ("*" if spec.fold else "")
         lines.append(
-            f"| `{spec.name}` | {spec.type} | {spec.unit or '-'} | {labels} | {help_text} |"
+            f"| `{spec.name}` | {spec.type} | {spec.unit or '-'} | {labels} | {detail} "
+            f"| {help_text} |"
         )
+    lines += [
+        "",
+        "## Detail levels",
+        "",
+        "`--collector.detail` (default: `default`) sets how much a node exports; every name "
+        "stays in this catalog whatever the level. `full` exports every series unfolded. "
+        "`default` leaves out the families marked full above and folds these; `minimal` "
+        "also leaves out the families marked default (`bench/series_budget.py` counts each "
+        "level on the fixture trees; README, Performance).",
+        "",
+        "| name | below full |",
+        "| --- | --- |",
+    ]
+    for spec in all_specs():
+        if spec.fold:
+            lines.append(f"| `{spec.name}` | {spec.fold.replace('|', chr(92) + '|')} |")
     lines += ["", "## Labels", "", "| label | meaning |", "| --- | --- |"]
     used = {label for spec in all_specs() for label in spec.labels}
     for label in sorted(used):

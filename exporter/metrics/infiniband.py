@@ -11,7 +11,7 @@ with ``source`` and ``counter`` labels, so nothing is dropped because a list lac
 from __future__ import annotations
 
 from agent.infiniband.sampler import InfinibandSnapshot, PortCounter
-from exporter.metrics.spec import Families, MetricSpec
+from exporter.metrics.spec import Detail, Families, MetricSpec
 
 _DP = ("device", "port")
 _P = "fabricscope_infiniband_port_"
@@ -71,6 +71,8 @@ PORT_SM_LID = MetricSpec(
     "gauge",
     "LID of the subnet manager the port reports; a change means the SM moved.",
     _DP,
+    detail="default",
+    fold="Below full, left out on Ethernet (RoCE) ports, which have no subnet manager.",
 )
 HW_COUNTERS_LIFESPAN = MetricSpec(
     _P + "hw_counters_lifespan_seconds",
@@ -79,6 +81,7 @@ HW_COUNTERS_LIFESPAN = MetricSpec(
     "(hw_counters/lifespan, milliseconds converted to seconds); a setting, not a counter.",
     _DP,
     "seconds",
+    detail="full",
 )
 COUNTER_SATURATED = MetricSpec(
     _P + "pma_saturated",
@@ -87,6 +90,15 @@ COUNTER_SATURATED = MetricSpec(
     "the hardware stops it instead of wrapping (rates read 0 until the counters are reset); "
     "widths from the kernel's PORT_PMA_ATTR table.",
     ("device", "port", "counter"),
+    fold="Below full, only the saturated counters (value 1), not a 0 for each other counter: "
+    "fabricscope_infiniband_port_pma_saturated_counters counts them per port.",
+)
+SATURATED_COUNTERS = MetricSpec(
+    _P + "pma_saturated_counters",
+    "gauge",
+    "PMA counters of known width narrower than 64 bits sitting at their maximum on this "
+    "port (0 when none): the per-port fold of fabricscope_infiniband_port_pma_saturated.",
+    _DP,
 )
 GENERIC_COUNTER = MetricSpec(
     _P + "generic_total",
@@ -95,11 +107,32 @@ GENERIC_COUNTER = MetricSpec(
     "fabricscope, driver-specific, or the 32-bit twin of a 64-bit counters_ext counter), as "
     "the kernel counts it, except data counters which are converted to bytes.",
     ("device", "port", "source", "counter"),
+    detail="default",
 )
 
+#: hw_counters that count RoCE (Ethernet link layer) events only: always 0 on an InfiniBand
+#: port, so levels below full leave them out there
+ROCE_ONLY = frozenset(
+    {
+        "np_cnp_sent",
+        "rp_cnp_handled",
+        "rp_cnp_ignored",
+        "np_ecn_marked_roce_packets",
+        "roce_adp_retrans",
+        "roce_adp_retrans_to",
+        "roce_slow_restart",
+        "roce_slow_restart_cnps",
+        "roce_slow_restart_trans",
+        "rx_icrc_encapsulated",
+    }
+)
+_ROCE_FOLD = "Below full, left out on InfiniBand ports (it counts RoCE events only)."
 
-def _counter(what: str, help_: str, unit: str = "") -> MetricSpec:
-    return MetricSpec(_P + what + "_total", "counter", help_, _DP, unit)
+
+def _counter(
+    what: str, help_: str, unit: str = "", detail: Detail = "minimal", fold: str = ""
+) -> MetricSpec:
+    return MetricSpec(_P + what + "_total", "counter", help_, _DP, unit, detail, fold)
 
 
 TRANSMITTED_BYTES = _counter(
@@ -137,32 +170,40 @@ _PMA_SPECS = (
     TRANSMITTED_BYTES,
     RECEIVED_BYTES,
     _known(
-        _counter("transmitted_packets", "Packets transmitted on all VLs (PortXmitPkts)."),
+        _counter(
+            "transmitted_packets",
+            "Packets transmitted on all VLs (PortXmitPkts).",
+            detail="default",
+        ),
         (_C, "port_xmit_packets"),
         (_X, "port_xmit_packets_64"),
     ),
     _known(
-        _counter("received_packets", "Packets received on all VLs, errors included."),
+        _counter(
+            "received_packets",
+            "Packets received on all VLs, errors included.",
+            detail="default",
+        ),
         (_C, "port_rcv_packets"),
         (_X, "port_rcv_packets_64"),
     ),
     _known(
-        _counter("transmitted_unicast_packets", "Unicast packets transmitted."),
+        _counter("transmitted_unicast_packets", "Unicast packets transmitted.", detail="full"),
         (_C, "unicast_xmit_packets"),
         (_X, "port_unicast_xmit_packets"),
     ),
     _known(
-        _counter("received_unicast_packets", "Unicast packets received."),
+        _counter("received_unicast_packets", "Unicast packets received.", detail="full"),
         (_C, "unicast_rcv_packets"),
         (_X, "port_unicast_rcv_packets"),
     ),
     _known(
-        _counter("transmitted_multicast_packets", "Multicast packets transmitted."),
+        _counter("transmitted_multicast_packets", "Multicast packets transmitted.", detail="full"),
         (_C, "multicast_xmit_packets"),
         (_X, "port_multicast_xmit_packets"),
     ),
     _known(
-        _counter("received_multicast_packets", "Multicast packets received."),
+        _counter("received_multicast_packets", "Multicast packets received.", detail="full"),
         (_C, "multicast_rcv_packets"),
         (_X, "port_multicast_rcv_packets"),
     ),
@@ -195,18 +236,25 @@ _PMA_SPECS = (
     _known(
         _counter(
             "receive_switch_relay_errors",
-            "Received packets discarded because they could not be forwarded (16-bit).",
+            "Received packets discarded because they could not be forwarded (16-bit; a "
+            "switch's counter, 0 on a host adapter).",
+            detail="full",
         ),
         (_C, "port_rcv_switch_relay_errors"),
     ),
     _known(
-        _counter("receive_constraint_errors", "Received packets discarded by constraints."),
+        _counter(
+            "receive_constraint_errors",
+            "Received packets discarded by constraints.",
+            detail="full",
+        ),
         (_C, "port_rcv_constraint_errors"),
     ),
     _known(
         _counter(
             "receive_discards",
             "Inbound packets discarded because the port was down or congested.",
+            detail="default",
         ),
         (_C, "port_rcv_discards"),
     ),
@@ -218,7 +266,11 @@ _PMA_SPECS = (
         (_C, "port_xmit_discards"),
     ),
     _known(
-        _counter("transmit_constraint_errors", "Packets not transmitted because of constraints."),
+        _counter(
+            "transmit_constraint_errors",
+            "Packets not transmitted because of constraints.",
+            detail="full",
+        ),
         (_C, "port_xmit_constraint_errors"),
     ),
     _known(
@@ -241,11 +293,16 @@ _PMA_SPECS = (
             "excessive_buffer_overrun_errors",
             "Times consecutive receive buffer overruns exceeded the threshold (4-bit: "
             "saturates at 15).",
+            detail="default",
         ),
         (_C, "excessive_buffer_overrun_errors"),
     ),
     _known(
-        _counter("vl15_dropped", "Incoming VL15 (subnet management) packets dropped."),
+        _counter(
+            "vl15_dropped",
+            "Incoming VL15 (subnet management) packets dropped.",
+            detail="full",
+        ),
         (_C, "VL15_dropped"),
     ),
 )
@@ -334,7 +391,48 @@ _HW = (
         "RoCE packets received with ICRC encapsulation.",
     ),
 )
-_HW_SPECS = tuple(_known(_counter(what, help_), (_H, name)) for name, what, help_ in _HW)
+#: the lowest --collector.detail level exporting each (explain, the dashboards and alerts
+#: read the minimal ones; the transport errors that explain retransmissions are default)
+_HW_DETAIL: dict[str, Detail] = {
+    "np_cnp_sent": "minimal",
+    "rp_cnp_handled": "minimal",
+    "rp_cnp_ignored": "default",
+    "np_ecn_marked_roce_packets": "minimal",
+    "out_of_buffer": "default",
+    "out_of_sequence": "minimal",
+    "packet_seq_err": "default",
+    "local_ack_timeout_err": "minimal",
+    "rnr_nak_retry_err": "default",
+    "implied_nak_seq_err": "default",
+    "duplicate_request": "full",
+    "req_cqe_error": "full",
+    "req_cqe_flush_error": "full",
+    "req_remote_access_errors": "full",
+    "req_remote_invalid_request": "full",
+    "resp_cqe_error": "full",
+    "resp_cqe_flush_error": "full",
+    "resp_local_length_error": "full",
+    "resp_remote_access_errors": "full",
+    "roce_adp_retrans": "default",
+    "roce_adp_retrans_to": "default",
+    "roce_slow_restart": "full",
+    "roce_slow_restart_cnps": "full",
+    "roce_slow_restart_trans": "full",
+    "rx_read_requests": "full",
+    "rx_write_requests": "full",
+    "rx_atomic_requests": "full",
+    "rx_dct_connect": "full",
+    "rx_icrc_encapsulated": "full",
+}
+
+
+def _hw_spec(name: str, what: str, help_: str) -> MetricSpec:
+    detail = _HW_DETAIL[name]
+    fold = _ROCE_FOLD if name in ROCE_ONLY and detail != "full" else ""
+    return _known(_counter(what, help_, detail=detail, fold=fold), (_H, name))
+
+
+_HW_SPECS = tuple(_hw_spec(name, what, help_) for name, what, help_ in _HW)
 
 SPECS: tuple[MetricSpec, ...] = (
     DEVICE_INFO,
@@ -346,6 +444,7 @@ SPECS: tuple[MetricSpec, ...] = (
     PORT_SM_LID,
     HW_COUNTERS_LIFESPAN,
     COUNTER_SATURATED,
+    SATURATED_COUNTERS,
     GENERIC_COUNTER,
     *_PMA_SPECS,
     *_HW_SPECS,
@@ -390,6 +489,10 @@ def _label(value: object) -> str:
 
 
 def render(snap: InfinibandSnapshot, out: Families) -> None:
+    """Every device and port; below full detail (``out.folds``) saturation is folded into
+    one count per port, RoCE-only counters are left out on InfiniBand ports and the SM's
+    LID on Ethernet ports."""
+    folds = out.folds
     for dev in snap.devices:
         out.add(
             DEVICE_INFO,
@@ -413,19 +516,27 @@ def render(snap: InfinibandSnapshot, out: Families) -> None:
                 _label(port.lid),
                 _label(port.netdev),
             )
+            ethernet = port.link_layer == "Ethernet"
+            infiniband = port.link_layer == "InfiniBand"
             out.add(PORT_STATE, port.state.number if port.state else None, *labels)
             out.add(
                 PORT_PHYSICAL_STATE, port.phys_state.number if port.phys_state else None, *labels
             )
             out.add(PORT_UP, port.up, *labels)
             out.add(PORT_RATE, port.rate_bytes_per_second, *labels)
-            out.add(PORT_SM_LID, port.sm_lid, *labels)
+            if not (folds and ethernet):
+                out.add(PORT_SM_LID, port.sm_lid, *labels)
             out.add(HW_COUNTERS_LIFESPAN, port.hw_counters_lifespan_seconds, *labels)
             dedicated, generic = split_counters(port.counters)
             for spec, c in dedicated:
+                if folds and infiniband and c.source == _H and c.name in ROCE_ONLY:
+                    continue
                 out.add(spec, c.value, *labels)
             for c in generic:
                 out.add(GENERIC_COUNTER, c.value, *labels, c.source, c.name)
-            for c in port.counters:
-                if c.width is not None and c.width < 64:
+            narrow = [c for c in port.counters if c.width is not None and c.width < 64]
+            for c in narrow:
+                if c.saturated or not folds:
                     out.add(COUNTER_SATURATED, c.saturated, *labels, c.name)
+            if narrow:
+                out.add(SATURATED_COUNTERS, sum(1 for c in narrow if c.saturated), *labels)

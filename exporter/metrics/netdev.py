@@ -8,8 +8,29 @@ either under a named metric below or under the generic family, never both.
 
 from __future__ import annotations
 
-from agent.netdev.stats import OPERSTATES, EthtoolStats, LinkStats64, NetdevSample, NetdevSnapshot
+import re
+
+from agent.netdev.stats import (
+    OPERSTATES,
+    EthtoolStats,
+    LinkStats64,
+    NetdevSample,
+    NetdevSnapshot,
+    PriorityStats,
+)
 from exporter.metrics.spec import Families, MetricSpec
+
+_PRIORITY_FOLD = (
+    "Below full, only priorities whose pause counters the driver exposes (mlx5 does for "
+    "PFC-enabled priorities only) or with a non-zero counter."
+)
+
+#: generic ethtool statistics levels below full keep (``re.fullmatch``)
+DEFAULT_DETAIL_STATISTICS: re.Pattern[str] = re.compile(
+    r"rx_(?:crc_errors|symbol_err|pcs_symbol_err|corrected_bits|bits)_phy|tx_errors_phy"
+    r"|link_down_events_phy|module_(?:unplug|bus_stuck|high_temp|bad_shorted)"
+    r"|dev_out_of_buffer|(?:rx|tx)_vport_rdma_unicast_bytes"
+)
 
 INFO = MetricSpec(
     "fabricscope_netdev_info",
@@ -23,6 +44,7 @@ OPERSTATE = MetricSpec(
     "gauge",
     "1 for the interface's RFC 2863 operational state, 0 for each other state.",
     ("netdev", "operstate"),
+    fold="Below full, only the current state (value 1), not a 0 for each other state.",
 )
 CARRIER = MetricSpec(
     "fabricscope_netdev_carrier",
@@ -35,6 +57,7 @@ CARRIER_CHANGES = MetricSpec(
     "counter",
     "Carrier up and down transitions since the interface was created (a flap counts two).",
     ("netdev",),
+    detail="default",
 )
 MTU = MetricSpec(
     "fabricscope_netdev_mtu_bytes",
@@ -42,6 +65,7 @@ MTU = MetricSpec(
     "Interface MTU.",
     ("netdev",),
     unit="bytes",
+    detail="default",
 )
 SPEED = MetricSpec(
     "fabricscope_netdev_speed_bytes_per_second",
@@ -49,6 +73,7 @@ SPEED = MetricSpec(
     "Negotiated link speed (sysfs speed, converted from Mb/s); absent while unknown or down.",
     ("netdev",),
     unit="bytes_per_second",
+    detail="default",
 )
 BYTES = MetricSpec(
     "fabricscope_netdev_bytes_total",
@@ -76,6 +101,7 @@ ERRORS_BY_REASON = MetricSpec(
     "length, over, crc, frame, fifo, missed; tx reasons aborted, carrier, fifo, heartbeat, "
     "window.",
     ("netdev", "direction", "reason"),
+    detail="full",
 )
 DROPPED = MetricSpec(
     "fabricscope_netdev_dropped_packets_total",
@@ -88,6 +114,7 @@ MULTICAST = MetricSpec(
     "counter",
     "Multicast packets received.",
     ("netdev",),
+    detail="full",
 )
 PFC_PAUSE_FRAMES = MetricSpec(
     "fabricscope_netdev_pfc_pause_frames_total",
@@ -96,6 +123,7 @@ PFC_PAUSE_FRAMES = MetricSpec(
     "sent (tx: this NIC cannot absorb traffic), per priority (queue) (mlx5 "
     "rx/tx_prio<p>_pause).",
     ("netdev", "direction", "queue"),
+    fold=_PRIORITY_FOLD,
 )
 PFC_PAUSE_DURATION = MetricSpec(
     "fabricscope_netdev_pfc_pause_duration_seconds_total",
@@ -104,6 +132,7 @@ PFC_PAUSE_DURATION = MetricSpec(
     "rx/tx_prio<p>_pause_duration, converted from microseconds).",
     ("netdev", "direction", "queue"),
     unit="seconds",
+    fold=_PRIORITY_FOLD,
 )
 PAUSE_FRAMES = MetricSpec(
     "fabricscope_netdev_pause_frames_total",
@@ -111,6 +140,7 @@ PAUSE_FRAMES = MetricSpec(
     "Link-level (802.3x) pause frames received or sent on the physical port (mlx5 "
     "rx/tx_pause_ctrl_phy).",
     ("netdev", "direction"),
+    detail="default",
 )
 PAUSE_STORM_WARNINGS = MetricSpec(
     "fabricscope_netdev_pause_storm_warning_events_total",
@@ -118,6 +148,7 @@ PAUSE_STORM_WARNINGS = MetricSpec(
     "Times the NIC kept sending pause frames past the warning watermark (mlx5 "
     "tx_pause_storm_warning_events).",
     ("netdev",),
+    detail="default",
 )
 PAUSE_STORM_ERRORS = MetricSpec(
     "fabricscope_netdev_pause_storm_error_events_total",
@@ -148,6 +179,7 @@ PRIORITY_DISCARDS = MetricSpec(
     "(rx_prio<p>_discards), host_buffer (rx_prio<p>_buf_discard), host_congestion "
     "(rx_prio<p>_cong_discard).",
     ("netdev", "queue", "reason"),
+    fold=_PRIORITY_FOLD,
 )
 ECN_MARKED = MetricSpec(
     "fabricscope_netdev_ecn_marked_packets_total",
@@ -155,6 +187,7 @@ ECN_MARKED = MetricSpec(
     "Received packets the device ECN-marked for host congestion, per priority (queue) (mlx5 "
     "rx_prio<p>_marked).",
     ("netdev", "queue"),
+    fold=_PRIORITY_FOLD,
 )
 PCIE_STALLED_READS = MetricSpec(
     "fabricscope_netdev_pcie_stalled_reads_ratio",
@@ -163,6 +196,7 @@ PCIE_STALLED_READS = MetricSpec(
     "outbound_pci_stalled_rd, converted from percent).",
     ("netdev",),
     unit="ratio",
+    detail="default",
 )
 PCIE_STALLED_WRITES = MetricSpec(
     "fabricscope_netdev_pcie_stalled_writes_ratio",
@@ -171,6 +205,7 @@ PCIE_STALLED_WRITES = MetricSpec(
     "outbound_pci_stalled_wr, converted from percent).",
     ("netdev",),
     unit="ratio",
+    detail="default",
 )
 ETHTOOL_COUNTER = MetricSpec(
     "fabricscope_netdev_ethtool_statistic_total",
@@ -178,6 +213,10 @@ ETHTOOL_COUNTER = MetricSpec(
     "Included ethtool statistics without a named metric, by the driver's name (units as the "
     "driver counts them: *_bits_phy in bits, *_duration in microseconds).",
     ("netdev", "statistic"),
+    detail="default",
+    fold="Below full, only the PHY error and BER inputs, link-down and transceiver events, "
+    "device out-of-buffer drops and RoCE unicast bytes (DEFAULT_DETAIL_STATISTICS in "
+    "exporter/metrics/netdev.py); the rest of --netdev.ethtool-include at full.",
 )
 ETHTOOL_GAUGE = MetricSpec(
     "fabricscope_netdev_ethtool_statistic",
@@ -185,6 +224,7 @@ ETHTOOL_GAUGE = MetricSpec(
     "Included ethtool statistics known to be instantaneous values rather than counters "
     "(peer_ifindex), by the driver's name.",
     ("netdev", "statistic"),
+    detail="full",
 )
 
 SPECS: tuple[MetricSpec, ...] = (
@@ -230,7 +270,8 @@ def _render_link(nd: NetdevSample, out: Families) -> None:
     out.add(INFO, 1, n, nd.driver or "")
     if nd.operstate is not None:
         for state in OPERSTATES:
-            out.add(OPERSTATE, state == nd.operstate, n, state)
+            if state == nd.operstate or not out.folds:
+                out.add(OPERSTATE, state == nd.operstate, n, state)
     out.add(CARRIER, nd.carrier, n)
     out.add(CARRIER_CHANGES, nd.carrier_changes, n)
     out.add(MTU, nd.mtu_bytes, n)
@@ -263,8 +304,29 @@ def _render_stats(n: str, s: LinkStats64, out: Families) -> None:
         out.add(ERRORS_BY_REASON, value, n, direction, reason)
 
 
+def _priority_shown(p: PriorityStats) -> bool:
+    """Whether levels below full export a priority: the driver exposes its pause counters
+    (PFC is enabled there) or one of its counters is non-zero."""
+    if p.rx_pause_frames is not None or p.tx_pause_frames is not None:
+        return True
+    return any(
+        v
+        for v in (
+            p.rx_pause_duration_seconds,
+            p.tx_pause_duration_seconds,
+            p.rx_discarded_no_buffer,
+            p.rx_discarded_host_buffer,
+            p.rx_discarded_host_congestion,
+            p.rx_ecn_marked,
+        )
+    )
+
+
 def _render_ethtool(n: str, e: EthtoolStats, out: Families) -> None:
+    folds = out.folds
     for p in e.priorities:
+        if folds and not _priority_shown(p):
+            continue
         q = str(p.priority)
         out.add(PFC_PAUSE_FRAMES, p.rx_pause_frames, n, "rx", q)
         out.add(PFC_PAUSE_FRAMES, p.tx_pause_frames, n, "tx", q)
@@ -284,6 +346,7 @@ def _render_ethtool(n: str, e: EthtoolStats, out: Families) -> None:
     out.add(PCIE_STALLED_READS, e.pcie_stalled_reads_ratio, n)
     out.add(PCIE_STALLED_WRITES, e.pcie_stalled_writes_ratio, n)
     for stat in e.counters:
-        out.add(ETHTOOL_COUNTER, stat.value, n, stat.name)
+        if not folds or DEFAULT_DETAIL_STATISTICS.fullmatch(stat.name):
+            out.add(ETHTOOL_COUNTER, stat.value, n, stat.name)
     for stat in e.gauges:
         out.add(ETHTOOL_GAUGE, stat.value, n, stat.name)

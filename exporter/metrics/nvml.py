@@ -8,11 +8,27 @@ the GPU does not offer is absent, never 0.
 
 from __future__ import annotations
 
-from agent.nvml.snapshot import NvmlGpu, NvmlSnapshot
+from agent.nvml.snapshot import NvLink, NvmlGpu, NvmlSnapshot
 from exporter.metrics.spec import Families, MetricSpec
 
 _G = ("gpu",)
 _GL = ("gpu", "link")
+_SHARED_FOLD = (
+    "Below full, one series per GPU with an empty link label when every link that reports "
+    "it agrees (per link otherwise)."
+)
+#: clock-event reasons that slow a GPU down: the ones levels below full export
+SLOWDOWN_REASONS = frozenset(
+    {
+        "sw_power_cap",
+        "hw_slowdown",
+        "hw_thermal_slowdown",
+        "sw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    }
+)
+#: NVLink error counters that make findings (the rest are non-zero on healthy links)
+LINK_FINDING_REASONS = frozenset({"replay", "recovery", "crc_flit"})
 
 GPU_INFO = MetricSpec(
     "fabricscope_gpu_info",
@@ -100,6 +116,9 @@ CLOCKS_EVENT_ACTIVE = MetricSpec(
     "(sw_power_cap, hw_slowdown, hw_thermal_slowdown, sw_thermal_slowdown, "
     "hw_power_brake_slowdown, gpu_idle ...).",
     ("gpu", "reason"),
+    fold="Below full, only the reasons that slow a GPU down (sw_power_cap and the "
+    "slowdowns); gpu_idle, applications_clocks_setting, sync_boost and "
+    "display_clock_setting are exported at full only.",
 )
 COMPUTE_PROCESSES = MetricSpec(
     "fabricscope_gpu_compute_processes",
@@ -125,12 +144,22 @@ NVLINK_UP = MetricSpec(
     "gauge",
     "1 when the NVLink is trained (active or in a low-power state), 0 when inactive.",
     _GL,
+    fold="Below full, only the links that are down (0): fabricscope_gpu_nvlinks_up counts "
+    "the trained links of each GPU.",
+)
+GPU_NVLINKS_UP = MetricSpec(
+    "fabricscope_gpu_nvlinks_up",
+    "gauge",
+    "NVLinks of the GPU that are trained (active or in a low-power state): the per-GPU "
+    "fold of fabricscope_nvlink_up.",
+    _G,
 )
 NVLINK_VERSION = MetricSpec(
     "fabricscope_nvlink_version",
     "gauge",
     "NVLink version as nvmlDeviceGetNvLinkVersion numbers it.",
     _GL,
+    fold=_SHARED_FOLD,
 )
 NVLINK_SPEED = MetricSpec(
     "fabricscope_nvlink_speed_bytes_per_second",
@@ -138,6 +167,7 @@ NVLINK_SPEED = MetricSpec(
     "Speed of an active NVLink per direction, in bytes per second.",
     _GL,
     unit="bytes_per_second",
+    fold=_SHARED_FOLD,
 )
 NVLINK_REMOTE_INFO = MetricSpec(
     "fabricscope_nvlink_remote_info",
@@ -146,6 +176,14 @@ NVLINK_REMOTE_INFO = MetricSpec(
     "address (another GPU's, or an NVSwitch's); remote_type is GPU, NVSwitch, IBMNPU or unknown "
     "(empty when NVML does not say).",
     ("gpu", "link", "pci_bus_id", "remote_type"),
+    detail="full",
+)
+NVLINK_REMOTE_LINKS = MetricSpec(
+    "fabricscope_nvlink_remote_links",
+    "gauge",
+    "Active NVLinks of the GPU whose far end is the device at pci_bus_id (remote_type as in "
+    "fabricscope_nvlink_remote_info): nvidia-smi topo -m's NV# between two GPUs.",
+    ("gpu", "pci_bus_id", "remote_type"),
 )
 NVLINK_ERRORS = MetricSpec(
     "fabricscope_nvlink_errors_total",
@@ -156,6 +194,17 @@ NVLINK_ERRORS = MetricSpec(
     "at the default 15 s interval; --nvml.*-rotation); between reads the last value is "
     "exported.",
     ("gpu", "link", "reason"),
+    fold="Below full, replay, recovery and crc_flit only on links where they are non-zero, "
+    "crc_data and ecc_data (non-zero on healthy links) not per link: "
+    "fabricscope_gpu_nvlink_errors_total sums each reason over the GPU's links.",
+)
+GPU_NVLINK_ERRORS = MetricSpec(
+    "fabricscope_gpu_nvlink_errors_total",
+    "counter",
+    "NVLink data-link error counters summed over the GPU's links, by reason (replay, "
+    "recovery, crc_flit, crc_data, ecc_data): the per-GPU fold of "
+    "fabricscope_nvlink_errors_total, with its read rotation.",
+    ("gpu", "reason"),
 )
 
 SPECS: tuple[MetricSpec, ...] = (
@@ -177,10 +226,13 @@ SPECS: tuple[MetricSpec, ...] = (
     XID_ERRORS,
     XID_WATCHED,
     NVLINK_UP,
+    GPU_NVLINKS_UP,
     NVLINK_VERSION,
     NVLINK_SPEED,
     NVLINK_REMOTE_INFO,
+    NVLINK_REMOTE_LINKS,
     NVLINK_ERRORS,
+    GPU_NVLINK_ERRORS,
 )
 
 
@@ -225,17 +277,50 @@ def _render_gpu(gpu: NvmlGpu, out: Families) -> None:
     out.add(ECC_ERRORS, gpu.ecc_corrected_volatile, g, "correctable")
     out.add(ECC_ERRORS, gpu.ecc_uncorrected_volatile, g, "uncorrectable")
     for reason, active in gpu.active_clocks_event_reasons() or ():
-        out.add(CLOCKS_EVENT_ACTIVE, active, g, reason)
+        if reason in SLOWDOWN_REASONS or not out.folds:
+            out.add(CLOCKS_EVENT_ACTIVE, active, g, reason)
     if gpu.compute_processes is not None:
         out.add(COMPUTE_PROCESSES, len(gpu.compute_processes), g)
-    for link in gpu.nvlinks:
+    if gpu.nvlinks:
+        _render_nvlinks(g, gpu.nvlinks, out)
+
+
+def _shared(values: list[int | None]) -> int | None:
+    """The value every link that reports one agrees on; None when they differ or none does."""
+    known = {v for v in values if v is not None}
+    return known.pop() if len(known) == 1 else None
+
+
+def _render_nvlinks(g: str, links: tuple[NvLink, ...], out: Families) -> None:
+    """Per link at full detail; below it, down links only, facts once per GPU when every
+    link agrees, error counters per link only where they count a finding."""
+    folds = out.folds
+    out.add(GPU_NVLINKS_UP, sum(1 for link in links if link.up), g)
+    version = _shared([link.version for link in links]) if folds else None
+    speed = _shared([link.speed_bytes_per_second for link in links]) if folds else None
+    out.add(NVLINK_VERSION, version, g, "")
+    out.add(NVLINK_SPEED, speed, g, "")
+    remotes: dict[tuple[str, str], int] = {}
+    totals: dict[str, int] = {}
+    for link in links:
         n = str(link.link)
-        out.add(NVLINK_UP, link.up, g, n)
-        out.add(NVLINK_VERSION, link.version, g, n)
-        out.add(NVLINK_SPEED, link.speed_bytes_per_second, g, n)
+        if not (folds and link.up):
+            out.add(NVLINK_UP, link.up, g, n)
+        if version is None:
+            out.add(NVLINK_VERSION, link.version, g, n)
+        if speed is None:
+            out.add(NVLINK_SPEED, link.speed_bytes_per_second, g, n)
         if link.remote_pci_bus_id is not None:
-            out.add(
-                NVLINK_REMOTE_INFO, 1, g, n, link.remote_pci_bus_id, link.remote_device_type or ""
-            )
+            far = (link.remote_pci_bus_id, link.remote_device_type or "")
+            remotes[far] = remotes.get(far, 0) + 1
+            out.add(NVLINK_REMOTE_INFO, 1, g, n, *far)
         for reason, value in link.errors.items():
-            out.add(NVLINK_ERRORS, value, g, n, reason)
+            if value is None:
+                continue
+            totals[reason] = totals.get(reason, 0) + value
+            if not folds or (reason in LINK_FINDING_REASONS and value > 0):
+                out.add(NVLINK_ERRORS, value, g, n, reason)
+    for (bus, kind), count in sorted(remotes.items()):
+        out.add(NVLINK_REMOTE_LINKS, count, g, bus, kind)
+    for reason, total in totals.items():
+        out.add(GPU_NVLINK_ERRORS, total, g, reason)

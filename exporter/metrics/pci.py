@@ -12,6 +12,11 @@ from agent.pci.topology import PATH_RANK, analyse
 from exporter.metrics.spec import Families, MetricSpec
 
 _ID = ("pci_bus_id",)
+_BRIDGE_FOLD = (
+    "Below full, for GPUs and NICs only: a bridge's links are covered by "
+    "fabricscope_pci_link_width_degraded at the downstream end of each link on a GPU or "
+    "NIC path."
+)
 
 DEVICE_INFO = MetricSpec(
     "fabricscope_pci_device_info",
@@ -38,6 +43,7 @@ LINK_SPEED = MetricSpec(
     "Current PCIe link speed (current_link_speed). GPUs and NICs lower it when idle, by design.",
     _ID,
     "transfers_per_second",
+    fold=_BRIDGE_FOLD,
 )
 LINK_MAX_SPEED = MetricSpec(
     "fabricscope_pci_link_max_speed_transfers_per_second",
@@ -45,18 +51,21 @@ LINK_MAX_SPEED = MetricSpec(
     "Fastest PCIe link speed the device supports (max_link_speed).",
     _ID,
     "transfers_per_second",
+    fold=_BRIDGE_FOLD,
 )
 LINK_WIDTH = MetricSpec(
     "fabricscope_pci_link_width",
     "gauge",
     "Current PCIe link width in lanes (current_link_width).",
     _ID,
+    fold=_BRIDGE_FOLD,
 )
 LINK_MAX_WIDTH = MetricSpec(
     "fabricscope_pci_link_max_width",
     "gauge",
     "Widest PCIe link the device supports, in lanes (max_link_width).",
     _ID,
+    fold=_BRIDGE_FOLD,
 )
 LINK_WIDTH_DEGRADED = MetricSpec(
     "fabricscope_pci_link_width_degraded",
@@ -76,6 +85,7 @@ LINK_REPORTED = MetricSpec(
     "Exported where fabricscope_pci_link_width_degraded would be, so a dashboard tells "
     "unknown from healthy.",
     _ID,
+    fold="Below full, only where the state is not reported (0).",
 )
 ACS_P2P_REDIRECT = MetricSpec(
     "fabricscope_pci_acs_p2p_redirect_enabled",
@@ -93,6 +103,7 @@ ACS_INFO = MetricSpec(
     "or completion redirect on), no_redirect, no_capability (no ACS capability) or "
     "unreadable (config space beyond 64 bytes needs CAP_SYS_ADMIN, or the read failed).",
     ("pci_bus_id", "state"),
+    detail="full",
 )
 NUMA_NODE_INFO = MetricSpec(
     "fabricscope_numa_node_info",
@@ -105,12 +116,16 @@ GPU_NIC_PATH_INFO = MetricSpec(
     "gauge",
     "The nvidia-smi topo -m path type between a GPU (pci_bus_id) and an RDMA device; always 1.",
     ("pci_bus_id", "device", "path_type"),
+    detail="full",
 )
 GPU_NIC_PATH_RANK = MetricSpec(
     "fabricscope_topology_gpu_nic_path_rank",
     "gauge",
     "The GPU-to-RDMA-device path type as a number: 1 PIX, 2 PXB, 3 PHB, 4 NODE, 5 SYS.",
     ("pci_bus_id", "device"),
+    fold="Below full, only each GPU's nearest RDMA devices (at the GPU's "
+    "fabricscope_topology_gpu_nearest_nic_path_rank); the whole GPU x NIC matrix at full, "
+    "and always in fabricscope topo.",
 )
 GPU_NEAREST_NIC_RANK = MetricSpec(
     "fabricscope_topology_gpu_nearest_nic_path_rank",
@@ -165,6 +180,10 @@ def _render_device(d: PciDevice, out: Families) -> None:
         _label(d.numa_node),
         _label(d.port_type),
     )
+    if d.role == "bridge" and out.folds:
+        if d.acs is not None:
+            out.add(ACS_P2P_REDIRECT, d.acs.p2p_redirect, d.address)
+        return
     out.add(LINK_SPEED, d.link.speed_transfers_per_second, d.address)
     out.add(LINK_MAX_SPEED, d.link.max_speed_transfers_per_second, d.address)
     out.add(LINK_WIDTH, d.link.width, d.address)
@@ -180,16 +199,23 @@ def render(snap: PciSnapshot, out: Families) -> None:
         cpus = format_cpulist(node.cpus) if node.cpus is not None else ""
         out.add(NUMA_NODE_INFO, 1, str(node.node), cpus)
     topo = analyse(snap)
+    folds = out.folds
     for link in topo.links:
         out.add(LINK_WIDTH_DEGRADED, link.degraded, link.device)
-        out.add(LINK_REPORTED, link.reported, link.device)
+        if not (folds and link.reported):
+            out.add(LINK_REPORTED, link.reported, link.device)
     for acs in topo.acs:
         out.add(ACS_INFO, 1, acs.address, acs.state)
     nics = {n.address: n for n in topo.nics}
+    nearest = {a.address: a.nearest_path_type for a in topo.affinity}
     for p in topo.gpu_nic:
+        path_rank = PATH_RANK[p.path_type]
+        near = nearest.get(p.a)
+        if folds and (near is None or path_rank > PATH_RANK[near]):
+            continue
         for rdma in nics[p.b].rdma_devices:  # a NIC without an RDMA device has nothing to join
             out.add(GPU_NIC_PATH_INFO, 1, p.a, rdma, p.path_type)
-            out.add(GPU_NIC_PATH_RANK, PATH_RANK[p.path_type], p.a, rdma)
+            out.add(GPU_NIC_PATH_RANK, path_rank, p.a, rdma)
     for aff in topo.affinity:
         rank = PATH_RANK[aff.nearest_path_type] if aff.nearest_path_type else None
         out.add(GPU_NEAREST_NIC_RANK, rank, aff.address)

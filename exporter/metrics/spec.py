@@ -14,6 +14,13 @@ from typing import Literal
 
 MetricType = Literal["gauge", "counter"]
 
+#: How much a node exports (``--collector.detail``), from least to most. ``minimal``: what
+#: the shipped alerts, dashboards and ``explain`` read, plus identity; ``default``: that and
+#: the diagnostic counters, with booleans that are almost always 0 and facts every link
+#: shares folded (see ``MetricSpec.fold``); ``full``: every series unfolded.
+Detail = Literal["minimal", "default", "full"]
+DETAILS: tuple[Detail, ...] = ("minimal", "default", "full")
+
 #: The one label vocabulary. Every label of every metric is one of these, spelled this way.
 LABELS: dict[str, str] = {
     "sampler": "fabricscope sampler name (infiniband, pci, netdev, ...)",
@@ -87,7 +94,9 @@ class MetricSpec:
 
     ``name`` is the exposition name (counters end in ``_total``). ``unit`` is a base unit
     (``bytes``, ``seconds``, ``bytes_per_second`` ...) and must be the name's suffix (before
-    ``_total``), or empty for dimensionless values, states and info series.
+    ``_total``), or empty for dimensionless values, states and info series. ``detail`` is
+    the lowest ``--collector.detail`` level that exports the family at all; ``fold`` says,
+    in a sentence, which of its series levels below ``full`` leave out or fold (empty: none).
     """
 
     name: str
@@ -95,6 +104,8 @@ class MetricSpec:
     help: str
     labels: tuple[str, ...] = ()
     unit: str = ""
+    detail: Detail = "minimal"
+    fold: str = ""
 
     def __post_init__(self) -> None:
         problems = list(spec_problems(self))
@@ -135,23 +146,51 @@ def spec_problems(spec: MetricSpec) -> list[str]:
         out.append("more than 12 labels")
     if not spec.help or spec.help[0].islower() or not spec.help.endswith("."):
         out.append("help must be a sentence: capitalised, ending in a full stop")
+    if spec.detail not in DETAILS:
+        out.append(f"detail must be one of {', '.join(DETAILS)}")
+    if spec.fold and (spec.fold[0].islower() or not spec.fold.endswith(".")):
+        out.append("fold must be a sentence: capitalised, ending in a full stop")
+    if spec.fold and spec.detail == "full":
+        out.append("a family exported only at full detail folds nothing")
     return out
+
+
+def detail_rank(level: Detail) -> int:
+    """0 for minimal, 1 for default, 2 for full."""
+    return DETAILS.index(level)
 
 
 class Families:
     """Accumulates samples per spec during one render.
 
     ``add(spec, value, *label_values)`` takes label values positionally, in the order of
-    ``spec.labels``. A sample with a ``None`` value is skipped: absent stays absent.
+    ``spec.labels``. A sample with a ``None`` value is skipped: absent stays absent, and so
+    is a sample of a family whose ``detail`` is above this render's ``detail`` level.
+    Renderers read ``detail`` (or ``folds``) for the folds that depend on values. The
+    default is ``full``: everything, as unit tests of parsing want it; the agent renders at
+    its ``--collector.detail``.
     """
 
-    __slots__ = ("_data",)
+    __slots__ = ("_data", "_rank", "detail")
 
-    def __init__(self) -> None:
+    def __init__(self, detail: Detail = "full") -> None:
+        if detail not in DETAILS:
+            raise ValueError(f"detail must be one of {', '.join(DETAILS)}, got {detail!r}")
         self._data: dict[str, tuple[MetricSpec, dict[tuple[str, ...], float]]] = {}
+        self.detail: Detail = detail
+        self._rank = DETAILS.index(detail)
+
+    @property
+    def folds(self) -> bool:
+        """True below ``full``: fold almost-always-0 booleans and facts every link shares."""
+        return self._rank < 2
+
+    def wants(self, spec: MetricSpec) -> bool:
+        """Whether this render exports ``spec``'s family at all."""
+        return DETAILS.index(spec.detail) <= self._rank
 
     def add(self, spec: MetricSpec, value: float | int | bool | None, *label_values: str) -> None:
-        if value is None:
+        if value is None or DETAILS.index(spec.detail) > self._rank:
             return
         if len(label_values) != len(spec.labels):
             raise ValueError(
@@ -167,7 +206,7 @@ class Families:
 
     def declare(self, spec: MetricSpec) -> None:
         """Make sure the family exists (HELP/TYPE emitted) even with no samples."""
-        if spec.name not in self._data:
+        if spec.name not in self._data and self.wants(spec):
             self._data[spec.name] = (spec, {})
 
     def items(self) -> list[tuple[MetricSpec, list[tuple[tuple[str, ...], float]]]]:
