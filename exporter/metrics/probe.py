@@ -8,6 +8,14 @@ size and exported only for sizes measured correctly: a failed run leaves them ab
 ``fabricscope_probe_success`` to 0. Runs age out (see the service), so a peer that left stops
 having series. Counters are keyed by collective and reason only, so their number is bounded
 whatever the cluster size.
+
+Churn: a node meets a new peer every round (288 a day at the default 5-minute rounds), and
+every series naming the peer is a new series. Below ``--collector.detail=full`` a node-pair
+run therefore exports only what localisation, the alerts, the dashboards and explain read:
+its success and, at its largest message size, its bus bandwidth (2 ranks: algbw equals
+busbw), or its latency; 4 series a round for the default sendrecv + latency, 13 at full.
+A node's distinct probe series over a day are then at most 4 per round plus a bounded rest
+(intra-node runs, counters), whatever the cluster size.
 """
 
 from __future__ import annotations
@@ -19,6 +27,13 @@ from exporter.metrics.spec import Families, MetricSpec
 COLLECTIVES = ("all_reduce", "latency", "sendrecv")
 _RUN = ("collective", "peer", "gpu", "peer_gpu")
 _SIZED = (*_RUN, "size_bytes")
+_PAIR_FOLD_SIZE = (
+    "Below full, a node-pair run (a new peer each round) exports its largest message size "
+    "only; intra-node runs every size."
+)
+_PAIR_FOLD_RUN = (
+    "Below full, intra-node runs only (a node-pair run's series would name a new peer each round)."
+)
 
 BUSBW = MetricSpec(
     "fabricscope_probe_busbw_bytes_per_second",
@@ -28,6 +43,7 @@ BUSBW = MetricSpec(
     "size failed.",
     _SIZED,
     unit="bytes_per_second",
+    fold=_PAIR_FOLD_SIZE,
 )
 ALGBW = MetricSpec(
     "fabricscope_probe_algbw_bytes_per_second",
@@ -36,6 +52,8 @@ ALGBW = MetricSpec(
     "operation), in bytes per second. Absent when that size failed.",
     _SIZED,
     unit="bytes_per_second",
+    fold="Below full, intra-node runs only: a node-pair run has two ranks, where algbw "
+    "equals busbw.",
 )
 LATENCY = MetricSpec(
     "fabricscope_probe_latency_seconds",
@@ -56,6 +74,7 @@ LAST_RUN = MetricSpec(
     "Unix time the latest probe ended.",
     _RUN,
     unit="seconds",
+    fold=_PAIR_FOLD_RUN,
 )
 DURATION = MetricSpec(
     "fabricscope_probe_duration_seconds",
@@ -63,6 +82,7 @@ DURATION = MetricSpec(
     "Wall time of the latest probe, worker start to exit (process and NCCL start included).",
     _RUN,
     unit="seconds",
+    fold=_PAIR_FOLD_RUN,
 )
 RUNS = MetricSpec(
     "fabricscope_probe_runs_total",
@@ -121,7 +141,7 @@ SPECS: tuple[MetricSpec, ...] = (
 
 def render(snap: ProbeSnapshot, out: Families) -> None:
     for run in snap.runs:
-        _render_run(run, out)
+        _render_run(run, out, pair_fold=out.folds and bool(run.peer))
     totals = {(c, r): n for c, r, n in snap.runs_total}
     for collective in sorted({*COLLECTIVES, *(c for c, _ in totals)}):
         for reason in RUN_REASONS:
@@ -137,17 +157,23 @@ def render(snap: ProbeSnapshot, out: Families) -> None:
             out.add(RENDEZVOUS_REFUSED, snap.rendezvous.refused(reason), reason)
 
 
-def _render_run(run: ProbeRun, out: Families) -> None:
+def _render_run(run: ProbeRun, out: Families, *, pair_fold: bool) -> None:
+    """One run's series; ``pair_fold``: a node-pair run below full detail (module doc)."""
     labels = run.key
     out.add(SUCCESS, run.reason is None, *labels)
-    out.add(LAST_RUN, run.finished_at, *labels)
-    out.add(DURATION, run.duration_seconds, *labels)
+    if not pair_fold:
+        out.add(LAST_RUN, run.finished_at, *labels)
+        out.add(DURATION, run.duration_seconds, *labels)
+    largest = max((rec.size_bytes for rec in run.records), default=0)
     for rec in run.records:
         if rec.error is not None:
             continue
         if run.collective == "latency":
             out.add(LATENCY, rec.time_seconds, run.peer, run.gpu, run.peer_gpu)
             continue
+        if pair_fold and rec.size_bytes != largest:
+            continue
         size = str(rec.size_bytes)
         out.add(BUSBW, rec.busbw_bytes_per_second, *labels, size)
-        out.add(ALGBW, rec.algbw_bytes_per_second, *labels, size)
+        if not pair_fold:
+            out.add(ALGBW, rec.algbw_bytes_per_second, *labels, size)
