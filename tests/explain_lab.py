@@ -30,7 +30,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.metrics import attribution, netdev, probe, workload
+from exporter.metrics import attribution, netdev, nvml, probe, workload
 from exporter.metrics.spec import MetricSpec
 
 ROOT = Path(__file__).resolve().parent
@@ -72,6 +72,8 @@ KEEP = {
     "fabricscope_pci_link_width_degraded",
     "fabricscope_nvlink_up",
     "fabricscope_nvlink_errors_total",
+    "fabricscope_gpu_nvlinks_up",
+    "fabricscope_gpu_nvlink_errors_total",
     "fabricscope_gpu_info",
     "fabricscope_gpu_pcie_current_link_width",
     "fabricscope_gpu_pcie_replays_total",
@@ -152,6 +154,9 @@ def agent_template() -> list[tuple[str, str, str, dict[str, str], float]]:
             "--no-sampler.netdev",
             "--kubelet.pod-resources-socket=",
             "--log.level=error",
+            # as shipped: healthy NVLinks fold into per-GPU series (a down link, or a link
+            # whose error counters move, gets its own series: planted below)
+            "--collector.detail=default",
         ]
         runs = [
             ["--path.sysfs", str(sysfs), "--no-sampler.nvml", *common],
@@ -246,19 +251,19 @@ def node_lines(
             else:
                 line.rate = lambda t: 0.0
         elif kind == "counter":
-            if name == "fabricscope_nvlink_errors_total":
+            if name == "fabricscope_gpu_nvlink_errors_total":
                 bad = scenario.name == "nvlink_errors" and here and gpu == "1"
-                bad = bad and labels.get("link") == "3" and labels.get("reason") == "replay"
+                bad = bad and labels.get("reason") == "replay"
                 line.rate = lambda t, b=bad: 600 / 60 if b and after(t) else 0.0
             else:
                 line.rate = lambda t: 0.0
         elif (
-            name == "fabricscope_nvlink_up"
+            name == "fabricscope_gpu_nvlinks_up"
             and scenario.name == "nvlink_errors"
             and here
-            and (gpu, labels.get("link")) == ("1", "3")
+            and gpu == "1"
         ):
-            line.gauge = lambda t, v=value: 0.0 if after(t) else v
+            line.gauge = lambda t, v=value: v - 1 if after(t) else v
         elif (
             name in ("fabricscope_pci_link_width", "fabricscope_pci_link_width_degraded")
             and scenario.name == "pcie_x8_nic"
@@ -269,6 +274,32 @@ def node_lines(
             new = 8.0 if name.endswith("width") else 1.0
             line.gauge = lambda t, v=value, n=new: n if after(t) else v
         lines.append(line)
+    if scenario.name == "nvlink_errors" and here:
+        # GPU 1's link 3 goes down and counts replays: below full detail its own series
+        # exist from then on (the per-GPU sums above carry the change from the start)
+        link = {"gpu": "1", "link": "3", "instance": inst}
+        lines.append(
+            Line(
+                nvml.NVLINK_UP.name,
+                nvml.NVLINK_UP.name,
+                "gauge",
+                dict(link),
+                0.0,
+                gauge=lambda t: 0.0,
+                active=after,
+            )
+        )
+        lines.append(
+            Line(
+                nvml.NVLINK_ERRORS.name,
+                _family(nvml.NVLINK_ERRORS),
+                "counter",
+                dict(link, reason="replay"),
+                0.0,
+                rate=lambda t: 600 / 60 if after(t) else 0.0,
+                active=after,
+            )
+        )
     # netdev: the RoCE interfaces of the node (netlink/ethtool: not replayable from files)
     for nd, dev in sorted(netdevs.items()):
         incast = scenario.name == "roce_incast" and here and dev == "mlx5_0"

@@ -5,11 +5,15 @@ its own --web.config.file) where it can play the part; small real HTTP servers o
 
 from __future__ import annotations
 
+import functools
+import gzip
 import http.server
+import io
 import json
 import subprocess
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +22,7 @@ import pytest
 import yaml
 
 from exporter.explain.client import ClientSettings, PrometheusClient, PrometheusError
+from exporter.explain.plan import RunLedger, groups
 from tests.agentrun import fabricscope
 from tests.promharness import PROMETHEUS, Prometheus, free_port, start_prometheus, write_test_pki
 
@@ -42,19 +47,42 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(500, json.dumps(body).encode())
         elif b == "502":
             self._send(502, b"Bad Gateway", "text/plain")
+        elif b == "gzip":
+            body = {"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {"instance": "node-01"}, "value": [1, "2.5"]}]}}  # fmt: skip
+            self._send(200, gzip.compress(json.dumps(body).encode()), encoding="gzip")
+        elif b == "gzip_bomb":
+            self._send(200, _bomb(), encoding="gzip")
+        elif b == "gzip_corrupt":
+            self._send(200, b"\x1f\x8b\x08\x00garbage, not deflate", encoding="gzip")
+        elif b == "gzip_truncated":
+            self._send(200, gzip.compress(b'{"status": "success"}')[:-12], encoding="gzip")
         else:
             body = {"status": "success", "data": {"resultType": "vector", "result": []}}
             self._send(200, json.dumps(body).encode())
 
-    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+    def _send(
+        self, code: int, body: bytes, ctype: str = "application/json", encoding: str = ""
+    ) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
     def log_message(self, *_: object) -> None:
         pass
+
+
+@functools.cache
+def _bomb() -> bytes:
+    """512 MiB of zeros, gzip'd to about half a MiB (8 times the client's limit)."""
+    deflate = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    chunk = bytes(1 << 20)
+    out = [deflate.compress(chunk) for _ in range(512)]
+    return b"".join(out) + deflate.flush()
 
 
 def _server(behaviour: str) -> Iterator[tuple[str, type[_Handler]]]:
@@ -372,3 +400,66 @@ def test_a_throughput_of_only_nan_and_inf_is_an_error_not_a_verdict() -> None:
     for url in _hostile("nan_series"):
         err = _one_line_exit_2(_cli(url))
         assert "only NaN or infinite values for the job's throughput" in err
+
+
+def test_gzip_is_asked_for_and_decoded_and_counted() -> None:
+    for url, handler in _server("gzip"):
+        ledger = RunLedger(60.0)
+        samples = PrometheusClient(ClientSettings(url), hook=ledger).query("up", time.time())
+        assert [(dict(x.labels), x.value) for x in samples] == [({"instance": "node-01"}, 2.5)]
+        assert handler.seen[0]["Accept-Encoding"] == "gzip"
+        assert ledger.requests == 1 and 0 < ledger.wire_bytes < ledger.body_bytes
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "expected"),
+    [
+        ("gzip_bomb", "a gzip body that decompresses to more than 64 MiB"),
+        ("gzip_corrupt", "a gzip body that does not decompress"),
+        ("gzip_truncated", "a gzip body that is cut short"),
+    ],
+)
+def test_hostile_gzip_answers_cost_one_line(behaviour: str, expected: str) -> None:
+    assert len(_bomb()) < 1 << 20  # built before the server answers with it
+    for url, _ in _server(behaviour):
+        assert expected in _error(url)
+
+
+def test_the_run_deadline_bounds_every_request_and_then_refuses() -> None:
+    now = [100.0]
+    out = io.StringIO()
+    ledger = RunLedger(30.0, stream=out, every=5.0, clock=lambda: now[0])
+    assert ledger.timeout(10.0) == 10.0
+    now[0] += 25.0
+    assert ledger.timeout(10.0) == 5.0  # the time left, not the per-request timeout
+    ledger.done(1_000, 9_000)
+    assert out.getvalue() == (
+        "fabricscope explain: 1 queries, 0.0 MB received (0.0 MB uncompressed), 25s of 30s\n"
+    )
+    ledger.done(1_000, 9_000)  # within 5 s of the last line: quiet
+    assert out.getvalue().count("\n") == 1
+    now[0] += 5.0
+    with pytest.raises(PrometheusError) as info:
+        ledger.timeout(10.0)
+    assert str(info.value) == (
+        "the run's deadline of 30s passed after 2 queries (a large job or a slow Prometheus? "
+        "--deadline raises it)"
+    )
+
+
+def test_the_deadline_cuts_a_slow_run_short_cli() -> None:
+    for url, _ in _server("slow"):
+        started = time.monotonic()
+        err = _one_line_exit_2(_cli(url, "--prometheus.timeout", "30s", "--deadline", "1s"))
+        assert "--deadline raises the limit" in err, err
+        assert time.monotonic() - started < 15
+
+
+def test_groups_cut_a_job_into_bounded_queries() -> None:
+    names = [f"node-{i:04d}" for i in range(1024)]
+    cut = groups(names, 64)
+    assert len(cut) == 16 and all(len(g) == 64 for g in cut)
+    assert [n for g in cut for n in g] == sorted(names)
+    assert groups(["b", "a", "c"], 64) == [("a", "b", "c")]
+    with pytest.raises(ValueError, match="at least 1"):
+        groups(names, 0)

@@ -16,6 +16,7 @@ import pytest
 from exporter.explain.checks import THRESHOLD
 from exporter.explain.client import ClientSettings, PrometheusClient
 from exporter.explain.discover import JobSpec
+from exporter.explain.plan import RunLedger
 from exporter.explain.report import Report, explain
 from tests.lab.backfill import TEST_HOURS, TEST_STEP, ScenarioCache
 from tests.lab.scenarios import (
@@ -92,3 +93,26 @@ def test_healthy_is_no_fabric_cause(reports: dict[str, Report]) -> None:
     assert report.causes == []
     checked = {c.check: c.devices for c in report.checked}
     assert checked["symbol_errors"] >= 32 and checked["nvlink_errors"] == 32
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_the_query_plan_gives_the_same_answer(
+    lab_cache: ScenarioCache, reports: dict[str, Report], name: str
+) -> None:
+    """One instance (and one pod) per query, as a 1,024-node job's plan cuts it into groups
+    of 64: every check is per device, so the groups' answers together are the same answer,
+    score for score; asked with gzip, every request counted by the run's ledger."""
+    s = lab_cache.get(name, TEST_HOURS, TEST_STEP)
+    ledger = RunLedger(60.0)
+    client = PrometheusClient(ClientSettings(s.url), hook=ledger)
+    split = explain(client, JobSpec(JOB_NAME, NAMESPACE), s.start, s.end, max_names=1)
+
+    def answer(r: Report) -> list[tuple[str, str, str, float]]:
+        return [(f.cause, f.instance, f.device, round(f.score, 9)) for f in r.findings]
+
+    assert answer(split) == answer(reports[name])
+    assert [(c.check, c.devices, round(c.worst, 9)) for c in split.checked] == [
+        (c.check, c.devices, round(c.worst, 9)) for c in reports[name].checked
+    ]
+    assert ledger.requests > 4 * len(split.checked)  # four instances: four queries a check
+    assert 0 < ledger.wire_bytes < ledger.body_bytes  # Prometheus answered gzip

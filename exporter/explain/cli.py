@@ -21,6 +21,7 @@ from exporter.explain.client import (
     PrometheusClient,
     PrometheusError,
 )
+from exporter.explain.plan import MAX_NAMES_PER_QUERY, RunLedger
 from exporter.explain.report import ExplainError, explain
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)$")
@@ -73,6 +74,16 @@ def _time_arg(value: str) -> str:
     return value
 
 
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value!r}")
+    return n
+
+
 def add_parser(sub: Any) -> None:
     """Register ``explain`` on the ``fabricscope`` subcommand parser."""
     p = sub.add_parser(
@@ -98,6 +109,23 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_MAX_BODY_BYTES,
         metavar="BYTES",
         help="the largest answer read; a bigger one is an error (default: %(default)s, 64 MiB)",
+    )
+    g.add_argument(
+        "--prometheus.max-nodes-per-query",
+        dest="prom_max_names",
+        type=_positive_int,
+        default=MAX_NAMES_PER_QUERY,
+        metavar="N",
+        help="instances (or pods) one query names at most: a larger job's checks run as "
+        "one query per group, each reading a bounded number of samples (default: %(default)s)",
+    )
+    g.add_argument(
+        "--deadline",
+        type=parse_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="for the whole run: no request starts after it, each gets at most the time left "
+        "(default: 5m); progress goes to stderr every 5 s once a run is that long",
     )
     g.add_argument("--prometheus.ca-file", dest="prom_ca", metavar="FILE")
     g.add_argument(
@@ -198,11 +226,20 @@ def _run(ns: argparse.Namespace) -> int:
             username=ns.prom_user,
             password_file=ns.prom_password_file,
             bearer_token_file=ns.prom_token_file,
-        )
+        ),
+        hook=RunLedger(ns.deadline, stream=sys.stderr),
     )
     nodes = tuple(n for n in (x.strip() for x in ns.nodes.split(",")) if n)
     job = discover.JobSpec(ns.job, ns.namespace, ns.pod_prefix, nodes)
-    report = explain(client, job, start, end, change_at=change_at, grafana=ns.grafana_url)
+    report = explain(
+        client,
+        job,
+        start,
+        end,
+        change_at=change_at,
+        grafana=ns.grafana_url,
+        max_names=ns.prom_max_names,
+    )
     if ns.plot:
         from exporter.explain.plot import PlotUnavailableError, plot
 

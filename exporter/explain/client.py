@@ -13,6 +13,11 @@ by default; a bigger one is refused, by its Content-Length before reading when i
 and JSON nested absurdly deep, or with ``NaN``/``Infinity`` literals (not JSON), is refused.
 Sample values may be ``NaN`` or ``±Inf`` (Prometheus's own, from 0/0 or x/0): the callers
 that need finite numbers check (:mod:`exporter.explain.discover`).
+
+Requests ask for gzip (Prometheus compresses its JSON about twentyfold); a gzip answer may
+decompress to ``max_body_bytes`` at most (a bomb costs one line, not the memory). An
+optional ``hook`` (``exporter.explain.plan.RunLedger``) holds every request to the run's
+deadline and counts it.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 
 class PrometheusError(Exception):
@@ -91,6 +97,14 @@ class Series:
     values: tuple[float, ...]
 
 
+class RequestHook(Protocol):
+    """What the client tells the run about its requests (exporter.explain.plan.RunLedger)."""
+
+    def timeout(self, per_request: float) -> float: ...
+
+    def done(self, wire: int, body: int) -> None: ...
+
+
 def _read_secret(path: str, what: str) -> str:
     try:
         return Path(path).read_text().strip()
@@ -101,15 +115,16 @@ def _read_secret(path: str, what: str) -> str:
 class PrometheusClient:
     """Talks to one Prometheus server. Thread-safe (one connection per request)."""
 
-    def __init__(self, settings: ClientSettings) -> None:
+    def __init__(self, settings: ClientSettings, hook: RequestHook | None = None) -> None:
         parsed = urllib.parse.urlsplit(settings.url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise PrometheusError(
                 f"--prometheus.url must be http(s)://host:port[/prefix], got {settings.url!r}"
             )
         self.settings = settings
+        self.hook = hook
         self.base = settings.url.rstrip("/")
-        self._headers: dict[str, str] = {"Accept": "application/json"}
+        self._headers: dict[str, str] = {"Accept": "application/json", "Accept-Encoding": "gzip"}
         if settings.bearer_token_file and settings.username:
             raise PrometheusError("give either a bearer token file or basic auth, not both")
         if settings.bearer_token_file:
@@ -201,13 +216,17 @@ class PrometheusClient:
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         where = f"Prometheus at {self.base}"
         timeout = self.settings.timeout
+        flag = "--prometheus.timeout"
+        if self.hook is not None:
+            timeout = self.hook.timeout(timeout)
+            flag = "--prometheus.timeout" if timeout >= self.settings.timeout else "--deadline"
         cap = self.settings.max_body_bytes
         too_slow = (
-            f"{where} did not answer /api/v1/{endpoint} within {timeout:g}s "
-            "(overloaded, or a query too large? --prometheus.timeout raises the limit)"
+            f"{where} did not answer /api/v1/{endpoint} within {timeout:.3g}s "
+            f"(overloaded, or a query too large? {flag} raises the limit)"
         )
         try:
-            raw = self._fetch(request, time.monotonic() + timeout)
+            raw, encoding = self._fetch(request, time.monotonic() + timeout)
         except _TooBig:
             raise PrometheusError(
                 f"{where} answered /api/v1/{endpoint} with more than {_size(cap)} "
@@ -221,6 +240,11 @@ class PrometheusClient:
             raise PrometheusError(too_slow) from None
         except (ConnectionError, http.client.HTTPException, OSError) as exc:
             raise PrometheusError(f"{where}: connection failed: {_one_line(exc)}") from None
+        wire = len(raw)
+        if encoding.strip().lower() == "gzip":
+            raw = _gunzip(raw, f"{where} answered /api/v1/{endpoint} with a gzip body", cap)
+        if self.hook is not None:
+            self.hook.done(wire, len(raw))
         try:
             answer = json.loads(raw, parse_constant=_no_constant)
         except RecursionError:
@@ -250,7 +274,7 @@ class PrometheusClient:
             )
         return answer.get("data")
 
-    def _fetch(self, request: urllib.request.Request, deadline: float) -> bytes:
+    def _fetch(self, request: urllib.request.Request, deadline: float) -> tuple[bytes, str]:
         """The body of the answer to ``request``, by ``deadline`` (monotonic seconds), at most
         ``max_body_bytes`` of it. Runs in a worker thread: the wait for it ends at the
         deadline whatever the server does; the worker notices the deadline between chunks
@@ -270,9 +294,10 @@ class PrometheusClient:
             raise TimeoutError
         if "error" in box:
             raise cast(BaseException, box["error"])
-        return cast(bytes, box["body"])
+        return cast(tuple[bytes, str], box["body"])
 
-    def _read(self, request: urllib.request.Request, deadline: float) -> bytes:
+    def _read(self, request: urllib.request.Request, deadline: float) -> tuple[bytes, str]:
+        """The body, as sent (gzip'd or not), and its Content-Encoding."""
         cap = self.settings.max_body_bytes
         left = deadline - time.monotonic()
         if left <= 0:
@@ -288,7 +313,7 @@ class PrometheusClient:
                     raise TimeoutError
                 chunk = response.read1(_CHUNK)
                 if not chunk:
-                    return b"".join(chunks)
+                    return b"".join(chunks), response.headers.get("Content-Encoding", "")
                 total += len(chunk)
                 if total > cap:
                     raise _TooBig
@@ -305,13 +330,34 @@ def _no_constant(name: str) -> object:
     raise _NotJson(f"a bare {name}")
 
 
+def _gunzip(raw: bytes, what: str, cap: int) -> bytes:
+    """Decompress a gzip body to at most ``cap`` bytes (PrometheusError beyond, or when it is
+    not gzip or is cut short)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(raw, cap)
+        if inflater.unconsumed_tail:
+            raise PrometheusError(
+                f"{what} that decompresses to more than {_size(cap)} "
+                "(--prometheus.max-body-bytes raises the limit)"
+            )
+        if not inflater.eof:
+            raise PrometheusError(f"{what} that is cut short")
+    except zlib.error:
+        raise PrometheusError(f"{what} that does not decompress") from None
+    return out
+
+
 def _http_error(where: str, endpoint: str, exc: urllib.error.HTTPError) -> str:
     detail = ""
     try:
-        payload = json.loads(exc.read(_CHUNK) or b"{}")
+        raw = exc.read(_CHUNK) or b"{}"
+        if (exc.headers.get("Content-Encoding") or "").strip().lower() == "gzip":
+            raw = _gunzip(raw, "error body", _CHUNK)
+        payload = json.loads(raw)
         if isinstance(payload, dict) and payload.get("error"):
             detail = f": {payload.get('errorType', 'error')}: {_one_line(payload['error'])}"
-    except (ValueError, OSError, UnicodeDecodeError):
+    except (ValueError, OSError, UnicodeDecodeError, PrometheusError):
         detail = ""
     hint = ""
     if exc.code in (401, 403):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from exporter.explain.checks import Check
 from exporter.explain.client import PrometheusClient, PrometheusError, Sample, Series
 from exporter.explain.evidence import _alternation, _escape
+from exporter.explain.plan import MAX_NAMES_PER_QUERY, groups
 
 #: throughput metrics in order of preference; step_seconds is inverted to steps per second
 THROUGHPUT_METRICS = (
@@ -182,18 +183,32 @@ def _last(kind: str, inst_sel: str, window: int) -> str:
 
 
 def inventory(
-    client: PrometheusClient, instances: Sequence[str], start: float, end: float
+    client: PrometheusClient,
+    instances: Sequence[str],
+    start: float,
+    end: float,
+    *,
+    max_names: int = MAX_NAMES_PER_QUERY,
 ) -> Inventory:
-    sel = f'instance=~"{_alternation(instances)}"'
+    """Device names of the job's instances, in groups of ``max_names`` (the query plan)."""
     window = max(1, int(end - start))
+    families = (
+        "fabricscope_infiniband_port_info",
+        "fabricscope_pci_device_info",
+        "fabricscope_infiniband_device_info",
+        "fabricscope_gpu_info",
+    )
     exprs = [
-        _last("fabricscope_infiniband_port_info", sel, window),
-        _last("fabricscope_pci_device_info", sel, window),
-        _last("fabricscope_infiniband_device_info", sel, window),
-        _last("fabricscope_gpu_info", sel, window),
+        (k, _last(f, f'instance=~"{_alternation(g)}"', window))
+        for g in groups(instances, max_names)
+        for k, f in enumerate(families)
     ]
+    found: list[list[Sample]] = [[] for _ in families]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        port_info, pci_info, dev_info, gpu_info = pool.map(lambda e: client.query(e, end), exprs)
+        answers = list(pool.map(lambda e: client.query(e[1], end), exprs))
+    for (k, _), answer in zip(exprs, answers, strict=True):
+        found[k] += answer
+    port_info, pci_info, dev_info, gpu_info = found
     ports: dict[tuple[str, str], tuple[str, str]] = {}
     netdevs: dict[tuple[str, str, str], str] = {}
     for s in port_info:

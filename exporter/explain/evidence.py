@@ -2,7 +2,10 @@
 
 Each check costs two instant queries (the baseline's range ending at the change, the slow
 period's ending at the window's end), both scoped to the job's instances or pods by exact
-alternations of names found in discovery: never a regex over the whole fleet.
+alternations of names found in discovery: never a regex over the whole fleet. A large job's
+names are cut into groups of ``Scope.max_names`` (exporter.explain.plan), one query per group,
+so the samples one query reads stay bounded whatever the job's size; every check is
+per device (per instance at most), so the groups' answers together are the whole answer.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 
 from exporter.explain.checks import CHECKS, Check
 from exporter.explain.client import PrometheusClient, Sample
+from exporter.explain.plan import MAX_NAMES_PER_QUERY, groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +54,19 @@ class Scope:
     instances: tuple[str, ...]
     namespace: str
     pods: tuple[str, ...]
+    max_names: int = MAX_NAMES_PER_QUERY
 
     def selector(self, check: Check) -> str:
+        """One selector for the whole job (small jobs, and tests)."""
+        return self.selectors(check, len(self.pods) + len(self.instances) + 1)[0]
+
+    def selectors(self, check: Check, max_names: int | None = None) -> list[str]:
+        """The job's selector for ``check``, one per group of at most ``max_names`` names."""
+        size = self.max_names if max_names is None else max_names
         if check.scope == "pod":
-            return f'namespace="{_escape(self.namespace)}",pod=~"{_alternation(self.pods)}"'
-        return f'instance=~"{_alternation(self.instances)}"'
+            ns = _escape(self.namespace)
+            return [f'namespace="{ns}",pod=~"{_alternation(g)}"' for g in groups(self.pods, size)]
+        return [f'instance=~"{_alternation(g)}"' for g in groups(self.instances, size)]
 
 
 def _escape(value: str) -> str:
@@ -142,19 +154,35 @@ def evaluate(
 ) -> list[CheckResult]:
     """Run every check (two instant queries each, ``workers`` at a time)."""
 
-    def run(check: Check) -> CheckResult:
-        if check.scope == "pod" and not scope.pods:
-            return CheckResult(check)
-        sel = scope.selector(check)
+    seconds = {
+        c.name: periods.events_seconds if c.mode == "events" else periods.slow_seconds
+        for c in checks
+    }
+
+    def run(job: tuple[Check, str]) -> tuple[list[Sample], list[Sample]]:
+        check, sel = job
         base = client.query(
             check.template.format(sel=sel, d=f"{periods.base_seconds}s"), periods.base_end
         )
-        seconds = periods.events_seconds if check.mode == "events" else periods.slow_seconds
-        slow = client.query(check.template.format(sel=sel, d=f"{seconds}s"), periods.slow_end)
-        return compare(check, base, slow, seconds / periods.base_seconds)
+        d = f"{seconds[check.name]}s"
+        slow = client.query(check.template.format(sel=sel, d=d), periods.slow_end)
+        return base, slow
 
+    planned = [c for c in checks if not (c.scope == "pod" and not scope.pods)]
+    jobs = [(c, sel) for c in planned for sel in scope.selectors(c)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(run, checks))
+        answers = list(pool.map(run, jobs))
+    base_of: dict[str, list[Sample]] = defaultdict(list)
+    slow_of: dict[str, list[Sample]] = defaultdict(list)
+    for (check, _), (base, slow) in zip(jobs, answers, strict=True):
+        base_of[check.name] += base
+        slow_of[check.name] += slow
+    return [
+        compare(c, base_of[c.name], slow_of[c.name], seconds[c.name] / periods.base_seconds)
+        if c in planned
+        else CheckResult(c)
+        for c in checks
+    ]
 
 
 def compare(

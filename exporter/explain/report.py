@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from exporter.explain import changepoint, discover, evidence, rank
 from exporter.explain.checks import CHECKS, THRESHOLD
 from exporter.explain.client import PrometheusClient
+from exporter.explain.plan import MAX_NAMES_PER_QUERY
 
 #: steps a window is cut into at most; a step is never below the usual 15 s scrape interval
 NICE_STEPS = (15, 30, 60, 120, 300, 600, 900, 1800, 3600)
@@ -74,7 +75,9 @@ def explain(
     *,
     change_at: float | None = None,
     grafana: str = "",
+    max_names: int = MAX_NAMES_PER_QUERY,
 ) -> Report:
+    """``max_names``: instances (or pods) one query names at most (exporter.explain.plan)."""
     t0 = time.monotonic()
     if end - start < 120:
         raise ExplainError("the window must be at least 2 minutes long")
@@ -104,9 +107,11 @@ def explain(
         )
     periods = evidence.Periods(start, split - step, split, end)
     fp = discover.footprint(client, job, tp, start, end)
-    scope = evidence.Scope(fp.instances, job.namespace, fp.pods)
+    scope = evidence.Scope(fp.instances, job.namespace, fp.pods, max_names)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        inv_future = pool.submit(discover.inventory, client, fp.instances, start, end)
+        inv_future = pool.submit(
+            discover.inventory, client, fp.instances, start, end, max_names=max_names
+        )
         env_future = pool.submit(evidence.query_nccl_env, client, scope, periods)
         results = evidence.evaluate(client, scope, periods)
         inv = inv_future.result()
