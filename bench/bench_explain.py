@@ -1,19 +1,24 @@
-"""Time to answer of ``fabricscope explain`` for a 64-node job over 6 hours of data.
+"""``fabricscope explain`` at fleet scale: time to answer, its own CPU and memory, the
+queries and bytes it asks for, and the CPU Prometheus spends answering, per job size.
 
 The data: tests/explain_lab.py's ``ib_link_bad`` scenario (series named and labelled by the
-real agent from the DGX fixture tree and the recorded NVML: 12 RDMA ports, PCI links,
-2 GPUs with 18 NVLinks each, netdev, attribution, workload, probe and throughput series per
-node), 64 nodes, 6 hours at a 30 s scrape interval, backfilled with promtool and served by
-a real Prometheus (2.42). The job's throughput drops 34 % at 55 % of the window; node-02's
-mlx5_3 port starts taking symbol errors then.
+real agent from the DGX fixture tree and the recorded NVML at the default detail: 12 RDMA
+ports, PCI links, 2 GPUs with 18 NVLinks each, netdev, attribution, workload, probe and
+throughput series per node), N nodes, H hours at a 30 s scrape interval, backfilled with
+promtool (no time limit) and served by a real Prometheus (2.42). The job's throughput drops
+34 % at 55 % of the window; node-02's mlx5_3 port starts taking symbol errors then.
 
-Measured: wall time of the whole command (``python -m exporter.cli explain``, interpreter
-start included) over ``--runs`` runs, and explain's own elapsed time (what it prints).
+Measured per size, over ``--runs`` runs of the whole command (``python -m exporter.cli
+explain``, interpreter start included): wall time, explain's user+system CPU and peak RSS
+(``getrusage`` of the child), its query count and bytes (its own ``--log.level=info``
+summary: received gzip'd, and uncompressed), Prometheus's user+system CPU during the run
+(``/proc/PID/stat``), and the top finding.
 
-    python bench/bench_explain.py [--runs 5] [--workdir /tmp/fabricscope-bench-explain]
-        [--plot docs/explain-ib_link_bad.png]
+    python bench/bench_explain.py [--nodes 64,256,1024] [--hours 1,6] [--runs 3]
+        [--workdir /tmp/fabricscope-bench-explain] [--plot docs/explain-ib_link_bad.png]
 
-The TSDB is built once per --workdir (about 2-3 minutes on 2 cores) and reused.
+Each TSDB is built once per --workdir and reused (about 2-3 minutes for 64 nodes x 6 h on
+2 cores; the build grows with nodes x hours).
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,35 +44,58 @@ from tests import explain_lab  # noqa: E402
 from tests.promharness import start_prometheus  # noqa: E402
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=64)
-    ap.add_argument("--hours", type=float, default=6.0)
-    ap.add_argument("--step", type=float, default=30.0)
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--workdir", type=Path, default=Path("/tmp/fabricscope-bench-explain"))
-    ap.add_argument("--plot", type=Path, default=None, help="also write the plot of one run")
-    ns = ap.parse_args()
-    key = f"{ns.nodes}-{ns.hours:g}h-{ns.step:g}s"
-    build = ns.workdir / key
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of a running process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _run_measured(
+    cmd: list[str], env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess[str], resource.struct_rusage]:
+    """Run ``cmd``; its own CPU and peak RSS (wait4 on that child alone)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(
+            cmd, proc.returncode, out.read().decode(), err.read().decode()
+        )
+    return done, usage
+
+
+def _build(workdir: Path, nodes: int, hours: float, step: float) -> tuple[Path, dict[str, float]]:
+    key = f"{nodes}-{hours:g}h-{step:g}s"
+    build = workdir / key
     meta = build / "slots.json"
     if not meta.exists():
         shutil.rmtree(build, ignore_errors=True)
         t0 = time.perf_counter()
         _, slots = explain_lab.build(
-            build, scenarios=("ib_link_bad",), nodes=ns.nodes, hours=ns.hours, step=ns.step
+            build,
+            scenarios=("ib_link_bad",),
+            nodes=nodes,
+            hours=hours,
+            step=step,
+            promtool_timeout=None,
         )
         s = slots[0]
         meta.write_text(json.dumps({"start": s.start, "end": s.end, "change": s.change}))
-        print(f"built {key} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-    slot = json.loads(meta.read_text())
-    series = samples = 0
-    shutil.rmtree(ns.workdir / "prom", ignore_errors=True)
-    with start_prometheus(ns.workdir / "prom", [], tsdb_path=build / "tsdb") as prom:
-        client = PrometheusClient(ClientSettings(prom.url, timeout=60))
+        print(f"built {key} in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+    return build, json.loads(meta.read_text())
+
+
+def measure(
+    workdir: Path, nodes: int, hours: float, step: float, *, runs: int, plot: Path | None
+) -> dict[str, object]:
+    build, slot = _build(workdir, nodes, hours, step)
+    shutil.rmtree(workdir / "prom", ignore_errors=True)
+    with start_prometheus(workdir / "prom", [], tsdb_path=build / "tsdb") as prom:
+        client = PrometheusClient(ClientSettings(prom.url, timeout=120))
         count = "count({__name__=~'fabricscope_.+'})"
         series = int(client.query(count, slot["end"])[0].value)
-        samples = int(series * (ns.hours * 3600 / ns.step + 1))
         args = [
             sys.executable,
             "-m",
@@ -72,6 +103,10 @@ def main() -> int:
             "explain",
             "--prometheus.url",
             prom.url,
+            "--prometheus.timeout",
+            "2m",
+            "--deadline",
+            "10m",
             "--namespace",
             "training",
             "--job",
@@ -82,39 +117,85 @@ def main() -> int:
             f"{slot['end']:.0f}",
             "--grafana.url",
             "https://grafana.example",
+            "--log.level",
+            "info",
         ]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        walls, elapsed = [], []
+        rows: list[dict[str, float]] = []
         transcript = ""
-        for i in range(ns.runs):
-            extra = ["--plot", str(ns.plot)] if ns.plot and i == 0 else []
+        for i in range(runs):
+            extra = ["--plot", str(plot)] if plot and i == 0 else []
+            prom_before = _proc_cpu(prom.process.pid)
             t0 = time.perf_counter()
-            out = subprocess.run(
-                [*args, *extra], capture_output=True, text=True, env=env, check=False
-            )
+            out, usage = _run_measured([*args, *extra], env)
             wall = time.perf_counter() - t0
             if out.returncode != 0:
                 print(out.stderr, file=sys.stderr)
-                return 1
-            if not extra:
-                walls.append(wall)
+                raise SystemExit(1)
+            summary = re.search(
+                r"answered with (\d+) queries, ([\d.]+) MB received \(([\d.]+) MB", out.stderr
+            )
+            if summary is None:
+                raise SystemExit(f"no summary line in explain's stderr:\n{out.stderr}")
+            rows.append(
+                {
+                    "wall_s": wall,
+                    "cpu_s": usage.ru_utime + usage.ru_stime,
+                    "rss_mib": usage.ru_maxrss / 1024,
+                    "queries": float(summary.group(1)),
+                    "mb_received": float(summary.group(2)),
+                    "mb_uncompressed": float(summary.group(3)),
+                    "prometheus_cpu_s": _proc_cpu(prom.process.pid) - prom_before,
+                }
+            )
             transcript = transcript or out.stdout
-            elapsed.append(float(out.stdout.rsplit("answered in ", 1)[1].split("s")[0]))
         js = subprocess.run(
             [*args, "--format", "json"], capture_output=True, text=True, env=env, check=True
         )
         top = json.loads(js.stdout)["findings"][0]
-    print(transcript)
+    print(transcript, file=sys.stderr)
+    result: dict[str, object] = {
+        "nodes": nodes,
+        "hours": hours,
+        "series": series,
+        "samples_millions": round(series * (hours * 3600 / step + 1) / 1e6, 1),
+        "top": f"{top['cause']} {top['device']} ({top['score']})",
+    }
+    for k in rows[0]:
+        result[k] = statistics.median(r[k] for r in rows)
+    result["wall_max_s"] = max(r["wall_s"] for r in rows)
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", default="64", help="comma-separated job sizes")
+    ap.add_argument("--hours", default="6", help="comma-separated window lengths")
+    ap.add_argument("--step", type=float, default=30.0)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/fabricscope-bench-explain"))
+    ap.add_argument("--plot", type=Path, default=None, help="also write the plot of one run")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ns = ap.parse_args()
+    results = []
     print(
-        f"{ns.nodes} nodes, {ns.hours:g} h at {ns.step:g} s: {series} series, "
-        f"~{samples / 1e6:.1f}M samples in the TSDB; top finding: {top['cause']} "
-        f"{top['device']} ({top['score']})"
+        "| nodes | window | series / samples in the TSDB | wall, median (max) | explain CPU "
+        "| explain RSS | queries | received (uncompressed) | Prometheus CPU | top finding |"
     )
-    median, worst = statistics.median(walls), max(walls)
-    print(
-        f"time to answer (whole command, {len(walls)} runs): median {median:.2f}s, max "
-        f"{worst:.2f}s; explain's own elapsed: median {statistics.median(elapsed):.2f}s"
-    )
+    print("|" + " --- |" * 10)
+    for nodes in (int(n) for n in ns.nodes.split(",")):
+        for hours in (float(h) for h in ns.hours.split(",")):
+            r = measure(ns.workdir, nodes, hours, ns.step, runs=ns.runs, plot=ns.plot)
+            results.append(r)
+            print(
+                f"| {nodes} | {hours:g} h | {r['series']:,} / {r['samples_millions']}M "
+                f"| {r['wall_s']:.1f} s ({r['wall_max_s']:.1f} s) | {r['cpu_s']:.1f} s "
+                f"| {r['rss_mib']:.0f} MiB | {r['queries']:.0f} | {r['mb_received']:.1f} MB "
+                f"({r['mb_uncompressed']:.1f} MB) | {r['prometheus_cpu_s']:.1f} s | {r['top']} |",
+                flush=True,
+            )
+    if ns.json:
+        ns.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 

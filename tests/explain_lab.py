@@ -510,8 +510,11 @@ def build(
     step: float = 60.0,
     t0: float | None = None,
     seed: int = 7,
+    promtool_timeout: float | None = 600,
 ) -> tuple[Path, list[Slot]]:
-    """Backfill a TSDB under ``out_dir``/tsdb with each scenario in its own slot."""
+    """Backfill a TSDB under ``out_dir``/tsdb with each scenario in its own slot.
+    ``promtool_timeout``: seconds for the backfill (None: no limit, for benchmark builds of
+    thousands of node-hours on a slow machine)."""
     import time
 
     rng = random.Random(seed)
@@ -542,7 +545,7 @@ def build(
         [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(text_path), str(tsdb)],
         check=True,
         capture_output=True,
-        timeout=600,
+        timeout=promtool_timeout,
     )
     text_path.unlink()
     return tsdb, slots

@@ -32,7 +32,7 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 EMBEDDED: dict[Path, tuple[str, tuple[str, ...]]] = {
     ROOT / "deploy" / "base" / "prometheusrule.yaml": (
         "fabricscope",
-        ("agent.rules.yaml", "hardware.rules.yaml", "throughput.rules.yaml"),
+        ("agent.rules.yaml", "fleet.rules.yaml", "hardware.rules.yaml", "throughput.rules.yaml"),
     ),
     ROOT / "deploy" / "overlays" / "probe" / "prometheusrule-probe.yaml": (
         "fabricscope-probe",
@@ -73,6 +73,16 @@ RECORDED_SERIES: dict[str, tuple[str, ...]] = {
     "fabricscope:probe_pair_ok:last1h": ("instance", "peer"),
     "fabricscope:probe_node_passes:last1h": ("instance",),
     "fabricscope:probe_bad_node:last1h": ("instance",),
+    # the Fleet view, one series per node (deploy/rules/fleet.rules.yaml)
+    "fabricscope:node_findings:count": ("instance",),
+    "fabricscope:node_ports_down:count": ("instance",),
+    "fabricscope:node_link_downs:increase1h": ("instance",),
+    "fabricscope:node_port_error_rate:max5m": ("instance",),
+    "fabricscope:node_transmit_wait_rate:max5m": ("instance",),
+    "fabricscope:node_pfc_pause_sent_rate:max5m": ("instance",),
+    "fabricscope:node_cnp_sent_rate:max5m": ("instance",),
+    "fabricscope:node_sampler_duration:max": ("instance",),
+    "fabricscope:node_sampler_failures:count": ("instance",),
 }
 
 
@@ -253,6 +263,7 @@ ALERTS = list(alerts())
 def test_rule_files_exist_and_every_rule_is_an_alert() -> None:
     assert [p.name for p in rule_files()] == [
         "agent.rules.yaml",
+        "fleet.rules.yaml",
         "hardware.rules.yaml",
         "probe.rules.yaml",
         "throughput.rules.yaml",
@@ -263,7 +274,7 @@ def test_rule_files_exist_and_every_rule_is_an_alert() -> None:
             rules = group["rules"]
             assert isinstance(rules, list)
             for rule in rules:
-                if "record" in rule:  # the probe's localisation view, see RECORDED_SERIES
+                if "record" in rule:  # localisation and fleet views, see RECORDED_SERIES
                     assert rule["record"] in RECORDED_SERIES, rule["record"]
                     continue
                 assert "alert" in rule, f"{path.name}: only alerting and recording rules here"

@@ -613,7 +613,12 @@ def extracted_rules(docs: list[Doc], tmp_path: Path) -> Path:
 def test_built_rules_are_the_rule_files_and_pass_promtool(
     built: dict[str, list[Doc]], build: str, tmp_path: Path
 ) -> None:
-    sources = ["agent.rules.yaml", "hardware.rules.yaml", "throughput.rules.yaml"]
+    sources = [
+        "agent.rules.yaml",
+        "fleet.rules.yaml",
+        "hardware.rules.yaml",
+        "throughput.rules.yaml",
+    ]
     if build == "probe":
         sources.append("probe.rules.yaml")
     expected = [

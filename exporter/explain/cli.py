@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import re
 import sys
 import time
@@ -23,6 +24,8 @@ from exporter.explain.client import (
 )
 from exporter.explain.plan import MAX_NAMES_PER_QUERY, RunLedger
 from exporter.explain.report import ExplainError, explain
+
+log = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -214,6 +217,7 @@ def _run(ns: argparse.Namespace) -> int:
     if start >= end:
         raise ExplainError("--since must be before --until")
     change_at = parse_time(ns.change_at, now) if ns.change_at else None
+    ledger = RunLedger(ns.deadline, stream=sys.stderr)
     client = PrometheusClient(
         ClientSettings(
             url=ns.prom_url,
@@ -227,7 +231,7 @@ def _run(ns: argparse.Namespace) -> int:
             password_file=ns.prom_password_file,
             bearer_token_file=ns.prom_token_file,
         ),
-        hook=RunLedger(ns.deadline, stream=sys.stderr),
+        hook=ledger,
     )
     nodes = tuple(n for n in (x.strip() for x in ns.nodes.split(",")) if n)
     job = discover.JobSpec(ns.job, ns.namespace, ns.pod_prefix, nodes)
@@ -250,4 +254,11 @@ def _run(ns: argparse.Namespace) -> int:
         except OSError as exc:
             raise ExplainError(f"cannot write {ns.plot}: {exc.strerror}") from None
     sys.stdout.write(render.to_json(report) if ns.format == "json" else render.text(report))
+    log.info(
+        "answered with %d queries, %.1f MB received (%.1f MB uncompressed) in %.1fs",
+        ledger.requests,
+        ledger.wire_bytes / 1e6,
+        ledger.body_bytes / 1e6,
+        ledger.elapsed(),
+    )
     return 0
