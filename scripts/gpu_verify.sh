@@ -45,8 +45,10 @@ python3 scripts/gpu_crosscheck.py || rc=1
 
 step "agent: live /metrics (NVML in a child process), cross-check, GPU memory, RSS"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# full detail: the cross-check compares every link's state, speed and far end with nvidia-smi
+# (the default folds healthy links into per-GPU series)
 python3 -m exporter.cli agent --web.listen-address=127.0.0.1:$PORT --log.level=info \
-  2>"$OUT/agent.log" &
+  --collector.detail=full 2>"$OUT/agent.log" &
 AGENT=$!
 get() { python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"; }
 for _ in $(seq 100); do get http://127.0.0.1:$PORT/healthz >/dev/null 2>&1 && break; sleep 0.1; done
