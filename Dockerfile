@@ -1,27 +1,49 @@
 # fabricscope node agent images. Two targets:
 #   docker build --target runtime       -t <registry>/fabricscope:0.1.0 .        (default)
 #   docker build --target runtime-probe -t <registry>/fabricscope:0.1.0-probe .
-# `runtime` is the agent alone (~200 MB expected); `runtime-probe` adds the CUDA build of
-# torch, whose wheels bring their own CUDA runtime and NCCL (several GB: see docs/deploy.md).
+# `runtime` is the agent alone; `runtime-probe` adds the CUDA build of torch, whose wheels
+# bring their own CUDA runtime and NCCL (several GB: see docs/deploy.md).
 #
-# Bases are pinned by exact tag only; pin them by digest at release
-# (python:3.12-slim-bookworm@sha256:...) so a rebuild cannot change them silently.
-# Not built here: this file is linted (hadolint) but no image has been built from it yet.
+# The base is Debian 12 itself, and its Python is Debian's python3 (3.11), not a Python image:
+# - CI builds and runs this very file (scripts/image.sh, called by scripts/test.sh). CI reaches
+#   Debian's archive but no container registry, so it makes the base with debootstrap from
+#   Debian's packages and passes it as BASE; production pulls debian:bookworm-slim, made from
+#   the same archive. A python:3.12-slim base would leave CI building a different recipe (its
+#   Python is compiled from source into /usr/local) from the one that ships.
+# - The interpreter in the image is the one the test suite runs on (Debian 12's 3.11), and
+#   its security fixes come with Debian's (apt in a rebuild).
+# Pin the base by digest at release (debian:bookworm-slim@sha256:...), so a rebuild cannot
+# change it silently. Built and run in CI: image size and layers are in README.md.
+ARG BASE=debian:bookworm-slim
+
+# --- system: what the runtime stages run on: Debian's python3, and infiniband-diags'
+# smpquery/perfquery for the optional ibpeer sampler (the chart's ibpeer.enabled; ~1 MB with
+# libibumad3, libibmad5 and libibnetdisc5). No pip, no venv module, no compiler.
+FROM ${BASE} AS system
+# python3's version is Debian 12's (security updates wanted); the base's digest pins the rest.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 infiniband-diags=44.0-2 \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 
 # --- builder: the fabricscope wheel, installed with its pinned dependencies into a venv ---
-FROM python:3.12-slim-bookworm AS builder
+FROM system AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3-venv \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY agent/ agent/
 COPY exporter/ exporter/
 # constraints.txt pins the exact versions CI tests (it only constrains: test tools listed
-# there are not installed)
-RUN pip wheel --no-deps --wheel-dir /wheels . \
-    && python -m venv /opt/fabricscope \
-    && /opt/fabricscope/bin/pip install --constraint constraints.txt /wheels/fabricscope-*.whl
+# there are not installed). Every dependency comes as a manylinux wheel: the base has no
+# compiler, so a dependency that needed one would fail this build.
+RUN python3 -m venv /opt/fabricscope \
+    && /opt/fabricscope/bin/pip install --constraint constraints.txt .
 
 # --- builder-probe: the same venv plus torch (CUDA build from PyPI, with NCCL) ---
 FROM builder AS builder-probe
@@ -31,10 +53,15 @@ FROM builder AS builder-probe
 #        --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu<NNN>
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
-RUN /opt/fabricscope/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+RUN /opt/fabricscope/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
+    && /opt/fabricscope/bin/python -m pip uninstall -q -y pip setuptools
+
+# --- venv: the agent's venv without pip (nothing in the image can install packages) ---
+FROM builder AS venv
+RUN /opt/fabricscope/bin/python -m pip uninstall -q -y pip setuptools
 
 # --- runtime-probe: agent + probe workers ---
-FROM python:3.12-slim-bookworm AS runtime-probe
+FROM system AS runtime-probe
 ENV PATH=/opt/fabricscope/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -44,16 +71,16 @@ LABEL org.opencontainers.image.title="fabricscope-probe" \
       org.opencontainers.image.description="fabricscope node agent with the NCCL probe (CUDA torch)" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=builder-probe /opt/fabricscope /opt/fabricscope
-# nobody: the image's default for plain `docker run`; the Kubernetes manifests choose uid 0
-# with no capabilities, because the kubelet's pod-resources socket is root-only (0660 or
-# 0755 root:root: connect() needs write permission) — see docs/deploy.md
+# nobody: the image's default for plain `docker run`; the Helm chart chooses uid 0 with no
+# capabilities, because the kubelet's pod-resources socket is root-only (0660 or 0755
+# root:root: connect() needs write permission) — see docs/deploy.md
 USER 65534:65534
 EXPOSE 10118 10119
 ENTRYPOINT ["fabricscope"]
 CMD ["agent"]
 
 # --- runtime: the agent alone (last stage, so a plain `docker build .` gives it) ---
-FROM python:3.12-slim-bookworm AS runtime
+FROM system AS runtime
 ENV PATH=/opt/fabricscope/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -62,15 +89,10 @@ ENV PATH=/opt/fabricscope/bin:$PATH \
 LABEL org.opencontainers.image.title="fabricscope" \
       org.opencontainers.image.description="Node agent and Prometheus exporter for GPU training fabrics" \
       org.opencontainers.image.licenses="Apache-2.0"
-COPY --from=builder /opt/fabricscope /opt/fabricscope
-# smpquery/perfquery for the optional ibpeer sampler (components/ibpeer): ~1 MB with
-# libibumad3, libibmad5 and libibnetdisc5
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends infiniband-diags=44.0-2 \
-    && rm -rf /var/lib/apt/lists/*
+COPY --from=venv /opt/fabricscope /opt/fabricscope
 # nobody by default; see runtime-probe for why the DaemonSet runs uid 0 without capabilities
 USER 65534:65534
 EXPOSE 10118
-# no HEALTHCHECK: Kubernetes ignores it and probes /healthz itself (daemonset.yaml)
+# no HEALTHCHECK: Kubernetes ignores it and probes /healthz itself (the chart's DaemonSet)
 ENTRYPOINT ["fabricscope"]
 CMD ["agent"]

