@@ -13,7 +13,8 @@
 # a change to the recipe (this file's BASE_* settings) changes the hash and rebuilds it.
 #
 # Storage: buildah with --storage-driver vfs (plain directories: needs no overlay mount) under
-# $FABRICSCOPE_IMAGE_CACHE (default /var/cache/fabricscope-ci), kept between runs.
+# $FABRICSCOPE_IMAGE_CACHE (default /var/cache/fabricscope-ci), kept between runs, and
+# $FABRICSCOPE_IMAGE_RUNROOT (default /run/fabricscope-ci).
 # Prints the image name on the last line of stdout; the log goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,8 @@ done
 TAG=${TAG:-localhost/fabricscope:ci-$TARGET}
 
 CACHE=${FABRICSCOPE_IMAGE_CACHE:-/var/cache/fabricscope-ci}
-STORE=(--root "$CACHE/containers" --runroot /run/fabricscope-ci --storage-driver vfs)
+RUNROOT=${FABRICSCOPE_IMAGE_RUNROOT:-/run/fabricscope-ci}
+STORE=(--root "$CACHE/containers" --runroot "$RUNROOT" --storage-driver vfs)
 export BUILDAH_ISOLATION=chroot
 log() { echo "== image: $*" >&2; }
 

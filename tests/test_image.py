@@ -42,7 +42,7 @@ BUILDAH = [
     "--root",
     str(CACHE / "containers"),
     "--runroot",
-    "/run/fabricscope-ci",
+    os.environ.get("FABRICSCOPE_IMAGE_RUNROOT", "/run/fabricscope-ci"),
     "--storage-driver",
     "vfs",
 ]
