@@ -223,6 +223,8 @@ def test_another_release_name(tmp_path: Path) -> None:
         ({"port": 0}, "/port"),
         ({"probe": {"enabled": True, "existingSecret": "s", "peers": ["a b"]}}, "/probe/peers"),
         ({"serviceMonitor": {"enabled": True}, "service": {"enabled": False}}, "needs service"),
+        ({"web": {"tls": True}}, "web.tls needs web.existingSecret"),
+        ({**VALUES["probe"], "hostNetwork": False}, "probe.enabled needs hostNetwork"),
     ],
 )
 def test_bad_values_are_refused_by_name(values: Doc, message: str, tmp_path: Path) -> None:
