@@ -9,7 +9,9 @@
 # pull it from, this script makes the same base from Debian's own packages: a
 # `debootstrap --variant=minbase bookworm` from the machine's apt mirror, slimmed the way the
 # official slim image is, committed as localhost/fabricscope-base:bookworm-<recipe hash>. It is
-# cached in the storage below, so only the first run on a machine pays for it (~3.5 min);
+# cached in the storage below, so only the first run on a machine pays for it (166 s on the
+# 2-core CI machine when it was quiet; the image on top of it took 170 s then, with one stage
+# cached, which this script no longer keeps; both took 20+ min at a load average of 20-30);
 # a change to the recipe (this file's BASE_* settings) changes the hash and rebuilds it.
 #
 # Storage: buildah with --storage-driver vfs (plain directories: needs no overlay mount) under
@@ -57,7 +59,7 @@ BASE_SUITE=bookworm
 BASE_MIRROR=$(awk '/^URIs:/ && $2 ~ /\/debian\/?$/ {print $2; exit}' \
   /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
 BASE_MIRROR=${BASE_MIRROR:-http://deb.debian.org/debian}
-# what debian:bookworm-slim leaves out (docuerreotype's slimification), so apt in the build
+# what debian:bookworm-slim leaves out (debuerreotype's slimification), so apt in the build
 # installs no docs, man pages or translations either
 BASE_DPKG_EXCLUDES='path-exclude /usr/share/doc/*
 path-include /usr/share/doc/*/copyright
