@@ -692,10 +692,12 @@ def test_dockerfile_targets() -> None:
         assert users and users[-1] == "USER 65534:65534", target
         assert not any(i.upper().startswith(("HEALTHCHECK", "RUN")) for i in body), target
         assert any(i.startswith('ENTRYPOINT ["fabricscope"]') for i in body)
-    # the runtime stages' one RUN installs Debian's python3 and infiniband-diags (ibpeer) and
-    # nothing else: no pip, no venv module, no compiler (tests/test_image.py checks the image)
+    # the runtime stages' one RUN installs Debian's python3, and smpquery/perfquery with their
+    # two libraries (ibpeer), and nothing else: no pip, no venv module, no compiler, no perl
+    # (tests/test_image.py checks the image)
     (install,) = [i for i in stages["system"][1] if i.startswith("RUN")]
-    assert "install -y --no-install-recommends python3 infiniband-diags=44.0-2 " in install
+    assert "--no-install-recommends python3 libibmad5=44.0-2 libibumad3=44.0-2 " in install
+    assert "cp diags/usr/sbin/smpquery diags/usr/sbin/perfquery /usr/sbin/ " in install
     runtime = " ".join(stages["runtime"][1])
     assert "torch" not in runtime and "--from=venv " in runtime
     assert "pip uninstall" in " ".join(stages["venv"][1])

@@ -151,10 +151,21 @@ def test_no_compiler_no_pip_no_package_installer(container: str) -> None:
     for tool in ("gcc", "cc", "c++", "make", "pip", "pip3", "python3-config"):
         found = run(container, "sh", "-c", f"command -v {tool}")
         assert found.returncode != 0 and not found.stdout.strip(), (tool, found.stdout)
-    # control: the same check finds what is there
-    assert run(container, "sh", "-c", "command -v fabricscope").stdout.strip() == (
-        "/opt/fabricscope/bin/fabricscope"
-    )
+    # control: the same check finds what is there, the ibpeer sampler's tools included
+    for tool, path in (
+        ("fabricscope", "/opt/fabricscope/bin/fabricscope"),
+        ("smpquery", "/usr/sbin/smpquery"),
+        ("perfquery", "/usr/sbin/perfquery"),
+    ):
+        assert run(container, "sh", "-c", f"command -v {tool}").stdout.strip() == path, tool
+    # the two tools run: their libraries are there, though the perl package (which Debian's
+    # infiniband-diags package pulls in for its scripts, ~68 MB) is not; perl-base, essential
+    # in every Debian, is
+    for tool in ("smpquery", "perfquery"):
+        result = run(container, tool, "-V")
+        assert result.returncode == 0 and "BUILD VERSION: 44.0" in result.stderr, result
+    assert run(container, "dpkg", "-s", "python3").returncode == 0  # control
+    assert run(container, "dpkg", "-s", "perl").returncode != 0
     for module in ("pip", "ensurepip", "setuptools"):
         result = run(container, "python3", "-c", f"import {module}")
         assert result.returncode != 0, module
