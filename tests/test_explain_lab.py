@@ -143,7 +143,7 @@ def test_nccl_socket_fallback_names_the_transport_change_and_hardware_stays_quie
     )
     assert "HCAs NCCL's channels use: 8 -> 0" in ev
     checked = {c.check: c for c in report.checked}
-    for name in ("symbol_errors", "xmit_wait_share", "nvlink_errors", "pci_width", "xid"):
+    for name in ("symbol_errors", "xmit_wait_share", "nvlink_errors", "pci_width", "probe_busbw"):
         assert checked[name].devices > 0 and checked[name].worst < THRESHOLD, checked[name]
 
 
