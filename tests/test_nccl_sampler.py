@@ -189,3 +189,25 @@ def test_once_on_a_plain_file_lints(tmp_path: Path) -> None:
         'pod="",status="retry_exc_err",vendor_error="129"} 1' in proc.stdout
     )
     assert 'fabricscope_nccl_communicator_inits_total{container="",job_name="llm"' in proc.stdout
+
+
+def test_nccl_lines_are_parsed_in_the_supervised_child(tmp_path: Path) -> None:
+    """The agent reads and parses logs in the throughput sampler's child process
+    (agent.core.isolation): the NCCL series come back with the snapshot, equal to the ones
+    parsed in process, and a restart seen by the same child starts a new run."""
+    from agent.throughput.sampler import ThroughputInputs, isolated_sampler
+
+    pods = tmp_path / "pods"
+    log_of(pods).write_text(fixture_as_cri("nccl-2.2x-sglang-4289.log"))
+    inputs = ThroughputInputs(frozenset({("training", "llm-0")}), None)
+    settings = ThroughputSettings(pod_logs=str(pods))
+    child = isolated_sampler(settings, 10.0, lambda: inputs)
+    try:
+        snap = child.sample()
+        local = ThroughputSampler(settings, gpu_pods=lambda: inputs.gpu_pods).sample()
+        assert snap.nccl == local.nccl
+        assert only(snap).channels == (("NET/IB", True, 5), ("P2P/IPC", False, 4))
+        log_of(pods, 1).write_text(fixture_as_cri("nccl-2.18.3-nccl-tests-166.log"))
+        assert only(child.sample()).channels == (("NET/Socket", False, 6), ("SHM", False, 3))
+    finally:
+        child.close()
