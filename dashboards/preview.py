@@ -52,6 +52,23 @@ def _scale(unit: str) -> tuple[float, str]:
     return SCALES.get(unit, (1.0, ""))
 
 
+def _x(t: float) -> float:
+    return mdates.epoch2num(t) if hasattr(mdates, "epoch2num") else t / 86400
+
+
+def _stackplot(ax: Axes, series: list[dict[str, object]], legend: str, div: float) -> int:
+    times = sorted({float(t) for s in series for t, _ in s["values"]})  # type: ignore[attr-defined]
+    if not times:
+        return 0
+    rows = []
+    for s in series:
+        by_t = {float(t): float(v) / div for t, v in s["values"]}  # type: ignore[attr-defined]
+        rows.append([by_t.get(t, 0.0) for t in times])
+    labels = [_legend(legend, s["metric"])[:38] for s in series]  # type: ignore[arg-type]
+    ax.stackplot([_x(t) for t in times], *rows, labels=labels, alpha=0.6)
+    return len(rows)
+
+
 def draw(
     ax: Axes,
     panel: generate.Panel,
@@ -72,6 +89,9 @@ def draw(
                 {"query": expr, "start": str(start), "end": str(end), "step": str(step)},
             )
             ranked = sorted(result, key=lambda s: -max(float(v) for _, v in s["values"]))  # type: ignore[index]
+            if panel.stack:  # as Grafana stacks it: areas on one time grid, 0 where absent
+                n += _stackplot(ax, ranked[:6], legend, div)
+                continue
             for s in ranked[:6]:
                 xs = [
                     mdates.epoch2num(float(t)) if hasattr(mdates, "epoch2num") else float(t) / 86400

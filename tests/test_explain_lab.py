@@ -35,6 +35,8 @@ EXPECTED = {
     "nvlink_errors": ("nvlink", "node-03", "GPU 5"),
     "pcie_x8_nic": ("pcie", "node-02", "0000:3c:00.0"),
     "wrong_numa": ("misplacement", "node-03", pod_name(3)),
+    # every pod's next run fell back to sockets: the pods rank by name, all equal
+    "nccl_socket_fallback": ("nccl_transport", "node-00", pod_name(0)),
 }
 
 
@@ -116,3 +118,43 @@ def test_the_query_plan_gives_the_same_answer(
     ]
     assert ledger.requests > 4 * len(split.checked)  # four instances: four queries a check
     assert 0 < ledger.wire_bytes < ledger.body_bytes  # Prometheus answered gzip
+
+
+def test_nccl_socket_fallback_names_the_transport_change_and_hardware_stays_quiet(
+    reports: dict[str, Report],
+) -> None:
+    """The seed's "some runs are slow" case: the previous run's NCCL connected the nodes over
+    NET/IB with GPUDirect RDMA on each GPU's rail, this run's over NET/Socket (the pods'
+    own NCCL_DEBUG=INFO lines); no hardware fault. Explain puts the transport change first
+    on every pod, with the numbers of the lines, and no hardware cause stands out."""
+    report = reports["nccl_socket_fallback"]
+    assert report.shift is not None
+    assert report.shift.drop_ratio == pytest.approx(0.34, abs=0.01)
+    causes = report.causes
+    assert {f.cause for f in causes} == {"nccl_transport"}, [(f.cause, f.device) for f in causes]
+    assert sorted(f.device for f in causes) == [f"{pod_name(i)} on node-{i:02d}" for i in range(4)]
+    ev = causes[0].evidence
+    # 8 ranks x 4 channels x (send + receive) per pod, all over sockets now
+    assert "share of NCCL's network channel connections over NET/Socket: 0 -> 100%" in ev
+    assert "NCCL channel connections over NET/Socket: 0 -> 64" in ev
+    assert (
+        "share of NCCL's network channel connections over NET/IB with GPUDirect RDMA: "
+        "100 -> 0%" in ev
+    )
+    assert "HCAs NCCL's channels use: 8 -> 0" in ev
+    checked = {c.check: c for c in report.checked}
+    for name in ("symbol_errors", "xmit_wait_share", "nvlink_errors", "pci_width", "probe_busbw"):
+        assert checked[name].devices > 0 and checked[name].worst < THRESHOLD, checked[name]
+
+
+def test_scenarios_without_a_transport_change_keep_the_nccl_checks_quiet(
+    reports: dict[str, Report],
+) -> None:
+    """Every scenario's pods print the same NCCL init lines (IB with GPUDirect RDMA on each
+    rail): the NCCL checks have data everywhere and stand out only where the run changed."""
+    for name, report in reports.items():
+        checked = {c.check: c for c in report.checked}
+        assert checked["nccl_socket_share"].devices == 4, name
+        if name != "nccl_socket_fallback":
+            worst = max(checked[c].worst for c in checked if c.startswith("nccl_"))
+            assert worst < THRESHOLD, (name, worst)

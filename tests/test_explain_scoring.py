@@ -25,6 +25,13 @@ from exporter.explain.evidence import Periods, Scope, evaluate, nccl_env_differe
         ("gpu_lost", 0.0, 1.0, 1.0, math.log2(3)),  # rise
         ("cpu_gpu_numa", 1.0, 1.0, 1.0, math.log2(5)),  # level: a standing misplacement
         ("symbol_errors", 0.0, math.nan, 1.0, 0.0),  # no data in the slow period
+        # NCCL: every network channel moved to sockets; the run's pods are new (no baseline)
+        ("nccl_socket_share", 0.0, 1.0, 1.0, math.log2(11)),
+        ("nccl_socket_share", None, 1.0, 1.0, math.log2(11)),
+        ("nccl_socket_share", 1.0, 1.0, 1.0, 0.0),  # a job that always ran on sockets
+        ("nccl_gdr_share", 1.0, 0.0, 1.0, math.log2(6)),  # GPUDirect RDMA lost
+        ("nccl_hcas", 8.0, 1.0, 1.0, math.log2(1 + 0.875 / 0.25)),  # 8 rails -> 1 HCA
+        ("nccl_network_warnings", 0.0, 5.0, 1.0, math.log2(1 + 5 / 3)),  # 5 an hour
     ],
 )
 def test_score(check: str, base: float | None, slow: float, ratio: float, expected: float) -> None:

@@ -1,6 +1,7 @@
 """The PromQL joins shown in docs/throughput.md, evaluated by a real Prometheus engine
 (``promtool test rules``) on series shaped as fabricscope exports them: each query must
-parse and return the joined series the doc promises."""
+parse and return the joined series the doc promises (the last one: a job's NCCL transport
+mix, one pod's run over NET/IB with GPUDirect RDMA, another's over sockets)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ TOK = "fabricscope_throughput_tokens_per_second"
 INFO = "fabricscope_pod_gpu_info"
 WAIT = "fabricscope_infiniband_port_transmit_wait_total"
 PORT = 'job="fabricscope", instance="node-00", device="mlx5_2", port="1"'
+NCCL = "fabricscope_nccl_channels"
 
 
 def test_doc_queries_join_throughput_to_pod_attribution(tmp_path: Path) -> None:
     queries = re.findall(r"```promql\n(.*?)```", DOC.read_text(), re.S)
-    assert len(queries) == 4
+    assert len(queries) == 5
     rules = {
         "groups": [
             {
@@ -69,6 +71,17 @@ def test_doc_queries_join_throughput_to_pod_attribution(tmp_path: Path) -> None:
                         "series": f"{WAIT}{{{PORT}}}",
                         "values": "0+600x30",
                     },
+                    {
+                        "series": f'{NCCL}{{{POD}, container="trainer", job_name="llm", '
+                        'transport="NET/IB", gdr="1"}',
+                        "values": "64x30",
+                    },
+                    {
+                        "series": f'{NCCL}{{job="fabricscope", instance="node-01", '
+                        'namespace="training", pod="llm-1", container="trainer", '
+                        'job_name="llm", transport="NET/Socket", gdr="0"}',
+                        "values": "64x30",
+                    },
                 ],
                 "promql_expr_test": [
                     {
@@ -112,6 +125,22 @@ def test_doc_queries_join_throughput_to_pod_attribution(tmp_path: Path) -> None:
                             {
                                 "labels": f'doc:q3{{{POD}, container="trainer", job_name="llm"}}',
                                 "value": 1140,
+                            },
+                        ],
+                    },
+                    {
+                        "expr": "doc:q4",
+                        "eval_time": "10m",
+                        "exp_samples": [
+                            {
+                                "labels": 'doc:q4{namespace="training", job_name="llm", '
+                                'transport="NET/IB", gdr="1"}',
+                                "value": 64,
+                            },
+                            {
+                                "labels": 'doc:q4{namespace="training", job_name="llm", '
+                                'transport="NET/Socket", gdr="0"}',
+                                "value": 64,
                             },
                         ],
                     },

@@ -16,7 +16,8 @@ plain files the file's modification time when it was read). A stalled job theref
 as a stale timestamp, not as a frozen rate alone. A stream's values go when its pod's log
 directory goes.
 
-No log line is ever kept past its parse, exported or logged: only numbers leave.
+No log line is ever kept past its parse, exported or logged: only numbers and bounded
+identifiers (HCA names, a version, fixed vocabularies) leave.
 
 What a pod can write costs bounded work. Parsing is linear per line (RE2, a per-line window:
 :mod:`agent.throughput.formats`). Each stream may use ``stream_cpu_seconds`` of CPU per
@@ -27,6 +28,11 @@ pass starts with them): streams not read keep their last values. At most
 their offset). In the agent all of this runs in a supervised child process
 (:func:`isolated_sampler`): a pass that still hangs costs that pass, counted as the
 throughput sampler's ``hung``, never a scrape.
+
+The same lines feed :mod:`agent.throughput.nccl`: NCCL's own lines (a job run with
+``NCCL_DEBUG=INFO`` or ``WARN``) give, per stream, the transports and HCAs its channels use
+(reset when the container restarts: a new log is a new run), its NCCL warnings by kind and
+its communicator inits and aborts (:class:`NcclSeries`).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +60,7 @@ from agent.throughput.formats import (
     parse_window,
 )
 from agent.throughput.linear import Pattern
+from agent.throughput.nccl import WARNING_KINDS, NcclRun, parse_nccl_line
 from agent.throughput.pods import (
     current_log,
     newest_rotated,
@@ -125,8 +132,37 @@ class StreamTime:
 
 
 @dataclass(frozen=True, slots=True)
+class NcclSeries:
+    """What one stream's NCCL lines said (:mod:`agent.throughput.nccl`).
+
+    ``channels``: (transport, GPUDirect RDMA, connections) of the current run (the
+    container's current log); ``hca_channels``: (HCA, connections) of its NET/IB channels
+    whose NET index maps to an HCA NCCL listed; ``warnings``: (kind, lines) for every kind;
+    ``ib_errors``: (ibv_wc_status name, vendor error, lines). ``lines``, ``warnings``,
+    ``ib_errors``, ``inits`` and ``aborts`` count since the stream was first read.
+    ``last_init_timestamp_seconds``: CRI time of the latest ``Init COMPLETE`` (None: none, or a
+    plain file without timestamps). ``version``: the latest ``NCCL version`` printed.
+    """
+
+    namespace: str
+    pod: str
+    container: str
+    job_name: str
+    lines: int
+    version: str | None = None
+    channels: tuple[tuple[str, bool, int], ...] = ()
+    hca_channels: tuple[tuple[str, int], ...] = ()
+    warnings: tuple[tuple[str, int], ...] = ()
+    ib_errors: tuple[tuple[str, str, int], ...] = ()
+    inits: int = 0
+    aborts: int = 0
+    last_init_timestamp_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ThroughputSnapshot:
-    """One pass: series sorted by labels; ``sources`` logs tailed; errors since start."""
+    """One pass: series sorted by labels; ``sources`` logs tailed; errors since start;
+    ``nccl``: per stream that printed NCCL lines, what they said."""
 
     series: tuple[ThroughputSeries, ...] = ()
     times: tuple[StreamTime, ...] = ()
@@ -135,6 +171,7 @@ class ThroughputSnapshot:
     issues: tuple[ReadIssue, ...] = ()
     #: bytes known to have been written to a log and never read (see agent.throughput.tail)
     unread_bytes_total: int = 0
+    nccl: tuple[NcclSeries, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +204,13 @@ class _Stream:
     custom_error: str | None = None
     parsed_this_poll: bool = False
     line_ts: float | None = None
+    nccl: NcclRun = field(default_factory=NcclRun)
 
     def on_line(self, text: str, ts: float | None) -> None:
+        n = parse_nccl_line(text)
+        if n is not None:  # NCCL's own line: it states no throughput
+            self.nccl.feed(n, ts)
+            return
         r = parse_line(text, self.custom)
         if r is None:
             if len(text) > MAX_PARSE_CHARS and parse_window(text) is None:
@@ -444,6 +486,7 @@ class ThroughputSampler:
             st.tail.poll(stop)  # the container restarted: finish its previous log
             self._finish_poll(st, st.tail.path)
             st.close()
+            st.nccl.new_run()  # its next run chooses its transports again
             fresh = True
         if st.tail is None:
             st.tail = FileTail(
@@ -519,6 +562,7 @@ class ThroughputSampler:
             errors_total=tuple((r, self._counts.get(r, 0)) for r in ERROR_REASONS),
             issues=tuple(issues),
             unread_bytes_total=self._counts.get(UNREAD_BYTES, 0),
+            nccl=nccl_series(self._streams.values()),
         )
 
     def close(self) -> None:
@@ -532,6 +576,43 @@ def _mtime(path: str) -> float | None:
         return os.stat(path).st_mtime
     except OSError:
         return None
+
+
+def nccl_series(streams: Iterable[_Stream]) -> tuple[NcclSeries, ...]:
+    """One :class:`NcclSeries` per label set whose streams printed NCCL lines (streams with
+    the same labels, a restarted pod's old and new directory, add up), sorted by labels."""
+    merged: dict[Labels, list[NcclRun]] = {}
+    for st in streams:
+        if st.nccl.lines:
+            merged.setdefault(st.labels, []).append(st.nccl)
+    out = []
+    for labels, runs in sorted(merged.items()):
+        channels: Counter[tuple[str, bool]] = Counter()
+        hcas: Counter[str] = Counter()
+        warnings: Counter[str] = Counter()
+        ib_errors: Counter[tuple[str, str]] = Counter()
+        for run in runs:
+            channels.update(run.channels)
+            hcas.update(run.hca_channels)
+            warnings.update(run.warnings)
+            ib_errors.update(run.ib_errors)
+        inits = [r.last_init_ts for r in runs if r.last_init_ts is not None]
+        versions = [r.version for r in runs if r.version is not None]
+        out.append(
+            NcclSeries(
+                *labels,
+                lines=sum(r.lines for r in runs),
+                version=versions[-1] if versions else None,
+                channels=tuple((t, g, n) for (t, g), n in sorted(channels.items())),
+                hca_channels=tuple(sorted(hcas.items())),
+                warnings=tuple((k, warnings.get(k, 0)) for k in WARNING_KINDS),
+                ib_errors=tuple((st, v, n) for (st, v), n in sorted(ib_errors.items())),
+                inits=sum(r.inits for r in runs),
+                aborts=sum(r.aborts for r in runs),
+                last_init_timestamp_seconds=max(inits) if inits else None,
+            )
+        )
+    return tuple(out)
 
 
 # --- in a child process ---------------------------------------------------------------------

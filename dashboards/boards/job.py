@@ -28,8 +28,27 @@ JOB = Board(
             ),
             "none",
             "Tokens per second the job prints (its own log lines).",
-            w=24,
+            w=16,
             h=7,
+        ),
+        Panel(
+            "NCCL transports of the job",
+            "timeseries",
+            (
+                (
+                    "sum by (transport, gdr) (fabricscope_nccl_channels"
+                    f'{{{JOB_PODS},job_name=~"$job",{N}}})',
+                    "{{transport}} gdr={{gdr}}",
+                ),
+            ),
+            "none",
+            "Channel connections NCCL set up in the job's current runs, by transport and "
+            "GPUDirect RDMA (from NCCL_DEBUG=INFO lines of its pods' logs): a run that moved "
+            "from NET/IB gdr=1 to NET/Socket or to gdr=0 shows here beside its throughput.",
+            w=8,
+            h=7,
+            stack=True,
+            shows=(Show(("nccl_socket_fallback",), (("transport", "transport"),)),),
         ),
         Panel(
             "Port errors on the job's NICs",
@@ -145,6 +164,23 @@ JOB = Board(
             w=24,
             h=7,
             shows=(Show(("ib_link_errors", "pcie_width_degraded"), NODE, "asc"),),
+        ),
+        Panel(
+            "NCCL network warnings of the job",
+            "timeseries",
+            (
+                (
+                    "sum by (instance, pod, kind) (increase(fabricscope_nccl_warnings_total"
+                    f'{{{JOB_PODS},job_name=~"$job",{N},'
+                    'kind=~"ib_completion|ib_async_event|ibv_call|socket|timeout"}[1h]))',
+                    "{{pod}} {{instance}} {{kind}}",
+                ),
+            ),
+            "none",
+            "NCCL WARN lines about the network in the last hour, per pod and kind (IB "
+            "completion errors, async events, failed verbs calls, sockets, timeouts).",
+            w=24,
+            h=7,
         ),
     ),
     extra_vars=(

@@ -38,7 +38,7 @@ CAUSES: dict[str, Cause] = {
     c.name: c
     for c in (
         Cause("ib_link", "InfiniBand/RoCE link errors", "fabricscope-node", 3),
-        Cause("ib_congestion", "port congestion (xmit_wait)", "fabricscope-job", 3),
+        Cause("ib_congestion", "port congestion (xmit_wait)", "fabricscope-job", 4),
         Cause("roce_congestion", "RoCE congestion (PFC pause, CNP/ECN)", "fabricscope-node", 6),
         Cause("drops", "packet drops and retransmissions", "fabricscope-node", 7),
         Cause("pcie", "PCIe link degraded", "fabricscope-node", 10),
@@ -46,8 +46,15 @@ CAUSES: dict[str, Cause] = {
         Cause("gpu", "GPU errors (XID, lost GPU)", "fabricscope-node", 12),
         Cause("gpu_throttle", "GPU clocks throttled", "fabricscope-node", 0),
         Cause("probe", "probe bus bandwidth below the pair's baseline", "fabricscope-probe", 3),
-        Cause("misplacement", "pods placed off their GPUs' NUMA node", "fabricscope-job", 7),
-        Cause("nccl_config", "NCCL settings differ or are wrong", "fabricscope-job", 7),
+        Cause("misplacement", "pods placed off their GPUs' NUMA node", "fabricscope-job", 8),
+        Cause("nccl_config", "NCCL settings differ or are wrong", "fabricscope-job", 8),
+        Cause(
+            "nccl_transport",
+            "NCCL chose another transport, GPUDirect RDMA mode or HCA set",
+            "fabricscope-job",
+            2,
+        ),
+        Cause("nccl_network", "NCCL network warnings", "fabricscope-job", 10),
     )
 }
 
@@ -87,6 +94,30 @@ def _ib_inc(counter: str) -> str:
 
 
 PORT = ("device", "port")
+
+#: NCCL's network transports (agent/throughput/nccl.py NET_TRANSPORTS)
+_NCCL_NET = 'transport=~"NET/.+"'
+_BY_POD = "instance, namespace, pod"
+
+
+def _nccl(metric: str, matchers: str, agg: str = "sum") -> str:
+    """The latest value of an NCCL series in the range, per pod (``agg``: sum or count)."""
+    inner = f"last_over_time(fabricscope_nccl_{metric}{{{{{{sel}},{matchers}}}}}[{{d}}])"
+    if agg == "count":
+        inner += " > 0"
+    return f"{agg} by ({_BY_POD}) ({inner})"
+
+
+def _or_zero(expr: str) -> str:
+    """``expr``, or 0 for a pod that set up network channels but has none of these (its
+    series is absent, not 0: a run that stopped using a transport renders no series for it)."""
+    return f"({expr} or 0 * {_nccl('channels', _NCCL_NET)})"
+
+
+def _nccl_share(matchers: str) -> str:
+    """The share of a pod's network channel connections that match ``matchers``."""
+    return f"{_or_zero(_nccl('channels', matchers))} / {_nccl('channels', _NCCL_NET)}"
+
 
 CHECKS: tuple[Check, ...] = (
     # --- links ------------------------------------------------------------------------
@@ -448,6 +479,82 @@ CHECKS: tuple[Check, ...] = (
         "pod",
         ("pod", "gpu"),
         scope="pod",
+    ),
+    # --- what NCCL itself chose and suffered (its own lines in the pods' logs) --------
+    Check(
+        "nccl_socket_share",
+        "nccl_transport",
+        "share of NCCL's network channel connections over NET/Socket",
+        _nccl_share('transport="NET/Socket"'),
+        "rise",
+        0.1,
+        "pod",
+        ("pod",),
+        scope="pod",
+        unit="%",
+        scale=100.0,
+    ),
+    Check(
+        "nccl_socket_channels",
+        "nccl_transport",
+        "NCCL channel connections over NET/Socket",
+        _or_zero(_nccl("channels", 'transport="NET/Socket"')),
+        "rise",
+        8.0,
+        "pod",
+        ("pod",),
+        scope="pod",
+    ),
+    Check(
+        "nccl_ib_without_gdr_share",
+        "nccl_transport",
+        "share of NCCL's network channel connections over NET/IB without GPUDirect RDMA",
+        _nccl_share('transport="NET/IB",gdr="0"'),
+        "rise",
+        0.1,
+        "pod",
+        ("pod",),
+        scope="pod",
+        unit="%",
+        scale=100.0,
+    ),
+    Check(
+        "nccl_gdr_share",
+        "nccl_transport",
+        "share of NCCL's network channel connections over NET/IB with GPUDirect RDMA",
+        _nccl_share('transport="NET/IB",gdr="1"'),
+        "drop",
+        0.2,
+        "pod",
+        ("pod",),
+        scope="pod",
+        unit="%",
+        scale=100.0,
+    ),
+    Check(
+        "nccl_hcas",
+        "nccl_transport",
+        "HCAs NCCL's channels use",
+        _or_zero(_nccl("hca_channels", 'device=~".+"', "count")),
+        "drop",
+        0.25,
+        "pod",
+        ("pod",),
+        scope="pod",
+    ),
+    Check(
+        "nccl_network_warnings",
+        "nccl_network",
+        "NCCL network warnings (IB completion errors, async events, verbs calls, sockets, "
+        "timeouts)",
+        f"sum by ({_BY_POD}) (increase(fabricscope_nccl_warnings_total{{{{{{sel}},"
+        'kind=~"ib_completion|ib_async_event|ibv_call|socket|timeout"}}[{d}]))',
+        "events",
+        3.0,
+        "pod",
+        ("pod",),
+        scope="pod",
+        unit=" warnings",
     ),
 )
 

@@ -94,7 +94,8 @@ class Measurement:
     @property
     def text(self) -> str:
         c = self.check
-        on = f" (GPU {self.labels.get('gpu', '')})" if c.key == "pod" else ""
+        gpu = self.labels.get("gpu", "")
+        on = f" (GPU {gpu})" if c.key == "pod" and gpu else ""
         return f"{c.what}{on}: {_fmt(self.baseline)} -> {_fmt(self.slow)}{c.unit}"
 
 

@@ -43,7 +43,7 @@ LABELS: dict[str, str] = {
     "parent_pci_bus_id": "PCI address of the upstream bridge",
     "path_type": "nvidia-smi topo -m path type: PIX, PXB, PHB, NODE, SYS",
     "port_type": "PCIe port type from config space: root_port, upstream_port, downstream_port",
-    "kind": "a finding's kind, from a fixed vocabulary",
+    "kind": "a finding's (or an NCCL warning's) kind, from a fixed vocabulary",
     "fw_ver": "firmware version",
     "board_id": "board identifier (PSID)",
     "hca_type": "HCA type reported by the driver (MT4129)",
@@ -80,6 +80,11 @@ LABELS: dict[str, str] = {
     "value": "a setting's value as the process was started with it, or <redacted>",
     "job_name": "a training job's name: --throughput.file PATH=JOB, --throughput.job or the "
     "file's stem; in Kubernetes the pod annotation fabricscope.io/job, else the pod's owner",
+    "transport": "how an NCCL channel connection moves data, as NCCL names it: NET/IB, "
+    "NET/Socket, NET/other, P2P/CUMEM, P2P/IPC, P2P/direct, SHM, other",
+    "gdr": "1 when an NCCL network channel uses GPUDirect RDMA (NCCL printed /GDRDMA), else 0",
+    "status": "an IB work completion's status, rdma-core's ibv_wc_status name (retry_exc_err)",
+    "vendor_error": "an IB work completion's vendor error (0-255), or other",
     "format": "the log format whose parser read a throughput line (composer, hf_trainer, "
     "megatron, deepspeed, torchtitan, lightning, nanogpt, custom)",
 }

@@ -15,6 +15,7 @@ the attribution series on ``namespace`` and ``pod``, e.g. the GPUs a job's pods 
 from __future__ import annotations
 
 from agent.throughput.sampler import ERROR_REASONS, ThroughputSnapshot
+from exporter.metrics import nccl
 from exporter.metrics.spec import Families, MetricSpec
 
 _L = ("namespace", "pod", "container", "job_name", "format")
@@ -121,6 +122,7 @@ SPECS: tuple[MetricSpec, ...] = (
     SOURCES,
     ERRORS,
     UNREAD,
+    *nccl.SPECS,  # the same sampler reads NCCL's own lines (exporter/metrics/nccl.py)
 )
 
 _VALUES = (
@@ -153,3 +155,4 @@ def render(snap: ThroughputSnapshot, out: Families) -> None:
     for reason in ERROR_REASONS:
         out.add(ERRORS, errors.get(reason, 0), reason)
     out.add(UNREAD, snap.unread_bytes_total)
+    nccl.render(snap.nccl, out)

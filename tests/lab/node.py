@@ -35,6 +35,10 @@ What each source is, and what is real:
   pods attribution says hold the node's GPUs; the job's name comes from the pod's API object
   (:func:`tests.lab.kubelet.pod_object`: a StatefulSet ``llm`` owns pods ``llm-<n>``), so
   the series carry namespace, pod, container and ``job_name="llm"`` as on a real cluster.
+  At the run's start each of the pod's eight ranks prints NCCL's ``NCCL_DEBUG=INFO`` init
+  lines (:func:`write_nccl_init`, NCCL 2.22.3's formats from tests/fixtures/nccl-logs);
+  ``nccl_socket_fallback`` restarts every container at the fault (``1.log``, the kubelet's
+  name for a restarted container's log) into a run that connects over sockets.
 """
 
 from __future__ import annotations
@@ -275,6 +279,8 @@ class LabNode:
         cause = scenario.cause
         self.cause = cause if cause is not None and cause.node == self.name else None
         shutil.copytree(healthy_tree(cache_dir), self.sys, symlinks=True)
+        #: the job's container restarts (nccl_socket_fallback: its next run is a new log)
+        self.restarts = 0
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.ports = self._read_ports()
         self._ifindex = {p.netdev: 10 + i for i, p in enumerate(self.ports.values())}
@@ -488,7 +494,7 @@ class LabNode:
         if here and kind == "wrong_numa" and fault_age is not None and fault_age < dt:
             self._write_procfs(wrong_numa=True)
         self._advance_probes(step, t, fault_age)
-        self._advance_job(step, t, job)
+        self._advance_job(step, t, job, fault_age)
 
     @staticmethod
     def _add(c: dict[str, int], name: str, by: float) -> None:
@@ -693,19 +699,30 @@ class LabNode:
 
     # -- the job ---------------------------------------------------------------------------
 
-    def _advance_job(self, step: int, t: float, ratio: float) -> None:
+    def _advance_job(self, step: int, t: float, ratio: float, fault_age: float | None) -> None:
         from tests.lab.scenarios import GOOD_TOKENS_PER_SECOND
 
+        wall = self.t0 + t if self.t0 is not None else t
+        sc = self.scenario
+        restart = (
+            sc.cause is not None
+            and sc.cause.kind == "nccl_socket_fallback"
+            and fault_age is not None
+            and self.restarts == 0
+        )
+        if restart:  # the job's next run: every container restarts into a new log
+            self.restarts = 1
+        if self.batch == 0 or restart:
+            write_nccl_init(self, wall, sockets=restart)
         self.batch += 1
         self.tokens_per_second = GOOD_TOKENS_PER_SECOND * ratio * self.rng.uniform(0.997, 1.003)
-        wall = self.t0 + t if self.t0 is not None else t
         write_throughput_lines(self.log_path, self.batch, self.tokens_per_second, wall)
 
     @property
     def log_path(self) -> Path:
         """The trainer container's current log, where the kubelet puts it."""
         pod_dir = f"{NAMESPACE}_{self.pod}_{self.pod_uid}"
-        return self.pod_logs / pod_dir / CONTAINER / "0.log"
+        return self.pod_logs / pod_dir / CONTAINER / f"{self.restarts}.log"
 
 
 def port_bias(port: Port) -> float:
@@ -730,6 +747,68 @@ def write_throughput_lines(path: Path, batch: int, tokens_per_second: float, wal
         f"\t Train throughput/device/tokens_per_sec: {tokens_per_second / 32:.4f}",
     )
     with path.open("a") as f:
+        f.write("".join(f"{stamp} stdout F {line}\n" for line in lines))
+
+
+#: channels each rank connects per peer direction (a 4-node ring of 8-GPU nodes)
+NCCL_CHANNELS = 4
+NCCL_VERSION = "2.22.3+cuda12.4"
+
+
+def write_nccl_init(node: LabNode, wall: float, *, sockets: bool) -> None:
+    """Append what NCCL prints at a run's start with ``NCCL_DEBUG=INFO`` to the container's
+    log, in the line formats of NCCL 2.22.3 (tests/fixtures/nccl-logs: nccl-tests#231,
+    nccl#1538, sglang#4289): for each of the node's eight ranks (its process's pid in the
+    prefix) the version, the NET/IB list (one HCA: the rank's own rail, as the pods'
+    ``NCCL_IB_HCA==<rail>:1`` says), the chosen network, its channel connections (P2P/CUMEM
+    to the next local GPU; to the neighbouring nodes on its rail ``via NET/IB/0/GDRDMA``) and
+    ``Init COMPLETE``. ``sockets``: the run found no RDMA device in the pod (``NET/IB : No
+    device found.``) and NCCL connects the nodes over ``NET/Socket/0`` instead."""
+    stamp = cri_time(wall)
+    world = node.scenario.nodes * 8
+    lines = []
+    for g, pid in enumerate(node.pids()):
+        rank = node.index * 8 + g
+        rail = RAILS[g][0]
+        head = f"{node.pod}:{pid}:{pid + 40} [{g}] NCCL INFO "
+        lines.append(f"{node.pod}:{pid}:{pid} [{g}] NCCL INFO NCCL version {NCCL_VERSION}")
+        if sockets:
+            lines += [
+                head + "NET/IB : No device found.",
+                head + f"NET/Socket : Using [0]eth0:10.244.{node.index}.{10 + g}<0>",
+                head + "Using network Socket",
+            ]
+            via = "NET/Socket/0"
+        else:
+            lines += [
+                head + f"NET/IB : Using [0]{rail}:1/RoCE [RO]; OOB eth0:10.244.{node.index}."
+                f"{10 + g}<0>",
+                head + "Using network IB",
+            ]
+            via = "NET/IB/0/GDRDMA"
+        comm = f"0x{0x5000000 + rank * 0x1000:x}"
+        bus = GPU_BUS_IDS[g]
+        lines.append(
+            head + f"ncclCommInitRank comm {comm} rank {rank} nranks {world} cudaDev {g} "
+            f"nvmlDev {g} busId {bus}000 commId 0x551d06754c6bacf2 - Init START"
+        )
+        prev = (rank - 8) % world
+        nxt = (rank + 8) % world
+        for c in range(NCCL_CHANNELS):
+            if g < 7:
+                lines.append(
+                    head + f"Channel {c:02d}/0 : {rank}[{g}] -> {rank + 1}[{g + 1}] via P2P/CUMEM"
+                )
+            lines.append(
+                head + f"Channel {c:02d}/0 : {prev}[{g}] -> {rank}[{g}] [receive] via {via}"
+            )
+            lines.append(head + f"Channel {c:02d}/0 : {rank}[{g}] -> {nxt}[{g}] [send] via {via}")
+        lines.append(
+            head + f"ncclCommInitRank comm {comm} rank {rank} nranks {world} cudaDev {g} "
+            f"nvmlDev {g} busId {bus}000 commId 0x551d06754c6bacf2 - Init COMPLETE"
+        )
+    node.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with node.log_path.open("a") as f:
         f.write("".join(f"{stamp} stdout F {line}\n" for line in lines))
 
 

@@ -34,7 +34,8 @@ class Cause:
     """The planted cause. ``kind`` names it; the rest locate it, each in the label
     vocabulary its series carry (``instance`` is the node): ``device``/``port`` an RDMA
     port, ``netdev`` its interface, ``gpu`` an NVML index, ``pci_bus_id`` a PCI function,
-    ``finding`` the agent finding (or workload finding) it should raise."""
+    ``finding`` the agent finding (or workload finding) it should raise, ``transport`` the NCCL
+    transport a run chose."""
 
     kind: str
     node: str
@@ -44,6 +45,7 @@ class Cause:
     netdev: str | None = None
     gpu: str | None = None
     pci_bus_id: str | None = None
+    transport: str | None = None  # the NCCL transport the faulty run chose (fabricscope_nccl_*)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +136,17 @@ SCENARIOS: dict[str, Scenario] = {
                 gpu="1",
             ),
             throughput_ratio=0.80,
+        ),
+        Scenario(
+            "nccl_socket_fallback",
+            "the job's next run: at the fault every pod's container restarts and its NCCL finds "
+            "no RDMA device in the pod, so it connects the nodes over NET/Socket where the "
+            "previous run used NET/IB with GPUDirect RDMA on each GPU's rail; no hardware fault "
+            "at all; the job's tokens/s fall 34 %",
+            Cause(
+                "nccl_socket_fallback", "node-00", "nccl_socket_transport", transport="NET/Socket"
+            ),
+            throughput_ratio=BAD_TOKENS_PER_SECOND / GOOD_TOKENS_PER_SECOND,
         ),
         Scenario(
             "wrong_numa",

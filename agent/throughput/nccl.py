@@ -1,0 +1,389 @@
+"""Pure parser of NCCL's own log lines: what NCCL chose (network, HCAs, the transport of every
+channel connection, GPUDirect RDMA) and what it suffered (``NCCL WARN`` lines by kind, IB
+completion errors by status and vendor error, communicator inits and aborts).
+
+NCCL writes these lines into the job's own output when ``NCCL_DEBUG=INFO`` (``WARN``, the
+default when NCCL_DEBUG is set at all, gives the warnings only). Formats seen from 2.4 to 2.28,
+each with a real line in ``tests/fixtures/nccl-logs/`` (README there says where from)::
+
+    NCCL version 2.4.7+cuda10.0                                  (up to 2.21: no prefix)
+    host:pid:tid [0] NCCL INFO NCCL version 2.22.3+cuda12.4      (2.22+)
+    host:pid:tid [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE [RO]; OOB ib0:..
+    host:pid:tid [0] NCCL INFO NET/IB : No device found.
+    host:pid:tid [3] NCCL INFO Ring 00 : 6 -> 2 [receive] via NET/IB/0           (2.4)
+    host:pid:tid [0] NCCL INFO Channel 01 : 2[c7000] -> 0[87000] [receive] via NET/IB/5/GDRDMA
+    host:pid:tid [4] NCCL INFO Channel 06/0 : 36[4] -> 20[4] [send] via NET/IBext_v8/3
+    host:pid:tid [6] NCCL INFO Channel 09 : 6[6] -> 7[7] via SHM/direct/direct
+    host:pid:tid [0] NCCL INFO Channel 04/0 : 0[0] -> 7[7] via P2P/CUMEM  (P2P/IPC[/read],
+                                                               P2P/direct pointer)
+    host:pid:tid [4] NCCL INFO comm 0x.. rank 36 nranks 64 cudaDev 4 ... - Init COMPLETE
+    host:pid:tid [0] NCCL INFO comm 0x.. rank 0 nranks 4 cudaDev 0 busId 6000 - Abort COMPLETE
+    host:pid:tid [1] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer
+        <addr> with error 4, opcode 32564, len 32564, vendor err 81 (Send)       (2.7-2.19)
+    host:pid:tid [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer <addr> with
+        status=12 opcode=129 len=65536 vendor err 129 (Recv) localGid .. remoteGids ..  (2.20+)
+
+Only numbers and bounded identifiers leave this module: the transport from a fixed
+vocabulary (:data:`TRANSPORTS`), HCA names that look like RDMA device names (at most
+:data:`MAX_NAME` characters), the version as digits, warning kinds from :data:`WARNING_KINDS`,
+IB completion statuses as rdma-core's ``enum ibv_wc_status`` names and vendor errors as
+numbers 0-255. Ranks, channels, peers, addresses, GIDs and free text are never kept.
+
+Untrusted input: at most :data:`MAX_LINE` characters of a line are looked at, every pattern
+is RE2 (linear time, :mod:`agent.throughput.linear`), every repetition is bounded, and
+:class:`NcclRun` keeps bounded state (at most :data:`MAX_PIDS` processes' HCA lists and
+:data:`MAX_HCAS` HCA names per stream).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+from agent.throughput.linear import compile_linear
+
+#: characters of a line looked at (NCCL's longest lines, a NET/IB list of 32 HCAs, are < 1 KiB)
+MAX_LINE = 4096
+#: longest HCA name kept (mlx5_bond_12 is 12)
+MAX_NAME = 64
+#: HCAs one NET/IB list may name (more are ignored)
+MAX_LIST = 64
+#: processes per stream whose NET/IB list is remembered (least recently seen forgotten)
+MAX_PIDS = 256
+#: distinct HCA names counted per stream (a name beyond them counts as unmapped)
+MAX_HCAS = 64
+
+#: the ``transport`` label: how a channel connection moves data, as NCCL names it
+TRANSPORTS = (
+    "NET/IB",  # NCCL's own IB verbs transport, or an IB plugin (IBext, IBext_v8 ...)
+    "NET/Socket",
+    "NET/other",  # another network plugin (AWS Libfabric, gIB ...)
+    "P2P/CUMEM",
+    "P2P/IPC",
+    "P2P/direct",  # same process: "P2P/direct pointer"
+    "SHM",
+    "other",
+)
+#: network transports: the connections that leave the node
+NET_TRANSPORTS = ("NET/IB", "NET/Socket", "NET/other")
+#: the ``kind`` of an ``NCCL WARN`` line, in the order the kinds are tried
+WARNING_KINDS = (
+    "ib_completion",  # Got completion ... with error/status (a failed IB work request)
+    "ib_async_event",  # NET/IB : mlx5_0:1 Got async event : ...
+    "ibv_call",  # Call to ibv_... failed
+    "proxy",  # [Proxy Service N] / [Service thread] failures
+    "socket",  # socketProgress, Connection closed/refused, socket recv failures
+    "timeout",
+    "cuda",  # Cuda failure 'out of memory', Failed to CUDA calloc
+    "other",
+)
+#: the kinds that say the network itself failed a transfer
+NETWORK_WARNING_KINDS = ("ib_completion", "ib_async_event", "ibv_call", "socket", "timeout")
+#: rdma-core's ``enum ibv_wc_status`` (verbs.h), lower case without the prefix, by value
+IB_WC_STATUSES = (
+    "success",
+    "loc_len_err",
+    "loc_qp_op_err",
+    "loc_eec_op_err",
+    "loc_prot_err",
+    "wr_flush_err",
+    "mw_bind_err",
+    "bad_resp_err",
+    "loc_access_err",
+    "rem_inv_req_err",
+    "rem_access_err",
+    "rem_op_err",
+    "retry_exc_err",
+    "rnr_retry_exc_err",
+    "loc_rdd_viol_err",
+    "rem_inv_rd_req_err",
+    "rem_abort_err",
+    "inv_eecn_err",
+    "inv_eec_state_err",
+    "fatal_err",
+    "resp_timeout_err",
+    "general_err",
+    "tm_err",
+    "tm_rndv_incomplete",
+)
+
+# --- the lines ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """``NCCL version 2.18.3+cuda12.2``: ``version`` is ``2.18.3``."""
+
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class IbDevices:
+    """``NET/IB : Using [0]mlx5_0:1/IB ...``: the HCAs NCCL's IB transport will use, in the
+    order channel lines index them (``NET/IB/<index>``); empty for ``No device found``."""
+
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    """One channel connection: its transport, GPUDirect RDMA (``/GDRDMA``) and, for a network
+    transport, the index of the NIC in the process's NET list."""
+
+    transport: str
+    gdr: bool
+    net_index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NcclWarning:
+    """An ``NCCL WARN`` line: its kind and, for an IB completion error, the work completion's
+    status name and vendor error (None when the line is another kind)."""
+
+    kind: str
+    ib_status: str | None = None
+    vendor_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InitComplete:
+    """A communicator finished initialising (``... - Init COMPLETE``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """A communicator was aborted (``... - Abort COMPLETE``)."""
+
+
+Event = Version | IbDevices | Channel | NcclWarning | InitComplete | Abort
+
+
+@dataclass(frozen=True, slots=True)
+class NcclLine:
+    """A recognised line: its event and the printing process's pid (None without a prefix)."""
+
+    event: Event
+    pid: int | None = None
+
+
+# RE2 patterns: every repetition bounded, nothing that can backtrack (RE2 cannot anyway)
+_MARK = compile_linear(r"NCCL (INFO|WARN) |NCCL version ")
+#: the prefix before the marker: host:pid:tid [dev] and, for WARN, the source file:line
+_PREFIX = compile_linear(r":(\d{1,10}):\d{1,10} \[\d{1,4}\] (?:[\w./-]{1,128}:\d{1,6} )?$")
+_VERSION = compile_linear(r"^NCCL version (\d{1,2}\.\d{1,3}\.\d{1,3})(?:[+.\s]|$)")
+_VERSION_BARE = compile_linear(r"^(\d{1,2}\.\d{1,3}\.\d{1,3})(?:[+.\s]|$)")
+_IB_LIST = compile_linear(r"^NET/IB ?: ?(Using|No device found)")
+_IB_DEV = compile_linear(r"\[(\d{1,3})\]([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):\d{1,3}/(?:IB|RoCE)")
+_CHANNEL = compile_linear(
+    r"^(?:Channel|Ring) \d{1,3}(?:/\d{1,3})? : +\d{1,7}(?:\[[0-9a-fA-Fx]{1,18}\])? -> "
+    r"\d{1,7}(?:\[[0-9a-fA-Fx]{1,18}\])?(?: \[(?:send|receive)\])? via ([^\r\n]{1,96})"
+)
+_NET_VIA = compile_linear(
+    r"^NET/([A-Za-z][A-Za-z0-9_ ]{0,31}?)/(\d{1,3})(?:\(\d{1,7}\))?((?:/[A-Za-z]{1,16}){0,4})"
+)
+_IBEXT = compile_linear(r"^IB(?:ext(?:_v\d{1,3})?)?$")
+_COMPLETION = compile_linear(
+    r"Got completion (?:from peer (?:[^\s]{1,160} )?)?with "
+    r"(?:error (\d{1,3}), opcode \d{1,10}, len \d{1,10}, vendor err (\d{1,10})"
+    r"|status=(\d{1,3}) opcode=\d{1,10} len=\d{1,10} vendor err (\d{1,10}))"
+)
+_IBV_CALL = compile_linear(r"Call to ibv_[a-z_]{1,40} failed")
+
+
+def parse_nccl_line(line: str) -> NcclLine | None:
+    """What one line of a job's output says about NCCL, or None when it is not one of the
+    lines above (most lines: a line without ``NCCL`` in its first :data:`MAX_LINE`
+    characters costs one substring search)."""
+    window = line[:MAX_LINE]
+    if "NCCL" not in window:
+        return None
+    m = _MARK.search(window)
+    if m is None:
+        return None
+    head, msg = window[: m.start()], window[m.end() :]
+    pm = _PREFIX.search(head) if head else None
+    pid = int(pm.group(1) or "0") if pm is not None else None
+    level = m.group(1)
+    if level is None:  # "NCCL version ..." without the INFO prefix (up to 2.21)
+        if " " in head.strip():  # quoted inside another line (a PyTorch error, say)
+            return None
+        vm = _VERSION_BARE.search(msg)
+        return NcclLine(Version(vm.group(1) or ""), pid) if vm is not None else None
+    event = _info(msg) if level == "INFO" else _warning(msg)
+    return NcclLine(event, pid) if event is not None else None
+
+
+def _info(msg: str) -> Event | None:
+    if msg.startswith("NCCL version"):
+        vm = _VERSION.search(msg)
+        return Version(vm.group(1) or "") if vm is not None else None
+    if msg.startswith("NET/IB"):
+        lm = _IB_LIST.search(msg)
+        if lm is None:
+            return None
+        if lm.group(1) != "Using":
+            return IbDevices(())
+        listed = msg[lm.end() :]
+        oob = listed.find("OOB")
+        if oob >= 0:
+            listed = listed[:oob]
+        devices: list[str] = []
+        for dm in _IB_DEV.finditer(listed):
+            if len(devices) >= MAX_LIST or int(dm.group(1) or "-1") != len(devices):
+                break  # NCCL numbers its list 0, 1, 2 ...: anything else is not its list
+            devices.append(dm.group(2) or "")
+        return IbDevices(tuple(devices))
+    if msg.startswith(("Channel ", "Ring ")):
+        cm = _CHANNEL.search(msg)
+        return _channel(cm.group(1) or "") if cm is not None else None
+    if msg.endswith(("- Init COMPLETE", "- Init COMPLETE\r")):
+        return InitComplete()
+    if msg.endswith(("- Abort COMPLETE", "- Abort COMPLETE\r")):
+        return Abort()
+    return None
+
+
+def _channel(via: str) -> Channel:
+    if via.startswith("NET/"):
+        nm = _NET_VIA.search(via)
+        if nm is None:
+            return Channel("NET/other", False)
+        plugin = nm.group(1) or ""
+        flags = (nm.group(3) or "").split("/")
+        if _IBEXT.search(plugin) is not None:
+            transport = "NET/IB"
+        elif plugin == "Socket":
+            transport = "NET/Socket"
+        else:
+            transport = "NET/other"
+        return Channel(transport, "GDRDMA" in flags, int(nm.group(2) or "0"))
+    if via.startswith("P2P/"):
+        kind = via[4:].split("/", 1)[0].split(" ", 1)[0]
+        transport = {"CUMEM": "P2P/CUMEM", "IPC": "P2P/IPC", "direct": "P2P/direct"}.get(
+            kind, "other"
+        )
+        return Channel(transport, False)
+    if via.startswith("SHM"):
+        return Channel("SHM", False)
+    return Channel("other", False)
+
+
+def _warning(msg: str) -> NcclWarning:
+    cm = _COMPLETION.search(msg)
+    if cm is not None:
+        status = cm.group(1) if cm.group(1) is not None else cm.group(3)
+        vendor = cm.group(2) if cm.group(2) is not None else cm.group(4)
+        return NcclWarning("ib_completion", _status_name(status), _vendor(vendor))
+    if "Got async event" in msg:
+        return NcclWarning("ib_async_event")
+    if _IBV_CALL.search(msg) is not None:
+        return NcclWarning("ibv_call")
+    if "[Proxy Service" in msg or "[Service thread]" in msg:
+        return NcclWarning("proxy")
+    low = msg.lower()
+    if "socket" in low or "connection closed" in low or "connection refused" in low:
+        return NcclWarning("socket")
+    if "timeout" in low or "timed out" in low:
+        return NcclWarning("timeout")
+    if "cuda failure" in low or "failed to cuda" in low:
+        return NcclWarning("cuda")
+    return NcclWarning("other")
+
+
+def _status_name(raw: str | None) -> str:
+    code = int(raw) if raw else -1
+    return IB_WC_STATUSES[code] if 0 <= code < len(IB_WC_STATUSES) else "other"
+
+
+def _vendor(raw: str | None) -> str:
+    code = int(raw) if raw else -1
+    return str(code) if 0 <= code <= 255 else "other"
+
+
+# --- one stream's NCCL state ----------------------------------------------------------------
+
+
+class NcclRun:
+    """What one stream's (container log's) NCCL lines said, in bounded memory.
+
+    The channel and HCA counts describe the current run: :meth:`new_run` (a restarted
+    container's new log) forgets them; warnings, IB completion errors, inits and aborts are
+    counters since the stream was first read and never go back. A channel line's
+    ``NET/IB/<index>`` is mapped to an HCA name through the NET/IB list its own process
+    printed (the pid in the line's prefix), else through the last list any process printed.
+    """
+
+    __slots__ = (
+        "_last_list",
+        "_lists",
+        "aborts",
+        "channels",
+        "hca_channels",
+        "ib_errors",
+        "inits",
+        "last_init_ts",
+        "lines",
+        "version",
+        "warnings",
+    )
+
+    def __init__(self) -> None:
+        self.version: str | None = None
+        self.channels: Counter[tuple[str, bool]] = Counter()
+        self.hca_channels: Counter[str] = Counter()
+        self.warnings: Counter[str] = Counter()
+        self.ib_errors: Counter[tuple[str, str]] = Counter()
+        self.inits = 0
+        self.aborts = 0
+        self.last_init_ts: float | None = None
+        self.lines = 0
+        self._lists: OrderedDict[int, tuple[str, ...]] = OrderedDict()
+        self._last_list: tuple[str, ...] | None = None
+
+    def new_run(self) -> None:
+        """The stream's next run began (its container restarted): forget what the previous
+        run chose, keep the counters."""
+        self.version = None
+        self.channels.clear()
+        self.hca_channels.clear()
+        self._lists.clear()
+        self._last_list = None
+
+    def feed(self, parsed: NcclLine, ts: float | None) -> None:
+        """Account one recognised line; ``ts`` is its wall time (CRI timestamp) or None."""
+        self.lines += 1
+        ev = parsed.event
+        if isinstance(ev, Channel):
+            self.channels[(ev.transport, ev.gdr)] += 1
+            if ev.transport == "NET/IB" and ev.net_index is not None:
+                listed = self._list_of(parsed.pid)
+                if listed is not None and ev.net_index < len(listed):
+                    name = listed[ev.net_index]
+                    if name in self.hca_channels or len(self.hca_channels) < MAX_HCAS:
+                        self.hca_channels[name] += 1
+        elif isinstance(ev, IbDevices):
+            self._last_list = ev.devices
+            if parsed.pid is not None:
+                self._lists[parsed.pid] = ev.devices
+                self._lists.move_to_end(parsed.pid)
+                while len(self._lists) > MAX_PIDS:
+                    self._lists.popitem(last=False)
+        elif isinstance(ev, NcclWarning):
+            self.warnings[ev.kind] += 1
+            if ev.ib_status is not None:
+                self.ib_errors[(ev.ib_status, ev.vendor_error or "other")] += 1
+        elif isinstance(ev, Version):
+            self.version = ev.version
+        elif isinstance(ev, InitComplete):
+            self.inits += 1
+            if ts is not None:
+                self.last_init_ts = ts if self.last_init_ts is None else max(ts, self.last_init_ts)
+        elif isinstance(ev, Abort):
+            self.aborts += 1
+
+    def _list_of(self, pid: int | None) -> tuple[str, ...] | None:
+        if pid is not None:
+            listed = self._lists.get(pid)
+            if listed is not None:
+                return listed
+        return self._last_list

@@ -1,0 +1,122 @@
+"""Metric specs and rendering for what NCCL itself printed into a job's log: the transports
+and HCAs its channels use, its warnings, its communicator inits and aborts (the throughput
+sampler reads the lines, :mod:`agent.throughput.nccl` parses them).
+
+Every series carries the throughput series' ``namespace``, ``pod``, ``container`` and
+``job_name``; none carries a rank, channel or peer. The transport mix of a job::
+
+    sum by (namespace, job_name, transport, gdr) (fabricscope_nccl_channels)
+
+A job's pods whose network channels run over sockets while their node has active RDMA
+ports, or over IB without GPUDirect RDMA where the node has a peer-memory path, are the
+alerts of ``deploy/rules/nccl.rules.yaml``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agent.throughput.nccl import WARNING_KINDS
+from agent.throughput.sampler import NcclSeries
+from exporter.metrics.spec import Families, MetricSpec
+
+_J = ("namespace", "pod", "container", "job_name")
+_P = "fabricscope_nccl_"
+_RUN = (
+    " Counted over the current run: the container's current log (a restarted container starts "
+    "again); an agent started after the job's init sees only what its first read reaches."
+)
+
+INFO = MetricSpec(
+    _P + "info",
+    "gauge",
+    "The NCCL version the job's processes printed (NCCL version line), value 1.",
+    (*_J, "version"),
+)
+CHANNELS = MetricSpec(
+    _P + "channels",
+    "gauge",
+    "Channel connections NCCL set up, by transport (NET/IB: NCCL's IB verbs transport or an "
+    "IB plugin such as IBext_v8; NET/Socket; NET/other: another network plugin; P2P/CUMEM, "
+    "P2P/IPC, P2P/direct, SHM, other) and GPUDirect RDMA (gdr 1: NCCL printed /GDRDMA)." + _RUN,
+    (*_J, "transport", "gdr"),
+)
+HCA_CHANNELS = MetricSpec(
+    _P + "hca_channels",
+    "gauge",
+    "Network channel connections over NET/IB by the HCA they use (the NET index of the "
+    "channel line mapped through the NET/IB list the same process printed)." + _RUN,
+    (*_J, "device"),
+)
+WARNINGS = MetricSpec(
+    _P + "warnings_total",
+    "counter",
+    "NCCL WARN lines by kind: ib_completion (a failed IB work request), ib_async_event, "
+    "ibv_call (a verbs call failed), proxy, socket, timeout, cuda, other.",
+    (*_J, "kind"),
+)
+IB_COMPLETION_ERRORS = MetricSpec(
+    _P + "ib_completion_errors_total",
+    "counter",
+    "NCCL WARN lines of a failed IB work completion, by its status (rdma-core's ibv_wc_status "
+    "name: retry_exc_err is transport retries exceeded, wr_flush_err a flushed request after "
+    "the queue pair failed) and vendor error (0-255, mlx5's syndrome).",
+    (*_J, "status", "vendor_error"),
+)
+INITS = MetricSpec(
+    _P + "communicator_inits_total",
+    "counter",
+    "NCCL communicators that finished initialising (Init COMPLETE lines).",
+    _J,
+)
+ABORTS = MetricSpec(
+    _P + "communicator_aborts_total",
+    "counter",
+    "NCCL communicators aborted (Abort COMPLETE lines).",
+    _J,
+)
+LAST_INIT = MetricSpec(
+    _P + "last_init_timestamp_seconds",
+    "gauge",
+    "CRI log time of the latest Init COMPLETE line (container logs only).",
+    _J,
+    "seconds",
+)
+LINES = MetricSpec(
+    _P + "lines_total",
+    "counter",
+    "Log lines recognised as NCCL's own (version, HCA list, channel, warning, init, abort).",
+    _J,
+)
+
+SPECS: tuple[MetricSpec, ...] = (
+    INFO,
+    CHANNELS,
+    HCA_CHANNELS,
+    WARNINGS,
+    IB_COMPLETION_ERRORS,
+    INITS,
+    ABORTS,
+    LAST_INIT,
+    LINES,
+)
+
+
+def render(series: Sequence[NcclSeries], out: Families) -> None:
+    for s in series:
+        j = (s.namespace, s.pod, s.container, s.job_name)
+        if s.version is not None:
+            out.add(INFO, 1, *j, s.version)
+        for transport, gdr, n in s.channels:
+            out.add(CHANNELS, n, *j, transport, "1" if gdr else "0")
+        for device, n in s.hca_channels:
+            out.add(HCA_CHANNELS, n, *j, device)
+        warned = dict(s.warnings)
+        for kind in WARNING_KINDS:
+            out.add(WARNINGS, warned.get(kind, 0), *j, kind)
+        for status, vendor, n in s.ib_errors:
+            out.add(IB_COMPLETION_ERRORS, n, *j, status, vendor)
+        out.add(INITS, s.inits, *j)
+        out.add(ABORTS, s.aborts, *j)
+        out.add(LAST_INIT, s.last_init_timestamp_seconds, *j)
+        out.add(LINES, s.lines, *j)
