@@ -17,26 +17,47 @@
 # Storage: buildah with --storage-driver vfs (plain directories: needs no overlay mount) under
 # $FABRICSCOPE_IMAGE_CACHE (default /var/cache/fabricscope-ci), kept between runs, and
 # $FABRICSCOPE_IMAGE_RUNROOT (default /run/fabricscope-ci).
-# Prints the image name on the last line of stdout; the log goes to stderr.
+# Prints the image name on the last line of stdout; the log goes to stderr. Each run tags its
+# own image (localhost/fabricscope:ci-<target>-<pid>), so runs from several checkouts on one
+# machine never test each other's build; remove it when done:
+#   scripts/image.sh --rm NAME
+# Runs on one storage take turns (flock on $FABRICSCOPE_IMAGE_CACHE/lock): buildah's storage
+# locks cover single operations, not a build's intermediate images against another run's
+# clean-up, and two runs would both bootstrap the base.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TARGET=runtime
 TAG=""
+REMOVE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --target) TARGET=$2; shift 2 ;;
     --tag) TAG=$2; shift 2 ;;
-    *) echo "usage: $0 [--target runtime|runtime-probe] [--tag NAME]" >&2; exit 2 ;;
+    --rm) REMOVE=$2; shift 2 ;;
+    *) echo "usage: $0 [--target runtime|runtime-probe] [--tag NAME] | --rm NAME" >&2; exit 2 ;;
   esac
 done
-TAG=${TAG:-localhost/fabricscope:ci-$TARGET}
+TAG=${TAG:-localhost/fabricscope:ci-$TARGET-$$}
 
 CACHE=${FABRICSCOPE_IMAGE_CACHE:-/var/cache/fabricscope-ci}
 RUNROOT=${FABRICSCOPE_IMAGE_RUNROOT:-/run/fabricscope-ci}
 STORE=(--root "$CACHE/containers" --runroot "$RUNROOT" --storage-driver vfs)
 export BUILDAH_ISOLATION=chroot
 log() { echo "== image: $*" >&2; }
+
+if [ -n "$REMOVE" ]; then
+  mkdir -p "$CACHE"
+exec 9>"$CACHE/lock"
+if ! flock -n 9; then
+  log "waiting for another image build on $CACHE"
+  flock 9
+fi
+  exec 9>"$CACHE/lock"
+  flock 9
+  buildah "${STORE[@]}" rmi "$REMOVE" >/dev/null
+  exit 0
+fi
 
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/image.sh: needs root (buildah with chroot isolation, debootstrap)" >&2
@@ -53,6 +74,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     buildah debootstrap >/dev/null
 fi
 mkdir -p "$CACHE"
+exec 9>"$CACHE/lock"
+if ! flock -n 9; then
+  log "waiting for another image build on $CACHE"
+  flock 9
+fi
 
 # --- the base: Debian 12 minbase from the apt mirror this machine uses -----------------------
 BASE_SUITE=bookworm
@@ -128,8 +154,6 @@ if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
   build_mounts+=(-v "$CACHE/pip/host-ca.crt:/etc/pip-host-ca.crt:ro"
     -v "$CACHE/pip/pip.conf:/etc/pip.conf:ro")
 fi
-# working containers an interrupted build left behind (this storage is ours alone)
-buildah "${STORE[@]}" rm --all >/dev/null 2>&1 || true
 log "building $TAG (target $TARGET) on $BASE"
 start=$SECONDS
 # no --layers: with vfs every cached layer is a full copy of the tree, and the apt steps it
@@ -142,7 +166,8 @@ buildah "${STORE[@]}" bud --isolation chroot --pull-never \
   exit 1
 }
 log "built $TAG in $((SECONDS - start)) s"
-# the image this tag named before is untagged now: drop it (the base and the new image stay)
+# untagged images an interrupted build left behind (under the lock: no build is running; the
+# tagged images other runs are testing stay)
 buildah "${STORE[@]}" rmi --prune >/dev/null 2>&1 || true
 size=$(buildah "${STORE[@]}" images --format '{{.Size}}' "$TAG")
 layers=$(buildah "${STORE[@]}" inspect --type image --format '{{len .OCIv1.RootFS.DiffIDs}}' "$TAG")

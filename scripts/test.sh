@@ -76,6 +76,8 @@ grep '^== image' "$image_log"
 echo "== image ready $((SECONDS - image_start)) s after its build started"
 FABRICSCOPE_IMAGE=$(tail -1 "$image_log")
 export FABRICSCOPE_IMAGE
+# this run's image is this run's alone: removed when the script ends, pass or fail
+trap '$SUDO bash scripts/image.sh --rm "$FABRICSCOPE_IMAGE" || true' EXIT
 echo "== pytest tests/test_image.py ($FABRICSCOPE_IMAGE)"
 .venv/bin/python -m pytest -q tests/test_image.py
 # --- end packaging ------------------------------------------------------------------------
