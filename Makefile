@@ -7,11 +7,14 @@ run:             ## run the agent on this host
 	bash scripts/run.sh
 
 golden:          ## regenerate golden files (metrics output, docs) after an intended change
+	bash scripts/venv.sh test
 	python3 scripts/sync_chart.py
 	UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py tests/test_catalog.py tests/test_alerts.py tests/test_podresources.py
 
 bench:           ## performance figures on the DGX fixture, side by side with node_exporter
+	bash scripts/venv.sh test
 	.venv/bin/python bench/bench_agent.py
 
 lint:
+	bash scripts/venv.sh test
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

@@ -8,6 +8,45 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+#: A duration as Prometheus writes one (``15s``, ``1m30s``, ``6h``, ``2d``, ``500ms``: integer
+#: amounts, units from the largest down, each at most once), or plain seconds (``15``, ``0.5``).
+_DURATION = re.compile(
+    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
+)
+_DURATION_UNITS = (365 * 86400.0, 7 * 86400.0, 86400.0, 3600.0, 60.0, 1.0, 0.001)
+_SECONDS = re.compile(r"^\d+(?:\.\d*)?$|^\.\d+$")
+
+
+def parse_duration(text: str) -> float:
+    """``"1m30s"`` -> ``90.0``; ``"15"`` -> ``15.0`` (plain seconds). One syntax for every
+    duration flag of every command. ValueError for anything else (negative, empty, ``1.5h``,
+    units out of order)."""
+    t = text.strip()
+    if _SECONDS.match(t):
+        return float(t)
+    m = _DURATION.match(t)
+    if not t or m is None:
+        raise ValueError(f"not a duration: {text!r} (e.g. 15s, 1m30s, 6h, 2d, or plain seconds)")
+    return sum(int(g) * unit for g, unit in zip(m.groups(), _DURATION_UNITS, strict=True) if g)
+
+
+def format_duration(seconds: float) -> str:
+    """``90.0`` -> ``"1m30s"``; ``0.5`` -> ``"500ms"``: how a duration is shown back."""
+    if seconds <= 0:
+        return "0s"
+    ms = round(seconds * 1000)
+    out = ""
+    for unit, name in ((86400000, "d"), (3600000, "h"), (60000, "m"), (1000, "s"), (1, "ms")):
+        if ms >= unit:
+            out += f"{ms // unit}{name}"
+            ms %= unit
+    return out
+
+
+#: The sampling timeout when ``--sampling.timeout`` is not given: this, or the interval when
+#: that is shorter (a pass must end before the next one starts).
+DEFAULT_SAMPLING_TIMEOUT = 10.0
+
 #: Every sampler, in the order they are listed in ``--help``.
 SAMPLER_NAMES = (
     "attribution",
@@ -47,8 +86,14 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:
             raise ValueError("sampling interval must be positive")
-        if not 0 < self.timeout_seconds <= self.interval_seconds:
-            raise ValueError("sampling timeout must be positive and at most the interval")
+        if not self.timeout_seconds > 0:
+            raise ValueError("sampling timeout must be positive")
+        if self.timeout_seconds > self.interval_seconds:
+            raise ValueError(
+                f"--sampling.timeout {format_duration(self.timeout_seconds)} is longer than "
+                f"--sampling.interval {format_duration(self.interval_seconds)}: a pass must "
+                "end before the next one starts"
+            )
         unknown = self.enabled - set(SAMPLER_NAMES)
         if unknown:
             raise ValueError(f"unknown samplers: {', '.join(sorted(unknown))}")

@@ -5,13 +5,13 @@ Pure: it formats what :mod:`agent.pci.topology` and :mod:`agent.node_findings` d
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from agent.core.findings import KINDS
 from agent.infiniband.sampler import InfinibandSnapshot
 from agent.node_findings import NodeFindings
 from agent.pci.sampler import PciDevice, format_cpulist
-from agent.pci.topology import ACS_STATE_TEXT, LEGEND, NvlinkCounts, Topology
+from agent.pci.topology import ACS_STATE_TEXT, LEGEND, LinkCheck, NvlinkCounts, Topology
 
 
 def _numa_text(node: int | None) -> str:
@@ -49,20 +49,45 @@ def _matrix(topo: Topology, nv: NvlinkCounts) -> list[str]:
     return lines
 
 
+def _per_link(checks: Sequence[LinkCheck]) -> list[tuple[LinkCheck, list[str]]]:
+    """Checks grouped by physical link: the functions of one device (a dual-port NIC's two
+    ports) share their link, so it is counted and shown once, under its first function, as
+    the ``pci_link_width_degraded`` finding and the alert count it."""
+    groups: dict[tuple[str | None, str], tuple[LinkCheck, list[str]]] = {}
+    for c in checks:
+        slot, _, fn = c.device.rpartition(".")
+        key = (c.partner, slot)
+        if key in groups:
+            groups[key][1].append(fn)
+        else:
+            groups[key] = (c, [])
+    return list(groups.values())
+
+
 def _links(topo: Topology) -> list[str]:
-    bad = [c for c in topo.links if c.degraded]
-    unknown = [c for c in topo.links if not c.reported]
+    links = _per_link(topo.links)
+    bad = [(c, more) for c, more in links if c.degraded]
+    unknown = [(c, more) for c, more in links if not c.reported]
     lines = [
         "",
-        f"PCIe links on GPU/NIC paths: {len(topo.links)} judged, {len(bad)} degraded, "
+        f"PCIe links on GPU/NIC paths: {len(links)} judged, {len(bad)} degraded, "
         f"{len(unknown)} not reported",
     ]
     if bad or unknown:
         lines.append("")
-    for c in bad:
-        lines.append(f"  {c.partner} -> {c.device}: x{c.width} of x{c.expected_width} (degraded)")
-    for c in unknown:
-        lines.append(f"  {c.partner} -> {c.device}: not reported ({c.not_reported})")
+
+    def functions(more: list[str]) -> str:
+        return f" (and function{'s' if len(more) > 1 else ''} {', '.join(more)})" if more else ""
+
+    for c, more in bad:
+        lines.append(
+            f"  {c.partner} -> {c.device}{functions(more)}: x{c.width} of x{c.expected_width} "
+            "(degraded)"
+        )
+    for c, more in unknown:
+        lines.append(
+            f"  {c.partner} -> {c.device}{functions(more)}: not reported ({c.not_reported})"
+        )
     return lines
 
 
@@ -95,18 +120,25 @@ def _ports(ib: InfinibandSnapshot | None) -> list[str]:
 
 
 def format_table(
-    topo: Topology,
+    topo: Topology | None,
     node: NodeFindings,
     ib: InfinibandSnapshot | None = None,
     nvlinks: NvlinkCounts | None = None,
     failed: Collection[str] = (),
+    *,
+    unavailable: str = "no PCI data",
 ) -> str:
     """An ``nvidia-smi topo -m``-like matrix (GPUs in PCI bus order; a GPU pair joined by
     NVLink shows ``NV#``), then links, ACS, RDMA ports and every finding of the node.
     ``failed``: areas whose sampler failed (crashed, hung, raised) rather than found no
-    hardware; they are listed apart from the ones with no data."""
-    lines = _matrix(topo, nvlinks or {})
-    lines += _links(topo) + _acs(topo) + _ports(ib)
+    hardware; they are listed apart from the ones with no data. Without a topology (no PCI
+    data: ``unavailable`` says why) the matrix, links and ACS are said to be unavailable and
+    the RDMA ports and findings are shown all the same."""
+    if topo is None:
+        lines = [f"GPU/NIC matrix, PCIe links and ACS: unavailable ({unavailable})"]
+    else:
+        lines = _matrix(topo, nvlinks or {}) + _links(topo) + _acs(topo)
+    lines += _ports(ib)
     lines += ["", "Findings:", ""]
     lines += [f"  {f.severity:<8} {f.kind} {f.subject}: {f.detail}" for f in node.findings] or [
         "  none"
@@ -135,13 +167,41 @@ def _device(d: PciDevice) -> dict[str, object]:
 
 
 def to_json(
-    topo: Topology,
+    topo: Topology | None,
     node: NodeFindings,
     ib: InfinibandSnapshot | None = None,
     nvlinks: NvlinkCounts | None = None,
+    *,
+    unavailable: str = "no PCI data",
 ) -> dict[str, object]:
-    """A JSON-serialisable view with stable keys (``fabricscope topo --format json``)."""
-    nv = nvlinks or {}
+    """A JSON-serialisable view with stable keys (``fabricscope topo --format json``).
+    Without a topology the PCI keys are null and ``pci_unavailable`` says why (else null)."""
+    pci = (
+        dict.fromkeys(
+            ("gpus", "nics", "gpu_nic_paths", "gpu_gpu_paths", "links", "acs", "acs_p2p_redirect")
+        )
+        if topo is None
+        else _pci_json(topo, nvlinks or {})
+    )
+    return {
+        **pci,
+        "pci_unavailable": unavailable if topo is None else None,
+        "rdma_ports": _ports_json(ib),
+        "findings": [
+            {
+                "kind": f.kind,
+                "severity": f.severity,
+                "subject": f.subject,
+                "detail": f.detail,
+                "alert": KINDS[f.kind].alert,
+            }
+            for f in node.findings
+        ],
+        "areas_not_checked": list(node.areas_missing),
+    }
+
+
+def _pci_json(topo: Topology, nv: NvlinkCounts) -> dict[str, object]:
     return {
         "gpus": [
             {
@@ -188,7 +248,12 @@ def to_json(
             for c in topo.acs
         ],
         "acs_p2p_redirect": list(topo.acs_redirect),
-        "rdma_ports": None
+    }
+
+
+def _ports_json(ib: InfinibandSnapshot | None) -> list[dict[str, object]] | None:
+    return (
+        None
         if ib is None
         else [
             {
@@ -202,16 +267,5 @@ def to_json(
             }
             for dev in ib.devices
             for p in dev.ports
-        ],
-        "findings": [
-            {
-                "kind": f.kind,
-                "severity": f.severity,
-                "subject": f.subject,
-                "detail": f.detail,
-                "alert": KINDS[f.kind].alert,
-            }
-            for f in node.findings
-        ],
-        "areas_not_checked": list(node.areas_missing),
-    }
+        ]
+    )

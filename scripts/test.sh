@@ -35,12 +35,8 @@ if [ ${#pkgs[@]} -gt 0 ]; then
     "${pkgs[@]}" >/dev/null
 fi
 
-if [ ! -x .venv/bin/python ]; then
-  echo "== creating .venv"
-  python3 -m venv .venv
-fi
-echo "== installing fabricscope and test tools into .venv"
-.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+echo "== fabricscope and test tools in .venv"
+bash scripts/venv.sh test
 
 # --- packaging (issue 24): helm for the chart tests; the container image, built while the
 # suite runs and then run by tests/test_image.py ------------------------------------------

@@ -55,19 +55,17 @@ def test_topo_json_and_table(dgx_sys_root: Path) -> None:
     assert "PIX" in table.stdout and "SYS" in table.stdout
 
 
-def test_topo_without_pci_says_so(tmp_path: Path) -> None:
+def test_topo_without_anything_says_so(tmp_path: Path) -> None:
     proc = fabricscope(["topo", f"--path.sysfs={tmp_path}"])
     assert proc.returncode == 1
-    assert "no PCI devices found" in proc.stderr
+    assert "nothing to show" in proc.stderr
 
 
 def test_bad_flags_are_clear_errors() -> None:
     proc = fabricscope(["agent", "--once", "--netdev.include=("])
     assert proc.returncode == 2 and "invalid regular expression" in proc.stderr
     proc = fabricscope(["agent", "--once", "--sampling.interval=5", "--sampling.timeout=10"])
-    assert (
-        proc.returncode == 2 and "timeout must be positive and at most the interval" in proc.stderr
-    )
+    assert proc.returncode == 2 and "--sampling.timeout 10s is longer than" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

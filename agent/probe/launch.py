@@ -38,6 +38,22 @@ log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.05
 
+#: what a worker imports beyond this package (the ``probe`` extra of the package)
+WORKER_MODULES = ("torch",)
+#: how to get them, for the one-line error that names what is missing
+PROBE_EXTRA_HINT = (
+    "install the probe extra: `pip install 'fabricscope[probe]'` (from a checkout: "
+    "`.venv/bin/pip install -c constraints.txt -e '.[probe]'`)"
+)
+
+
+def missing_worker_modules(also: Sequence[str] = ()) -> tuple[str, ...]:
+    """Modules a worker needs (and ``also``) that this interpreter, the workers' too, cannot
+    import: looked up, not imported (torch takes a second to import)."""
+    import importlib.util
+
+    return tuple(m for m in (*WORKER_MODULES, *also) if importlib.util.find_spec(m) is None)
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerRun:

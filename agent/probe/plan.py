@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
+from agent.config import ProbeSettings, format_duration, parse_duration
 from agent.probe.schedule import (
     TUNING,
     Assessment,
@@ -334,7 +336,13 @@ def format_plan(report: PlanReport, show_rounds: int = 3) -> str:
         f"  schedule:  circle method, {_plural(report.cycle_rounds, 'round')} per full cycle, "
         f"{_plural(report.probes_per_round, 'probe')} per round in parallel"
         + (", one node sits out each round" if report.n % 2 else ""),
-        f"  timing:    round {report.round_seconds:g} s (probe {report.probe_seconds:g} s); "
+        f"  timing:    round {report.round_seconds:g} s"
+        + (
+            " (the agent's default --probe.round-seconds)"
+            if report.round_seconds == ProbeSettings().round_seconds
+            else ""
+        )
+        + f", probe {report.probe_seconds:g} s; "
         f"full cycle {report.cycle_rounds} x {report.round_seconds:g} s = "
         f"{report.cycle_seconds:g} s ({_duration(report.cycle_seconds)})",
         f"  evidence:  round r is planned from rounds <= r - {t.settle_rounds + 1}; "
@@ -405,18 +413,55 @@ def format_plan(report: PlanReport, show_rounds: int = 3) -> str:
 # -- command line -------------------------------------------------------------------------------
 
 
+#: what the simulation assumes unless told: the agent's own round length
+#: (``--probe.round-seconds``) and a probe's length within it
+DEFAULT_ROUND_SECONDS = ProbeSettings().round_seconds
+DEFAULT_PROBE_SECONDS = 30.0
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """No abbreviations; an error is one line (as every fabricscope command's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="fabricscope probe plan",
         description="Simulate the cross-node probe schedule: rounds per cycle, wall time, "
         "and how fast a bad node or bad link among node0000..node<N-1> is localised.",
+        allow_abbrev=False,
     )
     p.add_argument("--nodes", type=int, required=True, metavar="N", help="cluster size, >= 2")
     fault = p.add_mutually_exclusive_group()
     fault.add_argument("--bad-node", metavar="X", help="member whose every probe fails")
     fault.add_argument("--bad-link", metavar="X:Y", help="pair of members whose probe fails")
-    p.add_argument("--round-seconds", type=float, default=60.0, help="round length (60)")
-    p.add_argument("--probe-seconds", type=float, default=30.0, help="probe length (30)")
+    p.add_argument(
+        "--round-seconds",
+        type=_duration_arg,
+        default=DEFAULT_ROUND_SECONDS,
+        metavar="DURATION",
+        help="round length (default: the agent's --probe.round-seconds, "
+        f"{format_duration(DEFAULT_ROUND_SECONDS)})",
+    )
+    p.add_argument(
+        "--probe-seconds",
+        type=_duration_arg,
+        default=DEFAULT_PROBE_SECONDS,
+        metavar="DURATION",
+        help=f"how long a round's probes take (default: {format_duration(DEFAULT_PROBE_SECONDS)})",
+    )
     p.add_argument(
         "--settle-rounds",
         type=int,

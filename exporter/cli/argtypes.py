@@ -1,27 +1,87 @@
-"""Argument types shared by every subcommand's flags: one wording for one kind of mistake."""
+"""Argument types shared by every subcommand's flags: one wording for one kind of mistake,
+and the parser class every subcommand uses (no abbreviations, one-line errors)."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import sys
+from typing import Any, NoReturn
+
+from agent.config import parse_duration
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` as fabricscope's commands need it:
+
+    - no abbreviations (``allow_abbrev=False``): ``--path.sys`` must not silently mean
+      ``--path.sysfs``; subparsers made through :meth:`add_subparsers` are this class too, and
+      get the same default;
+    - an error is one line on stderr, ``fabricscope agent: error: ... (see fabricscope agent
+      --help)``, exit status 2, instead of the whole usage (46 lines for ``agent``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def unknown(self, extras: list[str]) -> NoReturn:
+        """Refuse arguments this (sub)command does not take, naming the nearest flag."""
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        first = extras[0].partition("=")[0]
+        close = difflib.get_close_matches(first, flags, n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close and first.startswith("-") else ""
+        self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+
+
+def parse_known(parser: Parser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; arguments no parser took are refused by the subcommand that got them
+    (argparse itself would blame the top-level parser and print its usage)."""
+    ns, extras = parser.parse_known_args(argv)
+    if extras:
+        sub = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = getattr(ns, action.dest or "", None)
+                if chosen in action.choices:
+                    sub = action.choices[chosen]
+        assert isinstance(sub, Parser)
+        sub.unknown(extras)
+    return ns
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 def positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
     return value
 
 
-def non_negative(text: str) -> float:
+def duration(text: str) -> float:
+    """A duration in seconds: Prometheus's syntax (``15s``, ``1m30s``, ``6h``) or plain
+    seconds (``15``, ``0.5``); >= 0."""
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_duration(text: str) -> float:
+    value = duration(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
     return value
 
 
@@ -33,3 +93,8 @@ def count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
     return value
+
+
+def warn(message: str) -> None:
+    """A flag that is accepted but has no effect in this mode: said once, on stderr."""
+    print(f"fabricscope: note: {message}", file=sys.stderr)

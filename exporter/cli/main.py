@@ -8,8 +8,10 @@ agent (samplers, runner) and the exporter (catalog, server).
     fabricscope probe            run one NCCL probe now
     fabricscope explain          rank the causes of a job's slowdown (exporter/explain/)
 
-The bodies of ``topo``, ``snapshot`` and ``probe`` are in :mod:`exporter.commands`; this
-module wires every subcommand's flags into one parser and runs the agent.
+The bodies of ``topo``, ``snapshot`` and ``probe`` are in their modules of this package;
+this module wires every subcommand's flags into one parser and runs the agent. It imports
+only what the parser needs: a command imports its machinery when it runs, so
+``fabricscope --version`` and ``--help`` start fast.
 """
 
 from __future__ import annotations
@@ -19,18 +21,18 @@ import logging
 import os
 import re
 import shlex
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from contextlib import ExitStack
-from dataclasses import replace
+from typing import TYPE_CHECKING
 
+# Only what building the parser needs is imported here, so that `fabricscope --version` and
+# `--help` start in a fraction of a second: each command imports its own machinery.
 from agent import __version__
 from agent.config import (
     DEFAULT_OFF,
     DEFAULT_POD_LOGS,
     DEFAULT_POD_RESOURCES_SOCKET,
+    DEFAULT_SAMPLING_TIMEOUT,
     SAMPLER_NAMES,
     AgentConfig,
     IbPeerSettings,
@@ -41,21 +43,17 @@ from agent.config import (
     Sampling,
     ThroughputFile,
     ThroughputSettings,
+    format_duration,
 )
 from agent.core.errors import ConfigError, NoData
 from agent.core.logsetup import LEVELS, setup_logging
-from agent.core.sysfs import SysfsReader
-from agent.samplers import Latest, build_specs
-from agent.throughput.pods import parse_selector
-from exporter.app import AgentApp
-from exporter.cli import probe as probe_command
 from exporter.cli import probe_flags
-from exporter.cli import snapshot as snapshot_command
-from exporter.cli import topo as topo_command
-from exporter.cli.argtypes import count, positive
-from exporter.cli.source import open_source
-from exporter.explain import cli as explain_cli
+from exporter.cli.argtypes import Parser, count, parse_known, positive_duration
+from exporter.explain import flags as explain_flags
 from exporter.metrics.spec import DETAILS
+
+if TYPE_CHECKING:
+    from exporter.app import AgentApp
 
 log = logging.getLogger("fabricscope")
 
@@ -117,6 +115,8 @@ def _throughput_file(value: str) -> ThroughputFile:
 
 
 def _selector(value: str) -> str:
+    from agent.throughput.pods import parse_selector
+
     try:
         parse_selector(value)
     except ValueError as exc:
@@ -188,11 +188,11 @@ def _add_throughput(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--throughput.stream-cpu-budget",
         dest="throughput_stream_cpu",
-        type=positive,
+        type=positive_duration,
         default=0.5,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="CPU time one log may take in one pass; the rest of it waits for the next pass, "
-        "counted as cpu_budget (default: %(default)s)",
+        "counted as cpu_budget (default: 500ms)",
     )
     g.add_argument(
         "--throughput.max-open-files",
@@ -263,27 +263,28 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--ibpeer.tool-timeout",
         dest="ibpeer_tool_timeout",
-        type=positive,
+        type=positive_duration,
         default=2.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="an smpquery/perfquery call running longer is killed and fails the ibpeer pass "
-        "(default: %(default)s)",
+        "(default: 2s)",
     )
     g.add_argument(
         "--sampling.interval",
         dest="sampling_interval",
-        type=positive,
+        type=positive_duration,
         default=15.0,
-        metavar="SECONDS",
-        help="time between two passes of each sampler (default: %(default)s)",
+        metavar="DURATION",
+        help="time between two passes of each sampler: 15s, 1m30s, or seconds (default: 15s)",
     )
     g.add_argument(
         "--sampling.timeout",
         dest="sampling_timeout",
-        type=positive,
-        default=10.0,
-        metavar="SECONDS",
-        help="a pass running longer is abandoned and counted (default: %(default)s)",
+        type=positive_duration,
+        default=None,
+        metavar="DURATION",
+        help="a pass running longer is abandoned and counted (default: "
+        f"{format_duration(DEFAULT_SAMPLING_TIMEOUT)}, or the interval when that is shorter)",
     )
     g.add_argument(
         "--netdev.include",
@@ -312,8 +313,8 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="fabricscope",
         description="GPU training fabric monitor: InfiniBand/RoCE, PCIe/NUMA topology, "
         "netdev, as Prometheus metrics.",
@@ -371,18 +372,18 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--web.header-timeout",
         dest="header_timeout",
-        type=positive,
+        type=positive_duration,
         default=5.0,
-        metavar="SECONDS",
-        help="time for a connection's TLS handshake and request to arrive (default: %(default)s)",
+        metavar="DURATION",
+        help="time for a connection's TLS handshake and request to arrive (default: 5s)",
     )
     agent.add_argument(
         "--web.idle-timeout",
         dest="idle_timeout",
-        type=positive,
+        type=positive_duration,
         default=120.0,
-        metavar="SECONDS",
-        help="how long an idle keep-alive connection is kept (default: %(default)s)",
+        metavar="DURATION",
+        help="how long an idle keep-alive connection is kept (default: 2m)",
     )
     agent.add_argument(
         "--once",
@@ -415,15 +416,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(snap)
     _add_samplers(snap)
     snap.add_argument("--output", "-o", required=True, metavar="FILE.tar.gz")
-    probe_command.add_parser(sub)
-    explain_cli.add_parser(sub)
+    probe_flags.add_probe_parser(sub)
+    explain_flags.add_parser(sub)
     return parser
 
 
 def _config(ns: argparse.Namespace) -> AgentConfig:
     enabled = frozenset(n for n in SAMPLER_NAMES if getattr(ns, f"sampler_{n}"))
+    timeout = ns.sampling_timeout
+    if timeout is None:  # not given: follows the interval
+        timeout = min(DEFAULT_SAMPLING_TIMEOUT, ns.sampling_interval)
     try:
-        sampling = Sampling(enabled, ns.sampling_interval, ns.sampling_timeout)
+        sampling = Sampling(enabled, ns.sampling_interval, timeout)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     return AgentConfig(
@@ -461,8 +465,75 @@ def _ibpeer_settings(ns: argparse.Namespace) -> IbPeerSettings:
     return IbPeerSettings(prefix, getattr(ns, "ibpeer_tool_timeout", 2.0))
 
 
+#: flags of the HTTP server: nothing is served with --once, so none of them may be given
+_WEB_FLAGS = (
+    "--web.listen-address",
+    "--web.config.file",
+    "--web.max-requests",
+    "--web.max-connections",
+    "--web.max-connections-per-address",
+    "--web.header-timeout",
+    "--web.idle-timeout",
+)
+
+
+def _given(argv: Sequence[str], flag: str) -> bool:
+    """Whether ``flag`` is on the command line (abbreviations are refused, so a flag given
+    is spelled out: ``--flag`` or ``--flag=value``)."""
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:
+    """Refuse flags that would be silently ignored in the mode asked for."""
+    if getattr(ns, "snapshot", None):
+        for flag in ("--path.sysfs", "--path.procfs"):
+            if _given(argv, flag):
+                raise ConfigError(
+                    f"{flag} has no effect with --snapshot (a snapshot replays its own sysfs, "
+                    "and holds no process state): give one or the other"
+                )
+    if ns.command != "agent" or not ns.once:
+        return
+    if ns.probe_enabled:
+        raise ConfigError(
+            "--probe has no effect with --once: probes run on the serving agent's schedule "
+            "(`fabricscope probe` runs one now)"
+        )
+    for flag in _WEB_FLAGS:
+        if _given(argv, flag):
+            raise ConfigError(f"{flag} has no effect with --once: nothing is served")
+
+
+def _check_roots(ns: argparse.Namespace) -> None:
+    """A root that does not exist is a mistake (a typo, a missing hostPath mount), not a host
+    without hardware: refused before anything is sampled."""
+    if getattr(ns, "snapshot", None):
+        return
+    for flag, path in (("--path.sysfs", ns.path_sysfs), ("--path.procfs", ns.path_procfs)):
+        if not os.path.isdir(path):
+            what = "is not a directory" if os.path.exists(path) else "does not exist"
+            raise ConfigError(f"{flag} {path} {what}")
+
+
 def cmd_agent(ns: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+    from dataclasses import replace
+
+    from agent.core.sysfs import SysfsReader
+    from agent.samplers import Latest, build_specs
+    from exporter.app import AgentApp
+    from exporter.cli.source import open_source
+
     config = _config(ns)
+    if config.probe.enabled:
+        from agent.probe.launch import PROBE_EXTRA_HINT, missing_worker_modules
+
+        missing = missing_worker_modules()
+        if missing:
+            raise ConfigError(
+                f"--probe: the probe needs {' and '.join(missing)}, not installed here: "
+                f"{PROBE_EXTRA_HINT}"
+            )
     with ExitStack() as stack:
         src = open_source(stack, ns)
         dropped = config.sampling.enabled & src.unavailable
@@ -477,8 +548,6 @@ def cmd_agent(ns: argparse.Namespace) -> int:
             paths=replace(config.paths, sysfs=src.sysfs),
             sampling=replace(config.sampling, enabled=config.sampling.enabled - dropped),
         )
-        if ns.once and config.probe.enabled:
-            log.info("--once takes no probes: they run on their own schedule in the agent")
         latest = Latest()
         specs = build_specs(
             config,
@@ -499,6 +568,9 @@ def cmd_agent(ns: argparse.Namespace) -> int:
 
 def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
     # imported here: `topo` and `--once` need no server
+    import signal
+    import threading
+
     from exporter.http.limits import ConnectionLimits
     from exporter.http.server import serve
     from exporter.http.webconfig import load_web_config
@@ -513,9 +585,9 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
     )
     server = serve(app.cache, ns.listen, web_config=web_config, ready=app.ready, limits=limits)
     log.info(
-        "fabricscope %s serving on %s (samplers: %s; TLS %s, basic auth %s)",
+        "fabricscope %s listening on %s (samplers: %s; TLS %s, basic auth %s)",
         __version__,
-        server.url,
+        server.address,
         ", ".join(app.runner.names) or "none",
         "on" if web_config and web_config.tls else "off",
         "on" if web_config and web_config.basic_auth_users else "off",
@@ -547,21 +619,45 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(ns: argparse.Namespace) -> int:
+    from exporter.cli import snapshot as snapshot_command
+
     return snapshot_command.take_snapshot(_config(ns), ns.output)
 
 
+def cmd_topo(ns: argparse.Namespace) -> int:
+    from exporter.cli import topo as topo_command
+
+    return topo_command.cmd_topo(ns)
+
+
+def cmd_probe(ns: argparse.Namespace) -> int:
+    from exporter.cli import probe as probe_command
+
+    return probe_command.cmd_probe(ns)
+
+
+def cmd_explain(ns: argparse.Namespace) -> int:
+    from exporter.explain import cli as explain_cli
+
+    return explain_cli.cmd_explain(ns)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parse_known(parser, args)
     setup_logging(ns.log_level, ns.log_format)
     commands = {
         "agent": cmd_agent,
-        "topo": topo_command.cmd_topo,
+        "topo": cmd_topo,
         "snapshot": cmd_snapshot,
-        "probe": probe_command.cmd_probe,
-        "explain": explain_cli.cmd_explain,
+        "probe": cmd_probe,
+        "explain": cmd_explain,
     }
     try:
+        if ns.command in ("agent", "topo", "snapshot"):
+            _check_combinations(ns, args)
+            _check_roots(ns)
         return commands[ns.command](ns)
     except ConfigError as exc:
         print(f"fabricscope: error: {exc}", file=sys.stderr)
@@ -569,3 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NoData as exc:
         print(f"fabricscope: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `fabricscope topo | head`: the reader left; not an error to print
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # as a shell reports a command killed by SIGPIPE

@@ -25,15 +25,18 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from agent.config import DEFAULT_PROBE_PORT
 from agent.core.errors import ConfigError
-from agent.core.logsetup import LEVELS
 from agent.probe.addresses import MANUAL_PREFIX, hostport, parse_hostport, probe_id
 from agent.probe.devices import GpuSlot, NvmlBusyGpus, discover_slots, isolated_gpu_view
 from agent.probe.guest import GuestOutcome, guest_probe
-from agent.probe.launch import failure_records, launch_workers
+from agent.probe.launch import (
+    PROBE_EXTRA_HINT,
+    failure_records,
+    launch_workers,
+    missing_worker_modules,
+)
 from agent.probe.matrix import MatrixCell, format_grid, heatmap, matrix_rounds, run_matrix, to_csv
 from agent.probe.membership import normalize_host
 from agent.probe.plan import main_plan
@@ -48,8 +51,6 @@ from agent.probe.rendezvous_wire import (
 )
 from agent.probe.secret import load_secret
 from agent.probe.specs import at_master, default_sizes, guest_spec, intra_specs
-from exporter.cli.argtypes import count
-from exporter.cli.probe_flags import add_device_flags, parse_kinds
 
 log = logging.getLogger("fabricscope.probe")
 
@@ -66,69 +67,6 @@ class ProbeCliError(Exception):
 
 
 # --- the probe command -----------------------------------------------------------------------
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "probe",
-        help="run one NCCL probe now (intra-node, against a peer, or a GPU-pair matrix)",
-        description="Run one probe now and print it as nccl-tests does: intra-node over the "
-        "local idle GPUs (2 gloo ranks on a CPU-only host), or against a peer's running agent "
-        "(--peer), or every GPU pair with a peer (--matrix). `fabricscope probe plan --help` "
-        "simulates the cross-node schedule.",
-    )
-    p.add_argument("--peer", default=None, metavar="HOST[:PORT]", help="a peer's agent")
-    p.add_argument(
-        "--secret-file",
-        "--probe.secret-file",
-        dest="secret_file",
-        default=None,
-        metavar="FILE",
-        help="the shared probe secret (with --peer)",
-    )
-    p.add_argument(
-        "--matrix",
-        action="store_true",
-        help="sendrecv of every (local GPU, remote GPU) pair with --peer, at 256M on GPUs "
-        "(1M on CPU) unless --probe.sizes; writes --csv and --png",
-    )
-    p.add_argument(
-        "--collectives",
-        type=parse_kinds,
-        default=("all_reduce", "sendrecv"),
-        metavar="LIST",
-        help="what to measure (default: all_reduce,sendrecv; the matrix measures sendrecv)",
-    )
-    p.add_argument(
-        "--peer-gpus",
-        type=count,
-        default=None,
-        metavar="N",
-        help="GPUs of the peer for --matrix (default: as many as here)",
-    )
-    p.add_argument(
-        "--node-id",
-        default=None,
-        metavar="NAME",
-        help="this host's name to the peer (default: the host name)",
-    )
-    p.add_argument("--iterations", type=count, default=20, help="timed iterations (20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (5)")
-    p.add_argument(
-        "--csv", type=Path, default=Path("fabricscope-matrix.csv"), help="matrix CSV output"
-    )
-    p.add_argument(
-        "--png", type=Path, default=Path("fabricscope-matrix.png"), help="matrix heatmap output"
-    )
-    add_device_flags(p)
-    p.add_argument("--log.level", dest="log_level", choices=LEVELS, default="warning")
-    p.add_argument("--log.format", dest="log_format", choices=("text", "json"), default="text")
-    plan_sub = p.add_subparsers(dest="probe_command", required=False, metavar="{plan}")
-    # prefix "+": every argument after `plan` goes to the plan's own parser, --help included
-    plan = plan_sub.add_parser(
-        "plan", add_help=False, prefix_chars="+", help="simulate the cross-node schedule"
-    )
-    plan.add_argument("plan_args", nargs=argparse.REMAINDER)
 
 
 def _gbps(value: float | None) -> str:
@@ -471,6 +409,12 @@ def cmd_probe(ns: argparse.Namespace) -> int:
         return main_plan(ns.plan_args)
     abort = threading.Event()
     try:
+        # the --matrix heatmap is drawn with matplotlib (part of the same extra)
+        missing = missing_worker_modules(("matplotlib",) if ns.matrix else ())
+        if missing:
+            raise ProbeCliError(
+                f"the probe needs {' and '.join(missing)}, not installed here: " + PROBE_EXTRA_HINT
+            )
         local = _Local(ns)
         if ns.matrix:
             return _matrix(ns, local, abort)

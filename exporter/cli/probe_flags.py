@@ -1,16 +1,18 @@
 """The probe's flags: ``fabricscope agent --probe ...`` (the probe service, off by default;
-:func:`settings_from_args` turns them into :class:`~agent.config.ProbeSettings`), the device
-flags ``fabricscope probe`` shares with it, and their argument types."""
+:func:`settings_from_args` turns them into :class:`~agent.config.ProbeSettings`), the
+``fabricscope probe`` command's own parser (its body is :mod:`exporter.cli.probe`), the device
+flags both share, and their argument types. Light to import: no probe machinery."""
 
 from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 from agent.config import DEFAULT_PROBE_PORT, PROBE_BACKENDS, PROBE_KINDS, ProbeSettings
 from agent.core.errors import ConfigError
-from agent.probe.records import ELEMENT_BYTES
-from exporter.cli.argtypes import count, non_negative, positive
+from agent.core.logsetup import LEVELS
+from exporter.cli.argtypes import Parser, count, duration, positive, positive_duration
 
 _SIZE = re.compile(r"^(\d+)([KMG]?)(i?B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -19,6 +21,8 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 def parse_size(text: str) -> int:
     """``65536``, ``64K``, ``1M``, ``1GiB`` -> bytes (binary units), a positive multiple
     of 4."""
+    from agent.probe.records import ELEMENT_BYTES  # not at import: --help stays light
+
     m = _SIZE.match(text.strip())
     if not m:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 65536, 64K, 1M, 1G)")
@@ -62,10 +66,10 @@ def add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument(
         "--probe.timeout",
         dest="probe_timeout",
-        type=positive,
+        type=positive_duration,
         default=60.0,
-        metavar="SECONDS",
-        help="hard limit of one probe; its workers are killed after it (default: %(default)s)",
+        metavar="DURATION",
+        help="hard limit of one probe; its workers are killed after it (default: 1m)",
     )
     p.add_argument(
         "--probe.force",
@@ -81,6 +85,69 @@ def add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
         metavar="N",
         help="simulated devices under gloo (default: %(default)s)",
     )
+
+
+def add_probe_parser(sub: argparse._SubParsersAction[Parser]) -> None:
+    p = sub.add_parser(
+        "probe",
+        help="run one NCCL probe now (intra-node, against a peer, or a GPU-pair matrix)",
+        description="Run one probe now and print it as nccl-tests does: intra-node over the "
+        "local idle GPUs (2 gloo ranks on a CPU-only host), or against a peer's running agent "
+        "(--peer), or every GPU pair with a peer (--matrix). `fabricscope probe plan --help` "
+        "simulates the cross-node schedule.",
+    )
+    p.add_argument("--peer", default=None, metavar="HOST[:PORT]", help="a peer's agent")
+    p.add_argument(
+        "--secret-file",
+        "--probe.secret-file",
+        dest="secret_file",
+        default=None,
+        metavar="FILE",
+        help="the shared probe secret (with --peer)",
+    )
+    p.add_argument(
+        "--matrix",
+        action="store_true",
+        help="sendrecv of every (local GPU, remote GPU) pair with --peer, at 256M on GPUs "
+        "(1M on CPU) unless --probe.sizes; writes --csv and --png",
+    )
+    p.add_argument(
+        "--collectives",
+        type=parse_kinds,
+        default=("all_reduce", "sendrecv"),
+        metavar="LIST",
+        help="what to measure (default: all_reduce,sendrecv; the matrix measures sendrecv)",
+    )
+    p.add_argument(
+        "--peer-gpus",
+        type=count,
+        default=None,
+        metavar="N",
+        help="GPUs of the peer for --matrix (default: as many as here)",
+    )
+    p.add_argument(
+        "--node-id",
+        default=None,
+        metavar="NAME",
+        help="this host's name to the peer (default: the host name)",
+    )
+    p.add_argument("--iterations", type=count, default=20, help="timed iterations (20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (5)")
+    p.add_argument(
+        "--csv", type=Path, default=Path("fabricscope-matrix.csv"), help="matrix CSV output"
+    )
+    p.add_argument(
+        "--png", type=Path, default=Path("fabricscope-matrix.png"), help="matrix heatmap output"
+    )
+    add_device_flags(p)
+    p.add_argument("--log.level", dest="log_level", choices=LEVELS, default="warning")
+    p.add_argument("--log.format", dest="log_format", choices=("text", "json"), default="text")
+    plan_sub = p.add_subparsers(dest="probe_command", required=False, metavar="{plan}")
+    # prefix "+": every argument after `plan` goes to the plan's own parser, --help included
+    plan = plan_sub.add_parser(
+        "plan", add_help=False, prefix_chars="+", help="simulate the cross-node schedule"
+    )
+    plan.add_argument("plan_args", nargs=argparse.REMAINDER)
 
 
 # --- the agent's flags -----------------------------------------------------------------------
@@ -144,18 +211,18 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--probe.round-seconds",
         dest="probe_round_seconds",
-        type=positive,
+        type=positive_duration,
         default=300.0,
-        metavar="SECONDS",
-        help="length of a pairing round (default: %(default)s)",
+        metavar="DURATION",
+        help="length of a pairing round (default: 5m; `fabricscope probe plan` assumes it too)",
     )
     g.add_argument(
         "--probe.intra-seconds",
         dest="probe_intra_seconds",
-        type=non_negative,
+        type=duration,
         default=3600.0,
-        metavar="SECONDS",
-        help="time between intra-node probes; 0: none (default: %(default)s)",
+        metavar="DURATION",
+        help="time between intra-node probes; 0: none (default: 1h)",
     )
     g.add_argument(
         "--probe.budget",
@@ -176,9 +243,9 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--probe.max-age",
         dest="probe_max_age",
-        type=positive,
+        type=positive_duration,
         default=None,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="drop results older than this (default: 3 rounds; 3 intervals intra-node)",
     )
     add_device_flags(g)

@@ -3,10 +3,15 @@ into a tarball that ``agent --snapshot`` and ``topo --snapshot`` replay."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 from agent.config import AgentConfig
+from agent.core.errors import ConfigError
 from agent.core.runner import Runner, SamplerSpec
 from agent.core.sysfs import RecordingReader
 from agent.nvml.record import ChildRecording
@@ -18,10 +23,42 @@ from agent.snapshot import NVML_RECORDING, capture
 NOT_CAPTURED = frozenset({"attribution", "workload"})
 
 
+def open_output(output: str) -> str:
+    """Check ``output`` before anything is sampled: a file name (not a directory) in a
+    directory that exists and takes a new file. Returns a temporary file beside it (created
+    with the mode a new file gets), which :func:`take_snapshot` renames to ``output`` once
+    written. ConfigError with one line saying what is wrong."""
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"-o {output} is a directory: name a file, e.g. {path / 'node.tar.gz'}")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise ConfigError(f"cannot write {output}: {parent} {what}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=parent)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    os.close(fd)
+    return tmp
+
+
 def take_snapshot(config: AgentConfig, output: str) -> int:
     """Run every enabled sampler once (but those :data:`NOT_CAPTURED`) against a recording
     reader and NVML recorder, and write the files they read and the NVML answers to
-    ``output``; progress on stderr."""
+    ``output`` (checked first: :func:`open_output`); progress on stderr."""
+    partial = open_output(output)
+    try:
+        return _take(config, output, partial)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+
+
+def _take(config: AgentConfig, output: str, partial: str) -> int:
     config = replace(
         config, sampling=replace(config.sampling, enabled=config.sampling.enabled - NOT_CAPTURED)
     )
@@ -53,7 +90,11 @@ def take_snapshot(config: AgentConfig, output: str) -> int:
     # too: replay then says "no hardware", exactly as the host did
     if recorder is not None and recorder.calls:
         extra[NVML_RECORDING] = recorder.recording.encode()
-    result = capture(config.paths.sysfs, reader.touched, output, extra=extra)
+    try:
+        result = capture(config.paths.sysfs, reader.touched, partial, extra=extra)
+        os.replace(partial, output)
+    except OSError as exc:  # the disk filled up, the directory went away meanwhile
+        raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
     print(
         f"wrote {output}: {result.files} files, {result.symlinks} symlinks, "
         f"{result.directories} directories; {len(result.unreadable)} unreadable"

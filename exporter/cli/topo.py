@@ -25,7 +25,9 @@ from exporter.cli.source import open_source
 
 def cmd_topo(ns: argparse.Namespace) -> int:
     """PCI, InfiniBand and NVML once, then the workload checks on their snapshots (live
-    host only: a snapshot holds no process state); every finding of the node is printed."""
+    host only: a snapshot holds no process state); every finding of the node is printed.
+    Without PCI data the RDMA ports and findings are printed and the matrix is said to be
+    unavailable; with no GPU, NIC or RDMA port at all there is nothing to show: exit 1."""
     with ExitStack() as stack:
         src = open_source(stack, ns)
         sysfs = SysfsReader(src.sysfs)
@@ -43,37 +45,49 @@ def cmd_topo(ns: argparse.Namespace) -> int:
                 nvml = NvmlSampler(src.nvml_api, watch_xid=False)
             specs.append(SamplerSpec(nvml, 30.0, 30.0))
         statuses = Runner(specs).run_once()
-        pci = statuses["pci"]
-        if not isinstance(pci.snapshot, PciSnapshot):
-            if pci.success:
-                print(f"no PCI devices found under {src.sysfs}/bus/pci/devices", file=sys.stderr)
-            else:
-                print("reading the PCI topology failed; see the log above", file=sys.stderr)
-            return 1
-        pci_snap = pci.snapshot
-        ib_st, nvml_st = statuses["infiniband"], statuses.get("nvml")
+        pci, ib_st, nvml_st = statuses["pci"], statuses["infiniband"], statuses.get("nvml")
+        pci_snap = pci.snapshot if isinstance(pci.snapshot, PciSnapshot) else None
         ib = ib_st.snapshot if isinstance(ib_st.snapshot, InfinibandSnapshot) else None
         gpu = (
             nvml_st.snapshot
             if nvml_st is not None and isinstance(nvml_st.snapshot, NvmlSnapshot)
             else None
         )
+        topo = topology.analyse(pci_snap) if pci_snap is not None else None
+        ports = sum(len(d.ports) for d in ib.devices) if ib is not None else 0
+        gpus = len(gpu.gpus) if gpu is not None else 0
+        if not ports and not gpus and (topo is None or not (topo.gpus or topo.nics)):
+            failed = [n for n, st in sorted(statuses.items()) if not st.success]
+            why = f"; {', '.join(failed)} failed (see the log above)" if failed else ""
+            print(
+                f"fabricscope: nothing to show: no GPU, NIC or RDMA port under {src.sysfs}{why}",
+                file=sys.stderr,
+            )
+            return 1
+        unavailable = (
+            f"no PCI devices under {src.sysfs}/bus/pci/devices"
+            if pci.success
+            else "reading the PCI topology failed; see the log above"
+        )
         work = None
-        if "workload" not in src.unavailable and gpu is not None:
+        if "workload" not in src.unavailable and gpu is not None and pci_snap is not None:
+            snap = pci_snap
             workload = WorkloadSampler(
-                SysfsReader(ns.path_procfs), sysfs, lambda: gpu, lambda: pci_snap
+                SysfsReader(ns.path_procfs), sysfs, lambda: gpu, lambda: snap
             )
             w = Runner([SamplerSpec(workload, 30.0, 30.0)]).run_once()["workload"]
             work = w.snapshot if isinstance(w.snapshot, WorkloadSnapshot) else None
         nvlinks = nvlinks_by_address(gpu) if gpu is not None else {}
-        topo = topology.analyse(pci_snap)
         node = collect(pci=topo, ib=ib, gpu=gpu, work=work)
         if ns.format == "json":
-            doc = topo_report.to_json(topo, node, ib, nvlinks)
+            doc = topo_report.to_json(topo, node, ib, nvlinks, unavailable=unavailable)
             print(json.dumps(doc, indent=2, sort_keys=True))
         else:
             failed = [
                 n for n in ("infiniband", "nvml") if n in statuses and not statuses[n].success
             ]
-            print(topo_report.format_table(topo, node, ib, nvlinks, failed))
+            table = topo_report.format_table(
+                topo, node, ib, nvlinks, failed, unavailable=unavailable
+            )
+            print(table)
         return 0

@@ -253,7 +253,12 @@ class HTTPConnection(asyncio.Protocol):
         self.h11.receive_data(b"")
         if self.state == _WAITING:
             self._process()  # a request, an error reply or ConnectionClosed (abort)
-        return True  # keep the transport: a reply may be on its way; closed after it
+        # Keep a plain TCP transport open: a reply may be on its way; it is closed after it.
+        # TLS has no half-close: asyncio's SSL transport shuts down after this whatever we
+        # answer (and logs a warning if we ask to keep it), so there we let it close.
+        if self.transport is not None and self.transport.can_write_eof():
+            return True
+        return None
 
     def _process(self) -> None:
         while self.state == _WAITING and not self._closed:

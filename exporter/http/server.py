@@ -109,7 +109,7 @@ def serve(
         )
     log.info(
         "serving metrics on %s (tls: %s, client certificates: %s, basic auth users: %d)",
-        server.url,
+        server.address,
         "on" if tls else "off",
         tls.config.client_auth_type if tls else "none",
         len(web_config.basic_auth_users) if web_config else 0,
@@ -118,8 +118,10 @@ def serve(
 
 
 class MetricsServer:
-    """A running server. ``port`` is the bound port (useful with port 0); ``url`` is a base
-    URL a local client can use (``http://127.0.0.1:43121``, no trailing slash)."""
+    """A running server. ``port`` is the bound port (useful with port 0); ``address`` is what
+    it listens on, as a log line should say it (``*:10118`` for every IPv4 and IPv6 address,
+    ``0.0.0.0:10118``, ``[::1]:10118``); ``url`` is a base URL a local client can use
+    (``http://127.0.0.1:43121``, no trailing slash)."""
 
     def __init__(
         self,
@@ -149,6 +151,7 @@ class MetricsServer:
         self._publish = publish
         host, port = listener.getsockname()[:2]
         self.port: int = port
+        self.address = listening_address(listener)
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"
         scheme = "https" if tls else "http"
@@ -310,6 +313,16 @@ class MetricsServer:
             conn.respond(self.site.status(500, b"internal error\n"), close=True)
         else:
             conn.respond(future.result())
+
+
+def listening_address(sock: socket.socket) -> str:
+    """``*:PORT`` for a dual-stack wildcard socket (every IPv4 and IPv6 address), else the
+    bound address as ``HOST:PORT`` / ``[HOST]:PORT``."""
+    host, port = sock.getsockname()[:2]
+    if sock.family == socket.AF_INET6 and host == "::":
+        v6only = sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
+        return f"[::]:{port}" if v6only else f"*:{port}"
+    return peer_name((host, port))
 
 
 def _has_request_head(sock: socket.socket) -> bool:

@@ -1,0 +1,195 @@
+"""``fabricscope explain``'s flags and their value types: what the ``fabricscope`` parser needs,
+without importing the explainer itself (so ``fabricscope --help`` stays fast)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+from typing import Any
+
+from agent.config import parse_duration as _parse_seconds
+from agent.core.logsetup import LEVELS
+
+
+def parse_duration(value: str) -> float:
+    """Prometheus's duration syntax (``90m``, ``1h30m``, ``2d``) or plain seconds, as every
+    fabricscope duration flag takes it."""
+    if value.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"must not be negative: {value!r}")
+    try:
+        return _parse_seconds(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _is_duration(value: str) -> bool:
+    try:
+        _parse_seconds(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _byte_count(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of bytes: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {value!r}")
+    return n
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value!r}")
+    return n
+
+
+def parse_time(value: str, now: float | None = None) -> float:
+    """``now``, a unix time, an RFC 3339 time (``2026-11-24T14:20:00Z``; no zone: UTC), or a
+    duration ago (``2h``, ``-2h``)."""
+    v = value.strip()
+    now = time.time() if now is None else now
+    if v == "now":
+        return now
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    if _is_duration(v.lstrip("-")):
+        return now - _parse_seconds(v.lstrip("-"))
+    try:
+        dt = datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time (now, unix seconds, RFC 3339, or a duration ago like 2h): {value!r}"
+        ) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.UTC)
+    return dt.timestamp()
+
+
+def _time_arg(value: str) -> str:
+    parse_time(value)  # validate now; evaluated against one "now" later
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``explain`` on the ``fabricscope`` subcommand parser."""
+    p = sub.add_parser(
+        "explain",
+        help="rank the fabric causes of a job's slowdown, from Prometheus",
+        description="Find when a job's throughput dropped and rank the node, port, link or "
+        "misplacement behind it, from the metrics a Prometheus server holds.",
+    )
+    g = p.add_argument_group("Prometheus")
+    g.add_argument("--prometheus.url", dest="prom_url", required=True, metavar="URL")
+    g.add_argument(
+        "--prometheus.timeout",
+        dest="prom_timeout",
+        type=parse_duration,
+        default=10.0,
+        metavar="DURATION",
+        help="per request: connect, headers and the whole answer (default: 10s)",
+    )
+    g.add_argument(
+        "--prometheus.max-body-bytes",
+        dest="prom_max_body",
+        type=_byte_count,
+        default=None,  # the client's DEFAULT_MAX_BODY_BYTES: not imported to build the parser
+        metavar="BYTES",
+        help="the largest answer read; a bigger one is an error (default: 67108864, 64 MiB)",
+    )
+    g.add_argument(
+        "--prometheus.max-nodes-per-query",
+        dest="prom_max_names",
+        type=_positive_int,
+        default=None,  # explain.plan's MAX_NAMES_PER_QUERY: not imported to build the parser
+        metavar="N",
+        help="instances (or pods) one query names at most: a larger job's checks run as "
+        "one query per group, each reading a bounded number of samples (default: 64)",
+    )
+    g.add_argument(
+        "--deadline",
+        type=parse_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="for the whole run: no request starts after it, each gets at most the time left "
+        "(default: 5m); progress goes to stderr every 5 s once a run is that long",
+    )
+    g.add_argument("--prometheus.ca-file", dest="prom_ca", metavar="FILE")
+    g.add_argument(
+        "--prometheus.cert-file",
+        dest="prom_cert",
+        metavar="FILE",
+        help="client certificate (mutual TLS)",
+    )
+    g.add_argument("--prometheus.key-file", dest="prom_key", metavar="FILE")
+    g.add_argument(
+        "--prometheus.insecure-skip-verify",
+        dest="prom_insecure",
+        action="store_true",
+        help="do not verify the server's certificate",
+    )
+    g.add_argument("--prometheus.username", dest="prom_user", metavar="NAME")
+    g.add_argument("--prometheus.password-file", dest="prom_password_file", metavar="FILE")
+    g.add_argument("--prometheus.bearer-token-file", dest="prom_token_file", metavar="FILE")
+    j = p.add_argument_group("the job")
+    j.add_argument(
+        "--job",
+        required=True,
+        metavar="NAME",
+        help="the job's name: the throughput series' job_name label",
+    )
+    j.add_argument("--namespace", default="", metavar="NS", help="its Kubernetes namespace")
+    j.add_argument(
+        "--pod-prefix",
+        default=None,
+        metavar="PREFIX",
+        help="its pods' name prefix (default: the job's name and a dash)",
+    )
+    j.add_argument(
+        "--nodes",
+        default="",
+        metavar="N1,N2",
+        help="its nodes (instance label values), e.g. a Slurm job's node list",
+    )
+    w = p.add_argument_group("the window")
+    w.add_argument(
+        "--since",
+        type=_time_arg,
+        metavar="TIME",
+        help="start (RFC 3339, unix seconds, or a duration ago like 6h)",
+    )
+    w.add_argument("--until", type=_time_arg, default="now", metavar="TIME")
+    w.add_argument(
+        "--window",
+        type=parse_duration,
+        default=6 * 3600.0,
+        metavar="DURATION",
+        help="length when --since is not given (default: 6h)",
+    )
+    w.add_argument(
+        "--change-at",
+        type=_time_arg,
+        metavar="TIME",
+        help="the slowdown's start, when known (default: found in the throughput)",
+    )
+    o = p.add_argument_group("output")
+    o.add_argument("--format", choices=("table", "json"), default="table")
+    o.add_argument("--log.level", dest="log_level", choices=LEVELS, default="warning")
+    o.add_argument("--log.format", dest="log_format", choices=("text", "json"), default="text")
+    o.add_argument("--plot", metavar="FILE.png", help="throughput and top causes over time")
+    o.add_argument(
+        "--grafana.url",
+        dest="grafana_url",
+        default="",
+        metavar="URL",
+        help="Grafana base URL for links to the fabricscope dashboards' panels",
+    )
