@@ -298,13 +298,17 @@ def test_usage_errors_are_one_line(args: list[str], needle: str, mark: str, tmp_
 
 
 def test_once_takes_no_probes(mark: str, tmp_path: Path) -> None:
+    """--probe with --once would be ignored (probes run on the serving agent's schedule):
+    refused in one line instead (issue 22)."""
     proc = run(
         ["agent", "--once", "--no-sampler.netdev", f"--path.sysfs={tmp_path}", "--probe"], mark
     )
-    assert proc.returncode == 0, proc.stderr
-    assert 'fabricscope_sampler_success{sampler="pci"}' in proc.stdout
-    assert 'sampler="probe"' not in proc.stdout
-    assert "--once takes no probes" in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.strip() == (
+        "fabricscope: error: --probe has no effect with --once: probes run on the serving "
+        "agent's schedule (`fabricscope probe` runs one now)"
+    )
 
 
 # --- the plan -------------------------------------------------------------------------------

@@ -248,7 +248,7 @@ def test_main_plan_prints_the_report(capsys: pytest.CaptureFixture[str]) -> None
             ["--nodes", "8", "--bad-node", "node0001", "--bad-link", "node0001:node0002"],
             "not allowed",
         ),
-        (["--nodes", "8", "--probe-seconds", "90"], "--probe-seconds <= --round-seconds"),
+        (["--nodes", "8", "--probe-seconds", "6m"], "--probe-seconds <= --round-seconds"),
         (["--nodes", "8", "--window-rounds", "3"], "window_rounds must be"),
     ],
 )

@@ -386,6 +386,7 @@ def test_to_json_exact_and_serialisable() -> None:
             for a in ("0000:00:01.0", "0000:80:01.0")
         ],
         "acs_p2p_redirect": [],
+        "pci_unavailable": None,
         "rdma_ports": None,
         "findings": [
             {
