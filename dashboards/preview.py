@@ -3,8 +3,11 @@ against a real Prometheus holding a backfilled lab scenario (tests/lab).
 
     PYTHONPATH=. python dashboards/preview.py ib_link_bad dashboards/previews
 
-Panels are laid out by their gridPos; a timeseries is drawn from a range query, a bar gauge
-from an instant query (one bar per series, in the query's order), a matrix as a heatmap.
+Panels are laid out by their gridPos; a timeseries is drawn from a range query with every
+series named in a legend below it, a bar gauge from an instant query (one bar per series, in
+the query's order, every one), a matrix as a heatmap; a panel with ``stack`` is drawn
+stacked, as Grafana does. Sized for the README's column (900 px,
+10 px text); a row of panels is as tall as its legends need.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import math
 import sys
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import matplotlib
@@ -21,7 +25,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -30,6 +36,7 @@ import generate  # noqa: E402
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 ALARM_WORDS = ("finding", "down", "failure", "saturated", "narrower", "not up")
 SCALES = {"Bps": (1e9, "GB/s"), "pps": (1.0, "/s"), "cps": (1.0, "/s"), "s": (1e-3, "ms")}
+Span = tuple[float, float, float]  # start, end, step (unix seconds)
 
 
 def _api(url: str, path: str, params: dict[str, str]) -> list[dict[str, object]]:
@@ -37,6 +44,20 @@ def _api(url: str, path: str, params: dict[str, str]) -> list[dict[str, object]]
         body = json.load(r)
     result: list[dict[str, object]] = body["data"]["result"]
     return result
+
+
+#: Drawn at the size the README shows the Job preview (GitHub's column is about 900 px wide),
+#: at 72 dpi so that a point is a pixel: legends and ticks 10 px, titles 12 px.
+WIDTH_PX = 900
+DPI = 72
+FONT = 10
+TITLE_FONT = 12
+PAD = 8  # px between panels
+LINE_PX = 14  # one legend row or one bar
+TITLE_PX = 22
+TICKS_PX = 22  # x tick labels below a plot
+YAXIS_PX = 44  # y tick labels left of a plot
+PLOT_PX_PER_ROW = 15  # plot height per grid row of the panel
 
 
 def _legend(fmt: str, labels: dict[str, str]) -> str:
@@ -52,82 +73,62 @@ def _scale(unit: str) -> tuple[float, str]:
     return SCALES.get(unit, (1.0, ""))
 
 
-def _x(t: float) -> float:
-    return mdates.epoch2num(t) if hasattr(mdates, "epoch2num") else t / 86400
+@dataclass
+class Drawn:
+    """One panel's data, fetched before the layout: every series, named."""
+
+    panel: generate.Panel
+    x: int  # grid column
+    series: list[tuple[str, list[float], list[float]]] = field(default_factory=list)
+    bars: list[tuple[str, float]] = field(default_factory=list)
+    matrix: tuple[list[str], list[str], list[list[float]]] | None = None
+
+    def legend_layout(self, width_px: float) -> tuple[int, int]:
+        """(columns, rows) of the legend below a timeseries ``width_px`` wide."""
+        if not self.series:
+            return 1, 0
+        longest = max(len(name) for name, _, _ in self.series)
+        entry = longest * FONT * 0.58 + 30  # DejaVu Sans: about 0.58 em a character
+        cols = max(1, min(len(self.series), int(width_px // entry)))
+        return cols, math.ceil(len(self.series) / cols)
+
+    def height_px(self, width_px: float) -> float:
+        """What the panel needs: title, plot, tick labels and legend (or one line a bar)."""
+        p = self.panel
+        if p.kind == "bargauge":
+            return TITLE_PX + max(len(self.bars), 2) * LINE_PX + TICKS_PX
+        plot = p.h * PLOT_PX_PER_ROW
+        if p.kind == "timeseries":
+            return TITLE_PX + plot + TICKS_PX + self.legend_layout(width_px)[1] * LINE_PX + 4
+        return TITLE_PX + plot + TICKS_PX + 16
 
 
-def _stackplot(ax: Axes, series: list[dict[str, object]], legend: str, div: float) -> int:
-    times = sorted({float(t) for s in series for t, _ in s["values"]})  # type: ignore[attr-defined]
-    if not times:
-        return 0
-    rows = []
-    for s in series:
-        by_t = {float(t): float(v) / div for t, v in s["values"]}  # type: ignore[attr-defined]
-        rows.append([by_t.get(t, 0.0) for t in times])
-    labels = [_legend(legend, s["metric"])[:38] for s in series]  # type: ignore[arg-type]
-    ax.stackplot([_x(t) for t in times], *rows, labels=labels, alpha=0.6)
-    return len(rows)
-
-
-def draw(
-    ax: Axes,
-    panel: generate.Panel,
-    exprs: list[tuple[str, str]],
-    url: str,
-    span: tuple[float, float, float],
-) -> None:
+def fetch(
+    panel: generate.Panel, x: int, exprs: list[tuple[str, str]], url: str, span: Span
+) -> Drawn:
     start, end, step = span
-    div, suffix = _scale(panel.unit)
-    ax.set_title(panel.title, fontsize=9, loc="left", fontweight="bold")
-    ax.tick_params(labelsize=7)
+    div, _ = _scale(panel.unit)
+    d = Drawn(panel, x)
     if panel.kind == "timeseries":
-        n = 0
         for expr, legend in exprs:
             result = _api(
                 url,
                 "/api/v1/query_range",
                 {"query": expr, "start": str(start), "end": str(end), "step": str(step)},
             )
-            ranked = sorted(result, key=lambda s: -max(float(v) for _, v in s["values"]))  # type: ignore[index]
-            if panel.stack:  # as Grafana stacks it: areas on one time grid, 0 where absent
-                n += _stackplot(ax, ranked[:6], legend, div)
-                continue
-            for s in ranked[:6]:
-                xs = [
-                    mdates.epoch2num(float(t)) if hasattr(mdates, "epoch2num") else float(t) / 86400
-                    for t, _ in s["values"]
-                ]  # type: ignore[index]
-                ys = [float(v) / div for _, v in s["values"]]  # type: ignore[index]
-                ax.plot(xs, ys, linewidth=1.1, label=_legend(legend, s["metric"])[:38])  # type: ignore[arg-type]
-                n += 1
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
-        if panel.unit in ("Bps", "percentunit"):
-            ax.set_ylim(bottom=0)
-        ax.set_ylabel(suffix, fontsize=7)
-        ax.grid(alpha=0.3)
-        if n:
-            ax.legend(fontsize=6, loc="upper left", ncol=2 if n > 3 else 1, framealpha=0.7)
-        else:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+            for s in result:
+                values = s["values"]  # type: ignore[index]
+                xs = [float(t) / 86400 for t, _ in values]  # type: ignore[misc]
+                ys = [float(v) / div for _, v in values]  # type: ignore[misc]
+                d.series.append((_legend(legend, s["metric"]), xs, ys))  # type: ignore[arg-type]
+        d.series.sort(key=lambda s: (-max(s[2], default=0), s[0]))
     elif panel.kind == "bargauge":
         expr, legend = exprs[0]
-        result = _api(url, "/api/v1/query", {"query": expr, "time": str(end)})[:10]
-        names = [_legend(legend, s["metric"])[:40] for s in result]  # type: ignore[arg-type]
-        vals = [float(s["value"][1]) / div for s in result]  # type: ignore[index]
-        if not vals:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-            return
-        alarm = any(w in panel.title.lower() for w in ALARM_WORDS)
-        colors = ["#d62728" if alarm and v > 0 else "#5b8ff9" for v in vals]
-        top = max(*vals, 1)
-        ys = list(range(len(vals)))[::-1]
-        ax.barh(ys, vals, color=colors, height=0.7)
-        ax.set_yticks([])
-        for y, name, v in zip(ys, names, vals, strict=True):
-            ax.text(top * 0.01, y, name, va="center", fontsize=7, color="black")
-            ax.text(top * 1.22, y, f"{v:.3g}{suffix}", va="center", ha="right", fontsize=7)
-        ax.set_xlim(0, top * 1.25)
-        ax.set_ylim(-0.6, max(len(vals), 4) - 0.4)
+        result = _api(url, "/api/v1/query", {"query": expr, "time": str(end)})
+        d.bars = [
+            (_legend(legend, s["metric"]), float(s["value"][1]) / div)  # type: ignore[index, arg-type]
+            for s in result
+        ]
     else:  # matrix
         expr, _ = exprs[0]
         result = _api(url, "/api/v1/query", {"query": expr, "time": str(end)})
@@ -137,61 +138,163 @@ def draw(
         grid = [[math.nan] * len(cols) for _ in rows]
         for s in result:
             m = s["metric"]
-            grid[rows.index(m.get(row, ""))][cols.index(m.get(col, ""))] = (
-                float(s["value"][1]) / div
-            )  # type: ignore[index, union-attr]
+            grid[rows.index(m.get(row, ""))][cols.index(m.get(col, ""))] = (  # type: ignore[union-attr]
+                float(s["value"][1]) / div  # type: ignore[index]
+            )
+        d.matrix = (rows, cols, grid)
+    return d
+
+
+def draw(fig: Figure, d: Drawn, box: tuple[float, float, float, float], height: float) -> None:
+    """Draw ``d`` in ``box`` (left, top, width, height in px from the figure's top left)."""
+    left, top, w, h = box
+    p = d.panel
+    _, suffix = _scale(p.unit)
+
+    def axes(x0: float, y0: float, ww: float, hh: float) -> Axes:
+        return fig.add_axes((x0 / WIDTH_PX, 1 - (y0 + hh) / height, ww / WIDTH_PX, hh / height))
+
+    fig.text(
+        (left + 2) / WIDTH_PX,
+        1 - (top + 4) / height,
+        p.title,
+        fontsize=TITLE_FONT,
+        fontweight="bold",
+        va="top",
+    )
+    if p.kind == "timeseries":
+        cols, _ = d.legend_layout(w)
+        below = top + TITLE_PX + p.h * PLOT_PX_PER_ROW + TICKS_PX
+        plot_h = p.h * PLOT_PX_PER_ROW  # the legend right below it, whatever the row's height
+        ax = axes(left + YAXIS_PX, top + TITLE_PX, w - YAXIS_PX - 4, plot_h)
+        ax.tick_params(labelsize=FONT)
+        if not d.series:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+            return
+        cmap = plt.get_cmap("tab10" if len(d.series) <= 10 else "tab20")
+        colors = [cmap(i % cmap.N) for i in range(len(d.series))]
+        lines: list[Artist] = []
+        if p.stack:  # as Grafana stacks it: areas on one time grid, 0 where absent
+            grid = sorted({x for _, xs, _ in d.series for x in xs})
+            rows = []
+            for _, xs, ys in d.series:
+                at = dict(zip(xs, ys, strict=True))
+                rows.append([at.get(x, 0.0) for x in grid])
+            lines = list(ax.stackplot(grid, *rows, colors=colors, alpha=0.6))
+            for poly, (name, _, _) in zip(lines, d.series, strict=True):
+                poly.set_label(name)
+            totals = [sum(col) for col in zip(*rows, strict=True)]
+            d = replace(d, series=[("", grid, totals), ("", grid, [0.0] * len(grid))])
+        else:
+            for (name, xs, ys), color in zip(d.series, colors, strict=True):
+                (line,) = ax.plot(xs, ys, linewidth=1.4, color=color, label=name)
+                lines.append(line)
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+        ax.xaxis.set_major_locator(mdates.MinuteLocator(byminute=(0, 30)))
+        ax.margins(x=0.01)
+        lo = min(min(ys) for _, _, ys in d.series)
+        hi = max(max(ys) for _, _, ys in d.series)
+        if p.unit in ("Bps", "percentunit") or lo >= 0:
+            lo = 0.0
+        span = (hi - lo) or 1.0
+        # no line on the frame: a margin above the highest and below the lowest value
+        ax.set_ylim(lo - 0.06 * span, hi + 0.1 * span)
+        if suffix:
+            ax.set_ylabel(suffix, fontsize=FONT)
+        ax.grid(alpha=0.3)
+        fig.legend(
+            lines,
+            [ln.get_label() for ln in lines],
+            loc="upper left",
+            bbox_to_anchor=((left + 4) / WIDTH_PX, 1 - below / height),
+            ncol=cols,
+            fontsize=FONT,
+            frameon=False,
+            borderaxespad=0,
+            borderpad=0,
+            handlelength=1.4,
+            handletextpad=0.4,
+            columnspacing=1.2,
+            labelspacing=(LINE_PX - FONT) / FONT,
+        )
+    elif p.kind == "bargauge":
+        # one line a bar, from the top, whatever the row's height (a neighbour's may be taller)
+        ax = axes(left + 4, top + TITLE_PX, w - 8, max(len(d.bars), 2) * LINE_PX)
+        ax.tick_params(labelsize=FONT)
+        if not d.bars:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+            return
+        vals = [v for _, v in d.bars]
+        alarm = any(word in p.title.lower() for word in ALARM_WORDS)
+        colors = ["#d62728" if alarm and v > 0 else "#5b8ff9" for v in vals]
+        top_v = max(*vals, 1)
+        ys = list(range(len(vals)))[::-1]
+        ax.barh(ys, vals, color=colors, height=0.7)
+        ax.set_yticks([])
+        for y, (name, v) in zip(ys, d.bars, strict=True):
+            ax.text(top_v * 0.01, y, name, va="center", fontsize=FONT, color="black")
+            ax.text(top_v * 1.27, y, f"{v:.3g}{suffix}", va="center", ha="right", fontsize=FONT)
+        ax.set_xlim(0, top_v * 1.3)
+        ax.set_ylim(-0.6, max(len(vals), 2) - 0.4)
+    else:  # matrix
+        assert d.matrix is not None
+        rows_l, cols_l, grid = d.matrix
+        ax = axes(left + 70, top + TITLE_PX, w - 150, h - TITLE_PX - TICKS_PX - 16)
         im = ax.imshow(grid, cmap="RdYlGn", aspect="auto")
-        ax.set_xticks(range(len(cols)), cols, fontsize=7)
-        ax.set_yticks(range(len(rows)), rows, fontsize=7)
-        ax.set_xlabel(col, fontsize=7)
-        ax.set_ylabel(row, fontsize=7)
+        row, col = p.matrix
+        ax.set_xticks(range(len(cols_l)), cols_l, fontsize=FONT)
+        ax.set_yticks(range(len(rows_l)), rows_l, fontsize=FONT)
+        ax.set_xlabel(col, fontsize=FONT)
+        ax.set_ylabel(row, fontsize=FONT)
         for i, r in enumerate(grid):
             for j, v in enumerate(r):
                 if not math.isnan(v):
-                    ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=7)
-        plt.colorbar(im, ax=ax, label=suffix)
+                    ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=FONT)
+        bar = fig.colorbar(im, ax=ax, label=suffix)
+        bar.ax.tick_params(labelsize=FONT)
 
 
-def render_board(
-    board: generate.Board, url: str, span: tuple[float, float, float], node: str, out: Path
-) -> Path:
-    unit, head = 0.3, 0.5  # inches per grid row, title band
-    bottom = max(p_y + p.h for p, p_y in _positions(board))
-    height = bottom * unit + head
-    fig = plt.figure(figsize=(18, height))
-    fig.suptitle(
-        f"{board.title}   (lab scenario; node={node if board.single_node else 'All'})",
-        fontsize=12,
-        x=0.01,
-        y=1 - 0.12 / height,
-        ha="left",
-    )
-    for p, y in _positions(board):
-        x = p_x[p.title]
-        top_in = head + y * unit + 0.3  # room for the panel title
-        bottom_in = head + (y + p.h) * unit - 0.3  # room for the tick labels
-        ax = fig.add_axes(
-            (x / 24 + 0.03, 1 - bottom_in / height, p.w / 24 - 0.045, (bottom_in - top_in) / height)
-        )
+def render_board(board: generate.Board, url: str, span: Span, node: str, out: Path) -> Path:
+    """Every panel's data first, then the layout: each row of the dashboard's grid as tall
+    as its tallest panel needs (its legend naming every series, every bar drawn)."""
+    bands: dict[int, list[Drawn]] = {}
+    for p, y, x in _positions(board):
         exprs = [(_subst(e, board, node), lg) for e, lg in p.targets]
-        draw(ax, p, exprs, url, span)
+        bands.setdefault(y, []).append(fetch(p, x, exprs, url, span))
+    head = 40
+    heights = {
+        y: max(d.height_px(d.panel.w / 24 * WIDTH_PX - 2 * PAD) for d in ds)
+        for y, ds in bands.items()
+    }
+    height = head + sum(heights.values()) + PAD * len(bands)
+    fig = plt.figure(figsize=(WIDTH_PX / DPI, height / DPI), dpi=DPI)
+    fig.text(
+        8 / WIDTH_PX,
+        1 - 10 / height,
+        f"{board.title}   (lab scenario; node={node if board.single_node else 'All'})",
+        fontsize=14,
+        va="top",
+    )
+    top = float(head)
+    for y in sorted(bands):
+        for d in bands[y]:
+            box = (d.x / 24 * WIDTH_PX + PAD, top, d.panel.w / 24 * WIDTH_PX - 2 * PAD, heights[y])
+            draw(fig, d, box, height)
+        top += heights[y] + PAD
     path = out / f"{generate.path_of(board).stem}.png"
-    fig.savefig(path, dpi=70)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
 
-p_x: dict[str, int] = {}
-
-
-def _positions(board: generate.Board) -> list[tuple[generate.Panel, int]]:
+def _positions(board: generate.Board) -> list[tuple[generate.Panel, int, int]]:
+    """(panel, grid row, grid column) in Grafana's left-to-right, top-to-bottom flow."""
     out = []
     x = y = row_h = 0
     for p in board.panels:
         if x + p.w > 24:
             x, y, row_h = 0, y + row_h, 0
-        p_x[p.title] = x
-        out.append((p, y))
+        out.append((p, y, x))
         x += p.w
         row_h = max(row_h, p.h)
     return out
