@@ -170,6 +170,8 @@ def draw(fig: Figure, d: Drawn, box: tuple[float, float, float, float], height: 
         ax.tick_params(labelsize=FONT)
         if not d.series:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
             return
         cmap = plt.get_cmap("tab10" if len(d.series) <= 10 else "tab20")
         colors = [cmap(i % cmap.N) for i in range(len(d.series))]
@@ -223,6 +225,8 @@ def draw(fig: Figure, d: Drawn, box: tuple[float, float, float, float], height: 
         ax.tick_params(labelsize=FONT)
         if not d.bars:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
             return
         vals = [v for _, v in d.bars]
         alarm = any(word in p.title.lower() for word in ALARM_WORDS)
