@@ -113,6 +113,48 @@ class NetdevSettings:
     ethtool: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class ExpectedRate:
+    """One ``--infiniband.expected-rate DEVICE_GLOB[:PORT]=RATE``: the rate (bytes/second)
+    the RDMA ports whose device name matches the glob (``mlx5_*``; and port, when given)
+    should run at on this class of node."""
+
+    device: str
+    port: int | None
+    bytes_per_second: int
+
+
+_EXPECTED_RATE = re.compile(
+    r"^(?P<device>[A-Za-z0-9_*?\[\]!.-]{1,64})(?::(?P<port>[0-9]{1,3}))?="
+    r"(?P<gbps>[0-9]{1,5}(?:\.[0-9]{1,3})?)\s*(?:G|Gb/s|Gbps|Gb/sec)?$"
+)
+
+
+def parse_expected_rate(text: str) -> ExpectedRate:
+    """``"mlx5_*=400"`` or ``"mlx5_[0-9]:1=400Gb/s"`` -> an :class:`ExpectedRate` (the rate in
+    Gb/s, as ``ibstat`` prints it). Raises ValueError with the form expected."""
+    m = _EXPECTED_RATE.match(text.strip())
+    if m is None:
+        raise ValueError(
+            f"expected DEVICE_GLOB[:PORT]=RATE_GBPS like mlx5_*=400, got {text.strip()[:60]!r}"
+        )
+    gbps_text = m.group("gbps")
+    whole, _, frac = gbps_text.partition(".")
+    bps = int(whole) * 125_000_000 + int((frac + "000")[:3]) * 125_000
+    if bps <= 0:
+        raise ValueError(f"an expected rate must be above 0 Gb/s: {text.strip()[:60]!r}")
+    port = m.group("port")
+    return ExpectedRate(m.group("device"), int(port) if port is not None else None, bps)
+
+
+@dataclass(frozen=True, slots=True)
+class InfinibandSettings:
+    """The infiniband sampler. ``expected_rates``: per-node-class expectations of port
+    rates, first match wins (``--infiniband.expected-rate``; empty: no such comparison)."""
+
+    expected_rates: tuple[ExpectedRate, ...] = ()
+
+
 #: The probe's rendezvous port when ``--probe.listen-address`` names none (the metrics port
 #: 10118 plus one).
 DEFAULT_PROBE_PORT = 10119
@@ -328,5 +370,6 @@ class AgentConfig:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     nvml: NvmlSettings = field(default_factory=NvmlSettings)
+    infiniband: InfinibandSettings = field(default_factory=InfinibandSettings)
     throughput: ThroughputSettings = field(default_factory=ThroughputSettings)
     ibpeer: IbPeerSettings = field(default_factory=IbPeerSettings)

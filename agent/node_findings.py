@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from agent.core.findings import KINDS, Area, Finding
 from agent.ibpeer import sampler as ibpeer
 from agent.ibpeer.sampler import IbPeerSnapshot
+from agent.infiniband import capacity
 from agent.infiniband import sampler as infiniband
 from agent.infiniband.sampler import InfinibandSnapshot
 from agent.nvml import findings as nvml_findings
@@ -61,6 +62,7 @@ def collect(
     checked: list[Area] = []
     if ib is not None:
         found += infiniband.findings(ib)
+        found += capacity.findings(ib)
         checked.append("infiniband")
     if peer is not None:
         found += ibpeer.findings(peer)

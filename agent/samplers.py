@@ -101,7 +101,7 @@ def build_samplers(
             )
         )
     if "infiniband" in enabled:
-        out.append(InfinibandSampler(sysfs))
+        out.append(InfinibandSampler(sysfs, config.infiniband.expected_rates))
     if "ibpeer" in enabled:
         ip = config.ibpeer
         check_tools(ip.command_prefix)

@@ -35,6 +35,7 @@ def raised_kinds() -> set[str]:
     for name in (
         "infiniband/sampler",
         "ibpeer/sampler",
+        "infiniband/capacity",
         "pci/topology",
         "nvml/sampler",
         "nvml/findings",

@@ -324,7 +324,11 @@ def test_node_exporter_i40iw_all_no_pma(node_exporter_sys_root: Path) -> None:
         P + "physical_state",
         P + "up",
         P + "rate_bytes_per_second",
+        P + "link_width",
+        P + "lane_speed_bytes_per_second",
+        P + "rate_degraded",
     }
+    assert (port.width, port.speed) == (4, "SDR")  # "(4X)": kernels that print SDR as nothing
     # and mlx4_0 beside it lost nothing
     assert got[(P + "transmit_wait_total", ("mlx4_0", "1"))] == 4294967295
 
@@ -534,6 +538,10 @@ def test_roce_port_identity_netdev_and_congestion_counters(roce_sys_root: Path) 
         (P + "physical_state", dp): 5,
         (P + "up", dp): 1,
         (P + "rate_bytes_per_second", dp): 50_000_000_000,
+        (P + "link_width", dp): 4,
+        (P + "lane_speed_bytes_per_second", dp): 12_500_000_000,  # NDR: 100 Gb/s a lane
+        # one port of its model: no peers; the sampler's first pass: its history is now
+        (P + "rate_degraded", (*dp, "history")): 0,
         (P + "sm_lid", dp): 0,
         (P + "hw_counters_lifespan_seconds", dp): 0.01,
         (P + "transmitted_bytes_total", dp): 4000,
@@ -719,7 +727,11 @@ HFI1 = "class/infiniband/hfi1_0/ports/1"
             f"{MLX5}/rate",
             errno.EACCES,
             "permission",
-            {(P + "rate_bytes_per_second", ("mlx5_0", "1"))},
+            {
+                (P + "rate_bytes_per_second", ("mlx5_0", "1")),
+                (P + "link_width", ("mlx5_0", "1")),
+                (P + "lane_speed_bytes_per_second", ("mlx5_0", "1")),
+            },
         ),
         (
             f"{MLX5}/state",
@@ -731,7 +743,12 @@ HFI1 = "class/infiniband/hfi1_0/ports/1"
             f"{MLX4}/1/phys_state",
             errno.EIO,
             "io",
-            {(P + "physical_state", ("mlx4_0", "1")), (P + "up", ("mlx4_0", "1"))},
+            {
+                (P + "physical_state", ("mlx4_0", "1")),
+                (P + "up", ("mlx4_0", "1")),
+                # not known to be up: its rate is not judged
+                (P + "rate_degraded", ("mlx4_0", "1", "history")),
+            },
         ),
         (
             f"{MLX5}/hw_counters/lifespan",
@@ -828,6 +845,8 @@ def test_render_exact_values_procfs(procfs_sys_root: Path) -> None:
     assert got[(P + "up", m5)] == 0
     assert got[(P + "up", h1)] == 1
     assert got[(P + "info", ("mlx4_0", "2", "InfiniBand", "", ""))] == 1
+    assert got[(P + "link_width", ("mlx4_0", "2"))] == 4
+    assert got[(P + "lane_speed_bytes_per_second", ("mlx4_0", "2"))] == 1_250_000_000  # QDR
     assert (
         got[
             (

@@ -1127,6 +1127,8 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
         ("fabricscope_gpu_lost", g): 0,
         ("fabricscope_gpu_pcie_current_link_generation", g): 3,
         ("fabricscope_gpu_pcie_max_link_generation", g): 5,
+        # Gen3 of Gen5 with two compute processes on it: judged, and degraded
+        ("fabricscope_gpu_pcie_link_generation_degraded", g): 1,
         ("fabricscope_gpu_pcie_current_link_width", g): 16,
         ("fabricscope_gpu_pcie_max_link_width", g): 16,
         ("fabricscope_gpu_pcie_replays_total", g): 67,
@@ -1187,6 +1189,7 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
     }
     assert rendered(snap, "minimal") == default  # every NVML family is read by a rule
     assert kinds(findings(snap)) == [
+        ("gpu_pcie_speed_degraded", "gpu0"),
         ("nvlink_down", "gpu0/link1"),
         ("nvlink_errors", "gpu0/link0"),
         ("nvlink_errors", "gpu0/link1"),
@@ -1205,7 +1208,8 @@ def test_every_spec_is_rendered_by_some_fixture(
     snap = sample(with_xid(recorded_nvml, 0, 79), replay_sampler)
     seen = {name for name, _ in rendered(snap)}
     seen |= {"fabricscope_gpu_xid_errors_total", "fabricscope_nvlink_speed_bytes_per_second"}
-    seen |= {"fabricscope_nvlink_remote_info"}  # rendered in test_render_exact_values
+    # rendered in test_render_exact_values (the recording's GPUs run no compute process)
+    seen |= {"fabricscope_nvlink_remote_info", "fabricscope_gpu_pcie_link_generation_degraded"}
     assert {s.name for s in metrics.SPECS} == seen
     assert len({s.name for s in metrics.SPECS}) == len(metrics.SPECS)
 

@@ -100,6 +100,18 @@ _KINDS: tuple[FindingKind, ...] = (
         "info series over 30 minutes, so it also fires after an agent restart.",
     ),
     FindingKind(
+        "port_rate_degraded",
+        "infiniband",
+        "warning",
+        "An ACTIVE RDMA port runs below the rate it should (fewer lanes or a lower lane "
+        "speed): below its own fastest rate since the agent started, the rate most ports of "
+        "its HCA model and link layer on the node run at, or --infiniband.expected-rate.",
+        "fabricscope_infiniband_port_rate_degraded",
+        "FabricscopeInfinibandPortRateDegraded",
+        "The alert fires after 5 minutes and names one comparison per port, the strongest "
+        "that holds (expected, then peers, then history); the finding lists every one.",
+    ),
+    FindingKind(
         "nic_cross_numa",
         "pci",
         "warning",
@@ -116,6 +128,16 @@ _KINDS: tuple[FindingKind, ...] = (
         "reading width 0 / speed Unknown).",
         "fabricscope_pci_link_width_degraded",
         "FabricscopePcieLinkWidthDegraded",
+    ),
+    FindingKind(
+        "pci_link_speed_degraded",
+        "pci",
+        "warning",
+        "A NIC's PCIe link runs below the speed both ends support (NICs hold their trained "
+        "speed at idle; judged only where current and maximum speeds are reported, never "
+        "on GPUs, whose speed drops at idle by design: see gpu_pcie_speed_degraded).",
+        "fabricscope_pci_link_speed_degraded",
+        "FabricscopePcieLinkSpeedDegraded",
     ),
     FindingKind(
         "acs_p2p_redirect",
@@ -163,6 +185,17 @@ _KINDS: tuple[FindingKind, ...] = (
         "FabricscopePcieLinkWidthDegraded",
         "The alert is the sysfs judgement of the same link (pci_link_width_degraded), which "
         "also knows the upstream port's width.",
+    ),
+    FindingKind(
+        "gpu_pcie_speed_degraded",
+        "nvml",
+        "warning",
+        "A GPU running compute processes has its PCIe link below the highest generation it "
+        "and its system support (an idle GPU lowers it by design and is not judged).",
+        "fabricscope_gpu_pcie_link_generation_degraded",
+        "FabricscopeGpuPcieGenerationDegradedUnderLoad",
+        "The alert waits 15 minutes: a process that holds its GPU idle (data loading, "
+        "checkpoints) may let the link drop for a while.",
     ),
     FindingKind(
         "row_remap_failure",

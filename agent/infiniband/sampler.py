@@ -20,11 +20,12 @@ from __future__ import annotations
 import errno
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TypeVar
 
+from agent.config import ExpectedRate
 from agent.core.errors import NoData
 from agent.core.findings import Finding
 from agent.core.sysfs import Issues, ReadIssue, SysfsReader, UnsupportedValue, classify_os_error
@@ -50,6 +51,24 @@ PHYS_STATES = {
 }
 PORT_STATE_ACTIVE = 4
 PHYS_STATE_LINK_UP = 5
+
+#: link widths ``ib_width_enum_to_int`` prints (drivers/infiniband/core/verbs.c)
+LINK_WIDTHS = (1, 2, 4, 8, 12)
+#: lane speeds ``rate_show`` names (drivers/infiniband/core/sysfs.c), in Gb/s per lane as the
+#: kernel computes the rate (FDR: 14, not 14.0625). RoCE ports report their Ethernet speed in
+#: these terms too: mlx5 maps 25GbE to ``1X EDR``, 100GbE to ``4X EDR``, 400GbE to ``8X HDR``
+#: or ``4X NDR``.
+LANE_SPEEDS_GBPS: dict[str, Decimal] = {
+    "SDR": Decimal("2.5"),
+    "DDR": Decimal(5),
+    "QDR": Decimal(10),
+    "FDR10": Decimal(10),
+    "FDR": Decimal(14),
+    "EDR": Decimal(25),
+    "HDR": Decimal(50),
+    "NDR": Decimal(100),
+    "XDR": Decimal(200),
+}
 
 #: Widths in bits of the PMA PortCounters fields, from the kernel's
 #: ``PORT_PMA_ATTR(name, counter, width, offset)`` table in drivers/infiniband/core/sysfs.c.
@@ -112,6 +131,9 @@ _U64_MAX = (1 << 64) - 1
 _PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _STATE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s+Gb/sec\b")
+#: the ``(4X NDR)`` that follows: lanes, then the lane speed's name (absent on kernels that
+#: printed SDR as nothing: ``10 Gb/sec (4X)``)
+_RATE_DETAIL = re.compile(r"\((\d{1,2})X(?:\s+([A-Z][A-Z0-9]{1,7}))?\)")
 _COUNTER = re.compile(r"^\s*(\d+)\s*$")
 #: errnos with which reading ``gid_attrs/ndevs/0`` says "this GID has no netdev" (an
 #: InfiniBand port): expected, not a problem
@@ -165,6 +187,24 @@ class PortCounter:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkRate:
+    """A parsed ``rate`` file: ``"400 Gb/sec (4X NDR)"`` is 50e9 bytes/second over 4 lanes
+    of NDR. ``width`` and ``speed`` are ``None`` when the kernel printed none (or a value the
+    kernel does not define)."""
+
+    bytes_per_second: int
+    width: int | None = None
+    speed: str | None = None
+
+    def describe(self) -> str:
+        """``"400 Gb/s (4X NDR)"``, as people read it."""
+        gbps = Decimal(self.bytes_per_second) / 125_000_000
+        lanes = f"{self.width}X" if self.width is not None else ""
+        detail = " ".join(x for x in (lanes, self.speed or "") if x)
+        return f"{gbps.normalize():f} Gb/s" + (f" ({detail})" if detail else "")
+
+
+@dataclass(frozen=True, slots=True)
 class IbPort:
     """One port of an RDMA device. ``None`` means absent or unreadable, never 0."""
 
@@ -182,6 +222,20 @@ class IbPort:
     counters: tuple[PortCounter, ...]
     #: ``hw_counters/lifespan``: how long the driver caches hw_counters reads, in seconds
     hw_counters_lifespan_seconds: float | None
+    #: active link width in lanes and lane speed name, parsed from ``rate`` (``4X NDR``)
+    width: int | None = None
+    speed: str | None = None
+    #: the fastest rate the sampler saw this port run at while ACTIVE (since it started;
+    #: see :mod:`agent.infiniband.capacity`); ``None`` for a read without history
+    peak: LinkRate | None = None
+    #: the rate ``--infiniband.expected-rate`` says this port should run at, if any
+    expected_rate_bytes_per_second: int | None = None
+
+    @property
+    def link_rate(self) -> LinkRate | None:
+        if self.rate_bytes_per_second is None:
+            return None
+        return LinkRate(self.rate_bytes_per_second, self.width, self.speed)
 
     @property
     def up(self) -> bool | None:
@@ -244,10 +298,41 @@ def parse_node_type(text: str) -> str:
 
 def parse_rate(text: str) -> int:
     """``"400 Gb/sec (4X NDR)"`` -> 50_000_000_000 bytes/second (1 Gb/s = 125,000,000 B/s)."""
+    return parse_link_rate(text).bytes_per_second
+
+
+def lane_speed_bytes_per_second(speed: str | None) -> int | None:
+    """``"NDR"`` -> 12_500_000_000 (100 Gb/s per lane); None for no or an unknown name."""
+    gbps = LANE_SPEEDS_GBPS.get(speed) if speed is not None else None
+    return int(gbps * 125_000_000) if gbps is not None else None
+
+
+def parse_link_rate(text: str) -> LinkRate:
+    """``"400 Gb/sec (4X NDR)"`` -> ``LinkRate(50_000_000_000, 4, "NDR")``.
+
+    The kernel prints ``"%d%s Gb/sec (%dX%s)"`` (``rate_show``): the rate, then the lanes and
+    the lane speed's name. A width the kernel does not define, a name it does not print, or
+    no parenthesis at all leave ``width``/``speed`` ``None``; the rate alone decides whether
+    the text parses. Kernels before 4.x printed SDR as nothing (``"10 Gb/sec (4X)"``): a
+    nameless speed whose lanes run at 2.5 Gb/s is SDR.
+    """
     m = _RATE.match(text)
     if m is None:
         raise ValueError(f"expected 'N Gb/sec (...)', got {text.strip()[:40]!r}")
-    return int(Decimal(m.group(1)) * 125_000_000)  # the regex admits only plain decimals
+    gbps = Decimal(m.group(1))  # the regex admits only plain decimals
+    rate = LinkRate(int(gbps * 125_000_000))
+    detail = _RATE_DETAIL.search(text, m.end(), m.end() + 24)
+    if detail is None:
+        return rate
+    width = int(detail.group(1))
+    if width not in LINK_WIDTHS:
+        return rate
+    speed = detail.group(2)
+    if speed is None and gbps == width * LANE_SPEEDS_GBPS["SDR"]:
+        speed = "SDR"
+    if speed is not None and speed not in LANE_SPEEDS_GBPS:
+        speed = None
+    return LinkRate(rate.bytes_per_second, width, speed)
 
 
 def parse_counter(text: str) -> int:
@@ -528,12 +613,17 @@ def read_port(
             value = issues.read(rel, parse_counter)
             if value is not None:
                 raw.append((source, fname, value))
+    state = issues.read(f"{p}/state", parse_state)
+    phys_state = issues.read(f"{p}/phys_state", parse_state)
+    rate = issues.read(f"{p}/rate", parse_link_rate)
     return IbPort(
         device=device,
         port=number,
-        state=issues.read(f"{p}/state", parse_state),
-        phys_state=issues.read(f"{p}/phys_state", parse_state),
-        rate_bytes_per_second=issues.read(f"{p}/rate", parse_rate),
+        state=state,
+        phys_state=phys_state,
+        rate_bytes_per_second=rate.bytes_per_second if rate is not None else None,
+        width=rate.width if rate is not None else None,
+        speed=rate.speed if rate is not None else None,
         link_layer=issues.read(f"{p}/link_layer", parse_text),
         lid=issues.read_optional(f"{p}/lid", parse_lid),
         sm_lid=issues.read_optional(f"{p}/sm_lid", parse_lid),
@@ -577,15 +667,27 @@ def _read_netdevs(
 
 
 class InfinibandSampler:
-    """Samples ``/sys/class/infiniband`` through a :class:`~agent.core.sysfs.SysfsReader`."""
+    """Samples ``/sys/class/infiniband`` through a :class:`~agent.core.sysfs.SysfsReader`.
+
+    Keeps one memory between passes: each port's fastest rate seen while ACTIVE, and stamps
+    it (with the configured expectation, ``expected_rates``) on the ports it returns, for
+    :mod:`agent.infiniband.capacity` to judge.
+    """
 
     name = "infiniband"
 
-    def __init__(self, sys: SysfsReader) -> None:
+    def __init__(self, sys: SysfsReader, expected_rates: Sequence[ExpectedRate] = ()) -> None:
+        from agent.infiniband.capacity import PeakRates
+
         self.sys = sys
+        self.expected_rates = tuple(expected_rates)
+        self._peaks = PeakRates()
 
     def sample(self) -> InfinibandSnapshot:
-        return read_infiniband(self.sys)
+        from agent.infiniband.capacity import annotate
+
+        snap = read_infiniband(self.sys)
+        return annotate(snap, self._peaks.update(snap), self.expected_rates)
 
 
 # -- analysis --------------------------------------------------------------------------
@@ -593,7 +695,7 @@ class InfinibandSampler:
 
 def findings(snap: InfinibandSnapshot) -> list[Finding]:
     """Ports not ACTIVE (``port_down``) and PMA counters stuck at the maximum of their width
-    (``counter_saturated``), sorted."""
+    (``counter_saturated``), sorted. ACTIVE ports below their rate: ``capacity.findings``."""
     out: list[Finding] = []
     for dev in snap.devices:
         for port in dev.ports:

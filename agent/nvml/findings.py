@@ -3,7 +3,22 @@
 from __future__ import annotations
 
 from agent.core.findings import Finding
-from agent.nvml.snapshot import FINDING_NVLINK_ERRORS, NvmlSnapshot
+from agent.nvml.snapshot import FINDING_NVLINK_ERRORS, NvmlGpu, NvmlSnapshot
+
+
+def generation_degraded_under_load(gpu: NvmlGpu) -> bool | None:
+    """Whether a busy GPU's PCIe link runs below its highest generation; ``None`` when it is
+    not judged: no compute process (an idle GPU lowers its link speed by design: real
+    ``lspci`` of idle RTX 6000 Ada GPUs reads 2.5 GT/s of 16) or a generation unknown.
+    Current and maximum come from one NVML pass, with the processes, so the judgement is
+    of one moment. NVML's maximum is "possible with this device and system", so a Gen5 GPU
+    in a Gen4 slot is not degraded."""
+    pcie = gpu.pcie
+    if not gpu.compute_processes or pcie.current_generation is None:
+        return None
+    if pcie.max_generation is None:
+        return None
+    return pcie.current_generation < pcie.max_generation
 
 
 def findings(snap: NvmlSnapshot) -> list[Finding]:
@@ -17,6 +32,8 @@ def findings(snap: NvmlSnapshot) -> list[Finding]:
     * ``gpu_lost`` (``gpu1``): NVML answered GPU_IS_LOST.
     * ``pcie_link_degraded`` (``gpu0``): current PCIe width below the maximum. Not the
       generation: GPUs drop it at idle by design.
+    * ``gpu_pcie_speed_degraded`` (``gpu0``): the generation below the maximum while the GPU
+      runs compute processes (:func:`generation_degraded_under_load`).
     * ``row_remap_failure`` (``gpu0``): a row remap failed; the GPU needs service.
     * ``xid`` (``gpu0/xid79``): XID events counted since the agent started.
     """
@@ -66,6 +83,18 @@ def findings(snap: NvmlSnapshot) -> list[Finding]:
                     "pcie_link_degraded",
                     name,
                     f"{where}: PCIe link runs x{pcie.current_width} of x{pcie.max_width}.",
+                )
+            )
+        if generation_degraded_under_load(gpu):
+            procs = len(gpu.compute_processes or ())
+            out.append(
+                Finding(
+                    "gpu_pcie_speed_degraded",
+                    name,
+                    f"{where}: PCIe link at Gen{pcie.current_generation} of "
+                    f"Gen{pcie.max_generation} while {procs} compute process(es) run on it; "
+                    "a busy GPU holds its highest generation, so host transfers run slower "
+                    "(reseat, check the riser and the slot's BIOS speed setting).",
                 )
             )
         if gpu.remapped_rows is not None and gpu.remapped_rows.failure:

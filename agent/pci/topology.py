@@ -29,7 +29,15 @@ Links
     end (an endpoint, or a switch upstream port); root ports and switch downstream ports
     report the link below them, which their child judges. A link is *width-degraded* when
     its current width is below what both ends support (``min`` of the max widths the ends
-    report). Speed is not judged: GPUs and NICs drop their link speed when idle, by design.
+    report). Speed is judged on NIC links only (``speed_degraded``): the current speed below
+    the slower of the two ends' maximum speeds. NICs hold their trained speed at idle: every
+    ConnectX-7 and ConnectX-6 Dx in two real ``lspci -vvv`` captures (a Dell 8x H100 server,
+    an ASUS ESC8000A-E12) reads its maximum speed, while the idle RTX 6000 Ada GPUs of the
+    second read 2.5 GT/s of 16: GPUs lower it at idle by design, so a GPU's speed is judged
+    from NVML only while it runs compute processes (``agent.nvml.findings``). The expected
+    speed takes both ends because a switch port reports the link below it, trained to the
+    slower end: in the Dell capture the Gen5 switch's downstream ports above the Gen4
+    ConnectX-6 Dx and NVMe drives read 16 GT/s of 32 ("downgraded"), correctly.
 
     A link is judged only on values actually reported. *Not reported* (``reported`` False,
     ``degraded`` None, never a finding): an SR-IOV virtual function (its Link Status
@@ -121,6 +129,9 @@ class LinkCheck:
     ``expected_width`` is the narrower of the max widths the two ends report (None if
     neither does). ``reported`` is False when the link state is not reported (see the
     module docstring); ``not_reported`` then says why and ``degraded`` is None.
+    ``speed_degraded`` (NIC links only, else None): the current speed (transfers/second)
+    below ``expected_speed``, the slower of the two ends' maximum speeds; None also where
+    a speed is unknown.
     """
 
     device: str
@@ -130,6 +141,9 @@ class LinkCheck:
     degraded: bool | None
     reported: bool = True
     not_reported: str | None = None
+    speed: int | None = None
+    expected_speed: int | None = None
+    speed_degraded: bool | None = None
 
 
 AcsStateName = Literal["redirect", "no_redirect", "no_capability", "unreadable"]
@@ -269,7 +283,27 @@ def _link_checks(snap: PciSnapshot, on_paths: Iterable[str]) -> tuple[LinkCheck,
             out.append(LinkCheck(addr, dev.upstream[-1], width, expected, None, False, why))
             continue
         assert width is not None and expected is not None
-        out.append(LinkCheck(addr, dev.upstream[-1], width, expected, width < expected))
+        speeds = [dev.link.max_speed_transfers_per_second]
+        if partner is not None:
+            speeds.append(partner.link.max_speed_transfers_per_second)
+        known_speeds = [s for s in speeds if s is not None and s > 0]
+        expected_speed = min(known_speeds) if known_speeds else None
+        speed = dev.link.speed_transfers_per_second
+        speed_degraded = None
+        if dev.role == "nic" and speed is not None and expected_speed is not None:
+            speed_degraded = speed < expected_speed
+        out.append(
+            LinkCheck(
+                addr,
+                dev.upstream[-1],
+                width,
+                expected,
+                width < expected,
+                speed=speed,
+                expected_speed=expected_speed,
+                speed_degraded=speed_degraded,
+            )
+        )
     return tuple(out)
 
 
@@ -345,10 +379,18 @@ def _nic_name(n: PciDevice | None, address: str) -> str:
     return address
 
 
+def _gts(transfers: int | None) -> str:
+    if transfers is None:
+        return "an unknown speed"
+    return f"{transfers / 1e9:g} GT/s"
+
+
 def findings(topo: Topology) -> list[Finding]:
     """Conditions to act on: ``nic_cross_numa`` (subject: the GPU), ``pci_link_width_degraded``
     (the downstream end of the narrow link; one finding per link even for multi-function
-    devices; links whose state is not reported are never one), ``acs_p2p_redirect`` (the
+    devices; links whose state is not reported are never one), ``pci_link_speed_degraded``
+    (a NIC whose link runs below the speed both ends support; one per link),
+    ``acs_p2p_redirect`` (the
     bridge; root ports are not judged: see the module docstring). Sorted."""
     snap = topo.snapshot
     out: list[Finding] = []
@@ -387,6 +429,25 @@ def findings(topo: Topology) -> list[Finding]:
                 "pci_link_width_degraded",
                 link.device,
                 f"PCIe link {link.partner} -> {link.device} trained at x{link.width}, {support}",
+            )
+        )
+    seen_speed: set[tuple[str | None, str]] = set()
+    for link in topo.links:
+        if not link.speed_degraded:
+            continue
+        slot = (link.partner, link.device.rsplit(".", 1)[0])
+        if slot in seen_speed:
+            continue
+        seen_speed.add(slot)
+        nic = snap.get(link.device)
+        out.append(
+            Finding(
+                "pci_link_speed_degraded",
+                link.device,
+                f"PCIe link {link.partner} -> NIC {_nic_name(nic, link.device)} runs at "
+                f"{_gts(link.speed)}, below the {_gts(link.expected_speed)} both ends support; "
+                "NICs hold their trained speed at idle, so this caps the NIC's bandwidth "
+                "(reseat the card or riser, check the slot's BIOS speed setting)",
             )
         )
     for addr in topo.acs_redirect:

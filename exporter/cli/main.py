@@ -35,7 +35,9 @@ from agent.config import (
     DEFAULT_SAMPLING_TIMEOUT,
     SAMPLER_NAMES,
     AgentConfig,
+    ExpectedRate,
     IbPeerSettings,
+    InfinibandSettings,
     KubernetesSettings,
     NetdevSettings,
     NvmlSettings,
@@ -44,6 +46,7 @@ from agent.config import (
     ThroughputFile,
     ThroughputSettings,
     format_duration,
+    parse_expected_rate,
 )
 from agent.core.errors import ConfigError, NoData
 from agent.core.logsetup import LEVELS, setup_logging
@@ -205,8 +208,26 @@ def _add_throughput(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _expected_rate(text: str) -> ExpectedRate:
+    try:
+        return parse_expected_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_samplers(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("samplers")
+    g.add_argument(
+        "--infiniband.expected-rate",
+        dest="infiniband_expected_rates",
+        type=_expected_rate,
+        action="append",
+        default=[],
+        metavar="DEVICE_GLOB[:PORT]=GBPS",
+        help="the rate RDMA ports of this node class should run at, e.g. 'mlx5_*=400' "
+        "(repeatable; first match wins): an ACTIVE port below it is a port_rate_degraded "
+        "finding (comparison=expected), beside its own history and its peers",
+    )
     g.add_argument(
         "--nvml.link-error-rotation",
         dest="nvml_link_error_rotation",
@@ -439,6 +460,7 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
         nvml=NvmlSettings(
             ns.nvml_link_error_rotation, ns.nvml_slow_error_rotation, isolate=ns.nvml_isolate
         ),
+        infiniband=InfinibandSettings(tuple(getattr(ns, "infiniband_expected_rates", ()))),
         throughput=ThroughputSettings(
             files=tuple(getattr(ns, "throughput_files", ())),
             job=getattr(ns, "throughput_job", None),

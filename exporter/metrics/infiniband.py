@@ -10,7 +10,8 @@ with ``source`` and ``counter`` labels, so nothing is dropped because a list lac
 
 from __future__ import annotations
 
-from agent.infiniband.sampler import InfinibandSnapshot, PortCounter
+from agent.infiniband.capacity import rate_checks
+from agent.infiniband.sampler import InfinibandSnapshot, PortCounter, lane_speed_bytes_per_second
 from exporter.metrics.spec import Detail, Families, MetricSpec
 
 _DP = ("device", "port")
@@ -65,6 +66,33 @@ PORT_RATE = MetricSpec(
     "Negotiated port signalling rate (sysfs rate, Gb/s converted to bytes per second).",
     _DP,
     "bytes_per_second",
+)
+PORT_LINK_WIDTH = MetricSpec(
+    _P + "link_width",
+    "gauge",
+    "Active link width in lanes (the 4 of the rate's 4X NDR); the rate divided by it is the "
+    "lane speed. Absent when the rate names no width.",
+    _DP,
+)
+PORT_LANE_SPEED = MetricSpec(
+    _P + "lane_speed_bytes_per_second",
+    "gauge",
+    "Signalling rate of one lane, from the speed the rate names (SDR 2.5, DDR 5, QDR and "
+    "FDR10 10, FDR 14, EDR 25, HDR 50, NDR 100, XDR 200 Gb/s, as the kernel counts them; "
+    "RoCE ports report their Ethernet speed in these terms: 100GbE reads 4X EDR). Absent "
+    "when the rate names no speed.",
+    _DP,
+    "bytes_per_second",
+)
+PORT_RATE_DEGRADED = MetricSpec(
+    _P + "rate_degraded",
+    "gauge",
+    "1 when an ACTIVE port runs below the reference of one comparison, else 0; comparison "
+    "is history (its own fastest rate since the agent started), peers (the rate a majority "
+    "of the node's ports of the same HCA model and link layer run at, with at least 3 such "
+    "ports) or expected (--infiniband.expected-rate). Absent for ports not ACTIVE and for a "
+    "comparison that cannot be made (no peers, no majority, no expectation configured).",
+    ("device", "port", "comparison"),
 )
 PORT_SM_LID = MetricSpec(
     _P + "sm_lid",
@@ -441,6 +469,9 @@ SPECS: tuple[MetricSpec, ...] = (
     PORT_PHYSICAL_STATE,
     PORT_UP,
     PORT_RATE,
+    PORT_LINK_WIDTH,
+    PORT_LANE_SPEED,
+    PORT_RATE_DEGRADED,
     PORT_SM_LID,
     HW_COUNTERS_LIFESPAN,
     COUNTER_SATURATED,
@@ -493,6 +524,8 @@ def render(snap: InfinibandSnapshot, out: Families) -> None:
     one count per port, RoCE-only counters are left out on InfiniBand ports and the SM's
     LID on Ethernet ports."""
     folds = out.folds
+    for check in rate_checks(snap):
+        out.add(PORT_RATE_DEGRADED, check.degraded, check.device, str(check.port), check.comparison)
     for dev in snap.devices:
         out.add(
             DEVICE_INFO,
@@ -524,6 +557,8 @@ def render(snap: InfinibandSnapshot, out: Families) -> None:
             )
             out.add(PORT_UP, port.up, *labels)
             out.add(PORT_RATE, port.rate_bytes_per_second, *labels)
+            out.add(PORT_LINK_WIDTH, port.width, *labels)
+            out.add(PORT_LANE_SPEED, lane_speed_bytes_per_second(port.speed), *labels)
             if not (folds and ethernet):
                 out.add(PORT_SM_LID, port.sm_lid, *labels)
             out.add(HW_COUNTERS_LIFESPAN, port.hw_counters_lifespan_seconds, *labels)

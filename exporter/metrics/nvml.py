@@ -8,6 +8,7 @@ the GPU does not offer is absent, never 0.
 
 from __future__ import annotations
 
+from agent.nvml.findings import generation_degraded_under_load
 from agent.nvml.snapshot import NvLink, NvmlGpu, NvmlSnapshot
 from exporter.metrics.spec import Families, MetricSpec
 
@@ -65,6 +66,14 @@ PCIE_MAX_GENERATION = MetricSpec(
     "fabricscope_gpu_pcie_max_link_generation",
     "gauge",
     "Highest PCIe link generation the GPU and the system it sits in support.",
+    _G,
+)
+PCIE_GENERATION_DEGRADED = MetricSpec(
+    "fabricscope_gpu_pcie_link_generation_degraded",
+    "gauge",
+    "1 when the GPU runs compute processes and its current PCIe generation is below the "
+    "highest it and its system support, else 0; absent while it runs none (an idle GPU "
+    "lowers its link speed by design) or when NVML gives no generation.",
     _G,
 )
 PCIE_CURRENT_WIDTH = MetricSpec(
@@ -214,6 +223,7 @@ SPECS: tuple[MetricSpec, ...] = (
     GPU_LOST,
     PCIE_CURRENT_GENERATION,
     PCIE_MAX_GENERATION,
+    PCIE_GENERATION_DEGRADED,
     PCIE_CURRENT_WIDTH,
     PCIE_MAX_WIDTH,
     PCIE_REPLAYS,
@@ -265,6 +275,7 @@ def _render_gpu(gpu: NvmlGpu, out: Families) -> None:
     pcie = gpu.pcie
     out.add(PCIE_CURRENT_GENERATION, pcie.current_generation, g)
     out.add(PCIE_MAX_GENERATION, pcie.max_generation, g)
+    out.add(PCIE_GENERATION_DEGRADED, generation_degraded_under_load(gpu), g)
     out.add(PCIE_CURRENT_WIDTH, pcie.current_width, g)
     out.add(PCIE_MAX_WIDTH, pcie.max_width, g)
     out.add(PCIE_REPLAYS, pcie.replays, g)

@@ -76,6 +76,15 @@ LINK_WIDTH_DEGRADED = MetricSpec(
     "(fabricscope_pci_link_reported 0).",
     _ID,
 )
+LINK_SPEED_DEGRADED = MetricSpec(
+    "fabricscope_pci_link_speed_degraded",
+    "gauge",
+    "1 when a NIC's PCIe link runs below the speed both ends support (the slower of the two "
+    "maximum speeds), else 0. NIC links only: NICs hold their trained speed at idle, GPUs "
+    "do not (see fabricscope_gpu_pcie_link_generation_degraded). Absent where a speed is "
+    "unknown or the link state is not reported.",
+    _ID,
+)
 LINK_REPORTED = MetricSpec(
     "fabricscope_pci_link_reported",
     "gauge",
@@ -148,6 +157,7 @@ SPECS: tuple[MetricSpec, ...] = (
     LINK_WIDTH,
     LINK_MAX_WIDTH,
     LINK_WIDTH_DEGRADED,
+    LINK_SPEED_DEGRADED,
     LINK_REPORTED,
     ACS_P2P_REDIRECT,
     ACS_INFO,
@@ -202,6 +212,7 @@ def render(snap: PciSnapshot, out: Families) -> None:
     folds = out.folds
     for link in topo.links:
         out.add(LINK_WIDTH_DEGRADED, link.degraded, link.device)
+        out.add(LINK_SPEED_DEGRADED, link.speed_degraded, link.device)
         if not (folds and link.reported):
             out.add(LINK_REPORTED, link.reported, link.device)
     for acs in topo.acs:

@@ -36,6 +36,7 @@ LABELS: dict[str, str] = {
     "pci_bus_id": "PCI address domain:bus:device.function (0000:19:00.0)",
     "numa_node": "NUMA node number, -1 when the platform reports none",
     "link_layer": "InfiniBand or Ethernet (RoCE)",
+    "comparison": "what a port's rate was held to: history, peers or expected",
     "state": "port or link state name",
     "role": "what a PCI device is to fabricscope: gpu, nic, bridge",
     "vendor": "PCI vendor id (0x10de)",
