@@ -142,7 +142,9 @@ def parse_expected_rate(text: str) -> ExpectedRate:
     whole, _, frac = gbps_text.partition(".")
     bps = int(whole) * 125_000_000 + int((frac + "000")[:3]) * 125_000
     if bps <= 0:
-        raise ValueError(f"an expected rate must be above 0 Gb/s: {text.strip()[:60]!r}")
+        raise ValueError(
+            f"DEVICE_GLOB[:PORT]=RATE_GBPS needs a rate above 0 Gb/s, got {text.strip()[:60]!r}"
+        )
     port = m.group("port")
     return ExpectedRate(m.group("device"), int(port) if port is not None else None, bps)
 

@@ -78,21 +78,21 @@ class PeakRates:
         self._peaks: dict[tuple[str, str, int], LinkRate] = {}
 
     def update(self, snap: InfinibandSnapshot) -> dict[tuple[str, str, int], LinkRate]:
-        present: set[tuple[str, str, int]] = set()
+        """Forget ports no longer present, then raise each ACTIVE port's peak to its rate."""
+        present = {_key(dev, port) for dev in snap.devices for port in dev.ports}
+        for gone in set(self._peaks) - present:
+            del self._peaks[gone]
         for dev in snap.devices:
             for port in dev.ports:
                 key = _key(dev, port)
-                present.add(key)
                 now = port.link_rate
                 if not port.up or now is None:
                     continue
                 held = self._peaks.get(key)
+                if held is None and len(self._peaks) >= MAX_HISTORY:
+                    continue
                 if held is None or now.bytes_per_second > held.bytes_per_second:
-                    if held is None and len(self._peaks) >= MAX_HISTORY:
-                        continue
                     self._peaks[key] = now
-        for gone in set(self._peaks) - present:
-            del self._peaks[gone]
         return dict(self._peaks)
 
 
