@@ -228,3 +228,41 @@ def test_bare_metal_nodes_and_a_given_change(lab: Lab) -> None:
     assert report.change_given and report.shift is None
     assert report.footprint.instances == ("node-00", "node-01")
     assert report.causes[0].cause == "pcie" and report.causes[0].instance == "node-01"
+
+
+def test_a_window_before_the_data_reports_no_baseline_instead_of_a_new_cause(lab: Lab) -> None:
+    """The issue's run: the window began before the agents' data, no drop was found, the
+    halves were compared and the baseline half held nothing; the DGX tree's standing x8
+    switch uplink (0000:38:00.0) scored "none -> 1", 1.58, as a new cause."""
+    slot = lab.slots["healthy"]
+    start = slot.start - 8000  # the halves split before the first sample
+    report = explain(lab.client(), JobSpec("llm", "training"), start, slot.end)
+    assert report.shift is None and report.periods.base_end < slot.start
+    assert report.causes == []
+    checked = {c.check: c for c in report.checked}
+    assert checked["pci_width_degraded"].no_baseline >= 4  # the x8 uplink on every node
+    assert checked["pci_width_degraded"].worst == 0.0
+    assert all(c.worst < THRESHOLD for c in report.checked)
+
+
+def test_unknown_nodes_are_named_in_one_warning_line(lab: Lab) -> None:
+    slot = lab.slots["ib_link_bad"]
+    nodes = ("node-00", "node-01", "node-02", "node-03", "node-2x")
+    report = explain(lab.client(), JobSpec("llm", "training", nodes=nodes), slot.start, slot.end)
+    assert report.warning.startswith("warning: no fabricscope hardware series in the window")
+    assert "--nodes node-2x (a typo" in report.warning and "node-01" not in report.warning
+    assert report.causes[0].instance == "node-02"  # the real nodes are still answered for
+    args = ["explain", "--prometheus.url", lab.prom.url, "--namespace", "training"]
+    args += ["--job", "llm", "--nodes", ",".join(nodes), "--format", "json"]
+    args += ["--since", f"{slot.start:.0f}", "--until", f"{slot.end:.0f}"]
+    out = fabricscope(args)
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in out.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "node-2x" in warnings[0]
+    doc = json.loads(out.stdout)
+    assert doc["warnings"] == [report.warning]
+    assert doc["throughput"]["drop"]["median_shift_sigmas"] > 4
+    assert "robust_sigma" not in out.stdout
+    assert all("no_baseline" in c for c in doc["checked"])
+    known = explain(lab.client(), JobSpec("llm", "training"), slot.start, slot.end)
+    assert known.warning == ""

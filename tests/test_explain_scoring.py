@@ -27,15 +27,61 @@ from exporter.explain.evidence import Periods, Scope, evaluate, nccl_env_differe
         ("symbol_errors", 0.0, math.nan, 1.0, 0.0),  # no data in the slow period
         # NCCL: every network channel moved to sockets; the run's pods are new (no baseline)
         ("nccl_socket_share", 0.0, 1.0, 1.0, math.log2(11)),
-        ("nccl_socket_share", None, 1.0, 1.0, math.log2(11)),
+        # a new pod alone has no baseline (compare() gives it the job's: see below)
+        ("nccl_socket_share", None, 1.0, 1.0, 0.0),
         ("nccl_socket_share", 1.0, 1.0, 1.0, 0.0),  # a job that always ran on sockets
         ("nccl_gdr_share", 1.0, 0.0, 1.0, math.log2(6)),  # GPUDirect RDMA lost
         ("nccl_hcas", 8.0, 1.0, 1.0, math.log2(1 + 0.875 / 0.25)),  # 8 rails -> 1 HCA
         ("nccl_network_warnings", 0.0, 5.0, 1.0, math.log2(1 + 5 / 3)),  # 5 an hour
+        # no baseline: no change can be scored, in any mode but level (the issue's x8 link:
+        # "none -> 1" scored 1.58 when the window began before the agents' data)
+        ("pci_width_degraded", None, 1.0, 1.0, 0.0),
+        ("symbol_errors", None, 300.0, 1.0, 0.0),
+        ("link_downed", None, 2.0, 1.0, 0.0),
+        ("gpu_pcie_generation_busy", None, 1.0, 1.0, 0.0),
+        ("cpu_gpu_numa", None, 1.0, 1.0, math.log2(5)),  # level needs none
+        # the new capacity checks
+        ("port_rate", 50e9, 12.5e9, 1.0, math.log2(7)),  # 4X -> 1X: three quarters lost
+        ("port_width", 4.0, 1.0, 1.0, math.log2(7)),
+        ("port_lane_speed", 12.5e9, 6.25e9, 1.0, math.log2(5)),  # NDR -> HDR
+        ("nic_pci_speed", 32e9, 8e9, 1.0, math.log2(7)),  # the issue's 32 -> 8 GT/s
+        ("rail_share", 1.0, 0.38, 1.0, math.log2(1 + 0.62 / 0.25)),
+        ("port_rate_degraded", 0.0, 1.0, 1.0, math.log2(5)),
     ],
 )
 def test_score(check: str, base: float | None, slow: float, ratio: float, expected: float) -> None:
     assert score(CHECKS_BY_NAME[check], base, slow, ratio) == pytest.approx(expected)
+
+
+def test_no_baseline_is_reported_not_scored() -> None:
+    from exporter.explain.evidence import compare
+
+    check = CHECKS_BY_NAME["pci_width_degraded"]
+    labels = {"instance": "node-b", "pci_bus_id": "0000:3b:00.0"}
+    result = compare(check, [], [Sample(labels, 1.0)], 1.0)
+    (m,) = result.measurements
+    assert m.score == 0.0 and m.no_baseline and result.no_baseline == 1
+    assert m.text.endswith("none -> 1 (no baseline: not scored)")
+    with_base = compare(check, [Sample(labels, 0.0)], [Sample(labels, 1.0)], 1.0)
+    assert with_base.measurements[0].score > 1 and with_base.no_baseline == 0
+
+
+def test_a_new_pod_is_held_to_the_jobs_baseline_a_new_device_to_none() -> None:
+    from exporter.explain.evidence import compare
+
+    share = CHECKS_BY_NAME["nccl_socket_share"]
+    old = [Sample({"instance": "n0", "pod": f"llm-{i}"}, 0.0) for i in range(2)]
+    new = [Sample({"instance": "n0", "pod": f"llm-x{i}"}, 1.0) for i in range(2)]
+    result = compare(share, old, new, 1.0)
+    scored = [m for m in result.measurements if m.slow is not None]
+    assert len(scored) == 2 and all(m.job_baseline for m in scored)
+    assert all(m.score == pytest.approx(math.log2(11)) for m in scored)
+    assert scored[0].text.endswith("0 -> 100% (baseline: the job's pods before)")
+    assert compare(share, [], new, 1.0).no_baseline == 2  # no pod of the job before: none
+    width = CHECKS_BY_NAME["pci_width_degraded"]  # devices never borrow a baseline
+    a = Sample({"instance": "n0", "pci_bus_id": "0000:3b:00.0"}, 0.0)
+    b = Sample({"instance": "n1", "pci_bus_id": "0000:3b:00.0"}, 1.0)
+    assert compare(width, [a], [b], 1.0).no_baseline == 1
 
 
 def test_selectors_are_exact_alternations() -> None:

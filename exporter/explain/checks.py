@@ -22,6 +22,11 @@ Key = Literal["port", "netdev", "pci", "gpu", "probe", "pod"]
 #: a candidate at or above this score "stands out"; below it, it is listed as checked only
 THRESHOLD = 1.0
 
+#: the Node dashboard's panels (dashboards/boards/node.py) for a port's rate/width/speed and
+#: for its data rate beside its rail peers'
+PANEL_PORT_RATE = 14
+PANEL_PORT_DATA = 2
+
 
 @dataclass(frozen=True, slots=True)
 class Cause:
@@ -41,6 +46,18 @@ CAUSES: dict[str, Cause] = {
         Cause("ib_congestion", "port congestion (xmit_wait)", "fabricscope-job", 4),
         Cause("roce_congestion", "RoCE congestion (PFC pause, CNP/ECN)", "fabricscope-node", 6),
         Cause("drops", "packet drops and retransmissions", "fabricscope-node", 7),
+        Cause(
+            "port_rate",
+            "InfiniBand/RoCE port up but below its rate (fewer lanes or a lower speed)",
+            "fabricscope-node",
+            PANEL_PORT_RATE,
+        ),
+        Cause(
+            "rail_share",
+            "port carrying less data than its rail peers",
+            "fabricscope-node",
+            PANEL_PORT_DATA,
+        ),
         Cause("pcie", "PCIe link degraded", "fabricscope-node", 10),
         Cause("nvlink", "NVLink down or erroring", "fabricscope-node", 9),
         Cause("gpu", "GPU errors (XID, lost GPU)", "fabricscope-node", 12),
@@ -67,7 +84,9 @@ class Check:
     counts, the baseline's scaled to the slow period's length; ``drop`` is a gauge's
     relative fall ((baseline - slow) / baseline); ``rise`` a gauge's absolute rise;
     ``level`` is the slow period's value itself (a standing defect of the job's own
-    placement or settings, reported even when it did not change). ``scale`` and ``unit``
+    placement or settings, reported even when it did not change). Every mode but ``level``
+    compares with the baseline: a device with no baseline value scores 0 and is reported as
+    "no baseline", never as a change from nothing. ``scale`` and ``unit``
     only format numbers (x60 for "per minute"). ``identity`` names the labels that make a
     device, besides ``instance``.
     """
@@ -200,6 +219,66 @@ CHECKS: tuple[Check, ...] = (
         "port",
         PORT,
         unit="",
+    ),
+    # --- capacity: up, but slower ------------------------------------------------------
+    Check(
+        "port_rate",
+        "port_rate",
+        "port rate",
+        "avg_over_time(fabricscope_infiniband_port_rate_bytes_per_second{{{sel}}}[{d}])",
+        "drop",
+        0.125,
+        "port",
+        PORT,
+        unit=" Gb/s",
+        scale=8e-9,
+    ),
+    Check(
+        "port_width",
+        "port_rate",
+        "link width (lanes)",
+        "avg_over_time(fabricscope_infiniband_port_link_width{{{sel}}}[{d}])",
+        "drop",
+        0.125,
+        "port",
+        PORT,
+    ),
+    Check(
+        "port_lane_speed",
+        "port_rate",
+        "lane speed",
+        "avg_over_time(fabricscope_infiniband_port_lane_speed_bytes_per_second{{{sel}}}[{d}])",
+        "drop",
+        0.125,
+        "port",
+        PORT,
+        unit=" Gb/s",
+        scale=8e-9,
+    ),
+    Check(
+        "port_rate_degraded",
+        "port_rate",
+        "below its rate by the agent's own judgement (history, peers or expected; share of time)",
+        "max by (instance, device, port) "
+        "(avg_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}]))",
+        "rise",
+        0.25,
+        "port",
+        PORT,
+    ),
+    Check(
+        "rail_share",
+        "rail_share",
+        "data moved, as a share of the node's busiest port (tx + rx)",
+        "(rate(fabricscope_infiniband_port_transmitted_bytes_total{{{sel}}}[{d}]) + "
+        "rate(fabricscope_infiniband_port_received_bytes_total{{{sel}}}[{d}])) "
+        "/ on (instance) group_left max by (instance) "
+        "(rate(fabricscope_infiniband_port_transmitted_bytes_total{{{sel}}}[{d}]) + "
+        "rate(fabricscope_infiniband_port_received_bytes_total{{{sel}}}[{d}]))",
+        "drop",
+        0.25,
+        "port",
+        PORT,
     ),
     # --- congestion -------------------------------------------------------------------
     Check(
@@ -347,6 +426,39 @@ CHECKS: tuple[Check, ...] = (
         0.5,
         "pci",
         ("pci_bus_id",),
+    ),
+    Check(
+        "nic_pci_speed",
+        "pcie",
+        "NIC PCIe link speed",
+        "avg_over_time(fabricscope_pci_link_speed_transfers_per_second{{{sel}}}[{d}]) "
+        'and on (instance, pci_bus_id) fabricscope_pci_device_info{{{sel},role="nic"}}',
+        "drop",
+        0.125,
+        "pci",
+        ("pci_bus_id",),
+        unit=" GT/s",
+        scale=1e-9,
+    ),
+    Check(
+        "nic_pci_speed_degraded",
+        "pcie",
+        "NIC PCIe link slower than both ends support (0/1)",
+        "max_over_time(fabricscope_pci_link_speed_degraded{{{sel}}}[{d}])",
+        "rise",
+        0.5,
+        "pci",
+        ("pci_bus_id",),
+    ),
+    Check(
+        "gpu_pcie_generation_busy",
+        "pcie",
+        "GPU PCIe below its generation while running processes (share of time)",
+        "avg_over_time(fabricscope_gpu_pcie_link_generation_degraded{{{sel}}}[{d}])",
+        "rise",
+        0.25,
+        "gpu",
+        ("gpu",),
     ),
     Check(
         "gpu_pcie_width",

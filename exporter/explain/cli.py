@@ -69,6 +69,8 @@ def _run(ns: argparse.Namespace) -> int:
         grafana=ns.grafana_url,
         max_names=MAX_NAMES_PER_QUERY if ns.prom_max_names is None else ns.prom_max_names,
     )
+    if report.warning:
+        print(f"fabricscope explain: {report.warning}", file=sys.stderr)
     if ns.plot:
         from exporter.explain.plot import PlotUnavailableError, plot
 

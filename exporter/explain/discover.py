@@ -58,6 +58,8 @@ class Throughput:
     series: Series | None  # the job's throughput over the window (None: not found)
     pods: tuple[str, ...]
     instances: tuple[str, ...]
+    #: (pod, instance) of every throughput series that names both
+    pod_instances: tuple[tuple[str, str], ...] = ()
 
 
 def throughput(
@@ -72,6 +74,9 @@ def throughput(
         rows = [s for s in found if s.get("__name__") == metric]
         pods = tuple(sorted({s["pod"] for s in rows if s.get("pod")}))
         instances = tuple(sorted({s["instance"] for s in rows if s.get("instance")}))
+        placed = tuple(
+            sorted({(s["pod"], s["instance"]) for s in rows if s.get("pod") and s.get("instance")})
+        )
         inner = f"avg({metric}{{{job.matchers()}}})"
         expr = f"1 / {inner}" if metric.endswith("_step_seconds") else inner
         result = client.query_range(expr, start, end, step)
@@ -81,7 +86,7 @@ def throughput(
                 f"Prometheus answered only NaN or infinite values for the job's throughput "
                 f"({expr}): no slowdown can be judged from them"
             )
-        return Throughput(metric, unit, expr, series, pods, instances)
+        return Throughput(metric, unit, expr, series, pods, instances, placed)
     return Throughput("", "", "", None, (), ())
 
 
@@ -148,6 +153,8 @@ class Inventory:
     pci_roles: Mapping[tuple[str, str], str]  # (instance, pci_bus_id) -> role
     pci_names: Mapping[tuple[str, str], str]  # (instance, pci_bus_id) -> mlx5_0 / GPU 3
     port_count: int
+    #: instances with any hardware identity series (ports, PCI devices, HCAs, GPUs)
+    instances: frozenset[str] = frozenset()
 
     def name(self, check: Check, labels: Mapping[str, str]) -> str:
         inst = labels.get("instance", "")
@@ -220,7 +227,32 @@ def inventory(
     roles = {_ib(s, "pci_bus_id"): s.labels.get("role", "") for s in pci_info}
     names = {_ib(s, "pci_bus_id"): s.labels.get("device", "") for s in dev_info}
     names.update({_ib(s, "pci_bus_id"): f"GPU {s.labels.get('gpu', '')}" for s in gpu_info})
-    return Inventory(ports, netdevs, roles, names, len(port_info))
+    seen = {
+        s.labels.get("instance", "")
+        for group in (port_info, pci_info, dev_info, gpu_info)
+        for s in group
+    }
+    return Inventory(ports, netdevs, roles, names, len(port_info), frozenset(seen - {""}))
+
+
+def unknown_warning(job: JobSpec, tp: Throughput, inv: Inventory) -> str:
+    """One line naming the ``--nodes`` and the job's pods (by the node they print from) that
+    have no fabricscope hardware series in the window; "" when there are none."""
+    parts = []
+    nodes = [n for n in job.nodes if n not in inv.instances]
+    if nodes:
+        parts.append(f"--nodes {', '.join(nodes)} (a typo, or no agent scraped there)")
+    pods = [f"{pod} (on {inst})" for pod, inst in tp.pod_instances if inst not in inv.instances]
+    if pods:
+        shown = ", ".join(pods[:8]) + (f" and {len(pods) - 8} more" if len(pods) > 8 else "")
+        parts.append(f"pods {shown}, whose nodes have none")
+    if not parts:
+        return ""
+    return (
+        "warning: no fabricscope hardware series in the window for "
+        + "; for ".join(parts)
+        + ": not checked"
+    )
 
 
 def _ib(sample: Sample, label: str) -> tuple[str, str]:

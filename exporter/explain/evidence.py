@@ -11,6 +11,7 @@ per device (per instance at most), so the groups' answers together are the whole
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -90,13 +91,25 @@ class Measurement:
     baseline: float | None
     slow: float | None
     score: float
+    #: the baseline is the job's: a pod-scoped check's new pod (a restarted job's pods may
+    #: take new names) is held to the median of the job's pods in the baseline
+    job_baseline: bool = False
+
+    @property
+    def no_baseline(self) -> bool:
+        """A value in the slow period and none in the baseline: not scored (see
+        :func:`score`)."""
+        return self.check.mode != "level" and self.baseline is None and self.slow is not None
 
     @property
     def text(self) -> str:
         c = self.check
         gpu = self.labels.get("gpu", "")
         on = f" (GPU {gpu})" if c.key == "pod" and gpu else ""
-        return f"{c.what}{on}: {_fmt(self.baseline)} -> {_fmt(self.slow)}{c.unit}"
+        tail = " (no baseline: not scored)" if self.no_baseline else ""
+        if self.job_baseline:
+            tail = " (baseline: the job's pods before)"
+        return f"{c.what}{on}: {_fmt(self.baseline)} -> {_fmt(self.slow)}{c.unit}{tail}"
 
 
 def _fmt(value: float | None) -> str:
@@ -113,20 +126,27 @@ def _fmt(value: float | None) -> str:
 
 def score(check: Check, base: float | None, slow: float | None, ratio: float) -> float:
     """``log2(1 + change / significant)`` for the change the check's mode defines; 0 when it
-    did not get worse. ``ratio`` is the slow period's length over the baseline's."""
+    did not get worse. ``ratio`` is the slow period's length over the baseline's.
+
+    A change needs a baseline: every mode but ``level`` scores 0 when the baseline holds no
+    value (the window began before the agents' data, or the series appeared later), and the
+    measurement says "no baseline" (:attr:`Measurement.no_baseline`). A standing x8 link
+    seen only in the slow period is not today's cause."""
     if slow is None or not math.isfinite(slow):
         return 0.0
     b = base if base is not None and math.isfinite(base) else None
     if check.mode == "level":
         change = slow
+    elif b is None:
+        return 0.0
     elif check.mode == "rate":
-        change = slow - (b or 0.0)
+        change = slow - b
     elif check.mode == "events":
-        change = slow - (b or 0.0) * ratio
+        change = slow - b * ratio
     elif check.mode == "rise":
-        change = slow - (b or 0.0)
-    else:  # drop: relative fall against the baseline; no baseline, nothing to fall from
-        if b is None or b <= 0:
+        change = slow - b
+    else:  # drop: relative fall against the baseline
+        if b <= 0:
             return 0.0
         change = (b - slow) / b
     if change <= 0:
@@ -139,6 +159,11 @@ class CheckResult:
     check: Check
     series: int = 0  # devices the check found data for
     measurements: list[Measurement] = field(default_factory=list)
+
+    @property
+    def no_baseline(self) -> int:
+        """Devices with a value in the slow period and none in the baseline."""
+        return sum(1 for m in self.measurements if m.no_baseline)
 
 
 def _key(check: Check, labels: Mapping[str, str]) -> tuple[str, ...]:
@@ -195,14 +220,21 @@ def compare(
         for s in samples:
             by_key[_key(check, s.labels)][i] = s
     result = CheckResult(check, series=len(by_key))
+    # a pod-scoped check's baseline is the job's when a pod has none of its own (a restarted
+    # job's new pods): the median of the job's pods then; a device-scoped check never borrows
+    before = [v for v in (_finite(s) for s in base) if v is not None]
+    job = statistics.median(before) if check.scope == "pod" and before else None
     for base_sample, slow_sample in by_key.values():
         bv = _finite(base_sample)
         sv = _finite(slow_sample)
+        borrowed = bv is None and sv is not None and job is not None
+        if borrowed:
+            bv = job
         present = slow_sample if slow_sample is not None else base_sample
         labels = present.labels if present is not None else {}
         sc = score(check, bv, sv, ratio)
         result.measurements.append(
-            Measurement(check, labels, _scaled(check, bv), _scaled(check, sv), sc)
+            Measurement(check, labels, _scaled(check, bv), _scaled(check, sv), sc, borrowed)
         )
     result.measurements.sort(key=lambda m: -m.score)
     return result

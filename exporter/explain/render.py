@@ -37,7 +37,7 @@ def text(report: Report) -> str:
         lines.append(
             f"throughput ({tp.unit}, mean over the job's series): {_num(s.before)} -> "
             f"{_num(s.after)} ({-100 * s.drop_ratio:+.1f}%) from {_hm(s.at)} "
-            f"(median shift of {s.score:.0f} robust sigma)"
+            f"(median shift of {s.score:.0f} robust sigmas)"
         )
     elif r.change_given:
         lines.append(f"comparing before and after the given change at {_hm(r.periods.slow_start)}")
@@ -61,7 +61,8 @@ def text(report: Report) -> str:
         )
         for c in r.checked:
             data = f"{c.devices} devices" if c.devices else "no data"
-            lines.append(f"  {c.cause:<16} {c.what} [{data}; max {c.worst:.2f}]")
+            nob = f"; {c.no_baseline} without baseline" if c.no_baseline else ""
+            lines.append(f"  {c.cause:<16} {c.what} [{data}; max {c.worst:.2f}{nob}]")
     else:
         lines.append(f" #  score  cause / device / evidence (score >= {r.threshold:g} stands out)")
         shown: dict[str, int] = {}
@@ -88,11 +89,13 @@ def text(report: Report) -> str:
             )
         below = len(r.findings) - len(causes)
         nodata = [c.what for c in r.checked if not c.devices]
+        nobase = [f"{c.what} ({c.no_baseline})" for c in r.checked if c.no_baseline]
         lines.append("")
         lines.append(
             f"{len(r.checked)} checks over {len(fp.instances)} nodes; {below} candidates "
             f"changed but stayed below {r.threshold:g}"
             + (f"; no data for: {', '.join(nodata)}" if nodata else "")
+            + (f"; no baseline (not scored) for: {', '.join(nobase)}" if nobase else "")
         )
     lines.append(f"answered in {r.elapsed:.2f}s")
     return "\n".join(lines) + "\n"
@@ -114,7 +117,7 @@ def to_json(report: Report) -> str:
                 "before": r.shift.before,
                 "after": r.shift.after,
                 "drop_ratio": round(r.shift.drop_ratio, 4),
-                "robust_sigma": round(r.shift.score, 1),
+                "median_shift_sigmas": round(r.shift.score, 1),
             },
             "change_given": r.change_given,
         },
@@ -130,6 +133,7 @@ def to_json(report: Report) -> str:
             "rdma_ports": r.ports,
         },
         "threshold": r.threshold,
+        "warnings": [r.warning] if r.warning else [],
         "verdict": "causes found" if r.causes else "no fabric cause found",
         "findings": [
             {
@@ -154,6 +158,7 @@ def to_json(report: Report) -> str:
                 "what": c.what,
                 "devices": c.devices,
                 "max_score": round(c.worst, 3),
+                "no_baseline": c.no_baseline,
             }
             for c in r.checked
         ],

@@ -43,6 +43,7 @@ class Checked:
     what: str
     devices: int  # devices with data for it
     worst: float  # highest score among them
+    no_baseline: int = 0  # devices with a slow-period value and no baseline (not scored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,8 @@ class Report:
     checked: tuple[Checked, ...]
     elapsed: float
     threshold: float = THRESHOLD
+    #: one line naming --nodes and pods without fabricscope series ("" when none)
+    warning: str = ""
 
     @property
     def causes(self) -> list[rank.Finding]:
@@ -135,6 +138,7 @@ def explain(
                 r.check.what,
                 r.series,
                 max((m.score for m in r.measurements), default=0.0),
+                r.no_baseline,
             )
             for r in results
         ),
@@ -160,6 +164,7 @@ def explain(
         tuple(findings),
         checked,
         time.monotonic() - t0,
+        warning=discover.unknown_warning(job, tp, inv),
     )
 
 
