@@ -34,6 +34,8 @@ EXPECTED = {
     "roce_incast": ("roce_congestion", "node-02", "mlx5_9/1"),
     "nvlink_errors": ("nvlink", "node-03", "GPU 5"),
     "pcie_x8_nic": ("pcie", "node-02", "0000:3c:00.0"),
+    "ib_rate_drop": ("port_rate", "node-01", "mlx5_5/1"),
+    "pcie_speed_nic": ("pcie", "node-03", "0000:cc:00.0"),
     "wrong_numa": ("misplacement", "node-03", pod_name(3)),
     # every pod's next run fell back to sockets: the pods rank by name, all equal
     "nccl_socket_fallback": ("nccl_transport", "node-00", pod_name(0)),

@@ -156,3 +156,77 @@ def test_explain_names_the_port_from_the_live_fleet(tmp_path: Path) -> None:
         f"explain, --nodes only: drop {drop['drop_ratio']:.3f} found {drop['at'] - down_at:+.0f} s "
         f"from the fault; {check_top(slurm)}"
     )
+
+
+def test_links_that_stay_up_but_run_slower_reach_the_webhook_and_explain(tmp_path: Path) -> None:
+    """The two faults issue 21 found missed, live: node-01's rail mlx5_5 retrains at
+    ``100 Gb/sec (1X NDR)`` and stays ACTIVE (every error counter flat, its data at a
+    quarter), the job slows 34 %. The long-running agent holds that port to its own history
+    and to its seven ConnectX-7 peers: the webhook receives
+    ``FabricscopeInfinibandPortRateDegraded`` naming ``peers`` (its ``for`` shortened to
+    2 s), and ``explain --nodes`` ranks the port first on its rate. Then node-02's NIC of
+    mlx5_9 retrains its PCIe link at 8 GT/s: ``FabricscopePcieLinkSpeedDegraded`` names
+    that NIC. No other node or port alerts."""
+    rule_for = {
+        "FabricscopeInfinibandPortRateDegraded": "2s",
+        "FabricscopePcieLinkSpeedDegraded": "2s",
+    }
+    with LiveLab(SCENARIOS["healthy"], tmp_path, nodes=3, rule_for=rule_for) as lab:
+        lab.wait_scraped()
+        start = time.time()
+        time.sleep(80)
+        drop_at = time.time()
+        lab.drop_rate(NODE, "mlx5_5")
+
+        def firing(name: str) -> object:
+            return lambda a: _labels(a)["alertname"] == name and a["status"] == "firing"
+
+        alert = lab.webhook.wait_for(
+            firing("FabricscopeInfinibandPortRateDegraded"), timeout=30, what="RateDegraded"
+        )
+        fired_in = time.time() - drop_at
+        labels = _labels(alert)
+        assert (labels["instance"], labels["device"], labels["port"]) == (NODE, "mlx5_5", "1")
+        assert labels["comparison"] == "peers"  # stronger than its own history, which holds too
+        history = lab.prometheus.query(
+            'fabricscope_infiniband_port_rate_degraded{comparison="history",device="mlx5_5"}'
+        )
+        assert [(s.labels["instance"], s.value) for s in history] == [(NODE, 1.0)]
+        time.sleep(max(0.0, start + 170 - time.time()))
+        end = time.time()
+        window = ("--since", f"{start:.3f}", "--until", f"{end:.3f}")
+        report = explain_json(
+            lab.prometheus.url, "--job", JOB_NAME, "--nodes", ",".join(NODES), *window
+        )
+        slow_at = time.time()
+        lab.slow_nic_pcie("node-02", "mlx5_9")
+        pcie = lab.webhook.wait_for(
+            firing("FabricscopePcieLinkSpeedDegraded"), timeout=30, what="PcieLinkSpeedDegraded"
+        )
+        pcie_in = time.time() - slow_at
+        assert (_labels(pcie)["instance"], _labels(pcie)["pci_bus_id"]) == (
+            "node-02",
+            "0000:bc:00.0",
+        )
+        lab.check()
+        assert not any("Traceback" in a.log_tail(200) for a in lab.agents)
+        for a in lab.webhook.alerts():
+            got = (
+                _labels(a).get("instance"),
+                _labels(a).get("device"),
+                _labels(a).get("pci_bus_id"),
+            )
+            assert got in ((NODE, "mlx5_5", None), ("node-02", None, "0000:bc:00.0")), got
+    drop = report["throughput"]["drop"]
+    assert drop is not None and drop_at - 15 <= drop["at"] <= drop_at + 30, (drop, drop_at)
+    assert abs(drop["drop_ratio"] - (1 - SCENARIOS["ib_rate_drop"].throughput_ratio)) < 0.02
+    top, *rest = report["findings"]
+    assert (top["cause"], top["instance"], top["stands_out"]) == ("port_rate", NODE, True), top
+    assert top["device"].startswith(f"{NODE} mlx5_5/1") and top["score"] >= 1, top
+    for f in rest:  # anything else standing out is the same port (its data share)
+        assert not f["stands_out"] or f["device"] == top["device"], f
+    print(
+        f"RateDegraded at the webhook {fired_in:.1f} s after the retrain; PcieLinkSpeedDegraded "
+        f"{pcie_in:.1f} s; explain --nodes: #1 {top['device']} {top['cause']} {top['score']}: "
+        + " | ".join(top["evidence"])
+    )

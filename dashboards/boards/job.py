@@ -147,6 +147,39 @@ JOB = Board(
             shows=(Show(("wrong_numa",), NODE),),
         ),
         Panel(
+            "Link rate of the job's NICs",
+            "timeseries",
+            (
+                (
+                    "min by (instance, device) ("
+                    f"fabricscope_infiniband_port_rate_bytes_per_second{{{N}}}) * 8 "
+                    f"* on (instance, device) group_left (pod) {JOB_NICS}",
+                    "{{pod}} {{instance}} {{device}}",
+                ),
+            ),
+            "bps",
+            "The rate each RDMA port of the job's pods trained at: a port up at fewer lanes "
+            "or a lower speed slows the whole job with no error counted.",
+            shows=(Show(("ib_rate_drop",), NODE_PORT, "asc"),),
+        ),
+        Panel(
+            "PCIe speed of the job's NICs",
+            "timeseries",
+            (
+                (
+                    f"(fabricscope_pci_link_speed_transfers_per_second{{{N}}} / on (instance, "
+                    f"pci_bus_id) fabricscope_pci_link_max_speed_transfers_per_second{{{N}}}) "
+                    "* on (instance, pci_bus_id) group_left (pod, device) max by (instance, "
+                    f"pci_bus_id, pod, device) (fabricscope_pod_rdma_info{{{JOB_PODS},{N}}})",
+                    "{{pod}} {{instance}} {{device}}",
+                ),
+            ),
+            "percentunit",
+            "Current over maximum PCIe speed of each NIC the job holds (NICs hold their speed "
+            "at idle).",
+            shows=(Show(("pcie_speed_degraded",), NODE_PORT, "asc"),),
+        ),
+        Panel(
             "Probe busbw of the job's nodes",
             "timeseries",
             (
@@ -163,7 +196,18 @@ JOB = Board(
             "running the job.",
             w=24,
             h=7,
-            shows=(Show(("ib_link_errors", "pcie_width_degraded"), NODE, "asc"),),
+            shows=(
+                Show(
+                    (
+                        "ib_link_errors",
+                        "pcie_width_degraded",
+                        "ib_rate_drop",
+                        "pcie_speed_degraded",
+                    ),
+                    NODE,
+                    "asc",
+                ),
+            ),
         ),
         Panel(
             "NCCL network warnings of the job",

@@ -24,8 +24,8 @@ THRESHOLD = 1.0
 
 #: the Node dashboard's panels (dashboards/boards/node.py) for a port's rate/width/speed and
 #: for its data rate beside its rail peers'
-PANEL_PORT_RATE = 14
-PANEL_PORT_DATA = 2
+PANEL_PORT_RATE = 5
+PANEL_PORT_DATA = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +58,9 @@ CAUSES: dict[str, Cause] = {
             "fabricscope-node",
             PANEL_PORT_DATA,
         ),
-        Cause("pcie", "PCIe link degraded", "fabricscope-node", 10),
-        Cause("nvlink", "NVLink down or erroring", "fabricscope-node", 9),
-        Cause("gpu", "GPU errors (XID, lost GPU)", "fabricscope-node", 12),
+        Cause("pcie", "PCIe link degraded", "fabricscope-node", 13),
+        Cause("nvlink", "NVLink down or erroring", "fabricscope-node", 12),
+        Cause("gpu", "GPU errors (XID, lost GPU)", "fabricscope-node", 16),
         Cause("gpu_throttle", "GPU clocks throttled", "fabricscope-node", 0),
         Cause("probe", "probe bus bandwidth below the pair's baseline", "fabricscope-probe", 3),
         Cause("misplacement", "pods placed off their GPUs' NUMA node", "fabricscope-job", 8),

@@ -410,6 +410,10 @@ class LabNode:
             rate = RAIL_BYTES_PER_SECOND if port.rail else STORAGE_BYTES_PER_SECOND
             if on_cause and kind == "pcie_width_degraded":
                 share = min(share, 0.48)  # PCIe Gen5 x8: ~26 GB/s usable
+            if on_cause and kind == "pcie_speed_degraded":
+                share = min(share, 0.30)  # PCIe Gen3 x16: ~15 GB/s usable
+            if on_cause and kind == "ib_rate_drop":
+                share = RAIL_LOAD * wave * rng.uniform(0.97, 1.03) / 4  # a quarter of before
             held = port.device in self.held_down
             down = (on_cause and link_down_now) or held
             if held and port.up:  # the link just went down: the PMA counts it once
@@ -489,6 +493,13 @@ class LabNode:
         self._write_counters()
         if here and kind == "pcie_width_degraded":
             self._set_nic_width(8)
+        if here and kind == "pcie_speed_degraded":
+            self._set_nic_speed("8.0 GT/s PCIe")
+        if here and kind == "ib_rate_drop":
+            assert self.cause is not None
+            self._write(
+                f"class/infiniband/{self.cause.device}/ports/1/rate", "100 Gb/sec (1X NDR)\n"
+            )
         if here and kind == "nvlink_errors":
             self._advance_nvlink(dt)
         if here and kind == "wrong_numa" and fault_age is not None and fault_age < dt:
@@ -536,6 +547,13 @@ class LabNode:
         nic = (self.sys / "bus/pci/devices" / self.cause.pci_bus_id).resolve()
         for dev in (nic, nic.parent):
             (dev / "current_link_width").write_text(f"{width}\n")
+
+    def _set_nic_speed(self, speed: str) -> None:
+        """The NIC of the cause and the switch port above it report the link at ``speed``."""
+        assert self.cause is not None and self.cause.pci_bus_id is not None
+        nic = (self.sys / "bus/pci/devices" / self.cause.pci_bus_id).resolve()
+        for dev in (nic, nic.parent):
+            (dev / "current_link_speed").write_text(f"{speed}\n")
 
     def _advance_nvlink(self, dt: float) -> None:
         assert self.cause is not None and self.cause.gpu is not None
@@ -596,6 +614,8 @@ class LabNode:
             "ib_link_errors": 0.42,
             "roce_incast": 0.7,
             "pcie_width_degraded": 0.55,
+            "ib_rate_drop": 0.25,
+            "pcie_speed_degraded": 0.32,
         }.get(sc.cause.kind, 1.0)
 
     def _advance_probes(self, step: int, t: float, fault_age: float | None) -> None:

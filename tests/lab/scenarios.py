@@ -149,6 +149,39 @@ SCENARIOS: dict[str, Scenario] = {
             throughput_ratio=BAD_TOKENS_PER_SECOND / GOOD_TOKENS_PER_SECOND,
         ),
         Scenario(
+            "ib_rate_drop",
+            "node-01's rail mlx5_5 (GPU 3) retrains from 400 Gb/sec (4X NDR) to 100 Gb/sec "
+            "(1X NDR): the port stays ACTIVE, every error counter flat, its data counters "
+            "grow at a quarter of their rate; the job slows 34 %",
+            Cause(
+                "ib_rate_drop",
+                "node-01",
+                "port_rate_degraded",
+                device="mlx5_5",
+                port="1",
+                netdev="ens36np0",
+                gpu="3",
+            ),
+            throughput_ratio=0.66,
+        ),
+        Scenario(
+            "pcie_speed_nic",
+            "node-03's ConnectX-7 mlx5_10 (0000:cc:00.0, the rail of GPU 6) retrains its PCIe "
+            "link from 32 to 8 GT/s, width unchanged (x16 at Gen3: about 16 GB/s, under a "
+            "third of the 400G rail); the job slows 30 %",
+            Cause(
+                "pcie_speed_degraded",
+                "node-03",
+                "pci_link_speed_degraded",
+                pci_bus_id="0000:cc:00.0",
+                device="mlx5_10",
+                port="1",
+                netdev="ens34np0",
+                gpu="6",
+            ),
+            throughput_ratio=0.70,
+        ),
+        Scenario(
             "wrong_numa",
             "node-03's pod is pinned to the CPUs of the other NUMA node than its GPUs; no "
             "fabric fault at all; the job slows 10 %",
