@@ -48,6 +48,7 @@ from tests.lab.scenarios import (
     BAD_TOKENS_PER_SECOND,
     GOOD_TOKENS_PER_SECOND,
     JOB_NAME,
+    SCENARIOS,
     Scenario,
 )
 from tests.promharness import (
@@ -292,11 +293,30 @@ class LiveLab:
         self.node(node).held_down.discard(device)
         self._pace_job()
 
+    def drop_rate(self, node: str, device: str) -> None:
+        """``device``'s link on ``node`` retrains at ``100 Gb/sec (1X NDR)`` at the next step
+        and stays ACTIVE, carrying a quarter of its traffic; the job runs at the
+        ``ib_rate_drop`` scenario's share meanwhile."""
+        self.node(node).rate_dropped.add(device)
+        self._pace_job()
+
+    def slow_nic_pcie(self, node: str, device: str) -> None:
+        """The PCIe link of ``device``'s NIC on ``node`` retrains at 8 GT/s at the next step;
+        the job runs at the ``pcie_speed_nic`` scenario's share meanwhile."""
+        self.node(node).pcie_slowed.add(device)
+        self._pace_job()
+
     def _pace_job(self) -> None:
         assert self._cluster is not None
-        down = any(n.held_down for n in self._cluster.nodes)
+        ratio = 1.0
+        if any(n.held_down for n in self._cluster.nodes):
+            ratio = BAD_TOKENS_PER_SECOND / GOOD_TOKENS_PER_SECOND
+        if any(n.rate_dropped for n in self._cluster.nodes):
+            ratio = min(ratio, SCENARIOS["ib_rate_drop"].throughput_ratio)
+        if any(n.pcie_slowed for n in self._cluster.nodes):
+            ratio = min(ratio, SCENARIOS["pcie_speed_nic"].throughput_ratio)
         for n in self._cluster.nodes:
-            n.job_slowdown = BAD_TOKENS_PER_SECOND / GOOD_TOKENS_PER_SECOND if down else 1.0
+            n.job_slowdown = ratio
 
     def check(self) -> None:
         """Raise with its log if an agent died, or if the stepper failed."""

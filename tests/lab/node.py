@@ -296,6 +296,10 @@ class LabNode:
         self.lister: Lister | None = None  # its kubelet's answer, once the cluster serves it
         #: RDMA devices whose link is held DOWN from the next step on (live mode's faults)
         self.held_down: set[str] = set()
+        #: live mode's "up but slower" faults: RDMA devices whose link retrained at 1X NDR,
+        #: and RDMA devices whose NIC's PCIe link retrained at 8 GT/s, from the next step on
+        self.rate_dropped: set[str] = set()
+        self.pcie_slowed: set[str] = set()
         #: replace files atomically (live mode, where agents read while the lab writes)
         self.atomic_writes = False
         self._write_static()
@@ -410,9 +414,9 @@ class LabNode:
             rate = RAIL_BYTES_PER_SECOND if port.rail else STORAGE_BYTES_PER_SECOND
             if on_cause and kind == "pcie_width_degraded":
                 share = min(share, 0.48)  # PCIe Gen5 x8: ~26 GB/s usable
-            if on_cause and kind == "pcie_speed_degraded":
+            if (on_cause and kind == "pcie_speed_degraded") or port.device in self.pcie_slowed:
                 share = min(share, 0.30)  # PCIe Gen3 x16: ~15 GB/s usable
-            if on_cause and kind == "ib_rate_drop":
+            if (on_cause and kind == "ib_rate_drop") or port.device in self.rate_dropped:
                 share = RAIL_LOAD * wave * rng.uniform(0.97, 1.03) / 4  # a quarter of before
             held = port.device in self.held_down
             down = (on_cause and link_down_now) or held
@@ -493,13 +497,17 @@ class LabNode:
         self._write_counters()
         if here and kind == "pcie_width_degraded":
             self._set_nic_width(8)
-        if here and kind == "pcie_speed_degraded":
-            self._set_nic_speed("8.0 GT/s PCIe")
-        if here and kind == "ib_rate_drop":
-            assert self.cause is not None
-            self._write(
-                f"class/infiniband/{self.cause.device}/ports/1/rate", "100 Gb/sec (1X NDR)\n"
-            )
+        slowed = set(self.pcie_slowed)
+        dropped = set(self.rate_dropped)
+        if here and self.cause is not None and self.cause.device is not None:
+            if kind == "pcie_speed_degraded":
+                slowed.add(self.cause.device)
+            if kind == "ib_rate_drop":
+                dropped.add(self.cause.device)
+        for device in sorted(slowed):
+            self._set_nic_speed(device, "8.0 GT/s PCIe")
+        for device in sorted(dropped):  # the link retrained at one lane; it stays ACTIVE
+            self._write(f"class/infiniband/{device}/ports/1/rate", "100 Gb/sec (1X NDR)\n")
         if here and kind == "nvlink_errors":
             self._advance_nvlink(dt)
         if here and kind == "wrong_numa" and fault_age is not None and fault_age < dt:
@@ -548,12 +556,14 @@ class LabNode:
         for dev in (nic, nic.parent):
             (dev / "current_link_width").write_text(f"{width}\n")
 
-    def _set_nic_speed(self, speed: str) -> None:
-        """The NIC of the cause and the switch port above it report the link at ``speed``."""
-        assert self.cause is not None and self.cause.pci_bus_id is not None
-        nic = (self.sys / "bus/pci/devices" / self.cause.pci_bus_id).resolve()
+    def _set_nic_speed(self, device: str, speed: str) -> None:
+        """The NIC of RDMA ``device`` and the switch port above it report its link at
+        ``speed`` (written once, through :meth:`_write`)."""
+        nic = (self.sys / "class/infiniband" / device / "device").resolve()
         for dev in (nic, nic.parent):
-            (dev / "current_link_speed").write_text(f"{speed}\n")
+            self._write(
+                str(dev.relative_to(self.sys.resolve()) / "current_link_speed"), f"{speed}\n"
+            )
 
     def _advance_nvlink(self, dt: float) -> None:
         assert self.cause is not None and self.cause.gpu is not None
