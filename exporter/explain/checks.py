@@ -269,11 +269,11 @@ CHECKS: tuple[Check, ...] = (
     Check(
         "rail_share",
         "rail_share",
-        "data moved, as a share of the node's busiest port (tx + rx)",
+        "data moved, as a share of the node's median port (tx + rx)",
         "(rate(fabricscope_infiniband_port_transmitted_bytes_total{{{sel}}}[{d}]) + "
         "rate(fabricscope_infiniband_port_received_bytes_total{{{sel}}}[{d}])) "
-        "/ on (instance) group_left max by (instance) "
-        "(rate(fabricscope_infiniband_port_transmitted_bytes_total{{{sel}}}[{d}]) + "
+        "/ on (instance) group_left quantile by (instance) (0.5, "
+        "rate(fabricscope_infiniband_port_transmitted_bytes_total{{{sel}}}[{d}]) + "
         "rate(fabricscope_infiniband_port_received_bytes_total{{{sel}}}[{d}]))",
         "drop",
         0.25,
