@@ -64,18 +64,58 @@ NODE_BOARD = Board(
             shows=(Show(("ib_link_errors",), (("device", "device"),)),),
         ),
         Panel(
-            "Saturated PMA counters",
-            "bargauge",
+            "Port link rate",
+            "timeseries",
             (
                 (
-                    "sort_desc(sum by (device) (fabricscope_infiniband_port_pma_saturated_counters"
-                    f"{{{N}}}))",
+                    f"fabricscope_infiniband_port_rate_bytes_per_second{{{N}}} * 8",
+                    "{{device}}",
+                ),
+            ),
+            "bps",
+            "The rate each port trained at (lanes x lane speed, the kernel's rate file). A "
+            "port that stays up at a lower rate carries a fraction of its traffic while its "
+            "error counters can stay flat: the panels beside say whether lanes or speed fell.",
+        ),
+        Panel(
+            "Port link width (lanes)",
+            "timeseries",
+            ((f"fabricscope_infiniband_port_link_width{{{N}}}", "{{device}}"),),
+            "none",
+            "Lanes each port trained with (4 for 4X): a cable or transceiver fault drops lanes.",
+            w=6,
+            shows=(Show(("ib_rate_drop",), (("device", "device"),), "asc"),),
+        ),
+        Panel(
+            "Port lane speed (Gb/s)",
+            "timeseries",
+            (
+                (
+                    f"fabricscope_infiniband_port_lane_speed_bytes_per_second{{{N}}} * 8 / 1e9",
                     "{{device}}",
                 ),
             ),
             "none",
-            "Counters stuck at their width's maximum (their rates read 0): reset them.",
+            "Speed of each lane (NDR 100, HDR 50, EDR 25 Gb/s; RoCE ports in the same terms: "
+            "100GbE reads 4X EDR).",
             w=6,
+        ),
+        Panel(
+            "Ports below their rate",
+            "bargauge",
+            (
+                (
+                    "sort_desc(max by (device, comparison) ("
+                    f"fabricscope_infiniband_port_rate_degraded{{{N}}}))",
+                    "{{device}} ({{comparison}})",
+                ),
+            ),
+            "bool_yes_no",
+            "1: an ACTIVE port below its own fastest rate since the agent started (history), "
+            "the rate most ports of its HCA model here run at (peers), or the node class's "
+            "expected rate (expected).",
+            w=6,
+            shows=(Show(("ib_rate_drop",), (("device", "device"),)),),
         ),
         Panel(
             "Port state (1 = up)",
@@ -137,6 +177,20 @@ NODE_BOARD = Board(
             "by the kernel.",
         ),
         Panel(
+            "Saturated PMA counters",
+            "bargauge",
+            (
+                (
+                    "sort_desc(sum by (device) (fabricscope_infiniband_port_pma_saturated_counters"
+                    f"{{{N}}}))",
+                    "{{device}}",
+                ),
+            ),
+            "none",
+            "Counters stuck at their width's maximum (their rates read 0): reset them.",
+            w=6,
+        ),
+        Panel(
             "NVLinks up per GPU",
             "bargauge",
             ((f"sort(sum by (gpu) (fabricscope_gpu_nvlinks_up{{{N}}}))", "GPU {{gpu}}"),),
@@ -157,7 +211,6 @@ NODE_BOARD = Board(
             "cps",
             "Replay, recovery and CRC-flit errors per second (crc_data/ecc_data are left "
             "out: non-zero on healthy links).",
-            w=18,
             shows=(Show(("nvlink_errors",), (("gpu", "gpu"),)),),
         ),
         Panel(
@@ -175,6 +228,21 @@ NODE_BOARD = Board(
             shows=(Show(("pcie_width_degraded",), (("pci_bus_id", "pci_bus_id"),)),),
         ),
         Panel(
+            "NIC PCIe link speed (GT/s)",
+            "timeseries",
+            (
+                (
+                    f"fabricscope_pci_link_speed_transfers_per_second{{{N}}} / 1e9 and on "
+                    f'(instance, pci_bus_id) fabricscope_pci_device_info{{{N},role="nic"}}',
+                    "{{pci_bus_id}}",
+                ),
+            ),
+            "none",
+            "Each NIC's PCIe link speed. NICs hold their trained speed at idle (GPUs do not), "
+            "so a NIC below its maximum (32 for Gen5, 16 for Gen4) is capped.",
+            shows=(Show(("pcie_speed_degraded",), (("pci_bus_id", "pci_bus_id"),), "asc"),),
+        ),
+        Panel(
             "GPU PCIe generation and width",
             "timeseries",
             (
@@ -182,7 +250,9 @@ NODE_BOARD = Board(
                 (f"fabricscope_gpu_pcie_current_link_generation{{{N}}}", "GPU {{gpu}} gen"),
             ),
             "none",
-            "Current PCIe width and generation of each GPU (generation drops at idle by design).",
+            "Current PCIe width and generation of each GPU (generation drops at idle by "
+            "design; fabricscope_gpu_pcie_link_generation_degraded judges it while the GPU "
+            "runs processes).",
         ),
         Panel(
             "GPU PCIe replays and XIDs",

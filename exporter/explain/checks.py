@@ -24,7 +24,7 @@ THRESHOLD = 1.0
 
 #: the Node dashboard's panels (dashboards/boards/node.py) for a port's rate/width/speed and
 #: for its data rate beside its rail peers'
-PANEL_PORT_RATE = 5
+PANEL_PORT_RATE = 4
 PANEL_PORT_DATA = 1
 
 
@@ -44,8 +44,8 @@ CAUSES: dict[str, Cause] = {
     for c in (
         Cause("ib_link", "InfiniBand/RoCE link errors", "fabricscope-node", 3),
         Cause("ib_congestion", "port congestion (xmit_wait)", "fabricscope-job", 4),
-        Cause("roce_congestion", "RoCE congestion (PFC pause, CNP/ECN)", "fabricscope-node", 6),
-        Cause("drops", "packet drops and retransmissions", "fabricscope-node", 7),
+        Cause("roce_congestion", "RoCE congestion (PFC pause, CNP/ECN)", "fabricscope-node", 9),
+        Cause("drops", "packet drops and retransmissions", "fabricscope-node", 10),
         Cause(
             "port_rate",
             "InfiniBand/RoCE port up but below its rate (fewer lanes or a lower speed)",
@@ -58,9 +58,9 @@ CAUSES: dict[str, Cause] = {
             "fabricscope-node",
             PANEL_PORT_DATA,
         ),
-        Cause("pcie", "PCIe link degraded", "fabricscope-node", 13),
-        Cause("nvlink", "NVLink down or erroring", "fabricscope-node", 12),
-        Cause("gpu", "GPU errors (XID, lost GPU)", "fabricscope-node", 16),
+        Cause("pcie", "PCIe link degraded", "fabricscope-node", 14),
+        Cause("nvlink", "NVLink down or erroring", "fabricscope-node", 13),
+        Cause("gpu", "GPU errors (XID, lost GPU)", "fabricscope-node", 17),
         Cause("gpu_throttle", "GPU clocks throttled", "fabricscope-node", 0),
         Cause("probe", "probe bus bandwidth below the pair's baseline", "fabricscope-probe", 3),
         Cause("misplacement", "pods placed off their GPUs' NUMA node", "fabricscope-job", 8),
@@ -71,7 +71,7 @@ CAUSES: dict[str, Cause] = {
             "fabricscope-job",
             2,
         ),
-        Cause("nccl_network", "NCCL network warnings", "fabricscope-job", 10),
+        Cause("nccl_network", "NCCL network warnings", "fabricscope-job", 12),
     )
 }
 
