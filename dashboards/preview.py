@@ -35,7 +35,13 @@ import generate  # noqa: E402
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 ALARM_WORDS = ("finding", "down", "failure", "saturated", "narrower", "not up")
-SCALES = {"Bps": (1e9, "GB/s"), "bps": (1e9, "Gb/s"), "pps": (1.0, "/s"), "cps": (1.0, "/s"), "s": (1e-3, "ms")}
+SCALES = {
+    "Bps": (1e9, "GB/s"),
+    "bps": (1e9, "Gb/s"),
+    "pps": (1.0, "/s"),
+    "cps": (1.0, "/s"),
+    "s": (1e-3, "ms"),
+}
 Span = tuple[float, float, float]  # start, end, step (unix seconds)
 
 
