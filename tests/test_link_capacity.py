@@ -293,11 +293,15 @@ def test_the_agent_exports_width_speed_and_the_judgement(dgx: Path) -> None:
     p = "fabricscope_infiniband_port_"
     m4 = (("device", "mlx5_4"), ("port", "1"))
     assert got[(p + "link_width", m4)] == 1
-    assert got[(p + "lane_speed_bytes_per_second", m4)] == 100 * GBPS
+    assert (p + "lane_speed_bytes_per_second", m4) not in got  # the rate / width, below full
     assert got[(p + "rate_bytes_per_second", m4)] == 100 * GBPS
     assert got[(p + "rate_degraded", (("comparison", "expected"), *m4))] == 1
     assert got[(p + "rate_degraded", (("comparison", "peers"), *m4))] == 1
     assert got[("fabricscope_findings", (("kind", "port_rate_degraded"),))] == 1
+    full = fabricscope(
+        ["agent", "--once", "--no-sampler.netdev", f"--path.sysfs={dgx}", "--collector.detail=full"]
+    )
+    assert f'{p}lane_speed_bytes_per_second{{device="mlx5_4",port="1"}} 1.25e+10' in full.stdout
 
 
 # -- PCIe speed: NICs always, GPUs only busy ---------------------------------------------

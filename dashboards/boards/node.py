@@ -91,7 +91,8 @@ NODE_BOARD = Board(
             "timeseries",
             (
                 (
-                    f"fabricscope_infiniband_port_lane_speed_bytes_per_second{{{N}}} * 8 / 1e9",
+                    f"fabricscope_infiniband_port_rate_bytes_per_second{{{N}}} * 8 / 1e9 / "
+                    f"fabricscope_infiniband_port_link_width{{{N}}}",
                     "{{device}}",
                 ),
             ),

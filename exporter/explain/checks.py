@@ -247,7 +247,10 @@ CHECKS: tuple[Check, ...] = (
         "port_lane_speed",
         "port_rate",
         "lane speed",
-        "avg_over_time(fabricscope_infiniband_port_lane_speed_bytes_per_second{{{sel}}}[{d}])",
+        # the rate over the width: the lane speed at every --collector.detail (the exported
+        # lane speed series is folded below full)
+        "avg_over_time(fabricscope_infiniband_port_rate_bytes_per_second{{{sel}}}[{d}]) / "
+        "avg_over_time(fabricscope_infiniband_port_link_width{{{sel}}}[{d}])",
         "drop",
         0.125,
         "port",

@@ -83,6 +83,8 @@ PORT_LANE_SPEED = MetricSpec(
     "when the rate names no speed.",
     _DP,
     "bytes_per_second",
+    fold="Below full, left out: it is the rate divided by the link width (dashboards and "
+    "explain compute it so).",
 )
 PORT_RATE_DEGRADED = MetricSpec(
     _P + "rate_degraded",
@@ -558,7 +560,8 @@ def render(snap: InfinibandSnapshot, out: Families) -> None:
             out.add(PORT_UP, port.up, *labels)
             out.add(PORT_RATE, port.rate_bytes_per_second, *labels)
             out.add(PORT_LINK_WIDTH, port.width, *labels)
-            out.add(PORT_LANE_SPEED, lane_speed_bytes_per_second(port.speed), *labels)
+            if not folds:
+                out.add(PORT_LANE_SPEED, lane_speed_bytes_per_second(port.speed), *labels)
             if not (folds and ethernet):
                 out.add(PORT_SM_LID, port.sm_lid, *labels)
             out.add(HW_COUNTERS_LIFESPAN, port.hw_counters_lifespan_seconds, *labels)
