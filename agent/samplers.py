@@ -142,12 +142,18 @@ def build_samplers(
         def index() -> PodIndex | None:
             return watcher.index if watcher is not None else None
 
+        pci_snap = latest.of("pci", PciSnapshot)
+        ib_snap = latest.of("infiniband", InfinibandSnapshot)
+
+        def numa() -> tuple[tuple[str, int], ...] | None:
+            return numa_nodes(pci_snap(), ib_snap())
+
         if config.throughput.isolate and not once:  # parsed in a child: never stalls a scrape
             out.append(
                 isolated_throughput(
                     config.throughput,
                     config.sampling.timeout_seconds,
-                    lambda: ThroughputInputs(gpu_pods(pods()), index()),
+                    lambda: ThroughputInputs(gpu_pods(pods()), index(), numa()),
                 )
             )
         else:  # --once (one pass, nothing served), or --no-throughput.isolate
@@ -156,12 +162,31 @@ def build_samplers(
                     config.throughput,
                     gpu_pods=lambda: gpu_pods(pods()),
                     pod_index=index,
+                    numa=numa,
                     once=once,
                 )
             )
     if config.probe.enabled and run_probes:
         out.append(build_probe_sampler(config.probe, allocated=lambda: allocated_gpus(pods())))
     return sorted(out, key=lambda s: s.name)
+
+
+def numa_nodes(
+    pci: PciSnapshot | None, ib: InfinibandSnapshot | None
+) -> tuple[tuple[str, int], ...] | None:
+    """The NUMA node of each GPU (PCI address) and RDMA device (name) the PCI and InfiniBand
+    samplers last saw, sorted; None when neither has answered. A device whose platform
+    reports no node (-1, or no numa_node file) is left out: nothing is judged against it."""
+    if pci is None and ib is None:
+        return None
+    out: dict[str, int] = {}
+    for d in pci.by_role("gpu") if pci is not None else ():
+        if d.numa_node is not None and d.numa_node >= 0:
+            out[d.address] = d.numa_node
+    for dev in ib.devices if ib is not None else ():
+        if dev.numa_node is not None and dev.numa_node >= 0:
+            out[dev.name] = dev.numa_node
+    return tuple(sorted(out.items()))
 
 
 def gpu_pods(snap: AttributionSnapshot | None) -> frozenset[tuple[str, str]] | None:

@@ -14,15 +14,18 @@ import pytest
 from agent.throughput.nccl import (
     MAX_HCAS,
     MAX_LINE,
+    MAX_PAIRS,
     MAX_PIDS,
     Abort,
     Channel,
+    CommDevice,
     IbDevices,
     InitComplete,
     NcclLine,
     NcclRun,
     NcclWarning,
     Version,
+    bus_id_address,
     parse_nccl_line,
 )
 
@@ -147,7 +150,7 @@ LINES: list[tuple[str, NcclLine | None]] = [
     (
         "dgx1v-loki-23:5890:6275 [0] NCCL INFO comm 0x7f00faaa5c00 rank 0 nranks 4 cudaDev 0 "
         "busId 6000 - Abort COMPLETE",
-        NcclLine(Abort(), 5890),
+        NcclLine(Abort("0000:06:00.0"), 5890),
     ),
     # a 2.2x release with the IBext_v8 plugin: retry exceeded (status 12, vendor err 129)
     (
@@ -164,7 +167,17 @@ LINES: list[tuple[str, NcclLine | None]] = [
     (
         "hostname-test:984:1257 [4] NCCL INFO comm 0x557fe785f7a0 rank 36 nranks 64 cudaDev 4 "
         "nvmlDev 4 busId 9b000 commId 0x5ae77eb5ea4ec1ee - Init COMPLETE",
-        NcclLine(InitComplete(), 984),
+        NcclLine(InitComplete("0000:9b:00.0"), 984),
+    ),
+    (  # sglang#4289 (2.21.5's form): the GPU of the process before its channels
+        "node17-2:36754:36754 [6] NCCL INFO ncclCommInitRank comm 0xa624cf0 rank 6 nranks 8 "
+        "cudaDev 6 nvmlDev 6 busId 90000 commId 0x551d06754c6bacf2 - Init START",
+        NcclLine(CommDevice("0000:90:00.0"), 36754),
+    ),
+    (  # 2.28.9 on the lent H100 (a VM: the GPU at 0000:00:06.0)
+        "vm:483:483 [0] NCCL INFO comm 0xf0b0be0 rank 0 nranks 1 cudaDev 0 busId 60 - Destroy "
+        "COMPLETE",
+        NcclLine(CommDevice("0000:00:06.0"), 483),
     ),
     (
         "hw14:798:813 [3] NCCL INFO Channel 02/0 : 3[3] -> 4[4] via P2P/direct pointer",
@@ -203,7 +216,18 @@ LINES: list[tuple[str, NcclLine | None]] = [
 
 @pytest.mark.parametrize(("line", "expected"), LINES)
 def test_real_lines(line: str, expected: NcclLine | None) -> None:
-    assert parse_nccl_line(line) == expected
+    got = parse_nccl_line(line)
+    assert (got.event, got.pid) == (expected.event, expected.pid) if expected else got is None
+    if got is not None and got.pid is not None:  # the [cudaDev] of the prefix
+        assert got.dev == int(line.split(" [", 1)[1].split("]", 1)[0])
+
+
+def test_bus_ids_unpack_as_nccl_does() -> None:
+    # NCCL's busIdToInt64 keeps the hex digits of "dddd:bb:dd.f": 0000:18:00.0 -> 0x18000
+    assert bus_id_address(0x18000) == "0000:18:00.0"
+    assert bus_id_address(0x9B000) == "0000:9b:00.0"
+    assert bus_id_address(0x60) == "0000:00:06.0"
+    assert bus_id_address(0x1C7001) == "0001:c7:00.1"  # a second PCI domain, function 1
 
 
 def test_2_4_7_version_and_hca_list() -> None:
@@ -295,6 +319,64 @@ def test_per_process_lists_and_new_run() -> None:
     assert not run.hca_channels  # the previous run's lists are forgotten
 
 
+def test_channels_meet_their_gpu_after_init_complete() -> None:
+    """nccl#1814 (IBext_v8): the channels come first, each process's Init COMPLETE with its
+    busId after them (as every version before 2.17 prints it): the channels wait for it."""
+    run = run_of("nccl-2.2x-ibext_v8-nccl-1814.log")
+    assert dict(run.gpu_hca_channels) == {
+        ("0000:9b:00.0", "mlx5_bond_4"): 2,  # pid 984 on cudaDev 4: NET/IBext_v8/3, twice
+        ("0000:18:00.0", "mlx5_bond_8"): 1,  # pid 980 on cudaDev 0: NET/IBext_v8/7
+    }
+    assert sum(run.hca_channels.values()) == 6  # three more whose process named no GPU
+
+
+def test_channels_after_init_start_and_one_process_per_gpu() -> None:
+    """sglang#4289 (2.21.5's form): Init START names the GPU before the channels. Only pid
+    36754 printed it and it set up no NET/IB channel: nothing is paired, nothing invented."""
+    run = run_of("nccl-2.2x-sglang-4289.log")
+    assert sum(run.hca_channels.values()) == 5 and not run.gpu_hca_channels
+
+
+def test_one_process_driving_several_gpus_pairs_each_thread_with_its_gpu() -> None:
+    """nccl-tests -g 2: one pid, two CUDA devices; the prefix's [dev] tells them apart."""
+    lines = [
+        "h:7:8 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_6:1/IB ; OOB ib0:10.0.0.1<0>",
+        "h:7:8 [0] NCCL INFO comm 0x1 rank 0 nranks 4 cudaDev 0 nvmlDev 0 busId 18000 commId "
+        "0x2 - Init START",
+        "h:7:9 [1] NCCL INFO comm 0x3 rank 1 nranks 4 cudaDev 1 nvmlDev 1 busId 9b000 commId "
+        "0x2 - Init START",
+        "h:7:8 [0] NCCL INFO Channel 00/0 : 0[0] -> 2[0] [send] via NET/IB/0/GDRDMA",
+        "h:7:9 [1] NCCL INFO Channel 00/0 : 1[1] -> 3[1] [send] via NET/IB/1/GDRDMA",
+        "h:7:9 [1] NCCL INFO Channel 01/0 : 1[1] -> 3[1] [send] via NET/IB/1/GDRDMA",
+    ]
+    run = NcclRun()
+    for line in lines:
+        parsed = parse_nccl_line(line)
+        assert parsed is not None
+        run.feed(parsed, None)
+    assert dict(run.gpu_hca_channels) == {
+        ("0000:18:00.0", "mlx5_0"): 1,
+        ("0000:9b:00.0", "mlx5_6"): 2,
+    }
+    run.new_run()
+    assert not run.gpu_hca_channels
+    run.feed(NcclLine(Channel("NET/IB", True, 0), 7, 0), None)
+    assert not run.gpu_hca_channels  # the GPU of the previous run is forgotten too
+
+
+def test_gpu_pairing_state_is_bounded() -> None:
+    """Processes that never name their GPU, and pairs beyond the bound, cost nothing more."""
+    run = NcclRun()
+    run.feed(NcclLine(IbDevices(tuple(f"mlx5_{i}" for i in range(MAX_HCAS))), 1), None)
+    for pid in range(10 * MAX_PIDS):  # channels of processes that never init
+        run.feed(NcclLine(Channel("NET/IB", True, pid % MAX_HCAS), pid, 0), None)
+    assert len(run._pending) == MAX_PIDS
+    for pid in range(4 * MAX_PIDS):  # then thousands of GPUs (a forged log)
+        run.feed(NcclLine(InitComplete(bus_id_address(pid << 12)), pid, 0), None)
+    assert len(run._gpus) == MAX_PIDS
+    assert len(run.gpu_hca_channels) <= MAX_PAIRS
+
+
 # --- hostile input --------------------------------------------------------------------------
 
 SIZES = (1 << 10, 64 << 10, 1 << 20)
@@ -315,6 +397,8 @@ ATTACKS = {
     "prefix_colons": lambda n: ":1" * (n // 2) + " [0] NCCL INFO NCCL version 2.18.3",
     "version_digits": lambda n: "NCCL version " + "2." * (n // 2),
     "marker_at_the_end": lambda n: "x" * n + " NCCL INFO NCCL version 2.18.3",
+    "bus_id_digits": lambda n: "h:1:1 [0] NCCL INFO comm 0x1 cudaDev 0 busId " + "f" * n,
+    "bus_id_repeats": lambda n: "h:1:1 [0] NCCL INFO" + " cudaDev 0 busId 1" * (n // 18),
 }
 
 
@@ -346,12 +430,12 @@ def test_a_marker_beyond_the_window_is_not_read() -> None:
 def test_identifiers_are_bounded_or_dropped() -> None:
     long_name = "m" * 65
     assert parse_nccl_line(f"h:1:1 [0] NCCL INFO NET/IB : Using [0]{long_name}:1/IB") == (
-        NcclLine(IbDevices(()), 1)
+        NcclLine(IbDevices(()), 1, 0)
     )
     ansi = "h:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0\x1b[31m:1/IB [1]mlx5_1:1/IB"
-    assert parse_nccl_line(ansi) == NcclLine(IbDevices(()), 1)  # the list breaks at [0]
+    assert parse_nccl_line(ansi) == NcclLine(IbDevices(()), 1, 0)  # the list breaks at [0]
     out_of_order = "h:1:1 [0] NCCL INFO NET/IB : Using [3]mlx5_0:1/IB"
-    assert parse_nccl_line(out_of_order) == NcclLine(IbDevices(()), 1)
+    assert parse_nccl_line(out_of_order) == NcclLine(IbDevices(()), 1, 0)
     v = parse_nccl_line("NCCL version 2.18.3$(reboot)")
     assert v is None or v == NcclLine(Version("2.18.3"))
     assert parse_nccl_line("NCCL version 123.4.5") is None  # not a version NCCL prints
@@ -372,7 +456,7 @@ def test_garbage_and_invalid_utf8_never_raise() -> None:
         assert parsed is None or isinstance(parsed, NcclLine)
     # the tailer's replacement characters inside an otherwise real line
     bad = b"h:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_\xff0:1/IB".decode("utf-8", "replace")
-    assert parse_nccl_line(bad) == NcclLine(IbDevices(()), 1)
+    assert parse_nccl_line(bad) == NcclLine(IbDevices(()), 1, 0)
 
 
 def test_run_state_is_bounded() -> None:

@@ -113,7 +113,7 @@ def test_render_follows_the_catalog(tmp_path: Path) -> None:
     }
     assert fams["fabricscope_nccl_hca_channels"] == {(*j, "mlx5_0"): 3.0, (*j, "mlx5_2"): 2.0}
     assert set(fams["fabricscope_nccl_warnings_total"]) == {(*j, k) for k in WARNING_KINDS}
-    assert fams["fabricscope_nccl_lines_total"] == {j: 10.0}
+    assert fams["fabricscope_nccl_lines_total"] == {j: 11.0}  # with the Init START line
     assert "fabricscope_nccl_info" not in fams  # this excerpt has no version line
 
 
@@ -209,5 +209,72 @@ def test_nccl_lines_are_parsed_in_the_supervised_child(tmp_path: Path) -> None:
         assert only(snap).channels == (("NET/IB", True, 5), ("P2P/IPC", False, 4))
         log_of(pods, 1).write_text(fixture_as_cri("nccl-2.18.3-nccl-tests-166.log"))
         assert only(child.sample()).channels == (("NET/Socket", False, 6), ("SHM", False, 3))
+        # the NUMA map travels with the inputs: the child judges each GPU's HCAs
+        inputs = ThroughputInputs(frozenset({("training", "llm-0")}), None, NUMA_1814)
+        log_of(pods, 2).write_text(fixture_as_cri("nccl-2.2x-ibext_v8-nccl-1814.log"))
+        assert only(child.sample()).hca_numa == (("mlx5_bond_4", 2, 0), ("mlx5_bond_8", 1, 1))
     finally:
         child.close()
+
+
+# --- which HCA each GPU's channels use: the NUMA judgement ---------------------------------
+
+#: nccl#1814's node as the NUMA map would have it on a two-socket server (GPU 0 at 18:00.0 on
+#: node 0, GPU 4 at 9b:00.0 on node 1): mlx5_bond_4 next to GPU 4, mlx5_bond_8 on node 1
+#: while GPU 0 is on node 0. Only the layout is assumed here; the lines are real.
+NUMA_1814 = (("0000:18:00.0", 0), ("0000:9b:00.0", 1), ("mlx5_bond_4", 1), ("mlx5_bond_8", 1))
+
+
+def test_channels_through_an_hca_off_their_gpus_numa_node(tmp_path: Path) -> None:
+    pods = tmp_path / "pods"
+    log_of(pods).write_text(fixture_as_cri("nccl-2.2x-ibext_v8-nccl-1814.log"))
+    settings = ThroughputSettings(pod_logs=str(pods), pods="all")
+    snap = ThroughputSampler(settings, numa=lambda: NUMA_1814).sample()
+    s = only(snap)
+    assert s.gpu_hca_channels == (
+        ("0000:18:00.0", "mlx5_bond_8", 1),
+        ("0000:9b:00.0", "mlx5_bond_4", 2),
+    )
+    assert s.hca_numa == (("mlx5_bond_4", 2, 0), ("mlx5_bond_8", 1, 1))
+    out = Families()
+    render(snap, out)
+    fams = {spec.name: dict(samples) for spec, samples in out.items()}
+    j = ("training", "llm-0", "trainer", "")
+    assert fams["fabricscope_nccl_hca_channels_off_gpu_numa"] == {
+        (*j, "mlx5_bond_4"): 0.0,
+        (*j, "mlx5_bond_8"): 1.0,
+    }
+    # no NUMA map (no PCI/InfiniBand sampler), or a node the platform does not report: not
+    # judged, so no series (absent, never a 0 that would say "local")
+    for numa in (None, (("0000:9b:00.0", 1), ("mlx5_bond_8", 1))):
+        snap = ThroughputSampler(settings, numa=lambda numa=numa: numa).sample()
+        assert only(snap).hca_numa == ()
+        out = Families()
+        render(snap, out)
+        assert "fabricscope_nccl_hca_channels_off_gpu_numa" not in {
+            spec.name for spec, _ in out.items()
+        }
+
+
+def test_the_numa_map_comes_from_the_pci_and_infiniband_samplers(dgx_sys_root: Path) -> None:
+    """On the DGX-class tree (real H100 + ConnectX-7 layout): every GPU and RDMA device
+    with the NUMA node sysfs gives it, and a judgement of that tree's GPU 0 and its NICs."""
+    from agent.core.sysfs import SysfsReader
+    from agent.infiniband.sampler import InfinibandSampler
+    from agent.pci.sampler import PciSampler
+    from agent.samplers import numa_nodes
+    from agent.throughput.sampler import hca_numa
+
+    pci = PciSampler(SysfsReader(dgx_sys_root)).sample()
+    ib = InfinibandSampler(SysfsReader(dgx_sys_root)).sample()
+    numa = dict(numa_nodes(pci, ib) or ())
+    gpus = {d.address: d.numa_node for d in pci.by_role("gpu")}
+    assert {a: numa[a] for a in gpus} == gpus and set(gpus.values()) == {0, 1}
+    assert {d.name: numa[d.name] for d in ib.devices} == {d.name: d.numa_node for d in ib.devices}
+    assert numa_nodes(None, None) is None
+    gpu0 = min(gpus)
+    local = sorted(d.name for d in ib.devices if d.numa_node == gpus[gpu0])
+    remote = sorted(d.name for d in ib.devices if d.numa_node != gpus[gpu0])
+    assert local and remote
+    pairs = {(gpu0, local[0]): 3, (gpu0, remote[0]): 2}
+    assert hca_numa(pairs, numa) == tuple(sorted(((local[0], 3, 0), (remote[0], 2, 2))))

@@ -52,6 +52,8 @@ MAX_LIST = 64
 MAX_PIDS = 256
 #: distinct HCA names counted per stream (a name beyond them counts as unmapped)
 MAX_HCAS = 64
+#: distinct (GPU, HCA) pairs counted per stream (16 GPUs x 16 HCAs)
+MAX_PAIRS = 256
 
 #: the ``transport`` label: how a channel connection moves data, as NCCL names it
 TRANSPORTS = (
@@ -147,29 +149,53 @@ class NcclWarning:
 
 @dataclass(frozen=True, slots=True)
 class InitComplete:
-    """A communicator finished initialising (``... - Init COMPLETE``)."""
+    """A communicator finished initialising (``... - Init COMPLETE``); ``bus_id``: the PCI
+    address of its GPU when the line names it (``busId 18000``, 2.7+), else None."""
+
+    bus_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Abort:
-    """A communicator was aborted (``... - Abort COMPLETE``)."""
+    """A communicator was aborted (``... - Abort COMPLETE``); ``bus_id`` as for an init."""
+
+    bus_id: str | None = None
 
 
-Event = Version | IbDevices | Channel | NcclWarning | InitComplete | Abort
+@dataclass(frozen=True, slots=True)
+class CommDevice:
+    """Another line of a communicator that names its GPU (``ncclCommInitRank comm ... cudaDev
+    6 nvmlDev 6 busId 90000 ... - Init START``, ``... - Destroy COMPLETE``): which GPU the
+    printing process drives, as a PCI address."""
+
+    bus_id: str
+
+
+Event = Version | IbDevices | Channel | NcclWarning | InitComplete | Abort | CommDevice
+#: a process and the CUDA device of the printing thread (:attr:`NcclLine.process`)
+Process = tuple[int, int | None]
 
 
 @dataclass(frozen=True, slots=True)
 class NcclLine:
-    """A recognised line: its event and the printing process's pid (None without a prefix)."""
+    """A recognised line: its event, the printing process's pid and the CUDA device its
+    thread was on (``host:pid:tid [dev]``; both None without a prefix)."""
 
     event: Event
     pid: int | None = None
+    dev: int | None = None
+
+    @property
+    def process(self) -> tuple[int, int | None] | None:
+        """The (pid, CUDA device) a channel or communicator line belongs to: one process may
+        drive several GPUs (nccl-tests ``-g 8``), each thread on one device."""
+        return None if self.pid is None else (self.pid, self.dev)
 
 
 # RE2 patterns: every repetition bounded, nothing that can backtrack (RE2 cannot anyway)
 _MARK = compile_linear(r"NCCL (INFO|WARN) |NCCL version ")
 #: the prefix before the marker: host:pid:tid [dev] and, for WARN, the source file:line
-_PREFIX = compile_linear(r":(\d{1,10}):\d{1,10} \[\d{1,4}\] (?:[\w./-]{1,128}:\d{1,6} )?$")
+_PREFIX = compile_linear(r":(\d{1,10}):\d{1,10} \[(\d{1,4})\] (?:[\w./-]{1,128}:\d{1,6} )?$")
 _VERSION = compile_linear(r"^NCCL version (\d{1,2}\.\d{1,3}\.\d{1,3})(?:[+.\s]|$)")
 _VERSION_BARE = compile_linear(r"^(\d{1,2}\.\d{1,3}\.\d{1,3})(?:[+.\s]|$)")
 _IB_LIST = compile_linear(r"^NET/IB ?: ?(Using|No device found)")
@@ -188,6 +214,8 @@ _COMPLETION = compile_linear(
     r"|status=(\d{1,3}) opcode=\d{1,10} len=\d{1,10} vendor err (\d{1,10}))"
 )
 _IBV_CALL = compile_linear(r"Call to ibv_[a-z_]{1,40} failed")
+#: the GPU of a communicator line: NCCL prints its PCI address packed into hex digits
+_BUS_ID = compile_linear(r" cudaDev \d{1,4} (?:nvmlDev \d{1,4} )?busId ([0-9a-fA-F]{1,12})(?: |$)")
 
 
 def parse_nccl_line(line: str) -> NcclLine | None:
@@ -203,14 +231,15 @@ def parse_nccl_line(line: str) -> NcclLine | None:
     head, msg = window[: m.start()], window[m.end() :]
     pm = _PREFIX.search(head) if head else None
     pid = int(pm.group(1) or "0") if pm is not None else None
+    dev = int(pm.group(2) or "0") if pm is not None else None
     level = m.group(1)
     if level is None:  # "NCCL version ..." without the INFO prefix (up to 2.21)
         if " " in head.strip():  # quoted inside another line (a PyTorch error, say)
             return None
         vm = _VERSION_BARE.search(msg)
-        return NcclLine(Version(vm.group(1) or ""), pid) if vm is not None else None
+        return NcclLine(Version(vm.group(1) or ""), pid, dev) if vm is not None else None
     event = _info(msg) if level == "INFO" else _warning(msg)
-    return NcclLine(event, pid) if event is not None else None
+    return NcclLine(event, pid, dev) if event is not None else None
 
 
 def _info(msg: str) -> Event | None:
@@ -236,11 +265,27 @@ def _info(msg: str) -> Event | None:
     if msg.startswith(("Channel ", "Ring ")):
         cm = _CHANNEL.search(msg)
         return _channel(cm.group(1) or "") if cm is not None else None
+    bus = _bus_id(msg) if "busId " in msg else None
     if msg.endswith(("- Init COMPLETE", "- Init COMPLETE\r")):
-        return InitComplete()
+        return InitComplete(bus)
     if msg.endswith(("- Abort COMPLETE", "- Abort COMPLETE\r")):
-        return Abort()
-    return None
+        return Abort(bus)
+    return CommDevice(bus) if bus is not None else None
+
+
+def bus_id_address(packed: int) -> str:
+    """NCCL's packed bus id (``busIdToInt64`` of ``0000:18:00.0`` is 0x18000) as the PCI
+    address sysfs names the device by: domain, bus, device and function, as NCCL's own
+    ``int64ToBusId`` unpacks it."""
+    return (
+        f"{packed >> 20:04x}:{(packed >> 12) & 0xFF:02x}:{(packed >> 4) & 0xFF:02x}."
+        f"{packed & 0xF:01x}"
+    )
+
+
+def _bus_id(msg: str) -> str | None:
+    bm = _BUS_ID.search(msg)
+    return bus_id_address(int(bm.group(1) or "0", 16)) if bm is not None else None
 
 
 def _channel(via: str) -> Channel:
@@ -311,13 +356,20 @@ class NcclRun:
     counters since the stream was first read and never go back. A channel line's
     ``NET/IB/<index>`` is mapped to an HCA name through the NET/IB list its own process
     printed (the pid in the line's prefix), else through the last list any process printed.
+    ``gpu_hca_channels`` pairs those channels with the GPU their process drives (the
+    ``busId`` of its communicator lines): 2.17+ print ``Init START`` before the channels,
+    older versions only ``Init COMPLETE`` after them, so a process's channels wait (bounded)
+    until its GPU is known.
     """
 
     __slots__ = (
+        "_gpus",
         "_last_list",
         "_lists",
+        "_pending",
         "aborts",
         "channels",
+        "gpu_hca_channels",
         "hca_channels",
         "ib_errors",
         "inits",
@@ -337,8 +389,11 @@ class NcclRun:
         self.aborts = 0
         self.last_init_ts: float | None = None
         self.lines = 0
+        self.gpu_hca_channels: Counter[tuple[str, str]] = Counter()
         self._lists: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._last_list: tuple[str, ...] | None = None
+        self._gpus: OrderedDict[Process, str] = OrderedDict()
+        self._pending: OrderedDict[Process, Counter[str]] = OrderedDict()
 
     def new_run(self) -> None:
         """The stream's next run began (its container restarted): forget what the previous
@@ -346,8 +401,11 @@ class NcclRun:
         self.version = None
         self.channels.clear()
         self.hca_channels.clear()
+        self.gpu_hca_channels.clear()
         self._lists.clear()
         self._last_list = None
+        self._gpus.clear()
+        self._pending.clear()
 
     def feed(self, parsed: NcclLine, ts: float | None) -> None:
         """Account one recognised line; ``ts`` is its wall time (CRI timestamp) or None."""
@@ -361,6 +419,7 @@ class NcclRun:
                     name = listed[ev.net_index]
                     if name in self.hca_channels or len(self.hca_channels) < MAX_HCAS:
                         self.hca_channels[name] += 1
+                        self._pair(parsed.process, name)
         elif isinstance(ev, IbDevices):
             self._last_list = ev.devices
             if parsed.pid is not None:
@@ -378,8 +437,47 @@ class NcclRun:
             self.inits += 1
             if ts is not None:
                 self.last_init_ts = ts if self.last_init_ts is None else max(ts, self.last_init_ts)
+            self._gpu_of(parsed.process, ev.bus_id)
         elif isinstance(ev, Abort):
             self.aborts += 1
+            self._gpu_of(parsed.process, ev.bus_id)
+        elif isinstance(ev, CommDevice):
+            self._gpu_of(parsed.process, ev.bus_id)
+
+    def _pair(self, proc: Process | None, hca: str) -> None:
+        """Count one NET/IB channel of ``proc`` through ``hca`` against its GPU, or keep it
+        until the process names its GPU."""
+        if proc is None:
+            return
+        gpu = self._gpus.get(proc)
+        if gpu is not None:
+            self._count_pair(gpu, hca, 1)
+            return
+        waiting = self._pending.get(proc)
+        if waiting is None:
+            waiting = self._pending[proc] = Counter()
+            while len(self._pending) > MAX_PIDS:
+                self._pending.popitem(last=False)
+        if hca in waiting or len(waiting) < MAX_HCAS:
+            waiting[hca] += 1
+
+    def _count_pair(self, gpu: str, hca: str, n: int) -> None:
+        key = (gpu, hca)
+        if key in self.gpu_hca_channels or len(self.gpu_hca_channels) < MAX_PAIRS:
+            self.gpu_hca_channels[key] += n
+
+    def _gpu_of(self, proc: Process | None, bus_id: str | None) -> None:
+        """``proc`` drives the GPU at ``bus_id``: its waiting channels are that GPU's."""
+        if proc is None or bus_id is None:
+            return
+        self._gpus[proc] = bus_id
+        self._gpus.move_to_end(proc)
+        while len(self._gpus) > MAX_PIDS:
+            self._gpus.popitem(last=False)
+        waiting = self._pending.pop(proc, None)
+        if waiting is not None:
+            for hca, n in waiting.items():
+                self._count_pair(bus_id, hca, n)
 
     def _list_of(self, pid: int | None) -> tuple[str, ...] | None:
         if pid is not None:

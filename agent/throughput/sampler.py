@@ -43,7 +43,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,6 +142,10 @@ class NcclSeries:
     ``ib_errors``, ``inits`` and ``aborts`` count since the stream was first read.
     ``last_init_timestamp_seconds``: CRI time of the latest ``Init COMPLETE`` (None: none, or a
     plain file without timestamps). ``version``: the latest ``NCCL version`` printed.
+    ``gpu_hca_channels``: (GPU PCI address, HCA, connections) of the NET/IB channels whose
+    process named its GPU. ``hca_numa``: per HCA whose channels could be judged (the NUMA
+    node of the HCA and of the channel's GPU both known, :attr:`ThroughputInputs.numa`),
+    (HCA, channels judged, channels whose GPU is on another NUMA node than the HCA).
     """
 
     namespace: str
@@ -157,6 +161,8 @@ class NcclSeries:
     inits: int = 0
     aborts: int = 0
     last_init_timestamp_seconds: float | None = None
+    gpu_hca_channels: tuple[tuple[str, str, int], ...] = ()
+    hca_numa: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +189,9 @@ class ThroughputInputs:
 
     gpu_pods: frozenset[tuple[str, str]] | None = None
     index: PodIndex | None = None
+    #: the NUMA node of each GPU (by PCI address) and RDMA device (by name) of the node, from
+    #: sysfs (None: not known; a device whose platform reports no node is left out)
+    numa: tuple[tuple[str, int], ...] | None = None
 
 
 # --- streams -------------------------------------------------------------------------------
@@ -256,6 +265,7 @@ class ThroughputSampler:
         *,
         gpu_pods: Callable[[], frozenset[tuple[str, str]] | None] = lambda: None,
         pod_index: Callable[[], PodIndex | None] = lambda: None,
+        numa: Callable[[], tuple[tuple[str, int], ...] | None] = lambda: None,
         once: bool = False,
         limits: Limits | None = None,
         clock: Callable[[], float] = time.time,
@@ -272,6 +282,7 @@ class ThroughputSampler:
         self._cursor = 0  # where the previous pass stopped, when it ran out of time
         self._gpu_pods = gpu_pods
         self._pod_index = pod_index
+        self._numa = numa
         self._clock = clock
         base = limits or (WHOLE_FILE if once else Limits())
         self._limits = Limits(
@@ -292,6 +303,7 @@ class ThroughputSampler:
             raise TypeError(f"expected ThroughputInputs, got {type(value).__name__}")
         self._gpu_pods = lambda: value.gpu_pods
         self._pod_index = lambda: value.index
+        self._numa = lambda: value.numa
 
     # -- the pass --------------------------------------------------------------------------
 
@@ -562,7 +574,7 @@ class ThroughputSampler:
             errors_total=tuple((r, self._counts.get(r, 0)) for r in ERROR_REASONS),
             issues=tuple(issues),
             unread_bytes_total=self._counts.get(UNREAD_BYTES, 0),
-            nccl=nccl_series(self._streams.values()),
+            nccl=nccl_series(self._streams.values(), self._numa()),
         )
 
     def close(self) -> None:
@@ -578,9 +590,13 @@ def _mtime(path: str) -> float | None:
         return None
 
 
-def nccl_series(streams: Iterable[_Stream]) -> tuple[NcclSeries, ...]:
+def nccl_series(
+    streams: Iterable[_Stream], numa: tuple[tuple[str, int], ...] | None = None
+) -> tuple[NcclSeries, ...]:
     """One :class:`NcclSeries` per label set whose streams printed NCCL lines (streams with
-    the same labels, a restarted pod's old and new directory, add up), sorted by labels."""
+    the same labels, a restarted pod's old and new directory, add up), sorted by labels;
+    ``numa`` (:attr:`ThroughputInputs.numa`) judges which HCA each GPU's channels use."""
+    node_of = dict(numa or ())
     merged: dict[Labels, list[NcclRun]] = {}
     for st in streams:
         if st.nccl.lines:
@@ -591,11 +607,13 @@ def nccl_series(streams: Iterable[_Stream]) -> tuple[NcclSeries, ...]:
         hcas: Counter[str] = Counter()
         warnings: Counter[str] = Counter()
         ib_errors: Counter[tuple[str, str]] = Counter()
+        pairs: Counter[tuple[str, str]] = Counter()
         for run in runs:
             channels.update(run.channels)
             hcas.update(run.hca_channels)
             warnings.update(run.warnings)
             ib_errors.update(run.ib_errors)
+            pairs.update(run.gpu_hca_channels)
         inits = [r.last_init_ts for r in runs if r.last_init_ts is not None]
         versions = [r.version for r in runs if r.version is not None]
         out.append(
@@ -610,9 +628,28 @@ def nccl_series(streams: Iterable[_Stream]) -> tuple[NcclSeries, ...]:
                 inits=sum(r.inits for r in runs),
                 aborts=sum(r.aborts for r in runs),
                 last_init_timestamp_seconds=max(inits) if inits else None,
+                gpu_hca_channels=tuple((g, h, n) for (g, h), n in sorted(pairs.items())),
+                hca_numa=hca_numa(pairs, node_of),
             )
         )
     return tuple(out)
+
+
+def hca_numa(
+    pairs: Mapping[tuple[str, str], int], node_of: Mapping[str, int]
+) -> tuple[tuple[str, int, int], ...]:
+    """(HCA, channels judged, channels whose GPU is on another NUMA node than the HCA) for
+    every HCA with a channel whose GPU and HCA NUMA nodes are both known, sorted by HCA."""
+    judged: Counter[str] = Counter()
+    off: Counter[str] = Counter()
+    for (gpu, hca), n in pairs.items():
+        g, h = node_of.get(gpu), node_of.get(hca)
+        if g is None or h is None:
+            continue
+        judged[hca] += n
+        if g != h:
+            off[hca] += n
+    return tuple((hca, n, off.get(hca, 0)) for hca, n in sorted(judged.items()))
 
 
 # --- in a child process ---------------------------------------------------------------------

@@ -8,8 +8,8 @@ Every series carries the throughput series' ``namespace``, ``pod``, ``container`
     sum by (namespace, job_name, transport, gdr) (fabricscope_nccl_channels)
 
 A job's pods whose network channels run over sockets while their node has active RDMA
-ports, or over IB without GPUDirect RDMA where the node has a peer-memory path, are the
-alerts of ``deploy/rules/nccl.rules.yaml``.
+ports, over IB without GPUDirect RDMA where the node has a peer-memory path, or through an
+HCA on another NUMA node than their GPU are the alerts of ``deploy/rules/throughput.rules.yaml``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ HCA_CHANNELS = MetricSpec(
     "gauge",
     "Network channel connections over NET/IB by the HCA they use (the NET index of the "
     "channel line mapped through the NET/IB list the same process printed)." + _RUN,
+    (*_J, "device"),
+)
+HCA_CHANNELS_OFF_GPU_NUMA = MetricSpec(
+    _P + "hca_channels_off_gpu_numa",
+    "gauge",
+    "NET/IB channel connections through this HCA whose process drives a GPU on another NUMA "
+    "node than the HCA (the GPU from the busId of the process's communicator lines, both "
+    "NUMA nodes from sysfs): traffic crosses the CPU interconnect on its way to the NIC. 0 "
+    "when every judged channel is local; absent for an HCA whose channels could not be "
+    "judged (no busId line, or a NUMA node unknown)." + _RUN,
     (*_J, "device"),
 )
 WARNINGS = MetricSpec(
@@ -85,7 +95,8 @@ LAST_INIT = MetricSpec(
 LINES = MetricSpec(
     _P + "lines_total",
     "counter",
-    "Log lines recognised as NCCL's own (version, HCA list, channel, warning, init, abort).",
+    "Log lines recognised as NCCL's own (version, HCA list, channel, warning, a communicator's "
+    "init START with its GPU, init, abort).",
     _J,
 )
 
@@ -93,6 +104,7 @@ SPECS: tuple[MetricSpec, ...] = (
     INFO,
     CHANNELS,
     HCA_CHANNELS,
+    HCA_CHANNELS_OFF_GPU_NUMA,
     WARNINGS,
     IB_COMPLETION_ERRORS,
     INITS,
@@ -111,6 +123,8 @@ def render(series: Sequence[NcclSeries], out: Families) -> None:
             out.add(CHANNELS, n, *j, transport, "1" if gdr else "0")
         for device, n in s.hca_channels:
             out.add(HCA_CHANNELS, n, *j, device)
+        for device, _judged, off in s.hca_numa:
+            out.add(HCA_CHANNELS_OFF_GPU_NUMA, off, *j, device)
         warned = dict(s.warnings)
         for kind in WARNING_KINDS:
             out.add(WARNINGS, warned.get(kind, 0), *j, kind)
