@@ -474,3 +474,58 @@ def test_the_kubelets_timestamp_form_takes_the_fast_path_to_the_same_value(raw: 
 )
 def test_malformed_timestamps_are_none(raw: str) -> None:
     assert parse_cri_timestamp(raw.encode()) is None
+
+
+def test_the_head_of_a_file_found_written_is_read_once_to_its_own_sink(tmp_path: Path) -> None:
+    """An agent started mid-job: the window near the end goes to the sink, the file's first
+    ``head_bytes`` (complete lines only) to the head sink, once; what lies between is read by
+    neither; a reopen at the offset (the open-file bound) does not read the head again."""
+    log = tmp_path / "train.log"
+    log.write_text("".join(TOKENS.format(f"{i}.0") for i in range(100000)))
+    sink, head, counts = Collector(), Collector(), Counter[str]()
+    limits = Limits(initial_bytes=4096, head_bytes=3000)
+    t = FileTail(str(log), sink, counts, cri=False, limits=limits, head_sink=head)
+    t.poll()
+    complete = log.read_bytes()[:3000].count(b"\n")  # the line cut at 3000 is dropped
+    assert head.tokens == [float(i) for i in range(complete)]
+    assert complete > 50 and sink.tokens[-1] == 99999.0
+    assert min(sink.tokens) > 90000  # the window only
+    with log.open("a") as f:
+        f.write(TOKENS.format("100000.0"))
+    t.close()
+    t.poll()  # reopened at its offset
+    assert sink.tokens[-1] == 100000.0 and len(head.lines) == len(head.tokens)
+    assert len(head.tokens) == complete  # not read again
+    assert not counts  # nothing went wrong
+
+
+def test_the_head_is_bounded_never_counted_and_off_for_files_read_whole(tmp_path: Path) -> None:
+    """A 50 MB first line in the head is skipped within the line bound and not counted (the
+    head's counts are its own); a file that fits the window, or one read from its start,
+    has no separate head; head_bytes 0 reads none."""
+    log = tmp_path / "train.log"
+    with log.open("w") as f:
+        f.write("x" * (50 << 20) + "\n")
+        f.write("".join(TOKENS.format(f"{i}.0") for i in range(1000)))
+    sink, head, counts = Collector(), Collector(), Counter[str]()
+    limits = Limits(initial_bytes=4096, head_bytes=1 << 20, max_line_bytes=1 << 16)
+    FileTail(str(log), sink, counts, cri=False, limits=limits, head_sink=head).poll()
+    assert head.lines == [] and "line_too_long" not in counts
+    small = tmp_path / "small.log"
+    small.write_text("".join(TOKENS.format(f"{i}.0") for i in range(10)))
+    for lim, new_file in ((Limits(initial_bytes=4096), False), (limits, True)):
+        head = Collector()
+        FileTail(
+            str(small),
+            Collector(),
+            Counter(),
+            cri=False,
+            limits=lim,
+            new_file=new_file,
+            head_sink=head,
+        ).poll()
+        assert head.lines == []
+    head = Collector()
+    off = Limits(initial_bytes=4096, head_bytes=0)
+    FileTail(str(log), Collector(), Counter(), cri=False, limits=off, head_sink=head).poll()
+    assert head.lines == []

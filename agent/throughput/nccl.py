@@ -407,10 +407,19 @@ class NcclRun:
         self._gpus.clear()
         self._pending.clear()
 
-    def feed(self, parsed: NcclLine, ts: float | None) -> None:
-        """Account one recognised line; ``ts`` is its wall time (CRI timestamp) or None."""
-        self.lines += 1
+    def feed(self, parsed: NcclLine, ts: float | None, *, history: bool = False) -> None:
+        """Account one recognised line; ``ts`` is its wall time (CRI timestamp) or None.
+        ``history``: a line from before where reading began (the log's head, read once):
+        it says what NCCL chose, but no counter (lines, warnings, inits, aborts) moves."""
         ev = parsed.event
+        if history:
+            if isinstance(ev, NcclWarning):
+                return
+            if isinstance(ev, InitComplete | Abort):
+                self._gpu_of(parsed.process, ev.bus_id)
+                return
+        else:
+            self.lines += 1
         if isinstance(ev, Channel):
             self.channels[(ev.transport, ev.gdr)] += 1
             if ev.transport == "NET/IB" and ev.net_index is not None:

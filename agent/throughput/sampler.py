@@ -215,6 +215,16 @@ class _Stream:
     line_ts: float | None = None
     nccl: NcclRun = field(default_factory=NcclRun)
 
+    def on_head_line(self, text: str, ts: float | None) -> None:
+        """A line of the log's beginning, read once when the agent meets a log already past
+        its initial window: what NCCL chose (version, HCA lists, channels, each process's
+        GPU) is kept; its warnings and inits are not counted (they are history, and a
+        counter that jumps at an agent's start would read as a burst) and no throughput is
+        taken from it (stale)."""
+        n = parse_nccl_line(text)
+        if n is not None:
+            self.nccl.feed(n, ts, history=True)
+
     def on_line(self, text: str, ts: float | None) -> None:
         n = parse_nccl_line(text)
         if n is not None:  # NCCL's own line: it states no throughput
@@ -421,7 +431,13 @@ class ThroughputSampler:
             )
         else:
             tail = FileTail(
-                path, stream.on_line, self._counts, cri=True, limits=self._limits, root=root
+                path,
+                stream.on_line,
+                self._counts,
+                cri=True,
+                limits=self._limits,
+                root=root,
+                head_sink=stream.on_head_line,
             )
             problem = tail.poll()
             tail.close()
@@ -509,6 +525,7 @@ class ThroughputSampler:
                 limits=self._limits,
                 new_file=fresh,
                 root=root,
+                head_sink=st.on_head_line,
             )
         problem = st.tail.poll(stop)
         if stop():

@@ -10,6 +10,9 @@ A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory
 - truncation (the file is shorter than the offset): read again from the start, counted;
 - a file found already written starts ``Limits.initial_bytes`` before its end (the latest
   values, without re-reading a gigabyte), or from the start when that is None (``--once``);
+  its first ``Limits.head_bytes`` (up to where that window starts) are read once, to a
+  separate ``head_sink``: what a job prints once at its start (NCCL's transports and HCAs)
+  survives an agent restarted mid-job;
 - a line longer than ``Limits.max_line_bytes`` is skipped to its end and counted; the
   partial-line buffer never grows past that bound;
 - the kubelet's CRI format (``<RFC3339Nano> <stream> <P|F> <message>``) is decoded:
@@ -86,18 +89,20 @@ class Limits:
     ``max_line_bytes``: longest line (a CRI message joined from its pieces) kept; longer
     lines are skipped and counted. ``max_bytes_per_pass``: most bytes read from one file in
     one pass (None: no bound, for ``--once``). ``initial_bytes``: how far before the end of
-    an already-written file reading starts (None: from the start). ``chunk_bytes``: one
-    ``read`` call's size.
+    an already-written file reading starts (None: from the start). ``head_bytes``: how much
+    of such a file's beginning is read once for its head sink (0: none). ``chunk_bytes``:
+    one ``read`` call's size.
     """
 
     max_line_bytes: int = 1 << 20
     max_bytes_per_pass: int | None = 16 << 20
     initial_bytes: int | None = 1 << 20
     chunk_bytes: int = 64 << 10
+    head_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
-        if self.max_line_bytes < 1 or self.chunk_bytes < 1:
-            raise ValueError("line and chunk bounds must be positive")
+        if self.max_line_bytes < 1 or self.chunk_bytes < 1 or self.head_bytes < 0:
+            raise ValueError("line and chunk bounds must be positive, the head not negative")
 
 
 WHOLE_FILE = Limits(max_bytes_per_pass=None, initial_bytes=None)
@@ -328,14 +333,18 @@ class FileTail:
         limits: Limits,
         new_file: bool = False,
         root: str | None = None,
+        head_sink: LineSink | None = None,
     ) -> None:
         """``new_file``: the file appeared after tailing began (a restarted container's
         next log): read it from its start rather than from ``initial_bytes`` before its end.
-        ``root``: the directory the file must stay in (see the module docstring)."""
+        ``root``: the directory the file must stay in (see the module docstring).
+        ``head_sink``: where the lines of a skipped beginning go (see :meth:`_read_head`)."""
         self.path = path
         self._counts = counts
         self._limits = limits
         self._root = root
+        self._cri = cri
+        self._head_sink = head_sink
         self._split = LineSplitter(sink, counts, cri=cri, limits=limits)
         self._fd: int | None = None
         self._ident: tuple[int, int] = (0, 0)
@@ -436,6 +445,7 @@ class FileTail:
             os.lseek(fd, self._offset, os.SEEK_SET)
         elif not from_start and initial is not None and st.st_size > initial:
             self._offset = st.st_size - initial
+            self._read_head(fd, min(self._limits.head_bytes, self._offset))
             os.lseek(fd, self._offset, os.SEEK_SET)
             self._split.skip_to_next_line()
         else:
@@ -443,6 +453,25 @@ class FileTail:
         self._size = st.st_size
         self._opened_before = True
         return None
+
+    def _read_head(self, fd: int, size: int) -> None:
+        """The first ``size`` bytes of a file whose reading starts later, once, to the head
+        sink: complete lines only (a line cut at ``size`` is dropped), with their own
+        splitter whose counts are discarded (those bytes were never the stream's to read)."""
+        if self._head_sink is None or size <= 0:
+            return
+        split = LineSplitter(self._head_sink, Counter(), cri=self._cri, limits=self._limits)
+        at = 0
+        while at < size:
+            try:
+                data = os.pread(fd, min(self._limits.chunk_bytes, size - at), at)
+            except OSError as exc:  # the head is a bonus: the tail is still read
+                self._counts[_classify(exc)] += 1
+                return
+            if not data:
+                return
+            at += len(data)
+            split.feed(data)
 
     def poll(self, stop: Callable[[], bool] | None = None) -> tuple[str, str] | None:
         """Read what is new (see the class docstring). ``stop`` is asked between two
