@@ -278,3 +278,32 @@ def test_the_numa_map_comes_from_the_pci_and_infiniband_samplers(dgx_sys_root: P
     assert local and remote
     pairs = {(gpu0, local[0]): 3, (gpu0, remote[0]): 2}
     assert hca_numa(pairs, numa) == tuple(sorted(((local[0], 3, 0), (remote[0], 2, 2))))
+
+
+def test_an_agent_started_mid_job_keeps_the_transports_from_the_logs_head(tmp_path: Path) -> None:
+    """A DaemonSet rollout restarts the agent while a job runs: its log already holds the
+    init lines and 2 MiB of training output after them. The head (first MiB) still gives the
+    transports, HCAs and GPUs; its WARN lines move no counter (history: a counter that jumps
+    at an agent's start would read as a burst); a warning written after the start counts."""
+    pods = tmp_path / "pods"
+    log = log_of(pods)
+    filler = cri("\t Train throughput/tokens_per_sec: 55803.1245") * ((2 << 20) // 70)
+    log.write_text(fixture_as_cri("nccl-2.2x-ibext_v8-nccl-1814.log") + filler)
+    assert log.stat().st_size > 2 << 20
+    settings = ThroughputSettings(pod_logs=str(pods), pods="all")
+    sampler = ThroughputSampler(settings, numa=lambda: NUMA_1814)
+    s = only(sampler.sample())
+    assert s.channels == (("NET/IB", False, 6),)
+    assert s.hca_numa == (("mlx5_bond_4", 2, 0), ("mlx5_bond_8", 1, 1))
+    assert dict(s.warnings)["ib_completion"] == 0 and s.inits == 0 and s.lines == 0
+    with log.open("a") as f:
+        f.write(
+            cri(
+                "hostname-test:984:1357 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion "
+                "from peer 172.36.143.59<44206> with status=12 opcode=129 len=65536 vendor err "
+                "129 (Recv) localGid ::ffff:29.87.88.182 remoteGids::ffff:29.87.4.221"
+            )
+        )
+    s = only(sampler.sample())
+    assert dict(s.warnings)["ib_completion"] == 1 and s.lines == 1
+    assert s.channels == (("NET/IB", False, 6),)  # the head is not read again

@@ -371,6 +371,7 @@ class NcclRun:
         "channels",
         "gpu_hca_channels",
         "hca_channels",
+        "heard",
         "ib_errors",
         "inits",
         "last_init_ts",
@@ -389,6 +390,8 @@ class NcclRun:
         self.aborts = 0
         self.last_init_ts: float | None = None
         self.lines = 0
+        #: any NCCL line was fed (``lines`` counts only those read as they came)
+        self.heard = False
         self.gpu_hca_channels: Counter[tuple[str, str]] = Counter()
         self._lists: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._last_list: tuple[str, ...] | None = None
@@ -412,6 +415,7 @@ class NcclRun:
         ``history``: a line from before where reading began (the log's head, read once):
         it says what NCCL chose, but no counter (lines, warnings, inits, aborts) moves."""
         ev = parsed.event
+        self.heard = True
         if history:
             if isinstance(ev, NcclWarning):
                 return

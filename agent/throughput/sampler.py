@@ -616,7 +616,7 @@ def nccl_series(
     node_of = dict(numa or ())
     merged: dict[Labels, list[NcclRun]] = {}
     for st in streams:
-        if st.nccl.lines:
+        if st.nccl.heard:
             merged.setdefault(st.labels, []).append(st.nccl)
     out = []
     for labels, runs in sorted(merged.items()):

@@ -24,7 +24,8 @@ _J = ("namespace", "pod", "container", "job_name")
 _P = "fabricscope_nccl_"
 _RUN = (
     " Counted over the current run: the container's current log (a restarted container starts "
-    "again); an agent started after the job's init sees only what its first read reaches."
+    "again); an agent started mid-job reads the log's first MiB for what NCCL chose, and only "
+    "what its first read reaches of a log the kubelet rotated since."
 )
 
 INFO = MetricSpec(
