@@ -103,7 +103,9 @@ JOB = Board(
             "timeseries",
             (
                 (
-                    "sum by (instance, gpu) (rate(fabricscope_nvlink_errors_total"
+                    # the per-GPU sums: every GPU has them at every --collector.detail (the
+                    # per-link counters are folded to the links that count errors)
+                    "sum by (instance, gpu) (rate(fabricscope_gpu_nvlink_errors_total"
                     f'{{{N},reason=~"replay|recovery|crc_flit"}}[{RI}])) '
                     f"* on (instance, gpu) group_left (pod) {JOB_GPUS}",
                     "{{pod}} {{instance}} GPU {{gpu}}",
