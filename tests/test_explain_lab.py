@@ -39,6 +39,8 @@ EXPECTED = {
     "wrong_numa": ("misplacement", "node-03", pod_name(3)),
     # every pod's next run fell back to sockets: the pods rank by name, all equal
     "nccl_socket_fallback": ("nccl_transport", "node-00", pod_name(0)),
+    # every pod's next run went through the other socket's HCAs: all equal, ranked by name
+    "nccl_hca_off_numa": ("nccl_transport", "node-00", pod_name(0)),
 }
 
 
@@ -157,6 +159,34 @@ def test_scenarios_without_a_transport_change_keep_the_nccl_checks_quiet(
     for name, report in reports.items():
         checked = {c.check: c for c in report.checked}
         assert checked["nccl_socket_share"].devices == 4, name
-        if name != "nccl_socket_fallback":
+        if name not in ("nccl_socket_fallback", "nccl_hca_off_numa"):
             worst = max(checked[c].worst for c in checked if c.startswith("nccl_"))
             assert worst < THRESHOLD, (name, worst)
+        # every run's channels are judged (the lab's GPUs and rails all have NUMA nodes)
+        assert checked["nccl_hca_off_numa_share"].devices == 4, name
+
+
+def test_nccl_hca_off_numa_names_the_numa_shift_and_hardware_stays_quiet(
+    reports: dict[str, Report],
+) -> None:
+    """The run after the restart sends each GPU's traffic through the rail of the GPU four
+    places on: NET/IB with GPUDirect RDMA as before, the same count of HCAs, only their
+    NUMA nodes differ. Explain names the NUMA share first on every pod, with its numbers,
+    the other transport checks stay below 1 and so does the hardware."""
+    report = reports["nccl_hca_off_numa"]
+    assert report.shift is not None
+    assert report.shift.drop_ratio == pytest.approx(0.20, abs=0.01)
+    causes = report.causes
+    assert {f.cause for f in causes} == {"nccl_transport"}, [(f.cause, f.device) for f in causes]
+    assert sorted(f.device for f in causes) == [f"{pod_name(i)} on node-{i:02d}" for i in range(4)]
+    ev = causes[0].evidence
+    share = (
+        "share of NCCL's NET/IB channel connections through an HCA on another NUMA node than "
+        "their GPU: 0 -> 100%"
+    )
+    assert share in ev, ev
+    checked = {c.check: c for c in report.checked}
+    for name in ("nccl_socket_share", "nccl_gdr_share", "nccl_hcas"):
+        assert checked[name].worst < THRESHOLD, checked[name]
+    for name in ("symbol_errors", "xmit_wait_share", "nvlink_errors", "pci_width", "probe_busbw"):
+        assert checked[name].devices > 0 and checked[name].worst < THRESHOLD, checked[name]

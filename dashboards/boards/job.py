@@ -225,8 +225,26 @@ JOB = Board(
             "none",
             "NCCL WARN lines about the network in the last hour, per pod and kind (IB "
             "completion errors, async events, failed verbs calls, sockets, timeouts).",
-            w=24,
+            w=16,
             h=7,
+        ),
+        Panel(
+            "NCCL channels off their GPU's NUMA node",
+            "timeseries",
+            (
+                (
+                    "sum by (instance, pod, device) (fabricscope_nccl_hca_channels_off_gpu_numa"
+                    f'{{{JOB_PODS},job_name=~"$job",{N}}})',
+                    "{{pod}} {{instance}} {{device}}",
+                ),
+            ),
+            "none",
+            "NET/IB channel connections of the job's current runs through an HCA on another "
+            "NUMA node than the GPU of the process that set them up (the GPU from NCCL's busId "
+            "lines, NUMA nodes from sysfs): traffic crosses the CPU interconnect; 0 when local.",
+            w=8,
+            h=7,
+            shows=(Show(("nccl_hca_off_numa",), ()),),
         ),
     ),
     extra_vars=(

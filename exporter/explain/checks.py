@@ -117,6 +117,7 @@ PORT = ("device", "port")
 #: NCCL's network transports (agent/throughput/nccl.py NET_TRANSPORTS)
 _NCCL_NET = 'transport=~"NET/.+"'
 _BY_POD = "instance, namespace, pod"
+_ANY_HCA = 'device=~".+"'
 
 
 def _nccl(metric: str, matchers: str, agg: str = "sum") -> str:
@@ -650,12 +651,26 @@ CHECKS: tuple[Check, ...] = (
         "nccl_hcas",
         "nccl_transport",
         "HCAs NCCL's channels use",
-        _or_zero(_nccl("hca_channels", 'device=~".+"', "count")),
+        _or_zero(_nccl("hca_channels", _ANY_HCA, "count")),
         "drop",
         0.25,
         "pod",
         ("pod",),
         scope="pod",
+    ),
+    Check(
+        "nccl_hca_off_numa_share",
+        "nccl_transport",
+        "share of NCCL's NET/IB channel connections through an HCA on another NUMA node than "
+        "their GPU",
+        _nccl("hca_channels_off_gpu_numa", _ANY_HCA) + " / " + _nccl("hca_channels", _ANY_HCA),
+        "rise",
+        0.1,
+        "pod",
+        ("pod",),
+        scope="pod",
+        unit="%",
+        scale=100.0,
     ),
     Check(
         "nccl_network_warnings",

@@ -734,16 +734,21 @@ class LabNode:
 
         wall = self.t0 + t if self.t0 is not None else t
         sc = self.scenario
+        kind = sc.cause.kind if sc.cause is not None else None
         restart = (
-            sc.cause is not None
-            and sc.cause.kind == "nccl_socket_fallback"
+            kind in ("nccl_socket_fallback", "nccl_hca_off_numa")
             and fault_age is not None
             and self.restarts == 0
         )
         if restart:  # the job's next run: every container restarts into a new log
             self.restarts = 1
         if self.batch == 0 or restart:
-            write_nccl_init(self, wall, sockets=restart)
+            write_nccl_init(
+                self,
+                wall,
+                sockets=restart and kind == "nccl_socket_fallback",
+                off_numa=restart and kind == "nccl_hca_off_numa",
+            )
         self.batch += 1
         self.tokens_per_second = GOOD_TOKENS_PER_SECOND * ratio * self.rng.uniform(0.997, 1.003)
         write_throughput_lines(self.log_path, self.batch, self.tokens_per_second, wall)
@@ -785,7 +790,7 @@ NCCL_CHANNELS = 4
 NCCL_VERSION = "2.22.3+cuda12.4"
 
 
-def write_nccl_init(node: LabNode, wall: float, *, sockets: bool) -> None:
+def write_nccl_init(node: LabNode, wall: float, *, sockets: bool, off_numa: bool = False) -> None:
     """Append what NCCL prints at a run's start with ``NCCL_DEBUG=INFO`` to the container's
     log, in the line formats of NCCL 2.22.3 (tests/fixtures/nccl-logs: nccl-tests#231,
     nccl#1538, sglang#4289): for each of the node's eight ranks (its process's pid in the
@@ -793,13 +798,14 @@ def write_nccl_init(node: LabNode, wall: float, *, sockets: bool) -> None:
     ``NCCL_IB_HCA==<rail>:1`` says), the chosen network, its channel connections (P2P/CUMEM
     to the next local GPU; to the neighbouring nodes on its rail ``via NET/IB/0/GDRDMA``) and
     ``Init COMPLETE``. ``sockets``: the run found no RDMA device in the pod (``NET/IB : No
-    device found.``) and NCCL connects the nodes over ``NET/Socket/0`` instead."""
+    device found.``) and NCCL connects the nodes over ``NET/Socket/0`` instead. ``off_numa``:
+    each rank's NCCL_IB_HCA names the rail of the GPU four places on, on the other socket."""
     stamp = cri_time(wall)
     world = node.scenario.nodes * 8
     lines = []
     for g, pid in enumerate(node.pids()):
         rank = node.index * 8 + g
-        rail = RAILS[g][0]
+        rail = RAILS[(g + 4) % 8 if off_numa else g][0]
         head = f"{node.pod}:{pid}:{pid + 40} [{g}] NCCL INFO "
         lines.append(f"{node.pod}:{pid}:{pid} [{g}] NCCL INFO NCCL version {NCCL_VERSION}")
         if sockets:

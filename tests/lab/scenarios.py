@@ -149,6 +149,15 @@ SCENARIOS: dict[str, Scenario] = {
             throughput_ratio=BAD_TOKENS_PER_SECOND / GOOD_TOKENS_PER_SECOND,
         ),
         Scenario(
+            "nccl_hca_off_numa",
+            "the job's next run: at the fault every pod's container restarts with NCCL_IB_HCA "
+            "naming, for each GPU, the rail of the GPU four places on (on the other socket): "
+            "NCCL still uses NET/IB with GPUDirect RDMA, now through an HCA on another NUMA "
+            "node than the GPU for every GPU; no hardware fault; the job slows 20 %",
+            Cause("nccl_hca_off_numa", "node-00", "nccl_hca_off_gpu_numa", transport="NET/IB"),
+            throughput_ratio=0.80,
+        ),
+        Scenario(
             "ib_rate_drop",
             "node-01's rail mlx5_5 (GPU 3) retrains from 400 Gb/sec (4X NDR) to 100 Gb/sec "
             "(1X NDR): the port stays ACTIVE, every error counter flat, its data counters "
