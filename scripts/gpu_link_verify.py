@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from agent.nvml.findings import findings, generation_degraded_under_load  # noqa: E402
 from agent.nvml.sampler import NvmlSampler  # noqa: E402
 from agent.nvml.snapshot import NvmlSnapshot  # noqa: E402
+from scripts.gpu_crosscheck import smi_bus_id  # noqa: E402
 
 FAILS: list[str] = []
 
@@ -199,7 +200,7 @@ def nccl_checks(out: Path) -> None:
             gpus.add(bus)
     print(f"INFO NCCL {run.version}: GPUs named in communicator lines: {sorted(gpus)}")
     (smi_bus,), *_ = smi("pci.bus_id")
-    want = f"{int(smi_bus.split(':')[0], 16):04x}:{smi_bus.split(':', 1)[1].lower()}"
+    want = smi_bus_id(smi_bus)
     g0 = next(g for g in sample().gpus if g.index == 0)
     print(f"INFO nvidia-smi GPU 0: {smi_bus} -> {want}; NVML: {g0.pci_bus_id}")
     check(gpus == {want}, f"the parser's GPU of the process is GPU 0's address {want}")

@@ -132,12 +132,7 @@ def test_nccl_socket_fallback_names_the_transport_change_and_hardware_stays_quie
     own NCCL_DEBUG=INFO lines); no hardware fault. Explain puts the transport change first
     on every pod, with the numbers of the lines, and no hardware cause stands out."""
     report = reports["nccl_socket_fallback"]
-    assert report.shift is not None
-    assert report.shift.drop_ratio == pytest.approx(0.34, abs=0.01)
-    causes = report.causes
-    assert {f.cause for f in causes} == {"nccl_transport"}, [(f.cause, f.device) for f in causes]
-    assert sorted(f.device for f in causes) == [f"{pod_name(i)} on node-{i:02d}" for i in range(4)]
-    ev = causes[0].evidence
+    ev = _every_pod_names_the_transport(report, drop=0.34)
     # 8 ranks x 4 channels x (send + receive) per pod, all over sockets now
     assert "share of NCCL's network channel connections over NET/Socket: 0 -> 100%" in ev
     assert "NCCL channel connections over NET/Socket: 0 -> 64" in ev
@@ -146,9 +141,7 @@ def test_nccl_socket_fallback_names_the_transport_change_and_hardware_stays_quie
         "100 -> 0%" in ev
     )
     assert "HCAs NCCL's channels use: 8 -> 0" in ev
-    checked = {c.check: c for c in report.checked}
-    for name in ("symbol_errors", "xmit_wait_share", "nvlink_errors", "pci_width", "probe_busbw"):
-        assert checked[name].devices > 0 and checked[name].worst < THRESHOLD, checked[name]
+    _hardware_stays_quiet(report)
 
 
 def test_scenarios_without_a_transport_change_keep_the_nccl_checks_quiet(
@@ -174,12 +167,7 @@ def test_nccl_hca_off_numa_names_the_numa_shift_and_hardware_stays_quiet(
     NUMA nodes differ. Explain names the NUMA share first on every pod, with its numbers,
     the other transport checks stay below 1 and so does the hardware."""
     report = reports["nccl_hca_off_numa"]
-    assert report.shift is not None
-    assert report.shift.drop_ratio == pytest.approx(0.20, abs=0.01)
-    causes = report.causes
-    assert {f.cause for f in causes} == {"nccl_transport"}, [(f.cause, f.device) for f in causes]
-    assert sorted(f.device for f in causes) == [f"{pod_name(i)} on node-{i:02d}" for i in range(4)]
-    ev = causes[0].evidence
+    ev = _every_pod_names_the_transport(report, drop=0.20)
     share = (
         "share of NCCL's NET/IB channel connections through an HCA on another NUMA node than "
         "their GPU: 0 -> 100%"
@@ -188,5 +176,21 @@ def test_nccl_hca_off_numa_names_the_numa_shift_and_hardware_stays_quiet(
     checked = {c.check: c for c in report.checked}
     for name in ("nccl_socket_share", "nccl_gdr_share", "nccl_hcas"):
         assert checked[name].worst < THRESHOLD, checked[name]
+    _hardware_stays_quiet(report)
+
+
+def _every_pod_names_the_transport(report: Report, *, drop: float) -> tuple[str, ...]:
+    """The drop is the scenario's, only ``nccl_transport`` stands out, on each of the four
+    pods; the first finding's evidence lines."""
+    assert report.shift is not None
+    assert report.shift.drop_ratio == pytest.approx(drop, abs=0.01)
+    causes = report.causes
+    assert {f.cause for f in causes} == {"nccl_transport"}, [(f.cause, f.device) for f in causes]
+    assert sorted(f.device for f in causes) == [f"{pod_name(i)} on node-{i:02d}" for i in range(4)]
+    return tuple(causes[0].evidence)
+
+
+def _hardware_stays_quiet(report: Report) -> None:
+    checked = {c.check: c for c in report.checked}
     for name in ("symbol_errors", "xmit_wait_share", "nvlink_errors", "pci_width", "probe_busbw"):
         assert checked[name].devices > 0 and checked[name].worst < THRESHOLD, checked[name]

@@ -139,6 +139,23 @@ def _nccl_share(matchers: str) -> str:
     return f"{_or_zero(_nccl('channels', matchers))} / {_nccl('channels', _NCCL_NET)}"
 
 
+def _nccl_share_check(name: str, what: str, template: str, mode: Mode, significant: float) -> Check:
+    """A per-pod share of NCCL's channel connections (cause ``nccl_transport``), in percent."""
+    return Check(
+        name,
+        "nccl_transport",
+        what,
+        template,
+        mode,
+        significant,
+        "pod",
+        ("pod",),
+        scope="pod",
+        unit="%",
+        scale=100.0,
+    )
+
+
 CHECKS: tuple[Check, ...] = (
     # --- links ------------------------------------------------------------------------
     Check(
@@ -597,18 +614,12 @@ CHECKS: tuple[Check, ...] = (
         scope="pod",
     ),
     # --- what NCCL itself chose and suffered (its own lines in the pods' logs) --------
-    Check(
+    _nccl_share_check(
         "nccl_socket_share",
-        "nccl_transport",
         "share of NCCL's network channel connections over NET/Socket",
         _nccl_share('transport="NET/Socket"'),
         "rise",
         0.1,
-        "pod",
-        ("pod",),
-        scope="pod",
-        unit="%",
-        scale=100.0,
     ),
     Check(
         "nccl_socket_channels",
@@ -621,31 +632,19 @@ CHECKS: tuple[Check, ...] = (
         ("pod",),
         scope="pod",
     ),
-    Check(
+    _nccl_share_check(
         "nccl_ib_without_gdr_share",
-        "nccl_transport",
         "share of NCCL's network channel connections over NET/IB without GPUDirect RDMA",
         _nccl_share('transport="NET/IB",gdr="0"'),
         "rise",
         0.1,
-        "pod",
-        ("pod",),
-        scope="pod",
-        unit="%",
-        scale=100.0,
     ),
-    Check(
+    _nccl_share_check(
         "nccl_gdr_share",
-        "nccl_transport",
         "share of NCCL's network channel connections over NET/IB with GPUDirect RDMA",
         _nccl_share('transport="NET/IB",gdr="1"'),
         "drop",
         0.2,
-        "pod",
-        ("pod",),
-        scope="pod",
-        unit="%",
-        scale=100.0,
     ),
     Check(
         "nccl_hcas",
@@ -658,19 +657,13 @@ CHECKS: tuple[Check, ...] = (
         ("pod",),
         scope="pod",
     ),
-    Check(
+    _nccl_share_check(
         "nccl_hca_off_numa_share",
-        "nccl_transport",
         "share of NCCL's NET/IB channel connections through an HCA on another NUMA node than "
         "their GPU",
         _nccl("hca_channels_off_gpu_numa", _ANY_HCA) + " / " + _nccl("hca_channels", _ANY_HCA),
         "rise",
         0.1,
-        "pod",
-        ("pod",),
-        scope="pod",
-        unit="%",
-        scale=100.0,
     ),
     Check(
         "nccl_network_warnings",
