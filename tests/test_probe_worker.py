@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -246,7 +247,28 @@ def test_run_local_records_a_crashed_worker(tmp_path: Path) -> None:
         (8192, "crashed", "gloo"),
     ]
     assert records[0].error is not None
-    assert records[0].error.detail == "worker rank 0 exited with code 139: Segmentation fault"
+    # Both ranks crash at once; the record names whichever the launcher saw exit first.
+    assert re.fullmatch(
+        r"worker rank [01] exited with code 139: Segmentation fault", records[0].error.detail
+    ), records[0].error.detail
+
+
+def test_run_local_names_the_rank_that_crashed(tmp_path: Path) -> None:
+    # Rank 1 dies, rank 0 would wait for it forever: the record names rank 1, and rank 0
+    # is stopped without waiting for the deadline.
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *\'"rank":1,\'*) echo \'NCCL WARN bad\' >&2; exit 134;; esac\n'
+        "exec sleep 60\n"
+    )
+    fake.chmod(0o755)
+    began = time.monotonic()
+    records = run_local(spec(sizes=(4096,)), 2, python=str(fake), deadline_seconds=30.0)
+    assert time.monotonic() - began < 10.0
+    assert [(r.size_bytes, r.reason) for r in records] == [(4096, "crashed")]
+    assert records[0].error is not None
+    assert records[0].error.detail == "worker rank 1 exited with code 134: NCCL WARN bad"
 
 
 def test_run_local_kills_workers_at_the_deadline(tmp_path: Path) -> None:
