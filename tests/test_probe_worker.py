@@ -259,7 +259,7 @@ def test_run_local_names_the_rank_that_crashed(tmp_path: Path) -> None:
     fake = tmp_path / "python"
     fake.write_text(
         "#!/bin/sh\n"
-        'case "$*" in *\'"rank":1,\'*) echo \'NCCL WARN bad\' >&2; exit 134;; esac\n'
+        "case \"$*\" in *'\"rank\":1,'*) echo 'NCCL WARN bad' >&2; exit 134;; esac\n"
         "exec sleep 60\n"
     )
     fake.chmod(0o755)
