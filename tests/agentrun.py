@@ -7,6 +7,9 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+from agent.config import DEFAULT_OFF, SAMPLER_NAMES
 
 TIMEOUT = 120
 
@@ -28,6 +31,29 @@ DYNAMIC = re.compile(
     r"^(fabricscope_sampler_duration_seconds|fabricscope_sampler_last_success_timestamp_seconds"
     r"|fabricscope_build_info)\{"
 )
+
+
+def throughput_once(
+    files: Sequence[str], tmp_path: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``fabricscope agent --once`` with only the throughput sampler on: each of ``files`` is
+    a ``--throughput.file`` value (``PATH[=JOB]``), no pod logs, errors only on stderr."""
+    return fabricscope(
+        [
+            "agent",
+            "--once",
+            *(f"--throughput.file={f}" for f in files),
+            f"--path.pod-logs={tmp_path / 'no-pods'}",
+            *(
+                f"--no-sampler.{n}"
+                for n in SAMPLER_NAMES
+                if n != "throughput" and n not in DEFAULT_OFF
+            ),
+            "--log.level=error",
+            *extra,
+        ],
+        timeout=60,
+    )
 
 
 def normalise(text: str) -> str:

@@ -372,9 +372,10 @@ def _promtool(args: Sequence[str], stdin: bytes | None = None) -> None:
         raise PromtoolError(f"promtool {' '.join(args)} exited {result.returncode}:\n{output}")
 
 
-def promtool_check_metrics(text: bytes) -> None:
-    """``promtool check metrics`` (lints the classic text format; fails on OpenMetrics)."""
-    _promtool(["check", "metrics"], stdin=text)
+def promtool_check_metrics(text: bytes | str) -> None:
+    """``promtool check metrics`` (lints the classic text format; fails on OpenMetrics; a
+    lint problem is exit status 3, so a clean exit means no complaint)."""
+    _promtool(["check", "metrics"], stdin=text.encode() if isinstance(text, str) else text)
 
 
 def promtool_check_web_config(path: Path) -> None:

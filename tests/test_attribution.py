@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 from kubernetes.client import ApiClient, Configuration
+from promharness import promtool_check_metrics
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
@@ -1039,12 +1039,7 @@ def test_an_empty_pass_still_reports_health_and_errors() -> None:
 def test_exposition_passes_promtool() -> None:
     out = Families()
     render_attribution.render(SNAP, out)
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool missing: scripts/test.sh installs it"
-    lint = subprocess.run(
-        [promtool, "check", "metrics"], input=render_text(out), capture_output=True, check=False
-    )
-    assert (lint.returncode, lint.stdout, lint.stderr) == (0, b"", b"")
+    promtool_check_metrics(render_text(out))
 
 
 def test_specs_use_the_label_vocabulary() -> None:

@@ -69,6 +69,20 @@ def test_bad_flags_are_clear_errors() -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_bad_explain_flags_are_one_line_errors() -> None:
+    """explain's flags use the value types every subcommand shares: one line, exit 2."""
+    base = ["explain", "--prometheus.url", "http://127.0.0.1:9", "--job", "j"]
+    for flag, value, message in (
+        ("--prometheus.max-body-bytes", "0", "must be at least 1 byte: '0'"),
+        ("--prometheus.max-nodes-per-query", "x", "not an integer: 'x'"),
+        ("--deadline", "-5m", "must not be negative: '-5m'"),
+        ("--since", "yesterday", "not a time (now, unix seconds, RFC 3339"),
+    ):
+        proc = fabricscope([*base, f"{flag}={value}"])
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and f"argument {flag}:" in proc.stderr
+
+
 def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

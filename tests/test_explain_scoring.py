@@ -116,7 +116,8 @@ def test_nccl_env_differences() -> None:
 
 
 def test_time_arguments() -> None:
-    from exporter.explain.cli import parse_duration, parse_time
+    from exporter.cli.argtypes import duration as parse_duration
+    from exporter.explain.times import parse_time
 
     now = 1_800_000_000.0
     assert parse_time("now", now) == now

@@ -6,12 +6,11 @@ Regenerate after an intended change with ``make golden`` (UPDATE_GOLDEN=1)."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from agentrun import fabricscope, normalise
+from promharness import promtool_check_metrics
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -47,12 +46,7 @@ def test_metrics_output_matches_golden_and_lints(tree: str, detail: str, tmp_pat
     )
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool missing: scripts/test.sh installs it"
-    lint = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
-    )
-    assert lint.returncode == 0, lint.stdout + lint.stderr
+    promtool_check_metrics(text)
     golden = GOLDEN / (f"{tree}.prom" if detail == "default" else f"{tree}.{detail}.prom")
     got = normalise(text)
     if os.environ.get("UPDATE_GOLDEN") == "1":

@@ -5,13 +5,12 @@ bound, and ``fabricscope agent --once --throughput.file`` linted by promtool."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from agentrun import throughput_once
+from promharness import promtool_check_metrics
 
 from agent.config import ThroughputSettings
 from agent.throughput.nccl import WARNING_KINDS
@@ -147,39 +146,9 @@ def test_hostile_nccl_lines_in_a_container_log(tmp_path: Path) -> None:
 def test_once_on_a_plain_file_lints(tmp_path: Path) -> None:
     log = tmp_path / "train.log"
     shutil.copy(NCCL / "nccl-2.2x-ibext_v8-nccl-1814.log", log)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exporter.cli",
-            "agent",
-            "--once",
-            f"--throughput.file={log}=llm",
-            f"--path.pod-logs={tmp_path / 'no-pods'}",
-            *(
-                f"--no-sampler.{n}"
-                for n in ("attribution", "infiniband", "netdev", "nvml", "pci", "workload")
-            ),
-            "--log.level=error",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=60,
-    )
+    proc = throughput_once([f"{log}=llm"], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool missing: scripts/test.sh installs it"
-    lint = subprocess.run(
-        [promtool, "check", "metrics"],
-        input=proc.stdout,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert lint.returncode == 0, lint.stdout + lint.stderr
+    promtool_check_metrics(proc.stdout)
     assert (
         'fabricscope_nccl_channels{container="",gdr="0",job_name="llm",namespace="",pod="",'
         'transport="NET/IB"} 6' in proc.stdout

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from promharness import promtool_check_metrics
 
 from agent.core.sysfs import SysfsReader
 from agent.pci.sampler import AcsState, NumaNode, PciDevice, PciLink, PciSampler, PciSnapshot
@@ -246,10 +245,5 @@ def test_dgx_exposition_passes_promtool(dgx_sys_root: Path, tmp_path: Path) -> N
     out = Families()
     pci.render(PciSampler(SysfsReader(dgx_sys_root)).sample(), out)
     text = render_text(out)
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool missing: scripts/test.sh installs it"
-    lint = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, check=False
-    )
-    assert (lint.returncode, lint.stdout, lint.stderr) == (0, b"", b"")
+    promtool_check_metrics(text)
     assert text.count(b"# TYPE ") == len(pci.SPECS)

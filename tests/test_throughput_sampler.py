@@ -13,11 +13,11 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from agentrun import throughput_once
+from promharness import promtool_check_metrics
 
 from agent.config import ThroughputFile, ThroughputSettings
 from agent.core.errors import NoData
@@ -273,29 +273,7 @@ def test_once_prints_the_latest_values_golden_and_lints(tmp_path: Path) -> None:
     )
     for f in (log, mixtral):
         os.utime(f, (1795168800, 1795168800))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exporter.cli",
-            "agent",
-            "--once",
-            f"--throughput.file={log}=mpt-30b",
-            f"--throughput.file={mixtral}",
-            f"--path.pod-logs={tmp_path / 'no-pods'}",
-            *(
-                f"--no-sampler.{n}"
-                for n in ("attribution", "infiniband", "netdev", "nvml", "pci", "workload")
-            ),
-            "--log.level=error",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=60,
-    )
+    proc = throughput_once([f"{log}=mpt-30b", str(mixtral)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     text = "".join(
         line + "\n"
@@ -308,16 +286,7 @@ def test_once_prints_the_latest_values_golden_and_lints(tmp_path: Path) -> None:
             )
         )
     )
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool missing: scripts/test.sh installs it"
-    lint = subprocess.run(
-        [promtool, "check", "metrics"],
-        input=proc.stdout,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert lint.returncode == 0, lint.stdout + lint.stderr
+    promtool_check_metrics(proc.stdout)
     if os.environ.get("UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()

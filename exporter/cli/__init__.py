@@ -1,8 +1,8 @@
 """The ``fabricscope`` command line: ``main`` parses flags and dispatches; one module per
 subcommand body (``topo``, ``snapshot``, ``probe`` with ``probe_flags`` shared with the
-agent's ``--probe.*``), ``source`` (where samplers read from: the host or a snapshot) and
-``argtypes`` (flag value types). ``explain`` lives in its own package
-(:mod:`exporter.explain`).
+agent's ``--probe.*``), ``explain_flags`` (``explain``'s flags; its body is the
+:mod:`exporter.explain` package), ``source`` (where samplers read from: the host or a
+snapshot) and ``argtypes`` (flag value types).
 
 May import: everything below it (:mod:`agent`, :mod:`exporter.metrics`,
 :mod:`exporter.http`, :mod:`exporter.app`, :mod:`exporter.explain`).

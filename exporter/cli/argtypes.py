@@ -95,6 +95,16 @@ def count(text: str) -> int:
     return value
 
 
+def byte_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {text!r}")
+    return value
+
+
 def warn(message: str) -> None:
     """A flag that is accepted but has no effect in this mode: said once, on stderr."""
     print(f"fabricscope: note: {message}", file=sys.stderr)

@@ -50,9 +50,8 @@ from agent.config import (
 )
 from agent.core.errors import ConfigError, NoData
 from agent.core.logsetup import LEVELS, setup_logging
-from exporter.cli import probe_flags
+from exporter.cli import explain_flags, probe_flags
 from exporter.cli.argtypes import Parser, count, parse_known, positive_duration
-from exporter.explain import flags as explain_flags
 from exporter.metrics.spec import DETAILS
 
 if TYPE_CHECKING:

@@ -18,11 +18,11 @@ from exporter.explain.client import (
     PrometheusClient,
     PrometheusError,
 )
-from exporter.explain.flags import add_parser, parse_duration, parse_time
 from exporter.explain.plan import MAX_NAMES_PER_QUERY, RunLedger
 from exporter.explain.report import ExplainError, explain
+from exporter.explain.times import parse_time
 
-__all__ = ["add_parser", "cmd_explain", "parse_duration", "parse_time"]
+__all__ = ["cmd_explain"]
 
 log = logging.getLogger(__name__)
 

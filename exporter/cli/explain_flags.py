@@ -1,78 +1,14 @@
-"""``fabricscope explain``'s flags and their value types: what the ``fabricscope`` parser needs,
-without importing the explainer itself (so ``fabricscope --help`` stays fast)."""
+"""``fabricscope explain``'s flags: what the ``fabricscope`` parser needs, without importing
+the explainer itself (so ``fabricscope --help`` stays fast). The value types are the ones
+every subcommand shares (:mod:`exporter.cli.argtypes`)."""
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import time
 from typing import Any
 
-from agent.config import parse_duration as _parse_seconds
 from agent.core.logsetup import LEVELS
-
-
-def parse_duration(value: str) -> float:
-    """Prometheus's duration syntax (``90m``, ``1h30m``, ``2d``) or plain seconds, as every
-    fabricscope duration flag takes it."""
-    if value.strip().startswith("-"):
-        raise argparse.ArgumentTypeError(f"must not be negative: {value!r}")
-    try:
-        return _parse_seconds(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _is_duration(value: str) -> bool:
-    try:
-        _parse_seconds(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _byte_count(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of bytes: {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {value!r}")
-    return n
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {value!r}")
-    return n
-
-
-def parse_time(value: str, now: float | None = None) -> float:
-    """``now``, a unix time, an RFC 3339 time (``2026-11-24T14:20:00Z``; no zone: UTC), or a
-    duration ago (``2h``, ``-2h``)."""
-    v = value.strip()
-    now = time.time() if now is None else now
-    if v == "now":
-        return now
-    try:
-        return float(v)
-    except ValueError:
-        pass
-    if _is_duration(v.lstrip("-")):
-        return now - _parse_seconds(v.lstrip("-"))
-    try:
-        dt = datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a time (now, unix seconds, RFC 3339, or a duration ago like 2h): {value!r}"
-        ) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=datetime.UTC)
-    return dt.timestamp()
+from exporter.cli.argtypes import byte_count, count, duration
+from exporter.explain.times import parse_time
 
 
 def _time_arg(value: str) -> str:
@@ -93,7 +29,7 @@ def add_parser(sub: Any) -> None:
     g.add_argument(
         "--prometheus.timeout",
         dest="prom_timeout",
-        type=parse_duration,
+        type=duration,
         default=10.0,
         metavar="DURATION",
         help="per request: connect, headers and the whole answer (default: 10s)",
@@ -101,7 +37,7 @@ def add_parser(sub: Any) -> None:
     g.add_argument(
         "--prometheus.max-body-bytes",
         dest="prom_max_body",
-        type=_byte_count,
+        type=byte_count,
         default=None,  # the client's DEFAULT_MAX_BODY_BYTES: not imported to build the parser
         metavar="BYTES",
         help="the largest answer read; a bigger one is an error (default: 67108864, 64 MiB)",
@@ -109,7 +45,7 @@ def add_parser(sub: Any) -> None:
     g.add_argument(
         "--prometheus.max-nodes-per-query",
         dest="prom_max_names",
-        type=_positive_int,
+        type=count,
         default=None,  # explain.plan's MAX_NAMES_PER_QUERY: not imported to build the parser
         metavar="N",
         help="instances (or pods) one query names at most: a larger job's checks run as "
@@ -117,7 +53,7 @@ def add_parser(sub: Any) -> None:
     )
     g.add_argument(
         "--deadline",
-        type=parse_duration,
+        type=duration,
         default=300.0,
         metavar="DURATION",
         help="for the whole run: no request starts after it, each gets at most the time left "
@@ -170,7 +106,7 @@ def add_parser(sub: Any) -> None:
     w.add_argument("--until", type=_time_arg, default="now", metavar="TIME")
     w.add_argument(
         "--window",
-        type=parse_duration,
+        type=duration,
         default=6 * 3600.0,
         metavar="DURATION",
         help="length when --since is not given (default: 6h)",
