@@ -85,24 +85,22 @@ def positive_duration(text: str) -> float:
     return value
 
 
-def count(text: str) -> int:
+def _at_least_one(text: str, what: str, unit: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+        raise argparse.ArgumentTypeError(f"must be at least 1{unit}: {text!r}")
     return value
+
+
+def count(text: str) -> int:
+    return _at_least_one(text, "an integer", "")
 
 
 def byte_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {text!r}")
-    return value
+    return _at_least_one(text, "a number of bytes", " byte")
 
 
 def warn(message: str) -> None:
