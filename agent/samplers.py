@@ -60,6 +60,7 @@ def build_samplers(
     run_probes: bool = True,
     latest: Latest | None = None,
     once: bool = False,
+    pod_index: Callable[[], PodIndex | None] | None = None,
 ) -> list[Sampler]:
     """The enabled samplers, sorted by name, all reading sysfs through ``sysfs``.
 
@@ -72,6 +73,9 @@ def build_samplers(
     schedule, never in one pass). ``once``: the throughput sampler reads its logs whole
     (``--once``). ``latest`` feeds the joining samplers (attribution,
     workload) and the probe's view of pod-allocated GPUs; bind it to the runner.
+    ``pod_index``: the pods whose logs the throughput sampler reads (default: the
+    attribution sampler's watch of the API server; the scenario lab, which has none, gives
+    its own).
     """
     latest = latest or Latest()
     out: list[Sampler] = []
@@ -139,8 +143,10 @@ def build_samplers(
     if "throughput" in enabled:
         watcher = attribution.watcher if attribution is not None else None
 
-        def index() -> PodIndex | None:
+        def watched() -> PodIndex | None:
             return watcher.index if watcher is not None else None
+
+        index = pod_index or watched
 
         pci_snap = latest.of("pci", PciSnapshot)
         ib_snap = latest.of("infiniband", InfinibandSnapshot)
@@ -205,6 +211,7 @@ def build_specs(
     run_probes: bool = True,
     latest: Latest | None = None,
     once: bool = False,
+    pod_index: Callable[[], PodIndex | None] | None = None,
 ) -> list[SamplerSpec]:
     s = config.sampling
     samplers = build_samplers(
@@ -215,5 +222,6 @@ def build_specs(
         run_probes=run_probes,
         latest=latest,
         once=once,
+        pod_index=pod_index,
     )
     return [SamplerSpec(sampler, s.interval_seconds, s.timeout_seconds) for sampler in samplers]

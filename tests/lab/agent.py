@@ -18,15 +18,11 @@ from functools import cache, partial
 from agent.config import AgentConfig
 from agent.core.runner import SamplerSpec
 from agent.core.sysfs import SysfsReader
-from agent.infiniband.sampler import InfinibandSnapshot
-from agent.kubernetes.attribution import AttributionSnapshot
 from agent.netdev.sampler import NetdevSampler
 from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE
 from agent.nvml.record import ReplayNvml
-from agent.pci.sampler import PciSnapshot
 from agent.probe.results import ProbeSnapshot
-from agent.samplers import Latest, build_specs, gpu_pods, numa_nodes
-from agent.throughput.sampler import ThroughputSampler
+from agent.samplers import Latest, build_specs
 from exporter.app import AgentApp
 from exporter.cli.main import _config, build_parser
 from tests.lab.kubelet import pod_index
@@ -72,6 +68,7 @@ def render_once(node: LabNode, now: float, extra: list[str]) -> bytes:
     config = _parsed(tuple(agent_args(node, extra)))
     latest = Latest()
     recording = node.nvml_recording()
+    index = pod_index(node.pod, node.pod_uid, node.name)
     specs = build_specs(
         config,
         SysfsReader(config.paths.sysfs),
@@ -79,26 +76,12 @@ def render_once(node: LabNode, now: float, extra: list[str]) -> bytes:
         watch_xid=False,
         run_probes=False,
         latest=latest,
+        once=True,
+        pod_index=lambda: index,
     )
     kernel = LabKernel(node)
     s = config.sampling
-    index = pod_index(node.pod, node.pod_uid, node.name)
-    attribution = latest.of("attribution", AttributionSnapshot)
-    pci = latest.of("pci", PciSnapshot)
-    ib = latest.of("infiniband", InfinibandSnapshot)
-    specs = [sp for sp in specs if sp.sampler.name != "throughput"]
     specs += [
-        SamplerSpec(
-            ThroughputSampler(
-                config.throughput,
-                gpu_pods=lambda: gpu_pods(attribution()),
-                pod_index=lambda: index,
-                numa=lambda: numa_nodes(pci(), ib()),
-                once=True,
-            ),
-            s.interval_seconds,
-            s.timeout_seconds,
-        ),
         SamplerSpec(
             NetdevSampler(
                 SysfsReader(config.paths.sysfs),
