@@ -81,6 +81,9 @@ def _raw(variant: str, deadline: float, counter: list[int]) -> None:
 
     n.nvmlInit()
     handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+    if variant in EXTRA:  # before any batched call: a variant's own calls only
+        EXTRA[variant](n, handles, deadline, counter)
+        return
     every = range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)))
 
     def links(h: Any) -> list[int]:
@@ -122,6 +125,121 @@ def _raw(variant: str, deadline: float, counter: list[int]) -> None:
     else:
         batch_loop()
     stop.set()
+
+
+def _loop(deadline: float, counter: list[int], body: Any) -> None:
+    while time.monotonic() < deadline:
+        body()
+        counter[0] += 1
+
+
+def _v_single_dl(n: Any, handles: list[Any], deadline: float, counter: list[int]) -> None:
+    """One nvmlDeviceGetFieldValues per (DL field, link): no batching at all."""
+    up = {id(h): _links(n, h) for h in handles}
+
+    def body() -> None:
+        for h in handles:
+            for link in up[id(h)]:
+                for f in SCOPED:
+                    n.nvmlDeviceGetFieldValues(h, [(f, link)])
+
+    _loop(deadline, counter, body)
+
+
+def _v_chunks(size: int) -> Any:
+    def run(n: Any, handles: list[Any], deadline: float, counter: list[int]) -> None:
+        """The batch_single entries in calls of at most ``size`` entries."""
+        fields = {
+            id(h): [(f, link) for link in _links(n, h) for f in SCOPED]
+            + [(f, 0) for f in GPU_FIELDS]
+            for h in handles
+        }
+
+        def body() -> None:
+            for h in handles:
+                fs = fields[id(h)]
+                for i in range(0, len(fs), size):
+                    n.nvmlDeviceGetFieldValues(h, fs[i : i + size])
+
+        _loop(deadline, counter, body)
+
+    return run
+
+
+def _v_gpu_fields(n: Any, handles: list[Any], deadline: float, counter: list[int]) -> None:
+    """Only the GPU-level fields (ECC, PCIe replays, remapped rows), batched: no NVLink."""
+
+    def body() -> None:
+        for h in handles:
+            n.nvmlDeviceGetFieldValues(h, [(f, 0) for f in GPU_FIELDS])
+
+    _loop(deadline, counter, body)
+
+
+def _v_errcounter_all(n: Any, handles: list[Any], deadline: float, counter: list[int]) -> None:
+    """nvmlDeviceGetNvLinkErrorCounter for all five counters of every up link, one thread."""
+    up = {id(h): _links(n, h) for h in handles}
+
+    def body() -> None:
+        for h in handles:
+            for link in up[id(h)]:
+                for c in range(5):
+                    with contextlib.suppress(n.NVMLError):
+                        n.nvmlDeviceGetNvLinkErrorCounter(h, link, c)
+
+    _loop(deadline, counter, body)
+
+
+def _v_state_all(n: Any, handles: list[Any], deadline: float, counter: list[int]) -> None:
+    """nvmlDeviceGetNvLinkState for every index below the binding's NVML_NVLINK_MAX_LINKS
+    (36 in nvidia-ml-py 13.6xx; Hopper has 18), the agent's link discovery, in a loop."""
+    every = range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)))
+
+    def body() -> None:
+        for h in handles:
+            for link in every:
+                with contextlib.suppress(n.NVMLError):
+                    n.nvmlDeviceGetNvLinkState(h, link)
+
+    _loop(deadline, counter, body)
+
+
+def _v_speed_batch(n: Any, handles: list[Any], deadline: float, counter: list[int]) -> None:
+    """NVML_FI_DEV_NVLINK_GET_SPEED (164) for every up link in one call per GPU."""
+    fields = {id(h): [(164, link) for link in _links(n, h)] for h in handles}
+
+    def body() -> None:
+        for h in handles:
+            n.nvmlDeviceGetFieldValues(h, fields[id(h)])
+
+    _loop(deadline, counter, body)
+
+
+def _v_dl_one_link(n: Any, handles: list[Any], deadline: float, counter: list[int]) -> None:
+    """The three DL fields of ONE link (the default rotation's batch shape) plus GPU fields."""
+    first = {id(h): (_links(n, h) or [0])[0] for h in handles}
+
+    def body() -> None:
+        for h in handles:
+            n.nvmlDeviceGetFieldValues(
+                h, [(f, first[id(h)]) for f in SCOPED] + [(f, 0) for f in GPU_FIELDS]
+            )
+
+    _loop(deadline, counter, body)
+
+
+#: raw variants beyond the batch_* / forced_* shapes (issue 30's bisection)
+EXTRA: dict[str, Any] = {
+    "single_dl": _v_single_dl,
+    "chunk8": _v_chunks(8),
+    "chunk16": _v_chunks(16),
+    "chunk32": _v_chunks(32),
+    "gpu_fields": _v_gpu_fields,
+    "errcounter_all": _v_errcounter_all,
+    "state_all": _v_state_all,
+    "speed_batch": _v_speed_batch,
+    "dl_one_link": _v_dl_one_link,
+}
 
 
 def _sampler(variant: str, deadline: float, counter: list[int]) -> None:
@@ -188,6 +306,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=240.0)
     ap.add_argument("--out", type=Path, default=Path("bench/out/nvml_bisect"))
+    ap.add_argument(
+        "--variants",
+        help="comma-separated VARIANT[:REPS] to run instead of the default plan (e.g. "
+        "batch_single:2,single_dl,chunk8)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--progress", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -197,7 +320,12 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, MALLOC_CHECK_="3", MALLOC_PERTURB_="165", PYTHONFAULTHANDLER="1")
     procs = []
-    for variant, reps in PLAN:
+    plan = PLAN
+    if args.variants:
+        plan = tuple(
+            (v.partition(":")[0], int(v.partition(":")[2] or 1)) for v in args.variants.split(",")
+        )
+    for variant, reps in plan:
         for r in range(reps):
             tag = f"{variant}.{r}"
             err = (args.out / f"{tag}.stderr").open("w")
