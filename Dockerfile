@@ -2,7 +2,7 @@
 #   docker build --target runtime       -t <registry>/fabricscope:0.1.0 .        (default)
 #   docker build --target runtime-probe -t <registry>/fabricscope:0.1.0-probe .
 # `runtime` is the agent alone; `runtime-probe` adds the CUDA build of torch, whose wheels
-# bring their own CUDA runtime and NCCL (several GB: see docs/deploy.md).
+# bring their own CUDA runtime and NCCL (several GB: see docs/install.md).
 #
 # The base is Debian 12 itself, and its Python is Debian's python3 (3.11), not a Python image:
 # - CI builds and runs this very file (scripts/image.sh, called by scripts/test.sh). CI reaches
@@ -13,7 +13,7 @@
 # - The interpreter in the image is the one the test suite runs on (Debian 12's 3.11), and
 #   its security fixes come with Debian's (apt in a rebuild).
 # Pin the base by digest at release (debian:bookworm-slim@sha256:...), so a rebuild cannot
-# change it silently. Built and run in CI: image size and layers are in README.md.
+# change it silently. Built and run in CI: image size and layers are in docs/install.md.
 ARG BASE=debian:bookworm-slim
 
 # --- system: what the runtime stages run on: Debian's python3, and infiniband-diags'
@@ -81,7 +81,7 @@ LABEL org.opencontainers.image.title="fabricscope-probe" \
 COPY --from=builder-probe /opt/fabricscope /opt/fabricscope
 # nobody: the image's default for plain `docker run`; the Helm chart chooses uid 0 with no
 # capabilities, because the kubelet's pod-resources socket is root-only (0660 or 0755
-# root:root: connect() needs write permission) — see docs/deploy.md
+# root:root: connect() needs write permission) — see docs/install.md
 USER 65534:65534
 EXPOSE 10118 10119
 ENTRYPOINT ["fabricscope"]

@@ -1,4 +1,4 @@
-"""Performance figures for the README, measured side by side with node_exporter in one run.
+"""Performance figures for docs/performance.md, measured side by side with node_exporter in one run.
 
 On the DGX fixture tree (tests/fixtures/dgx-h100/sys):
   1. CPU time of one full sampling pass (sample + render), per sampler and in all;

@@ -1,4 +1,5 @@
-"""Scrapes during a slowloris attack, fabricscope and node_exporter side by side (README).
+"""Scrapes during a slowloris attack, fabricscope and node_exporter side by side
+(docs/performance.md).
 
 On the DGX fixture tree (tests/fixtures/dgx-h100/sys), for each exporter in turn:
 

@@ -23,7 +23,7 @@ served through the same ``AgentApp`` as ``fabricscope agent``) exports for an 8-
   a counter that is non-zero adds its series).
 
 Not counted: attribution, throughput and the probe, whose series grow with pods and jobs
-(about 3 per GPU for attribution, a few per job; the probe's are bounded, see README).
+(about 3 per GPU for attribution, a few per job; the probe's are bounded, see docs/performance.md).
 
     python bench/series_budget.py [--budget 1200] [--json FILE]
 
@@ -76,11 +76,11 @@ ANCHORS = (
     (
         "dcgm-exporter, default counters",
         "at most ~170 (21 fields per GPU, NVLink as one aggregate per GPU; "
-        "etc/default-counters.csv, per ANCHORS.md)",
+        "its etc/default-counters.csv)",
     ),
     (
         "node_exporter 1.5 infiniband collector, DGX tree",
-        "300 (25 per port x 12 ports; ANCHORS.md, measured 2026-11-25)",
+        "300 (25 per port x 12 ports; counted 2026-11-25)",
     ),
 )
 

@@ -82,7 +82,7 @@ python3 bench/bench_isolation.py --live --json "$OUT/bench_isolation.json" || rc
 python3 bench/bench_isolation.py --live --link-error-rotation 1 --slow-error-rotation 1 \
   --json "$OUT/bench_isolation_rot1.json" || rc=1
 
-step "soak, 60 s (bench/gpu_soak.py; the long one runs detached, see the README)"
+step "soak, 60 s (bench/gpu_soak.py; the long one runs detached, see docs/development.md)"
 python3 bench/gpu_soak.py --duration 60 --out "$OUT/soak60" || rc=1
 
 step "topo and snapshot"

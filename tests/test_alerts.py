@@ -1,6 +1,6 @@
 """Alert rules (deploy/rules/*.yaml): promtool checks and unit tests, every metric and label an
 expression uses exists in the catalog, every alert is tested both firing and quiet, every
-runbook link lands on a heading of docs/deploy.md. The Helm chart ships the rule files
+runbook link lands on a heading of docs/alerts.md. The Helm chart ships the rule files
 themselves (copies in deploy/helm/fabricscope/files/rules, checked by tests/test_helm.py).
 """
 
@@ -23,8 +23,8 @@ from exporter.metrics.spec import LABELS
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "rules"
 RULE_TESTS = Path(__file__).resolve().parent / "rules"
-DEPLOY_DOC = ROOT / "docs" / "deploy.md"
-RUNBOOK_BASE = "https://github.com/fabricscope/fabricscope/blob/main/docs/deploy.md#"
+ALERTS_DOC = ROOT / "docs" / "alerts.md"
+RUNBOOK_BASE = "https://github.com/fabricscope/fabricscope/blob/main/docs/alerts.md#"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 #: Series Prometheus makes itself (name -> labels of its own).
@@ -302,10 +302,10 @@ def github_anchors(markdown: str) -> set[str]:
     return anchors
 
 
-def test_every_runbook_anchor_is_a_heading_of_deploy_md() -> None:
-    anchors = github_anchors(DEPLOY_DOC.read_text())
+def test_every_runbook_anchor_is_a_heading_of_alerts_md() -> None:
+    anchors = github_anchors(ALERTS_DOC.read_text())
     missing = [a.name for a in ALERTS if a.name.lower() not in anchors]
-    assert not missing, f"docs/deploy.md has no heading for: {missing}"
+    assert not missing, f"docs/alerts.md has no heading for: {missing}"
 
 
 @pytest.mark.parametrize("alert", ALERTS, ids=lambda a: a.name)

@@ -9,7 +9,7 @@ PrometheusRule with jsonschema against the Prometheus Operator's CRDs (tests/fix
 Then the properties the deployment promises: exact RBAC, the security context, read-only host
 mounts, flags the agent's own parser accepts, the probe secret's handling, the NetworkPolicy,
 the embedded rules (promtool), a hadolint-clean Dockerfile, and the kernel facts behind the
-privilege model (docs/deploy.md). tests/test_helm.py has the chart's own checks (lint, the
+privilege model (docs/install.md). tests/test_helm.py has the chart's own checks (lint, the
 generated files, equality with the kustomize manifests it replaced).
 """
 
@@ -715,7 +715,7 @@ def test_dockerfile_targets() -> None:
         assert pinned.group(1) == torch_arg.group(1)
 
 
-# --- the privilege model's kernel facts (docs/deploy.md, Privileges) -------------------------
+# --- the privilege model's kernel facts (docs/install.md, Privileges) -------------------------
 
 CLIENT = "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
 READ = "import sys\nopen(sys.argv[1], 'rb').read()\n"
@@ -847,7 +847,7 @@ def test_privilege_model_proc(needs_root: None, tmp_path: Path) -> None:
 
 
 def test_deploy_doc_covers_what_it_must() -> None:
-    doc = (ROOT / "docs" / "deploy.md").read_text()
+    doc = (ROOT / "docs" / "install.md").read_text()
     assert "helm install fabricscope deploy/helm/fabricscope" in doc
     assert "pod-security.kubernetes.io/enforce=privileged" in doc
     table = doc[doc.index("### Capability table") :]

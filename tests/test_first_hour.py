@@ -282,7 +282,7 @@ def test_a_dual_function_nic_on_one_narrow_link_is_one_alert(
         f"      exp_annotations:\n        summary: {json.dumps(summary)}\n"
         f"        description: {json.dumps(description)}\n"
         "        runbook_url: https://github.com/fabricscope/fabricscope/blob/main/docs/"
-        "deploy.md#fabricscopepcielinkwidthdegraded\n"
+        "alerts.md#fabricscopepcielinkwidthdegraded\n"
     )
     run = subprocess.run(
         ["promtool", "test", "rules", str(test)], capture_output=True, text=True, check=False

@@ -98,7 +98,7 @@ def test_renders_what_kustomize_deployed(build: str, tmp_path: Path) -> None:
         ]
     )
     # the chart creates neither the namespace (helm install -n, labelled by the
-    # administrator: docs/deploy.md) nor the probe's Secret (the administrator's)
+    # administrator: docs/install.md) nor the probe's Secret (the administrator's)
     dropped = {k for k in old if k[0] in ("Namespace", "Secret")}
     assert set(old) - dropped == set(new)
     for identity, doc in new.items():

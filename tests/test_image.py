@@ -265,7 +265,7 @@ def test_metrics_served_and_scraped_by_prometheus(
 
 
 def test_size_and_layers(image: str) -> None:
-    """Recorded in README.md (Kubernetes): size, layers. dcgm-exporter's image is ~1.45 GB
+    """Recorded in docs/install.md (The image): size, layers. dcgm-exporter's image is ~1.45 GB
     (its PR #228); this one must stay far below."""
     (listed,) = json.loads(buildah("images", "--json", image))
     number, unit = listed["size"].split()  # "325 MB": decimal units

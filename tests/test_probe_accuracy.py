@@ -1,7 +1,7 @@
 """bench/probe_accuracy.py, the helper of scripts/gpu_probe_accuracy.sh: its nccl-tests parser
 on real nccl-tests logs (tests/fixtures/nccl-tests: 8x A100 from microsoft/superbenchmark, and
 one H200 at one rank recorded by this project; see PROVENANCE.md), and the whole helper end
-to end with the probe over gloo on CPU (its GPU runs are in the README)."""
+to end with the probe over gloo on CPU (its GPU runs are in docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ Findings (each counted per GPU by ``fabricscope_workload_finding_processes``)
 
 Errors
     PIDs are NVML's, the host's: read them through the host's /proc mounted at
-    ``--path.procfs`` (no ``hostPID`` needed; docs/deploy.md), with ``CAP_SYS_PTRACE`` to read
+    ``--path.procfs`` (no ``hostPID`` needed; docs/install.md), with ``CAP_SYS_PTRACE`` to read
     the environ of other users' processes (the optional ``workload-environ`` component).
     A process that exits mid-scan costs itself: an issue with reason ``vanished`` and it is
     left out. An unreadable environ (``permission``) leaves that process's NCCL settings

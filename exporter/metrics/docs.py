@@ -10,6 +10,33 @@ from agent.core.findings import KINDS
 from exporter.metrics.catalog import all_specs
 from exporter.metrics.spec import LABELS
 
+#: The metric-stability policy, at the end of docs/metrics.md.
+STABILITY = (
+    "## Stability",
+    "",
+    "What a release may change in the series above, and how you hear of it. Every change is "
+    "listed in [CHANGELOG.md](../CHANGELOG.md) under the release that makes it.",
+    "",
+    "- **Stable**: a metric's name, type, unit and label names, and the meaning of its "
+    "value; the label values of fixed vocabularies (`reason`, `kind`, `comparison`, "
+    "`transport`, `collective`, ...), to which a release may add values but from which it "
+    "removes none. A release changes none of these without a deprecation: the old series "
+    "keeps being exported beside its replacement for at least one minor release, and the "
+    "changelog names both.",
+    "- **May change in any release**: new metrics, new labels on `*_info` series, new "
+    "values in a vocabulary, which series a `--collector.detail` level below `full` folds "
+    "(the table under [Detail levels](#detail-levels); `full` always exports every series "
+    "unfolded), help texts, the order of series, and the self-metrics of the agent "
+    "(`fabricscope_sampler_*`, `fabricscope_http_*`) while the project is before 1.0.",
+    "- **Not an interface**: the exposition's formatting, the number of series a node "
+    "exports (it follows the hardware), log lines, and the recording rules' intermediate "
+    "series, which are named `fabricscope:*` and change with the rules and dashboards that "
+    "read them.",
+    "- The shipped alert rules, dashboards and `fabricscope explain` read only what "
+    "`--collector.detail=minimal` keeps, and are tested against this catalog on every change, "
+    "so they never depend on a series a release may fold.",
+)
+
 
 def render_markdown() -> str:
     lines = [
@@ -20,7 +47,8 @@ def render_markdown() -> str:
         "`detail` is the lowest `--collector.detail` level that exports the family (minimal: "
         "what the shipped alerts, dashboards and `fabricscope explain` read; default: also the "
         "diagnostic counters; full: everything); `*` marks a family that levels below full "
-        "fold (see [Detail levels](#detail-levels)).",
+        "fold (see [Detail levels](#detail-levels)). What a release may change is under "
+        "[Stability](#stability).",
         "",
         "| name | type | unit | labels | detail | help |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -41,7 +69,8 @@ def render_markdown() -> str:
         "stays in this catalog whatever the level. `full` exports every series unfolded. "
         "`default` leaves out the families marked full above and folds these; `minimal` "
         "also leaves out the families marked default (`bench/series_budget.py` counts each "
-        "level on the fixture trees; README, Performance).",
+        "level on the fixture trees; "
+        "[performance.md](performance.md#what-a-node-costs-prometheus)).",
         "",
         "| name | below full |",
         "| --- | --- |",
@@ -71,6 +100,7 @@ def render_markdown() -> str:
         lines.append(
             f"| `{k.kind}` | {k.area} | {k.severity} | `{k.series}` | {alert} | {meaning} |"
         )
+    lines += ["", *STABILITY]
     return "\n".join(lines) + "\n"
 
 
