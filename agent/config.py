@@ -166,7 +166,7 @@ PROBE_KINDS = ("all_reduce", "sendrecv", "latency")
 
 @dataclass(frozen=True, slots=True)
 class ProbeSettings:
-    """The NCCL probe (``--probe.*``; docs in ``agent/probe/service.py``). Off unless enabled.
+    """The NCCL probe (``--probe.*``; docs in ``agent/probe/run/service.py``). Off unless enabled.
 
     ``peers_file``: hostfile of the nodes that probe each other (None: intra-node probes only).
     ``secret_file``: the shared secret peers prove (required with a peers file or a listen

@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.probe.formulas import busbw
-from agent.probe.launch import run_local
-from agent.probe.records import SpecError, WorkerSpec
+from agent.probe.measure.formulas import busbw
+from agent.probe.measure.launch import run_local
+from agent.probe.measure.records import SpecError, WorkerSpec
 
 MiB = 1 << 20
 #: the issue's targets: |probe / nccl-tests - 1| at or above 1 MiB, and below
@@ -222,7 +222,7 @@ def heatmap(out: Path, backend: str) -> None:
     """A GPU x GPU sendrecv heatmap of this host (64 MiB; a GPU with itself not measured)."""
     import socket
 
-    from agent.probe.heatmap import Axis, heatmap_png
+    from agent.probe.render.heatmap import Axis, heatmap_png
 
     n = 2
     values: list[list[float | None]] = [[None] * n for _ in range(n)]

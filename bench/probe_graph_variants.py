@@ -12,7 +12,7 @@ a block of ``--ops`` operations between two CUDA events, median of ``--repeats``
 Against ``sendrecv_perf -g 1`` (nccl-tests' out-of-place column) that says whether a gap is
 the timing method, torch's per-op stream join, or NCCL under capture. What it showed on one
 H200 (torch's CPU cost per call, 37-80 us eagerly; 5-20 us of joins in a graph) is why the
-probe calls NCCL itself (agent/probe/nccl.py); ``FABRICSCOPE_PROBE_TORCH_DATAPLANE=1``
+probe calls NCCL itself (agent/probe/measure/nccl.py); ``FABRICSCOPE_PROBE_TORCH_DATAPLANE=1``
 makes the probe time torch's calls again for comparison.
 
     NCCL_NVLS_ENABLE=0 python bench/probe_graph_variants.py [--sizes 8K,1M,64M]

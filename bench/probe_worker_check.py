@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from agent.probe.launch import run_local
-from agent.probe.records import WorkerSpec, to_json
+from agent.probe.measure.launch import run_local
+from agent.probe.measure.records import WorkerSpec, to_json
 
 for kind in ("all_reduce", "sendrecv", "latency"):
     t0 = time.monotonic()

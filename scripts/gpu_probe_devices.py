@@ -1,7 +1,7 @@
 """Live check of the probe's GPU view on a GPU machine (run by ``scripts/gpu_verify.sh``).
 
 The probe asks NVML which GPUs there are and which run compute processes through a child
-process (:func:`agent.probe.devices.isolated_gpu_view`); this compares its answers with
+process (:func:`agent.probe.run.devices.isolated_gpu_view`); this compares its answers with
 ``nvidia-smi`` on the same machine, live against live:
 
 1. discovery names every GPU ``nvidia-smi -L`` lists (NCCL backend);
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.probe.devices import NvmlBusyGpus, discover_slots, isolated_gpu_view
+from agent.probe.run.devices import NvmlBusyGpus, discover_slots, isolated_gpu_view
 
 HOLD_GPU0 = (
     "import sys, time, torch; x = torch.ones(1, device='cuda:0'); "

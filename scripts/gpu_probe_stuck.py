@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 import torch.distributed as dist
 
-from agent.probe import measure
-from agent.probe.nccl import attach
+from agent.probe.measure import collectives
+from agent.probe.measure.nccl import attach
 
 
 def main() -> int:
@@ -50,7 +50,7 @@ def main() -> int:
     began = time.monotonic()
     ok = True
     try:
-        measure.wait_event(mark, ns.timeout)
+        collectives.wait_event(mark, ns.timeout)
         print(f"FAIL: the stream was free after {time.monotonic() - began:.2f} s")
         ok = False
     except TimeoutError as exc:

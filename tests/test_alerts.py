@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.probe.records import REASONS as PROBE_REASONS
+from agent.probe.measure.records import REASONS as PROBE_REASONS
 from exporter.metrics.catalog import all_specs
 from exporter.metrics.spec import LABELS
 

@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from agent.config import DEFAULT_POD_LOGS, DEFAULT_PROBE_PORT
-from agent.probe.membership import parse_peers
+from agent.probe.schedule.membership import parse_peers
 from exporter.cli.main import build_parser
 from tests.helmchart import PROBE_SECRET, VALUES, render, render_fails
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.probe.membership import parse_peers
+from agent.probe.schedule.membership import parse_peers
 from tests.helmchart import (
     CHART,
     PROBE_SECRET,

@@ -1,4 +1,4 @@
-"""Import direction: agent/ knows nothing about Prometheus or the exporter."""
+"""Import direction: agent/ knows nothing about Prometheus or the exporter; each source\nimports only the shared machinery and its declared joins; the probe's parts import downwards."""
 
 from __future__ import annotations
 
@@ -128,6 +128,82 @@ def test_every_source_is_a_package_that_says_what_it_may_import() -> None:
     for name in (*EXPORTER_MAY_IMPORT, "cli"):
         init = ROOT / "exporter" / name / "__init__.py"
         assert ast.get_docstring(ast.parse(init.read_text())), init
+
+
+#: the probe's sub-packages, one per job, and the other parts of the probe each may import
+#: (agent/probe/sampler.py, the composition, may import them all); imports run downwards
+PROBE_PARTS: dict[str, set[str]] = {
+    "measure": set(),
+    "rendezvous": set(),
+    "schedule": set(),
+    "render": set(),
+    "run": {"measure", "rendezvous", "schedule"},
+}
+#: what of the agent outside the probe each part may import (``agent.core`` for all but
+#: render, which imports nothing of the agent)
+PROBE_PART_OUTSIDE: dict[str, set[str]] = {
+    "measure": {"agent.core"},
+    "rendezvous": {"agent.core"},
+    "schedule": {"agent.core", "agent.config", "agent.kubernetes"},
+    "render": set(),
+    "run": {"agent.core", "agent.config", "agent.nvml"},
+}
+
+
+def probe_offending_imports(module: str, imports: set[str]) -> list[str]:
+    """The imports of a module of a probe part that run against :data:`PROBE_PARTS`."""
+    parts = module.split(".")
+    if parts[:2] != ["agent", "probe"] or len(parts) < 4:
+        return []  # not inside a part: agent/probe/__init__.py, agent/probe/sampler.py
+    part = parts[2]
+    bad = []
+    for mod in sorted(imports):
+        there = mod.split(".")
+        if there[0] != "agent":
+            continue
+        if there[:2] == ["agent", "probe"]:
+            other = there[2] if len(there) > 2 else ""
+            ok = other == part or other in PROBE_PARTS[part]
+        else:
+            ok = _owner(mod) in PROBE_PART_OUTSIDE[part]
+        if not ok:
+            bad.append(mod)
+    return bad
+
+
+def test_the_probe_parts_import_only_downwards() -> None:
+    files = sorted((ROOT / "agent" / "probe").rglob("*.py"))
+    found = {f.parent.name for f in files if f.parent.name != "probe"}
+    assert found == set(PROBE_PARTS), "a probe part is missing from PROBE_PARTS, or gone"
+    offenders = [
+        f"{f.relative_to(ROOT)} imports {mod}"
+        for f in files
+        for mod in probe_offending_imports(_module_of(f), imported_modules(f))
+    ]
+    assert offenders == []
+
+
+def test_every_probe_part_says_what_it_owns_and_may_import() -> None:
+    for part in PROBE_PARTS:
+        init = ROOT / "agent" / "probe" / part / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and "May import" in doc, init
+
+
+def test_the_probe_layering_check_catches_upward_and_sideways_imports() -> None:
+    check = probe_offending_imports
+    assert check("agent.probe.measure.launch", {"agent.probe.run.devices"}) == [
+        "agent.probe.run.devices"
+    ]
+    assert check("agent.probe.schedule.plan", {"agent.probe.rendezvous.wire"}) == [
+        "agent.probe.rendezvous.wire"
+    ]
+    assert check("agent.probe.rendezvous.server", {"agent.nvml.api", "agent.core.errors"}) == [
+        "agent.nvml.api"
+    ]
+    assert check("agent.probe.render.matrix", {"agent.core.errors"}) == ["agent.core.errors"]
+    assert check("agent.probe.run.guest", {"agent.probe.measure.launch", "agent.nvml.api"}) == []
+    assert check("agent.probe.sampler", {"agent.probe.run.service"}) == []
 
 
 def test_the_layering_check_catches_imports_across_sources_and_floors() -> None:

@@ -27,7 +27,7 @@ from promharness import free_port
 
 from agent.core.errors import NoData, SamplerFailure
 from agent.core.isolation import ChildSpec, IsolatedSampler, describe_exit
-from agent.probe.devices import GpuSlot, NvmlBusyGpus, discover_slots, isolated_gpu_view
+from agent.probe.run.devices import GpuSlot, NvmlBusyGpus, discover_slots, isolated_gpu_view
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests" / "nvml_standin" / "libnvidia-ml.c"

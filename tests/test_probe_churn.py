@@ -7,8 +7,8 @@ round)."""
 from __future__ import annotations
 
 from agent.config import ProbeSettings
-from agent.probe.records import ProbeRecord
-from agent.probe.results import ProbeLedger, ProbeRun
+from agent.probe.measure.records import ProbeRecord
+from agent.probe.run.results import ProbeLedger, ProbeRun
 from exporter.metrics.probe import render
 from exporter.metrics.spec import Detail, Families
 

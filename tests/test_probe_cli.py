@@ -19,8 +19,8 @@ import psutil
 import pytest
 from test_probe_matrix import decode_png, hex_rgb, pixel
 
-from agent.probe import heatmap
-from agent.probe.launch import free_port
+from agent.probe.measure.launch import free_port
+from agent.probe.render import heatmap
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "FABRICSCOPE_TEST_MARK"

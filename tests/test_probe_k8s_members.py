@@ -18,14 +18,14 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 from agent.kubernetes.podwatch import WatchSettings
-from agent.probe.k8s_members import (
+from agent.probe.schedule.k8s_members import (
     ERROR_REASONS,
     AgentPod,
     KubernetesMembers,
     members_from_pod_list,
     parse_agent_pod,
 )
-from agent.probe.membership import MembershipSource
+from agent.probe.schedule.membership import MembershipSource
 
 NS = "fabricscope"
 SELECTOR = "app.kubernetes.io/name=fabricscope"
@@ -440,7 +440,7 @@ def test_forbidden_keeps_the_last_list_counts_logs_once_and_recovers(
     make_members: Callable[..., KubernetesMembers],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="agent.probe.k8s_members")
+    caplog.set_level(logging.DEBUG, logger="agent.probe.schedule.k8s_members")
     fake_api.lists = [pod_list("1000", A, B)]
     fake_api.watches = [[{"type": "ERROR", "object": FORBIDDEN}]]  # RBAC lost mid-watch
     m = make_members()
@@ -565,7 +565,7 @@ def test_this_node_joining_is_logged(
     make_members: Callable[..., KubernetesMembers],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agent.probe.k8s_members")
+    caplog.set_level(logging.INFO, logger="agent.probe.schedule.k8s_members")
     starting = agent_pod("fabricscope-c", "gpu-a03", "10.0.0.9", ready=False, uid="uid-c")
     fake_api.lists = [pod_list("1000", A, starting)]
     fake_api.watches = [[{"type": "MODIFIED", "object": {"kind": "Pod", "apiVersion": "v1", **C}}]]

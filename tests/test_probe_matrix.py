@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 from PIL.Image import Image as PngImage
 
-from agent.probe import heatmap
-from agent.probe.heatmap import Axis
-from agent.probe.matrix import (
+from agent.probe.render import heatmap
+from agent.probe.render.heatmap import Axis
+from agent.probe.render.matrix import (
     CSV_COLUMNS,
     MatrixCell,
     format_grid,
@@ -25,7 +25,7 @@ from agent.probe.matrix import (
     run_matrix,
     to_csv,
 )
-from agent.probe.matrix import (
+from agent.probe.render.matrix import (
     heatmap as matrix_heatmap,
 )
 

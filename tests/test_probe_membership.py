@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.core.errors import ConfigError
-from agent.probe.membership import (
+from agent.probe.schedule.membership import (
     MembershipSource,
     PeersFile,
     StaticMembers,
@@ -130,7 +130,7 @@ def test_an_unchanged_file_is_not_parsed_again(tmp_path: Path) -> None:
 def test_a_malformed_file_keeps_the_last_good_list(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agent.probe.membership")
+    caplog.set_level(logging.INFO, logger="agent.probe.schedule.membership")
     path = tmp_path / "peers"
     write(path, "node-a\nnode-b\n", T0)
     source = PeersFile(str(path))

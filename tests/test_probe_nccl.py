@@ -1,4 +1,4 @@
-"""agent/probe/nccl.py: NCCL called directly on torch's communicator (the GPU data plane).
+"""agent/probe/measure/nccl.py: NCCL called directly on torch's communicator (the GPU data plane).
 
 What runs without a GPU is tested here: :func:`attach` refusing every way it can (no
 private ``_comm_ptr`` in this torch, a communicator not made yet, no ``libnccl.so.2``), each
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from agent.probe import nccl as nccl_mod
-from agent.probe.nccl import Nccl, NcclError, attach
+from agent.probe.measure import nccl as nccl_mod
+from agent.probe.measure.nccl import Nccl, NcclError, attach
 
 
 class _Backend:
@@ -133,14 +133,14 @@ class _Event:
 def test_a_stuck_collective_times_out_instead_of_blocking_the_worker() -> None:
     """NCCL called directly has no watchdog: the wait for the GPU is bounded by the spec's
     timeout, and the error reads as the reason ``timeout``."""
-    from agent.probe import measure, worker
+    from agent.probe.measure import collectives, worker
 
     stuck = _Event(None)
     began = time.monotonic()
     with pytest.raises(TimeoutError) as info:
-        measure.wait_event(stuck, 0.05)
+        collectives.wait_event(stuck, 0.05)
     assert 0.05 <= time.monotonic() - began < 2.0 and stuck.looks > 2
     assert worker.run_reason(frozenset({"TimeoutError"}), str(info.value)) == "timeout"
     done = _Event(3)
-    measure.wait_event(done, 5.0)
+    collectives.wait_event(done, 5.0)
     assert done.looks == 4

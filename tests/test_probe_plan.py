@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.probe.plan import (
+from agent.probe.schedule.pairing import FindingKind, Pair, Tuning, full_cycle_rounds
+from agent.probe.schedule.plan import (
     FaultModel,
     PlanReport,
     RoundRecord,
@@ -18,7 +19,6 @@ from agent.probe.plan import (
     run_rounds,
     simulate,
 )
-from agent.probe.schedule import FindingKind, Pair, Tuning, full_cycle_rounds
 
 SETTLES = [Tuning(settle_rounds=0), Tuning(settle_rounds=1)]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import agent.probe
-from agent.probe import formulas
-from agent.probe.records import (
+from agent.probe.measure import formulas
+from agent.probe.measure.records import (
     CPU_DEFAULT_SIZES,
     GPU_DEFAULT_SIZES,
     REASONS,

@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from agent.core.errors import ConfigError
-from agent.probe.rendezvous_client import propose
-from agent.probe.rendezvous_messages import Answer, Offer
-from agent.probe.rendezvous_server import RendezvousServer
-from agent.probe.rendezvous_wire import (
+from agent.probe.rendezvous.client import propose
+from agent.probe.rendezvous.messages import Answer, Offer
+from agent.probe.rendezvous.secret import load_secret
+from agent.probe.rendezvous.server import RendezvousServer
+from agent.probe.rendezvous.wire import (
     MAX_FRAME_BYTES,
     AuthError,
     PeerUnreachableError,
@@ -33,7 +34,6 @@ from agent.probe.rendezvous_wire import (
     RendezvousError,
     RendezvousTimeoutError,
 )
-from agent.probe.secret import load_secret
 
 SECRET = b"correct horse battery staple 42"
 OTHER_SECRET = b"incorrect donkey battery staple!"

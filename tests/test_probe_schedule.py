@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from agent.probe.schedule import (
+from agent.probe.schedule.pairing import (
     TUNING,
     FindingKind,
     Outcome,

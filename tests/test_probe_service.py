@@ -22,16 +22,16 @@ import pytest
 
 from agent.config import ProbeSettings
 from agent.core.errors import ConfigError
-from agent.probe.addresses import parse_hostport, probe_id, requested_slot
-from agent.probe.budget import GpuBudget
-from agent.probe.devices import GpuSlot, GpuViewSampler, NvmlBusyGpus, discover_slots
-from agent.probe.launch import WorkerRun, free_port, launch_workers
-from agent.probe.membership import StaticMembers
-from agent.probe.records import ProbeError, ProbeRecord, WorkerSpec
-from agent.probe.rendezvous_server import RendezvousStats
-from agent.probe.results import SKIP_REASONS, ProbeRun, ProbeSnapshot
-from agent.probe.service import ProbeService
-from agent.probe.worker import measured_record
+from agent.probe.measure.launch import WorkerRun, free_port, launch_workers
+from agent.probe.measure.records import ProbeError, ProbeRecord, WorkerSpec
+from agent.probe.measure.worker import measured_record
+from agent.probe.rendezvous.server import RendezvousStats
+from agent.probe.run.addresses import parse_hostport, probe_id, requested_slot
+from agent.probe.run.budget import GpuBudget
+from agent.probe.run.devices import GpuSlot, GpuViewSampler, NvmlBusyGpus, discover_slots
+from agent.probe.run.results import SKIP_REASONS, ProbeRun, ProbeSnapshot
+from agent.probe.run.service import ProbeService
+from agent.probe.schedule.membership import StaticMembers
 from exporter.metrics.exposition import render_text
 from exporter.metrics.probe import render
 from exporter.metrics.spec import Families
@@ -71,7 +71,10 @@ def worker_children() -> list[psutil.Process]:
     out = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if proc.status() != psutil.STATUS_ZOMBIE and "agent.probe.worker" in proc.cmdline():
+            if (
+                proc.status() != psutil.STATUS_ZOMBIE
+                and "agent.probe.measure.worker" in proc.cmdline()
+            ):
                 out.append(proc)
         except psutil.NoSuchProcess:
             continue

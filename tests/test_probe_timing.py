@@ -1,14 +1,14 @@
-"""Adaptive timing of one message size (agent/probe/timing.py, pure), and the worker timing
+"""Adaptive timing of one message size (agent/probe/measure/timing.py, pure), and the worker timing
 adaptively for real over gloo."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.probe import worker
-from agent.probe.launch import run_local
-from agent.probe.records import WorkerSpec
-from agent.probe.timing import Blocks, TimingPolicy, fastest, spread
+from agent.probe.measure import worker
+from agent.probe.measure.launch import run_local
+from agent.probe.measure.records import WorkerSpec
+from agent.probe.measure.timing import Blocks, TimingPolicy, fastest, spread
 
 
 def policy(**changes: float) -> TimingPolicy:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.probe import worker
-from agent.probe.launch import free_port, run_local, worker_env
-from agent.probe.records import (
+from agent.probe.measure import worker
+from agent.probe.measure.launch import free_port, run_local, worker_env
+from agent.probe.measure.records import (
     CPU_DEFAULT_SIZES,
     ProbeRecord,
     WorkerSpec,
@@ -49,7 +49,7 @@ def spec(kind: str = "all_reduce", world_size: int = 2, **changes: object) -> Wo
 
 def run_worker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "agent.probe.worker", *args],
+        [sys.executable, "-m", "agent.probe.measure.worker", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -142,7 +142,7 @@ def test_a_rank_alone_records_peer_unreachable_within_the_timeout(
     )
     began = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.probe.worker", "--spec-file", str(spec_file)],
+        [sys.executable, "-m", "agent.probe.measure.worker", "--spec-file", str(spec_file)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -175,7 +175,7 @@ def test_a_peer_that_leaves_mid_probe_fails_the_rest() -> None:
     both = spec(master_port=port, timeout_seconds=5.0, sizes=(4096, 8192, 16384))
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "agent.probe.worker", "--spec", spec_to_json(s)],
+            [sys.executable, "-m", "agent.probe.measure.worker", "--spec", spec_to_json(s)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -299,7 +299,8 @@ def test_run_local_keeps_what_rank_0_printed_before_it_died(tmp_path: Path) -> N
 
 def test_the_agent_side_of_the_probe_never_imports_torch() -> None:
     code = (
-        "import sys, agent.probe, agent.probe.records, agent.probe.formulas, agent.probe.worker;"
+        "import sys, agent.probe, agent.probe.measure.records, agent.probe.measure.formulas, "
+        "agent.probe.measure.worker;"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     done = subprocess.run(
@@ -312,7 +313,7 @@ def test_the_resident_agent_never_imports_matplotlib() -> None:
     """matplotlib is the matrix command's (the heatmap): the agent's modules, the probe
     service, the CLI module and the exporter load without it."""
     code = (
-        "import sys, agent.probe.sampler, agent.probe.matrix, agent.probe.heatmap,"
+        "import sys, agent.probe.sampler, agent.probe.render.matrix, agent.probe.render.heatmap,"
         " exporter.cli.main, exporter.cli.probe, exporter.app;"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     )
@@ -324,7 +325,7 @@ def test_the_resident_agent_never_imports_matplotlib() -> None:
 
 def test_library_prints_go_to_stderr_not_between_records() -> None:
     code = (
-        "from agent.probe.worker import _records_stream;"
+        "from agent.probe.measure.worker import _records_stream;"
         "out = _records_stream(); print('NCCL INFO noise', flush=True);"
         "out.write('record\\n'); out.flush()"
     )
@@ -392,7 +393,7 @@ RUN_FAILURES = [
         "gpu_busy",
     ),
     ({"DistBackendError"}, "NCCL error: unhandled system error", "crashed"),
-    # NCCL called directly (agent.probe.nccl.NcclError)
+    # NCCL called directly (agent.probe.measure.nccl.NcclError)
     (
         {"NcclError"},
         "ncclGroupEnd: ncclRemoteError: peer 1 closed the connection",

@@ -23,7 +23,7 @@ from agent.kubernetes.attribution import (
 from agent.nvml.record import ReplayNvml, load
 from agent.nvml.sampler import NvmlSampler
 from agent.nvml.snapshot import ComputeProcess, NvmlSnapshot
-from agent.probe.devices import UnionBusy
+from agent.probe.run.devices import UnionBusy
 from agent.samplers import DEPENDENT, Latest, build_specs
 from agent.workload.sampler import PodIdentity, pod_identities
 from exporter.app import AgentApp

@@ -4,10 +4,10 @@
 and then watches them from the list's resourceVersion, keeping an immutable
 :class:`PodIndex` (pod UID -> namespace, name, container ids -> names) that a sampling pass
 reads without waiting on the network. Its list+watch loop is :class:`ListWatch`, which the
-probe's Kubernetes membership (:mod:`agent.probe.k8s_members`) runs too. Only the few fields
-it needs are read from the raw JSON (no model deserialization). The ``kubernetes`` client is
-imported when the thread starts, so a node that never watches never pays for it (about 0.8 s
-and 47 MiB).
+probe's Kubernetes membership (:mod:`agent.probe.schedule.k8s_members`) runs too. Only the
+few fields it needs are read from the raw JSON (no model deserialization). The
+``kubernetes`` client is imported when the thread starts, so a node that never watches
+never pays for it (about 0.8 s and 47 MiB).
 """
 
 from __future__ import annotations

@@ -1,38 +1,27 @@
 """The NCCL probe: active bus-bandwidth measurements between GPUs and between node pairs.
 
-Parts (each its own module; the resident agent never imports torch):
+Parts, one sub-package per job (each opens with what it owns and may import; imports run
+downwards: ``run`` uses ``measure``, ``rendezvous`` and ``schedule``; those three and
+``render`` use no other part of the probe); the resident agent never imports torch:
 
-- ``records``   the JSON record a worker prints per measurement, and its parser (pure).
-- ``formulas``  nccl-tests' algbw/busbw formulas (pure).
-- ``timing``    adaptive timing of one message size (pure).
-- ``worker``    the subprocess program (``python -m agent.probe.worker``): torch.distributed,
-                NCCL on GPUs, gloo on CPU; prints one JSON record per line on stdout.
-- ``schedule``  the coordinator-free pairing schedule (circle method) and fault localisation.
-- ``plan``      the simulation behind ``fabricscope probe plan`` (rounds, wall time, when a
-                fault is localised).
-- ``rendezvous_*`` peer authentication (shared secret) and the offer/answer before any
-                worker starts: ``rendezvous_wire`` (framing, proofs, errors; the protocol),
-                ``rendezvous_messages`` (Offer, Answer), ``rendezvous_server`` (the host's
-                listener), ``rendezvous_client`` (the guest's ``propose``), ``secret``
-                (the secret file).
-- ``membership`` / ``k8s_members``  who probes whom: a peers file, or the agent pods.
-- ``launch``    one worker process per rank, a deadline, process-group kills, rank records
-                (used by the service, ``fabricscope probe`` and ``launch.run_local``).
-- ``service``   the agent side: runs probes on a schedule with hard timeouts and answers
-                peers' offers, from its parts: ``devices`` (which devices, busy checks,
-                locks), ``budget`` (GPU time), ``specs`` (the ranks' worker specs),
-                ``guest`` (one offer and its run), ``addresses`` (peer addresses, probe
-                ids), ``results`` (the latest result per (kind, peer, GPU pair, size), aged
-                out, and the counters).
-- ``sampler``   the ``probe`` sampler (reports the service's results) and its wiring from
-                the ``--probe.*`` settings.
-- ``matrix`` / ``heatmap``  ``fabricscope probe --matrix``: every GPU pair, CSV and PNG.
+- ``measure/``     the worker program (``python -m agent.probe.measure.worker``) and its
+                   contract: ``records`` (spec and record, pure), ``formulas``, ``timing``,
+                   ``nccl``, ``collectives``, ``worker``, ``launch``.
+- ``rendezvous/``  peer authentication (shared secret) and the offer/answer before any
+                   worker starts: ``wire``, ``messages``, ``server``, ``client``, ``secret``.
+- ``schedule/``    who probes whom and when: ``pairing`` (circle method, localisation),
+                   ``plan`` (``fabricscope probe plan``), ``membership``, ``k8s_members``.
+- ``run/``         running probes on this node: ``service`` (the resident service),
+                   ``devices``, ``budget``, ``specs``, ``guest``, ``addresses``, ``results``.
+- ``render/``      ``fabricscope probe --matrix``: ``matrix`` and ``heatmap``.
+- ``sampler``      the ``probe`` sampler (reports the service's results) and its wiring from
+                   the ``--probe.*`` settings: the composition of the parts.
 
 May import: :mod:`agent.core`, :mod:`agent.config` and, as declared joins,
 :mod:`agent.kubernetes` (agent pods as peers) and :mod:`agent.nvml` (busy-GPU checks).
 
-Record schema (one JSON object per line on the worker's stdout; ``records.py`` is the
-authority, this is the summary):
+Record schema (one JSON object per line on the worker's stdout; ``measure/records.py`` is
+the authority, this is the summary):
 
     {"schema": "fabricscope-probe/1", "kind": "all_reduce" | "sendrecv" | "latency",
      "backend": "nccl" | "gloo", "world_size": 2, "ranks": [[host, device], ...],

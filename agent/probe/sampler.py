@@ -1,6 +1,6 @@
 """The ``probe`` sampler, and building it from the agent's ``--probe.*`` settings: the secret,
 the membership source (peers file or Kubernetes), the devices and their busy check, the
-service (:mod:`agent.probe.service`) started with its rendezvous bound."""
+service (:mod:`agent.probe.run.service`) started with its rendezvous bound."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from collections.abc import Callable
 
 from agent.config import ProbeSettings
 from agent.core.errors import ConfigError
-from agent.probe.addresses import parse_hostport
-from agent.probe.devices import (
+from agent.probe.rendezvous.secret import load_secret
+from agent.probe.run.addresses import parse_hostport
+from agent.probe.run.devices import (
     BusyGpus,
     GpuViewSource,
     NvmlBusyGpus,
@@ -20,10 +21,9 @@ from agent.probe.devices import (
     isolated_gpu_view,
     no_busy_gpus,
 )
-from agent.probe.membership import MembershipSource, PeersFile, normalize_host
-from agent.probe.results import ProbeSnapshot
-from agent.probe.secret import load_secret
-from agent.probe.service import ProbeService
+from agent.probe.run.results import ProbeSnapshot
+from agent.probe.run.service import ProbeService
+from agent.probe.schedule.membership import MembershipSource, PeersFile, normalize_host
 
 
 class ProbeSampler:
@@ -102,7 +102,7 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 def _kubernetes_members(settings: ProbeSettings) -> MembershipSource:
     """The agent pods matching ``--probe.kubernetes-selector``, in their namespace (default:
     the service account's). Imports the Kubernetes client only here."""
-    from agent.probe.k8s_members import KubernetesMembers
+    from agent.probe.schedule.k8s_members import KubernetesMembers
 
     namespace = settings.kubernetes_namespace
     if not namespace:

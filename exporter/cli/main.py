@@ -547,7 +547,7 @@ def cmd_agent(ns: argparse.Namespace) -> int:
 
     config = _config(ns)
     if config.probe.enabled:
-        from agent.probe.launch import PROBE_EXTRA_HINT, missing_worker_modules
+        from agent.probe.measure.launch import PROBE_EXTRA_HINT, missing_worker_modules
 
         missing = missing_worker_modules()
         if missing:

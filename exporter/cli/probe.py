@@ -28,29 +28,36 @@ from collections.abc import Sequence
 
 from agent.config import DEFAULT_PROBE_PORT
 from agent.core.errors import ConfigError
-from agent.probe.addresses import MANUAL_PREFIX, hostport, parse_hostport, probe_id
-from agent.probe.devices import GpuSlot, NvmlBusyGpus, discover_slots, isolated_gpu_view
-from agent.probe.guest import GuestOutcome, guest_probe
-from agent.probe.launch import (
+from agent.probe.measure.launch import (
     PROBE_EXTRA_HINT,
     failure_records,
     launch_workers,
     missing_worker_modules,
 )
-from agent.probe.matrix import MatrixCell, format_grid, heatmap, matrix_rounds, run_matrix, to_csv
-from agent.probe.membership import normalize_host
-from agent.probe.plan import main_plan
-from agent.probe.records import ELEMENT_BYTES, ProbeRecord, WorkerSpec
-from agent.probe.rendezvous_messages import Offer
-from agent.probe.rendezvous_wire import (
+from agent.probe.measure.records import ELEMENT_BYTES, ProbeRecord, WorkerSpec
+from agent.probe.render.matrix import (
+    MatrixCell,
+    format_grid,
+    heatmap,
+    matrix_rounds,
+    run_matrix,
+    to_csv,
+)
+from agent.probe.rendezvous.messages import Offer
+from agent.probe.rendezvous.secret import load_secret
+from agent.probe.rendezvous.wire import (
     AuthError,
     PeerUnreachableError,
     ProtocolError,
     RendezvousError,
     RendezvousTimeoutError,
 )
-from agent.probe.secret import load_secret
-from agent.probe.specs import at_master, default_sizes, guest_spec, intra_specs
+from agent.probe.run.addresses import MANUAL_PREFIX, hostport, parse_hostport, probe_id
+from agent.probe.run.devices import GpuSlot, NvmlBusyGpus, discover_slots, isolated_gpu_view
+from agent.probe.run.guest import GuestOutcome, guest_probe
+from agent.probe.run.specs import at_master, default_sizes, guest_spec, intra_specs
+from agent.probe.schedule.membership import normalize_host
+from agent.probe.schedule.plan import main_plan
 
 log = logging.getLogger("fabricscope.probe")
 

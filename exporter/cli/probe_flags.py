@@ -21,7 +21,7 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 def parse_size(text: str) -> int:
     """``65536``, ``64K``, ``1M``, ``1GiB`` -> bytes (binary units), a positive multiple
     of 4."""
-    from agent.probe.records import ELEMENT_BYTES  # not at import: --help stays light
+    from agent.probe.measure.records import ELEMENT_BYTES  # not at import: --help stays light
 
     m = _SIZE.match(text.strip())
     if not m:

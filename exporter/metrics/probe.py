@@ -1,5 +1,5 @@
 """Metric specs and rendering for the probe sampler (``agent/probe/sampler.py``; the records
-it reports are in ``agent/probe/results.py``).
+it reports are in ``agent/probe/run/results.py``).
 
 Per-run series carry ``collective``, ``peer``, ``gpu`` and ``peer_gpu``: empty peer and GPUs
 for an intra-node probe (all_reduce across the node's idle GPUs), else this node's GPU and the
@@ -20,8 +20,8 @@ A node's distinct probe series over a day are then at most 4 per round plus a bo
 
 from __future__ import annotations
 
-from agent.probe.rendezvous_server import REFUSAL_REASONS
-from agent.probe.results import RUN_REASONS, SKIP_REASONS, ProbeRun, ProbeSnapshot
+from agent.probe.rendezvous.server import REFUSAL_REASONS
+from agent.probe.run.results import RUN_REASONS, SKIP_REASONS, ProbeRun, ProbeSnapshot
 from exporter.metrics.spec import Families, MetricSpec
 
 COLLECTIVES = ("all_reduce", "latency", "sendrecv")

@@ -21,7 +21,7 @@ from agent.core.sysfs import SysfsReader
 from agent.netdev.sampler import NetdevSampler
 from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE
 from agent.nvml.record import ReplayNvml
-from agent.probe.results import ProbeSnapshot
+from agent.probe.run.results import ProbeSnapshot
 from agent.samplers import Latest, build_specs
 from exporter.app import AgentApp
 from exporter.cli.main import _config, build_parser

@@ -23,7 +23,7 @@ What each source is, and what is real:
   pyroute2 returns them and mlx5's statistic names (kernel ``counters.rst``); the sampler's
   own parsing and rendering run.
 * **probe**: an NCCL probe cannot run without GPUs; :func:`LabNode.probe_snapshot` gives the
-  probe sampler's snapshot built from worker records (``agent.probe.records``) with
+  probe sampler's snapshot built from worker records (``agent.probe.measure.records``) with
   nccl-tests-like bandwidths for H100 NVLink (intra-node all_reduce) and a 400G rail
   (node-pair sendrecv), lowered where the scenario's cause sits.
 * **pod-resources**: the kubelet's gRPC API, served by a real gRPC server on a unix socket
@@ -59,8 +59,8 @@ from pathlib import Path
 from types import ModuleType
 
 from agent.nvml.record import FORMAT, JsonValue
-from agent.probe.records import MiB, ProbeError, ProbeRecord
-from agent.probe.results import ProbeRun, ProbeSnapshot
+from agent.probe.measure.records import MiB, ProbeError, ProbeRecord
+from agent.probe.run.results import ProbeRun, ProbeSnapshot
 from tests.lab.kubelet import Lister
 from tests.lab.scenarios import CONTAINER, NAMESPACE, RAILS, Scenario, node_name, pod_name
 

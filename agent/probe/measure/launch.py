@@ -1,4 +1,4 @@
-"""Launching probe workers: one ``python -m agent.probe.worker`` process per rank, each in
+"""Launching probe workers: one ``python -m agent.probe.measure.worker`` process per rank, each in
 its own session, waited for until a deadline (or an abort), the process groups of those still
 running killed, and the first rank's records returned, one per size (a size it printed
 nothing for gets a ``timeout`` record when the workers were killed at the deadline, else
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from agent.probe.records import (
+from agent.probe.measure.records import (
     DETAIL_CHARS,
     GPU_DEFAULT_SIZES,
     ProbeRecord,
@@ -32,7 +32,7 @@ from agent.probe.records import (
     resolve_sizes,
     spec_to_json,
 )
-from agent.probe.worker import apply_env_defaults
+from agent.probe.measure.worker import apply_env_defaults
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def worker_env(base: Mapping[str, str], backend: str) -> dict[str, str]:
     CUDA numbering equal to NVML's (PCI bus order, every GPU visible)."""
     env = dict(base)
     apply_env_defaults(env)
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = root if not path else f"{root}{os.pathsep}{path}"
     if backend == "nccl":
@@ -163,7 +163,7 @@ def launch_workers(
     env: Mapping[str, str] | None = None,
     python: str = sys.executable,
 ) -> WorkerRun:
-    """Start ``python -m agent.probe.worker`` once per spec, each in a new session, wait for
+    """Start ``python -m agent.probe.measure.worker`` once per spec, each in a new session, wait for
     all of them until ``deadline_seconds`` (or ``abort``, or
     :data:`FAILED_RANK_GRACE_SECONDS` after one exits with an error), kill the process
     groups of those still running, and return the first spec's records (completed per
@@ -183,7 +183,13 @@ def launch_workers(
                 with out.open("wb") as out_f, err.open("wb") as err_f:
                     procs.append(
                         subprocess.Popen(
-                            [python, "-m", "agent.probe.worker", "--spec", spec_to_json(spec)],
+                            [
+                                python,
+                                "-m",
+                                "agent.probe.measure.worker",
+                                "--spec",
+                                spec_to_json(spec),
+                            ],
                             stdin=subprocess.DEVNULL,
                             stdout=out_f,
                             stderr=err_f,

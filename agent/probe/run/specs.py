@@ -1,22 +1,22 @@
 """The worker specs of a probe's ranks, built the same way by the probe service and by
 ``fabricscope probe``: the sizes an offer carries, a worker's own timeout, the ranks of an
 intra-node probe, and the guest's rank 1 of a node pair (the host builds its rank 0 from the
-offer it accepts, in :mod:`agent.probe.service`)."""
+offer it accepts, in :mod:`agent.probe.run.service`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from agent.probe.devices import GpuSlot
-from agent.probe.launch import free_port
-from agent.probe.records import (
+from agent.probe.measure.launch import free_port
+from agent.probe.measure.records import (
     CPU_DEFAULT_SIZES,
     DEFAULT_MAX_MEMORY_BYTES,
     GPU_DEFAULT_SIZES,
     LATENCY_SIZE_BYTES,
     WorkerSpec,
 )
+from agent.probe.run.devices import GpuSlot
 
 
 def worker_timeout(timeout_seconds: float) -> float:

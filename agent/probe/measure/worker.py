@@ -1,13 +1,13 @@
-"""The probe worker: ``python -m agent.probe.worker --spec JSON`` (or ``--spec-file F``).
+"""The probe worker: ``python -m agent.probe.measure.worker --spec JSON`` (or ``--spec-file F``).
 
 One worker process per rank; the worker never spawns other processes. Whoever starts a
-probe starts one worker per rank (:mod:`agent.probe.launch`): the agent's probe service for
-node pairs (one worker per node), and :func:`agent.probe.launch.run_local` for a
+probe starts one worker per rank (:mod:`agent.probe.measure.launch`): the agent's probe service for
+node pairs (one worker per node), and :func:`agent.probe.measure.launch.run_local` for a
 single-node probe (all ranks as subprocesses on this host, returning rank 0's records).
 This module is importable by the resident agent: torch is imported only inside
 :func:`run`, in the worker process, after the NCCL environment defaults are set.
 
-What it does, per message size of the spec (:mod:`agent.probe.records` holds the spec and
+What it does, per message size of the spec (:mod:`agent.probe.measure.records` holds the spec and
 the record):
 
 - ``all_reduce``: a float32 buffer holding ``rank + 1`` on each rank is summed once and
@@ -21,11 +21,11 @@ the record):
   busbw = algbw.
 - ``latency``: as ``all_reduce`` at 8 bytes; ``time_seconds`` is the latency.
 
-Timing (:mod:`agent.probe.timing` says how much): as nccl-tests, warm-up iterations, then
+Timing (:mod:`agent.probe.measure.timing` says how much): as nccl-tests, warm-up iterations, then
 back-to-back iterations timed as one loop, the mean of one iteration reported; adaptive on
 GPUs (blocks of iterations until the timing is stable or a time cap). On GPUs the timed
 calls are NCCL's own, made through ctypes on the communicator torch built
-(:mod:`agent.probe.nccl`: torch.distributed's calls cost 37-82 us of CPU each, NCCL's
+(:mod:`agent.probe.measure.nccl`: torch.distributed's calls cost 37-82 us of CPU each, NCCL's
 ~10 us), unless this torch gives no communicator, when they are torch's. ``timing: eager``
 calls them from Python between two CUDA events, as nccl-tests does from C; ``graph`` makes
 a block one CUDA graph holding ``k`` captured calls, replayed between the events; ``auto``
@@ -72,9 +72,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from agent.core.logsetup import LEVELS, setup_logging
-from agent.probe import formulas, measure
-from agent.probe.nccl import Nccl, attach
-from agent.probe.records import (
+from agent.probe.measure import collectives, formulas
+from agent.probe.measure.nccl import Nccl, attach
+from agent.probe.measure.records import (
     ProbeError,
     ProbeRecord,
     Ranks,
@@ -88,7 +88,7 @@ from agent.probe.records import (
     spec_device,
     to_json,
 )
-from agent.probe.timing import (
+from agent.probe.measure.timing import (
     CPU_MAX_SECONDS_PER_SIZE,
     GPU_MAX_SECONDS_PER_SIZE,
     MAX_BLOCK_OPS,
@@ -99,7 +99,7 @@ if TYPE_CHECKING:
     import torch
     from torch._C._distributed_c10d import TCPStore
 
-log = logging.getLogger("agent.probe.worker")  # not "__main__" under -m
+log = logging.getLogger("agent.probe.measure.worker")  # not "__main__" under -m
 
 #: Set (if unset) in the worker before torch loads, and in run_local's children.
 NCCL_ENV_DEFAULTS = (
@@ -264,7 +264,7 @@ def _rendezvous_store(spec: WorkerSpec, timeout: datetime.timedelta) -> TCPStore
 
 def _form_group(
     spec: WorkerSpec, backend: str, device: torch.device, *, corrupt: bool
-) -> tuple[measure.Group, Ranks]:
+) -> tuple[collectives.Group, Ranks]:
     """Join the process group (bounded by ``timeout_seconds``) and learn every rank's
     (host, device)."""
     import torch
@@ -292,7 +292,7 @@ def _form_group(
             log.warning("probe: timing torch.distributed's calls (%s)", why)
         else:
             log.info("probe: calling NCCL %s directly on torch's communicator", nccl.version)
-    group = measure.Group(
+    group = collectives.Group(
         rank=spec.rank,
         world_size=spec.world_size,
         device=device,
@@ -328,7 +328,7 @@ def run(spec: WorkerSpec, emit: Callable[[ProbeRecord], None], *, corrupt: bool 
     use_cuda = backend == "nccl"
     device = torch.device("cuda", spec_device(spec)) if use_cuda else torch.device("cpu")
     ranks: Ranks = ()
-    group: measure.Group | None = None
+    group: collectives.Group | None = None
     broken: ProbeError | None = None
     log.info(
         "probe %s: rank %s of %s, backend %s, device %s, rendezvous %s",
@@ -357,11 +357,13 @@ def run(spec: WorkerSpec, emit: Callable[[ProbeRecord], None], *, corrupt: bool 
                 emit(failure_record(spec, backend, size, why.reason, why.detail, ranks=ranks))
                 continue
             measure_size = (
-                measure.measure_sendrecv if spec.kind == "sendrecv" else measure.measure_all_reduce
+                collectives.measure_sendrecv
+                if spec.kind == "sendrecv"
+                else collectives.measure_all_reduce
             )
             try:
                 timing, bad = measure_size(group, size)
-            except measure.Refused as refusal:
+            except collectives.Refused as refusal:
                 emit(
                     failure_record(spec, backend, size, refusal.reason, refusal.detail, ranks=ranks)
                 )
@@ -459,7 +461,7 @@ def _records_stream() -> TextIO:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m agent.probe.worker",
+        prog="python -m agent.probe.measure.worker",
         description="fabricscope probe worker: one rank of an NCCL/gloo bandwidth probe; "
         "prints one JSON record per message size on stdout.",
     )

@@ -1,10 +1,10 @@
 """Probe rendezvous wire protocol: framing, proofs, the failure kinds, a bounded channel.
 
 The lower-ranked node of a scheduled pair (the *host*) runs a
-:class:`agent.probe.rendezvous_server.RendezvousServer` on its probe port; the other (the
-*guest*) calls :func:`agent.probe.rendezvous_client.propose`. Only after both sides have
-proved the secret (:mod:`agent.probe.secret`), and the host has answered the guest's
-:class:`agent.probe.rendezvous_messages.Offer`, does either side start a torch worker. The
+:class:`agent.probe.rendezvous.server.RendezvousServer` on its probe port; the other (the
+*guest*) calls :func:`agent.probe.rendezvous.client.propose`. Only after both sides have
+proved the secret (:mod:`agent.probe.rendezvous.secret`), and the host has answered the guest's
+:class:`agent.probe.rendezvous.messages.Offer`, does either side start a torch worker. The
 secret never crosses the wire and nothing derived from it is logged.
 
 Wire protocol, version 1 (TCP; all integers big-endian)::

@@ -1,6 +1,6 @@
 """Probe rendezvous, host side: :class:`RendezvousServer` answers guests' offers.
 
-The protocol is described in :mod:`agent.probe.rendezvous_wire`.
+The protocol is described in :mod:`agent.probe.rendezvous.wire`.
 
 Every read has a per-step timeout and the handshake (hello to offer) a short deadline, so
 a silent or trickling peer holds a connection slot for a bounded time and never the
@@ -26,9 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.core.errors import ConfigError
-from agent.probe import rendezvous_wire as wire
-from agent.probe.rendezvous_messages import Answer, Offer
-from agent.probe.rendezvous_wire import (
+from agent.probe.rendezvous import wire
+from agent.probe.rendezvous.messages import Answer, Offer
+from agent.probe.rendezvous.secret import check_secret
+from agent.probe.rendezvous.wire import (
     MAC_BYTES,
     MSG_ANSWER,
     MSG_CHALLENGE,
@@ -41,7 +42,6 @@ from agent.probe.rendezvous_wire import (
     RendezvousError,
     RendezvousTimeoutError,
 )
-from agent.probe.secret import check_secret
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Probe rendezvous, guest side: :func:`propose` an offer to a host and get its answer.
 
-The protocol is described in :mod:`agent.probe.rendezvous_wire`.
+The protocol is described in :mod:`agent.probe.rendezvous.wire`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import secrets
 import socket
 import time
 
-from agent.probe import rendezvous_wire as wire
-from agent.probe.rendezvous_messages import Answer, Offer
-from agent.probe.rendezvous_wire import (
+from agent.probe.rendezvous import wire
+from agent.probe.rendezvous.messages import Answer, Offer
+from agent.probe.rendezvous.secret import check_secret
+from agent.probe.rendezvous.wire import (
     MAC_BYTES,
     MSG_ANSWER,
     MSG_CHALLENGE,
@@ -26,7 +27,6 @@ from agent.probe.rendezvous_wire import (
     ProtocolError,
     RendezvousTimeoutError,
 )
-from agent.probe.secret import check_secret
 
 
 def propose(  # noqa: PLR0917 - the call shape the probe runner was promised

@@ -8,12 +8,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.probe.addresses import is_unspecified
-from agent.probe.launch import Launcher, WorkerRun
-from agent.probe.records import WorkerSpec
-from agent.probe.rendezvous_client import propose
-from agent.probe.rendezvous_messages import Answer, Offer
-from agent.probe.rendezvous_wire import RendezvousError
+from agent.probe.measure.launch import Launcher, WorkerRun
+from agent.probe.measure.records import WorkerSpec
+from agent.probe.rendezvous.client import propose
+from agent.probe.rendezvous.messages import Answer, Offer
+from agent.probe.rendezvous.wire import RendezvousError
+from agent.probe.run.addresses import is_unspecified
 
 #: longest a guest waits for a host's rendezvous answer
 RENDEZVOUS_TIMEOUT_SECONDS = 10.0

@@ -1,10 +1,10 @@
 """The measurement of one message size, torch's side of the probe worker
-(:mod:`agent.probe.worker` forms the group and turns these results into records).
+(:mod:`agent.probe.measure.worker` forms the group and turns these results into records).
 
 Runs in the worker process only, after torch is imported there. A :class:`Group` is what a
 measurement needs of the formed process group: its rank and size, the device, a small
 tensor for agreements, the timing policy, and NCCL called directly when there is one
-(:mod:`agent.probe.nccl`). :func:`measure_all_reduce` and :func:`measure_sendrecv` allocate
+(:mod:`agent.probe.measure.nccl`). :func:`measure_all_reduce` and :func:`measure_sendrecv` allocate
 (agreed across ranks), check the collective's result element by element, time it
 (:func:`bench`: warm-up, an estimate block, then blocks until stable or capped, eager or as
 a CUDA graph) and return the timing agreed over ranks with the mismatches summed.
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from agent.probe.nccl import Nccl
-from agent.probe.records import detail_of
-from agent.probe.timing import Blocks, TimingPolicy, fastest
+from agent.probe.measure.nccl import Nccl
+from agent.probe.measure.records import detail_of
+from agent.probe.measure.timing import Blocks, TimingPolicy, fastest
 
 if TYPE_CHECKING:
     import torch
@@ -233,7 +233,7 @@ def bench(group: Group, issue: Issue) -> Timing:
     On a GPU under adaptive timing, ``graph`` times captured blocks and ``eager`` blocks
     called from Python. ``auto`` is eager when NCCL is called directly (nccl-tests'
     method); over torch's calls it times both (each with half the time cap) and reports
-    the faster (:func:`agent.probe.timing.fastest` says why), eager alone when the
+    the faster (:func:`agent.probe.measure.timing.fastest` says why), eager alone when the
     capture fails."""
     policy = group.policy
     device = group.device

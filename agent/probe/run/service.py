@@ -2,19 +2,19 @@
 answers peers' offers. The ``probe`` sampler that reports its latest results without
 probing is in :mod:`agent.probe.sampler`.
 
-Its parts: :mod:`~agent.probe.devices` (which devices, busy checks, locks),
-:mod:`~agent.probe.budget` (the GPU-time budget), :mod:`~agent.probe.specs` (the workers'
-specs), :mod:`~agent.probe.guest` (one offer and its run), :mod:`~agent.probe.results` (what
-it reports, aging), :mod:`~agent.probe.addresses` (addresses, probe ids).
+Its parts: :mod:`~agent.probe.run.devices` (which devices, busy checks, locks),
+:mod:`~agent.probe.run.budget` (the GPU-time budget), :mod:`~agent.probe.run.specs` (the workers'
+specs), :mod:`~agent.probe.run.guest` (one offer and its run), :mod:`~agent.probe.run.results` (what
+it reports, aging), :mod:`~agent.probe.run.addresses` (addresses, probe ids).
 
 What runs, and when
     * **Node pairs.** Time is cut into rounds of ``round_seconds``; round ``r`` is
       ``floor(unix_time / round_seconds)``. Every agent computes the same disjoint pairs of the
-      sorted member list for round ``r`` (:func:`agent.probe.schedule.partner_of`, the circle
-      method), so nothing coordinates. In each pair the lower-ranked member is the *host*: it
-      answers on its rendezvous port and runs rank 0 (the torch store, on its node address);
-      the other, the *guest*, proposes one offer per collective of ``pair_kinds`` and runs
-      rank 1. Each side uses one GPU: the guest picks the first idle one in a rotation that
+      sorted member list for round ``r`` (:func:`agent.probe.schedule.pairing.partner_of`,
+      the circle method), so nothing coordinates. In each pair the lower-ranked member is the
+      *host*: it answers on its rendezvous port and runs rank 0 (the torch store, on its node
+      address); the other, the *guest*, proposes one offer per collective of ``pair_kinds``
+      and runs rank 1. Each side uses one GPU: the guest picks the first idle one in a rotation that
       advances every round and asks the host for the GPU at the same position ("rail"
       ``k``: GPU ``k`` of every node usually sits on the same leaf switch), by the probe id
       suffix ``.g<k>``.
@@ -44,7 +44,7 @@ Safety
 
 Results
     The latest run per (collective, peer, GPU, peer GPU), aged out, and counters: see
-    :mod:`agent.probe.results`. The rendezvous server's accepted / refused counts go with
+    :mod:`agent.probe.run.results`. The rendezvous server's accepted / refused counts go with
     them.
 
 GPU numbering
@@ -66,18 +66,18 @@ from collections.abc import Callable, Sequence
 from agent.config import DEFAULT_PROBE_PORT, ProbeSettings
 from agent.core.errors import ConfigError
 from agent.core.sysfs import ReadIssue
-from agent.probe.addresses import MANUAL_PREFIX, probe_id, requested_slot
-from agent.probe.budget import GpuBudget, ProbeCosts
-from agent.probe.devices import BusyGpus, GpuLocks, GpuSlot, no_busy_gpus
-from agent.probe.guest import RENDEZVOUS_TIMEOUT_SECONDS, guest_probe
-from agent.probe.launch import Launcher, failure_records, free_port, launch_workers
-from agent.probe.membership import MembershipSource, PeersFile, normalize_host
-from agent.probe.records import SpecError, WorkerSpec
-from agent.probe.rendezvous_messages import Answer, Offer
-from agent.probe.rendezvous_server import RendezvousServer
-from agent.probe.results import ProbeLedger, ProbeRun, ProbeSnapshot, device_label, run_reason
-from agent.probe.schedule import partner_of
-from agent.probe.specs import at_master, default_sizes, guest_spec, intra_specs, worker_timeout
+from agent.probe.measure.launch import Launcher, failure_records, free_port, launch_workers
+from agent.probe.measure.records import SpecError, WorkerSpec
+from agent.probe.rendezvous.messages import Answer, Offer
+from agent.probe.rendezvous.server import RendezvousServer
+from agent.probe.run.addresses import MANUAL_PREFIX, probe_id, requested_slot
+from agent.probe.run.budget import GpuBudget, ProbeCosts
+from agent.probe.run.devices import BusyGpus, GpuLocks, GpuSlot, no_busy_gpus
+from agent.probe.run.guest import RENDEZVOUS_TIMEOUT_SECONDS, guest_probe
+from agent.probe.run.results import ProbeLedger, ProbeRun, ProbeSnapshot, device_label, run_reason
+from agent.probe.run.specs import at_master, default_sizes, guest_spec, intra_specs, worker_timeout
+from agent.probe.schedule.membership import MembershipSource, PeersFile, normalize_host
+from agent.probe.schedule.pairing import partner_of
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from agent.config import ProbeSettings, format_duration, parse_duration
-from agent.probe.schedule import (
+from agent.probe.schedule.pairing import (
     TUNING,
     Assessment,
     Finding,

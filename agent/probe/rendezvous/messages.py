@@ -1,7 +1,7 @@
 """Probe rendezvous messages: the guest's :class:`Offer` and the host's :class:`Answer`.
 
 Each is strict JSON with exactly its fields, validated on construction (ValueError) and on
-receipt (:class:`agent.probe.rendezvous_wire.ProtocolError`).
+receipt (:class:`agent.probe.rendezvous.wire.ProtocolError`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from agent.probe.rendezvous_wire import NODE_ID, ProtocolError
+from agent.probe.rendezvous.wire import NODE_ID, ProtocolError
 
 KINDS = ("all_reduce", "sendrecv", "latency")
 BACKENDS = ("nccl", "gloo")

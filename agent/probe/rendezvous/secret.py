@@ -1,6 +1,6 @@
 """The shared probe secret: read it from its file, check its length.
 
-Both nodes of a probe pair prove they hold it (:mod:`agent.probe.rendezvous_wire`); it
+Both nodes of a probe pair prove they hold it (:mod:`agent.probe.rendezvous.wire`); it
 never crosses the wire and neither it nor anything derived from it is logged.
 """
 

@@ -99,7 +99,7 @@ class ProbeRecord:
 
     ``time_seconds`` is the mean time of one iteration of the timed loop (averaged over
     ranks, as nccl-tests does), ``algbw``/``busbw`` are in bytes per second
-    (:mod:`agent.probe.formulas`). ``ranks`` is ``(host, CUDA device or None on CPU)`` per
+    (:mod:`agent.probe.measure.formulas`). ``ranks`` is ``(host, CUDA device or None on CPU)`` per
     rank, empty when the process group never formed. ``peer``/``src``/``dst`` are the labels
     the spec carried, passed through unchanged.
     """
@@ -312,18 +312,18 @@ def detail_of(exc: BaseException) -> str:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What one worker process measures (``python -m agent.probe.worker --spec JSON``).
+    """What one worker process measures (``python -m agent.probe.measure.worker --spec JSON``).
 
     ``rank``/``world_size``/``master_addr``/``master_port``: the torch.distributed TCP
     rendezvous (rank 0 listens on ``master_addr:master_port``; port 0 is only for
-    :func:`agent.probe.launch.run_local`, which picks a free one). ``backend``: ``auto`` is
+    :func:`agent.probe.measure.launch.run_local`, which picks a free one). ``backend``: ``auto`` is
     NCCL when torch sees CUDA, gloo otherwise. ``devices``: CUDA device index per local
     rank; this worker uses ``devices[local_rank]`` (``local_rank`` defaults to ``rank``;
     no devices: the device index is the local rank). ``sizes``: message sizes in bytes,
     multiples of 4 (empty: the backend's defaults; ``latency`` defaults to 8 bytes).
     ``timeout_seconds`` bounds the rendezvous and each collective. ``timing``: one of
     :data:`TIMINGS`. ``max_seconds_per_size``: the cap on adaptive timing per size
-    (:mod:`agent.probe.timing`; 0: the fixed method, ``warmup`` then one block of
+    (:mod:`agent.probe.measure.timing`; 0: the fixed method, ``warmup`` then one block of
     ``iterations``; None: the backend's default, adaptive on GPUs, fixed on CPU).
     ``max_memory_bytes`` bounds what one measurement allocates (two buffers of the message
     size): a larger size gets an ``init_failure`` record and no allocation.

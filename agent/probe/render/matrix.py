@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.probe.heatmap import Axis, heatmap_png
+from agent.probe.render.heatmap import Axis, heatmap_png
 
 CSV_COLUMNS = (
     "local_gpu",
@@ -170,7 +170,7 @@ def heatmap(
     when: str = "",
     device: str = "GPU",
 ) -> bytes:
-    """The matrix as a PNG (:mod:`agent.probe.heatmap`): rows are this node's devices,
+    """The matrix as a PNG (:mod:`agent.probe.render.heatmap`): rows are this node's devices,
     columns the peer's; each cell the pair's sendrecv busbw at its largest size, or why it
     failed; the title names the collective, size, nodes and ``when``. ``device`` names what
     the axes count (``GPU``, or ``CPU slot`` under gloo)."""

@@ -10,7 +10,7 @@ crash or hang inside the driver library costs a busy check ("unknown": nothing i
 never ``/metrics``. The discovery and every later busy check ask the same child.
 
 GPU numbering: a slot's ``label`` is the NVML index (workers run with
-``CUDA_DEVICE_ORDER=PCI_BUS_ID``, see :mod:`agent.probe.service`); under gloo it is the slot
+``CUDA_DEVICE_ORDER=PCI_BUS_ID``, see :mod:`agent.probe.run.service`); under gloo it is the slot
 number ``0 .. cpu_slots - 1``.
 """
 
@@ -145,7 +145,7 @@ def isolated_gpu_view(
     return IsolatedSampler(
         GpuViewSampler.name,
         ChildSpec(
-            "agent.probe.devices:gpu_view_sampler",
+            "agent.probe.run.devices:gpu_view_sampler",
             {"visible": environ.get("CUDA_VISIBLE_DEVICES")},
         ),
         timeout_seconds=timeout_seconds,

@@ -142,7 +142,8 @@ def fastest(phases: dict[str, Blocks]) -> str:
     copy takes), a CUDA graph torch's stream joins between captured calls (~5-20 us
     more per call than eager once the GPU is the bottleneck). The collective's own time
     is at most the shorter of the two, which ``auto`` timing reports over torch's calls
-    (over NCCL called directly it times the eager loop alone: see agent.probe.measure)."""
+    (over NCCL called directly it times the eager loop alone: see
+    agent.probe.measure.collectives)."""
     if not phases:
         raise ValueError("no method was timed")
     return min(phases, key=lambda name: phases[name].result())

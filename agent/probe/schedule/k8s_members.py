@@ -1,6 +1,6 @@
 """Probe membership from the Kubernetes API: the Ready pods of the agent's own DaemonSet.
 
-:class:`KubernetesMembers` is a :class:`~agent.probe.membership.MembershipSource`. It lists
+:class:`KubernetesMembers` is a :class:`~agent.probe.schedule.membership.MembershipSource`. It lists
 the agent pods (``GET /api/v1/namespaces/<namespace>/pods?labelSelector=<selector>``) and
 then watches them from the list's resourceVersion in a background thread (the loop of
 :class:`~agent.kubernetes.podwatch.ListWatch`, shared with the attribution's pod watch), so that
@@ -9,7 +9,7 @@ then watches them from the list's resourceVersion in a background thread (the lo
 Who is a member
     One entry per pod that is ``Running``, has the condition ``Ready=True``, is not being
     deleted (no ``metadata.deletionTimestamp``) and has a ``status.hostIP``; the entry is that
-    host IP in canonical form (:func:`~agent.probe.membership.normalize_host`), sorted and
+    host IP in canonical form (:func:`~agent.probe.schedule.membership.normalize_host`), sorted and
     de-duplicated (two pods on one node during a DaemonSet surge are one member). A node that
     is going away drops out as soon as its pod is deleted, or when the node lifecycle
     controller marks the pod not Ready (node NotReady), so it is not scheduled.

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from agent.config import ProbeSettings
 from agent.core.sysfs import ReadIssue
-from agent.probe.records import REASONS, ProbeRecord
-from agent.probe.rendezvous_server import RendezvousStats
+from agent.probe.measure.records import REASONS, ProbeRecord
+from agent.probe.rendezvous.server import RendezvousStats
 
 log = logging.getLogger(__name__)
 
