@@ -55,6 +55,7 @@ SAMPLER_NAMES = (
     "netdev",
     "nvml",
     "pci",
+    "ras",
     "throughput",
     "workload",
 )
@@ -364,6 +365,113 @@ class IbPeerSettings:
             raise ValueError("ibpeer tool timeout must be positive")
 
 
+RAS_LEADER_POLICIES = ("rank0", "always")
+#: where NCCL's RAS service answers unless NCCL_RAS_ADDR says otherwise (localhost)
+RAS_DEFAULT_PORT = 28028
+#: a job name given with ``--ras.endpoint ...=JOB`` (the job_name label)
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def parse_hostport(text: str, default_port: int = RAS_DEFAULT_PORT) -> tuple[str, int]:
+    """``"10.0.0.1:28028"``, ``"[fd00::1]:28028"``, ``"localhost:28028"``, ``"10.0.0.1"`` ->
+    (host, port), the host as written (an address or a name), as ``NCCL_RAS_ADDR`` is
+    written. ValueError otherwise."""
+    t = text.strip()
+    if not t or len(t) > 300:
+        raise ValueError("an address is empty or too long")
+    if t.startswith("["):
+        host, sep, rest = t[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad address {t[:60]!r}")
+        port_text = rest[1:]
+    elif t.count(":") == 1:
+        host, _, port_text = t.partition(":")
+    else:
+        host, port_text = t, ""
+    if port_text and not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5):
+        raise ValueError(f"bad port in {t[:60]!r}")
+    port = int(port_text) if port_text else default_port
+    if not host or not 0 < port < 65536:
+        raise ValueError(f"bad address {t[:60]!r}")
+    return host, port
+
+
+def parse_ras_endpoint(text: str) -> RasEndpointFlag:
+    """``--ras.endpoint HOST:PORT[=JOB]``: an IP address (never a name: nothing is
+    resolved), a port, an optional job name. ValueError with the form expected."""
+    import ipaddress
+
+    where, sep, job = text.partition("=")
+    host, port = parse_hostport(where)
+    try:
+        host = str(ipaddress.ip_address(host))
+    except ValueError:
+        raise ValueError(
+            f"expected IP:PORT[=JOB] like 127.0.0.1:28028=train, got {text.strip()[:60]!r} "
+            "(an address, not a name: nothing is resolved)"
+        ) from None
+    job = job.strip()
+    if sep and not _JOB_NAME.match(job):
+        raise ValueError(f"job name {job[:60]!r}: letters, digits, '_', '.', '-' (63 at most)")
+    return RasEndpointFlag(host, port, job)
+
+
+@dataclass(frozen=True, slots=True)
+class RasEndpointFlag:
+    """One ``--ras.endpoint HOST:PORT[=JOB]``: a RAS service asked every pass."""
+
+    host: str
+    port: int
+    job_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RasSettings:
+    """The ``ras`` sampler (``agent/ras``): NCCL's RAS service of the jobs on this node.
+
+    ``interval_seconds``: time between two queries of one job (each is a job-wide gather).
+    ``deadline_seconds``: one query's whole time (connect, handshake, NCCL's gather, the
+    answer); ``ras_timeout_seconds``: what NCCL is told each leg of its gather may take
+    (its ``TIMEOUT`` command; its whole gather takes up to this plus
+    5 s x ``NCCL_RAS_TIMEOUT_FACTOR``). ``max_answer_bytes``: the largest answer read.
+    ``leader``: ``rank0`` (the node of the job's rank-0 process asks) or ``always`` (this
+    node asks every job it has a process of). ``endpoints``: asked whatever the rest says.
+    ``lag_answers``: answers in a row a rank must be behind to be named lagging;
+    ``max_named_ranks``: ranks named per job. ``isolate``: query and parse in a supervised
+    child process (a job's answer is untrusted input).
+    """
+
+    interval_seconds: float = 30.0
+    deadline_seconds: float = 15.0
+    ras_timeout_seconds: int = 5
+    max_answer_bytes: int = 16 << 20
+    leader: str = "rank0"
+    endpoints: tuple[RasEndpointFlag, ...] = ()
+    lag_answers: int = 4
+    max_named_ranks: int = 8
+    isolate: bool = True
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.leader not in RAS_LEADER_POLICIES:
+            problems.append(f"--ras.leader must be one of {', '.join(RAS_LEADER_POLICIES)}")
+        if not 0 < self.deadline_seconds < self.interval_seconds:
+            problems.append(
+                f"--ras.timeout {format_duration(self.deadline_seconds)} must be positive and "
+                f"shorter than --ras.interval {format_duration(self.interval_seconds)}"
+            )
+        if not 1 <= self.ras_timeout_seconds < self.deadline_seconds:
+            problems.append(
+                "--ras.gather-timeout must be at least 1s and shorter than --ras.timeout"
+            )
+        if self.max_answer_bytes < 4096:
+            problems.append("--ras.max-answer-bytes must be at least 4096")
+        if self.lag_answers < 1 or self.max_named_ranks < 0:
+            problems.append("--ras.lag-answers must be >= 1, --ras.max-named-ranks >= 0")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     paths: Paths = field(default_factory=Paths)
@@ -375,3 +483,4 @@ class AgentConfig:
     infiniband: InfinibandSettings = field(default_factory=InfinibandSettings)
     throughput: ThroughputSettings = field(default_factory=ThroughputSettings)
     ibpeer: IbPeerSettings = field(default_factory=IbPeerSettings)
+    ras: RasSettings = field(default_factory=RasSettings)

@@ -20,14 +20,15 @@ from agent.nvml.sampler import NvmlSampler, isolated_sampler
 from agent.nvml.snapshot import NvmlSnapshot
 from agent.pci.sampler import PciSampler, PciSnapshot
 from agent.probe.sampler import build_probe_sampler
+from agent.ras.sampler import RasSampler
 from agent.throughput.sampler import ThroughputInputs, ThroughputSampler
 from agent.throughput.sampler import isolated_sampler as isolated_throughput
-from agent.workload.sampler import WorkloadSampler, pod_identities
+from agent.workload.sampler import WorkloadSampler, WorkloadSnapshot, pod_identities
 
 S = TypeVar("S")
 
 #: samplers that join other samplers' latest snapshots; ``--once`` runs them after the rest
-DEPENDENT = ("attribution", "workload", "throughput")
+DEPENDENT = ("attribution", "workload", "throughput", "ras")
 
 
 class Latest:
@@ -140,14 +141,23 @@ def build_samplers(
             out.append(NvmlSampler(nvml_api, **settings))  # type: ignore[arg-type]
     if "pci" in enabled:
         out.append(PciSampler(sysfs))
+    watcher = attribution.watcher if attribution is not None else None
+
+    def watched() -> PodIndex | None:
+        return watcher.index if watcher is not None else None
+
+    index = pod_index or watched
+    if "ras" in enabled:
+        out.append(
+            RasSampler(
+                config.ras,
+                procfs,
+                latest.of("workload", WorkloadSnapshot),
+                index,
+                isolate=config.ras.isolate and not once,
+            )
+        )
     if "throughput" in enabled:
-        watcher = attribution.watcher if attribution is not None else None
-
-        def watched() -> PodIndex | None:
-            return watcher.index if watcher is not None else None
-
-        index = pod_index or watched
-
         pci_snap = latest.of("pci", PciSnapshot)
         ib_snap = latest.of("infiniband", InfinibandSnapshot)
 
@@ -224,4 +234,12 @@ def build_specs(
         once=once,
         pod_index=pod_index,
     )
-    return [SamplerSpec(sampler, s.interval_seconds, s.timeout_seconds) for sampler in samplers]
+    # a RAS query is a gather across the whole job: it keeps its own, longer, interval
+    return [
+        SamplerSpec(
+            sampler,
+            config.ras.interval_seconds if sampler.name == "ras" else s.interval_seconds,
+            s.timeout_seconds,
+        )
+        for sampler in samplers
+    ]

@@ -302,15 +302,24 @@ ETCD = pod_json(
 
 def test_parse_pod_reads_identity_container_ids_and_the_mirror_hash() -> None:
     assert parse_pod(EVAL) == PodMeta(
-        EVAL_UID, "ml", "eval-1", None, ((EVAL_CID, "eval"),), labels=(("app", "eval"),)
+        EVAL_UID,
+        "ml",
+        "eval-1",
+        None,
+        ((EVAL_CID, "eval"),),
+        labels=(("app", "eval"),),
+        ip="10.244.1.7",
     )
+    host = parse_pod({**EVAL, "spec": {"hostNetwork": True}})
+    assert host is not None and host.host_network
+    assert parse_pod({**EVAL, "spec": {"hostNetwork": "yes"}}).host_network is False  # type: ignore[union-attr]
     etcd = parse_pod(ETCD)
     assert etcd is not None and etcd.mirror_uid == ETCD_HASH
     assert parse_pod({"metadata": {"name": "x"}}) is None
     assert parse_pod("not a pod") is None
     pending = pod_json(TRAINER_UID, "trainer-0", "ml", {})
     assert parse_pod(pending) == PodMeta(
-        TRAINER_UID, "ml", "trainer-0", labels=(("app", "trainer"),)
+        TRAINER_UID, "ml", "trainer-0", labels=(("app", "trainer"),), ip="10.244.1.7"
     )
 
 

@@ -50,6 +50,7 @@ SOURCES = (
     "workload",
     "kubernetes",
     "probe",
+    "ras",
 )
 DECLARED_JOINS = {
     # the far end's counters carry the local counters' names, widths and units (PortCounter)
@@ -62,6 +63,9 @@ DECLARED_JOINS = {
     "throughput": {"kubernetes"},
     # the probe's peers (agent pods) and its busy-GPU checks (NVML)
     "probe": {"kubernetes", "nvml"},
+    # a job's RAS endpoint from its GPU processes' environment, namespace and pod (workload),
+    # its job name, host network and pod IP (the pod watch)
+    "ras": {"workload", "kubernetes"},
 }
 #: agent.core is the bottom floor: no agent module above it
 CORE_MAY_IMPORT = {"agent.core"}

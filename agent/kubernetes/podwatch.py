@@ -43,7 +43,9 @@ class PodMeta:
     ``labels``: the pod's labels (for label selectors); ``annotations``: only those under
     :data:`KEPT_ANNOTATION_PREFIX` (fabricscope's own settings); ``owner``: the name of the
     controller that owns the pod (a ReplicaSet's pod-template-hash suffix removed), the
-    job a training pod belongs to.
+    job a training pod belongs to. ``host_network``: the pod runs in the node's network
+    namespace (``spec.hostNetwork``); ``ip``: its address (``status.podIP``; None until the
+    kubelet reports one).
     """
 
     uid: str
@@ -54,13 +56,25 @@ class PodMeta:
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
     owner: str | None = None
+    host_network: bool = False
+    ip: str | None = None
 
     def annotation(self, key: str) -> str | None:
         return dict(self.annotations).get(key)
 
+    def label(self, key: str) -> str | None:
+        return dict(self.labels).get(key)
+
+    def job_name(self) -> str:
+        """The training job the pod belongs to: its ``fabricscope.io/job`` annotation, else
+        its controller's name, else empty."""
+        return self.annotation(JOB_ANNOTATION) or self.owner or ""
+
 
 #: pod annotations the index keeps (others may hold anything, secrets included)
 KEPT_ANNOTATION_PREFIX = "fabricscope.io/"
+#: the pod annotation naming the training job a pod belongs to
+JOB_ANNOTATION = "fabricscope.io/job"
 
 
 def text_field(obj: Mapping[str, object], key: str) -> str | None:
@@ -95,6 +109,7 @@ def parse_pod(obj: object) -> PodMeta | None:
         (k, v) for k, v in _strings(raw_annotations) if k.startswith(KEPT_ANNOTATION_PREFIX)
     )
     status = mapping_field(obj, "status")
+    spec = mapping_field(obj, "spec")
     containers: dict[str, str] = {}
     for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
         statuses = status.get(key)
@@ -113,6 +128,8 @@ def parse_pod(obj: object) -> PodMeta | None:
         labels,
         annotations,
         _owner(meta, dict(labels)),
+        host_network=spec.get("hostNetwork") is True,
+        ip=text_field(status, "podIP"),
     )
 
 

@@ -7,7 +7,8 @@ judges them against the PCI topology:
     ``Cpus_allowed_list``: the CPUs the scheduler may run the process on (its affinity mask,
     already narrowed by the container's cpuset). Judged against the NUMA node of each of
     its GPUs and of that GPU's nearest NICs (:func:`cpus_outside`): the fraction of allowed
-    CPUs outside that node, 0 when all are local.
+    CPUs outside that node, 0 when all are local. ``NSpid``: the pid the process sees
+    itself as (what NCCL reports of it, :mod:`agent.ras`).
 ``<pid>/environ``
     The environment the process was *started* with (a later ``setenv``, e.g. Python's
     ``os.environ[...] = ...`` before ``init_process_group``, does not show there; nor do
@@ -15,9 +16,15 @@ judges them against the PCI topology:
     parsed at once and every entry whose name is not in :data:`NCCL_ENV_ALLOWLIST` is
     dropped without being decoded, kept, logged or counted; an allowlisted value is kept only
     if it is at most :data:`MAX_VALUE_LENGTH` characters of :data:`SAFE_VALUE_CHARS`, else it
-    becomes :data:`REDACTED`. The buffer itself lives only for that parse. Never read
+    becomes :data:`REDACTED`. One number more is kept: the process's rank in the whole job
+    as its launcher set it (:data:`LAUNCH_RANK_VARIABLES`), which says which node asks the
+    job's NCCL RAS service. The buffer itself lives only for that parse. Never read
     environ through a :class:`~agent.core.sysfs.RecordingReader` (``fabricscope snapshot`` would
     archive every file it read): :class:`WorkloadSampler` refuses one.
+``<pid>/ns/net``
+    Which network namespace the process runs in, compared with the host init process's
+    (``1/ns/net``): a process in the host's can be reached on the host's loopback. Read
+    with the same privilege as environ; unreadable, it is unknown (no issue counted).
 
 Pod identity (namespace, pod, container and, under the static CPU manager, the container's
 ``cpu_ids`` from kubelet's pod-resources API) is not read here (``agent.kubernetes.attribution`` and
@@ -96,6 +103,8 @@ NCCL_ENV_ALLOWLIST: tuple[tuple[str, str], ...] = (
     ("NCCL_P2P_DISABLE", "GPU peer-to-peer (NVLink/PCIe) transport off"),
     ("NCCL_P2P_LEVEL", "up to which GPU-GPU path type peer-to-peer is used"),
     ("NCCL_PROTO", "protocols allowed (LL, LL128, Simple)"),
+    ("NCCL_RAS_ADDR", "where the job's RAS service answers queries (default localhost:28028)"),
+    ("NCCL_RAS_ENABLE", "0: no RAS service (no job-wide health queries, no hang detection)"),
     ("NCCL_SHM_DISABLE", "shared-memory transport off"),
     ("NCCL_SOCKET_IFNAME", "interfaces for bootstrap and the socket transport"),
     ("NCCL_TOPO_FILE", "topology XML that overrides NCCL's own detection"),
@@ -110,6 +119,19 @@ MAX_VALUE_LENGTH = 256
 #: paths, plugin names with spaces), and nothing that quotes, escapes or expands
 SAFE_VALUE_CHARS = "A-Za-z0-9 _.,:;=^/+@-"
 _SAFE_VALUE = re.compile(f"[{SAFE_VALUE_CHARS}]{{0,{MAX_VALUE_LENGTH}}}")
+
+#: The variables launchers set to a process's rank in the whole job, in the order they are
+#: believed: torchrun / torch.distributed, Open MPI, PMIx, MPICH/PMI, Slurm. Only the number is
+#: kept (:func:`parse_launch_rank`); the variable itself is not exported.
+LAUNCH_RANK_VARIABLES: tuple[str, ...] = (
+    "RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMIX_RANK",
+    "PMI_RANK",
+    "SLURM_PROCID",
+)
+_RANK_BYTES = tuple(name.encode("ascii") for name in LAUNCH_RANK_VARIABLES)
+_RANK_VALUE = re.compile(rb"[0-9]{1,7}")
 
 PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
 #: the first kernel with DMA-BUF support in RDMA memory registration
@@ -165,7 +187,14 @@ class GpuPlacement:
 class WorkloadProcess:
     """One GPU compute process. ``nccl_env`` is ``None`` when its environ could not be read
     (``()``: read, no allowlisted variable set). ``pinned`` is True when its allowed CPUs
-    miss some CPU of the host, ``None`` when the host's CPUs are unknown."""
+    miss some CPU of the host, ``None`` when the host's CPUs are unknown.
+
+    ``ns_pid``: the pid as the process sees itself, in its own PID namespace (the last
+    ``NSpid`` of its status; the host pid when it runs in the host's). ``launch_rank``: its
+    rank in the whole job as its launcher set it (:data:`LAUNCH_RANK_VARIABLES`; None: none
+    set, or environ unreadable). ``host_network``: whether it runs in the network namespace
+    of the host's init process (None: its ``ns/net`` link could not be read, which needs
+    the same privilege as its environ)."""
 
     pid: int
     gpus: tuple[GpuPlacement, ...]
@@ -173,6 +202,9 @@ class WorkloadProcess:
     pinned: bool | None
     nccl_env: tuple[NcclSetting, ...] | None
     pod: PodIdentity | None = None
+    ns_pid: int | None = None
+    launch_rank: int | None = None
+    host_network: bool | None = None
 
     def setting(self, name: str) -> str | None:
         for s in self.nccl_env or ():
@@ -268,6 +300,39 @@ def parse_nccl_environ(raw: bytes) -> tuple[NcclSetting, ...]:
     return tuple(sorted(found.values()))
 
 
+def parse_launch_rank(raw: bytes) -> int | None:
+    """The job rank a launcher gave the process, from a ``/proc/<pid>/environ`` buffer: the
+    first of :data:`LAUNCH_RANK_VARIABLES` set to a plain number. Never raises; every other
+    entry is skipped as raw bytes."""
+    found: dict[bytes, bytes] = {}
+    for entry in raw.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name in _RANK_BYTES and name not in found:
+            found[name] = value
+    for name in _RANK_BYTES:
+        got = found.get(name)
+        if got is not None and _RANK_VALUE.fullmatch(got):
+            return int(got)
+    return None
+
+
+def parse_ns_pid(status: str) -> int | None:
+    """The pid in the process's own PID namespace: the last field of ``NSpid`` in a
+    ``/proc/<pid>/status`` text (None: no such line, a kernel before 4.1)."""
+    for line in status.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key == "NSpid":
+            fields = value.split()
+            if fields and fields[-1].isdigit():
+                return int(fields[-1])
+            return None
+    return None
+
+
+def _status_facts(status: str) -> tuple[tuple[int, ...], int | None]:
+    return parse_cpus_allowed(status), parse_ns_pid(status)
+
+
 def parse_cpus_allowed(status: str) -> tuple[int, ...]:
     """``Cpus_allowed_list`` of a ``/proc/<pid>/status`` text as sorted CPU numbers."""
     for line in status.splitlines():
@@ -328,9 +393,11 @@ def _reason(exc: OSError) -> str:
     return "vanished" if exc.errno == errno.ESRCH else classify_os_error(exc)
 
 
-def read_environ(proc: SysfsReader, pid: int, issues: Issues) -> tuple[NcclSetting, ...] | None:
-    """The allowlisted NCCL settings of ``pid``, or None (and an issue) when its environ
-    cannot be read. The raw buffer never leaves this function."""
+def read_environ(
+    proc: SysfsReader, pid: int, issues: Issues
+) -> tuple[tuple[NcclSetting, ...], int | None] | None:
+    """The allowlisted NCCL settings and the launcher's rank of ``pid``, or None (and an
+    issue) when its environ cannot be read. The raw buffer never leaves this function."""
     rel = f"{pid}/environ"
     try:
         raw = proc.read_bytes(rel)
@@ -338,8 +405,21 @@ def read_environ(proc: SysfsReader, pid: int, issues: Issues) -> tuple[NcclSetti
         issues.add(rel, _reason(exc), exc.strerror or type(exc).__name__)
         return None
     settings = parse_nccl_environ(raw)
+    rank = parse_launch_rank(raw)
     del raw
-    return settings
+    return settings, rank
+
+
+def read_netns(proc: SysfsReader, pid: int | str) -> str | None:
+    """The ``ns/net`` link of a process (``net:[4026531840]``): which network namespace it
+    runs in. None when it cannot be read: reading another user's link needs the privilege
+    its environ needs (``CAP_SYS_PTRACE``), and a missing privilege is an expected state
+    here, not a file error (its environ read already says so)."""
+    try:
+        return proc.readlink(f"{pid}/ns/net")
+    except OSError as exc:
+        log.debug("workload: cannot read %s/ns/net: %s", pid, exc.strerror or exc)
+        return None
 
 
 def _peermem_from_sysfs(issues: Issues) -> tuple[bool, str | None]:
@@ -382,14 +462,24 @@ def read_gpudirect(proc_issues: Issues, sys_issues: Issues) -> GpuDirect:
 class _Process:
     """One process's facts read this pass (before placement)."""
 
-    __slots__ = ("allowed", "env", "pid")
+    __slots__ = ("allowed", "env", "netns", "ns_pid", "pid", "rank")
 
     def __init__(
-        self, pid: int, allowed: tuple[int, ...], env: tuple[NcclSetting, ...] | None
+        self,
+        pid: int,
+        allowed: tuple[int, ...],
+        env: tuple[NcclSetting, ...] | None,
+        *,
+        ns_pid: int | None = None,
+        rank: int | None = None,
+        netns: str | None = None,
     ) -> None:
         self.pid = pid
         self.allowed = allowed
         self.env = env
+        self.ns_pid = ns_pid
+        self.rank = rank
+        self.netns = netns
 
 
 def read_process(proc: SysfsReader, pid: int, issues: Issues) -> _Process | None:
@@ -397,13 +487,16 @@ def read_process(proc: SysfsReader, pid: int, issues: Issues) -> _Process | None
     unreadable). A process that exits after its status was read is dropped too: its
     remaining files name a process that no longer runs."""
     before = len(issues.items)
-    allowed = issues.read(f"{pid}/status", parse_cpus_allowed)
-    if allowed is None:
+    facts = issues.read(f"{pid}/status", _status_facts)
+    if facts is None:
         return None
+    allowed, ns_pid = facts
     env = read_environ(proc, pid, issues)
+    netns = read_netns(proc, pid)
     if any(i.reason == "vanished" for i in issues.items[before:]):
         return None
-    return _Process(pid, allowed, env)
+    settings, rank = env if env is not None else (None, None)
+    return _Process(pid, allowed, settings, ns_pid=ns_pid, rank=rank, netns=netns)
 
 
 # -- the sampler --------------------------------------------------------------------------
@@ -483,12 +576,15 @@ class WorkloadSampler:
             )
             self._gpudirect_logged = (gpudirect.available,)
         pods = self._pod_map(issues) if gpus_by_pid else {}
+        host_netns = read_netns(self.proc, 1) if gpus_by_pid else None
         processes = []
         for pid in sorted(gpus_by_pid):
             facts = read_process(self.proc, pid, issues)
             if facts is None:
                 continue
-            processes.append(_judge(facts, gpus_by_pid[pid], pci, topo, pods.get(pid)))
+            processes.append(
+                _judge(facts, gpus_by_pid[pid], pci, topo, pods.get(pid), host_netns=host_netns)
+            )
         has_gpus = bool(nvml is not None and nvml.gpus) or bool(pci and pci.by_role("gpu"))
         return WorkloadSnapshot(
             processes=tuple(processes),
@@ -579,6 +675,8 @@ def _judge(
     pci: PciSnapshot | None,
     topo: Topology | None,
     pod: PodIdentity | None,
+    *,
+    host_netns: str | None = None,
 ) -> WorkloadProcess:
     host = _host_cpus(pci)
     pinned = None if host is None else not host <= set(facts.allowed)
@@ -594,6 +692,11 @@ def _judge(
         pinned=pinned,
         nccl_env=facts.env,
         pod=pod,
+        ns_pid=facts.ns_pid,
+        launch_rank=facts.rank,
+        host_network=(
+            None if facts.netns is None or host_netns is None else facts.netns == host_netns
+        ),
     )
 
 

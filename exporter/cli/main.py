@@ -50,7 +50,7 @@ from agent.config import (
 )
 from agent.core.errors import ConfigError, NoData
 from agent.core.logsetup import LEVELS, setup_logging
-from exporter.cli import explain_flags, probe_flags
+from exporter.cli import explain_flags, probe_flags, ras_flags
 from exporter.cli.argtypes import Parser, count, parse_known, positive_duration
 from exporter.metrics.spec import DETAILS
 
@@ -418,6 +418,7 @@ def build_parser() -> Parser:
         help="read sysfs from a snapshot taken by `fabricscope snapshot`",
     )
     _add_throughput(agent)
+    ras_flags.add_agent_flags(agent)
     probe_flags.add_agent_flags(agent)
 
     topo = sub.add_parser(
@@ -456,6 +457,7 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
         netdev=NetdevSettings(ns.netdev_include, ns.netdev_ethtool_include, ns.netdev_ethtool),
         probe=probe_flags.settings_from_args(ns),
         ibpeer=_ibpeer_settings(ns),
+        ras=ras_flags.settings_from_args(ns),
         nvml=NvmlSettings(
             ns.nvml_link_error_rotation, ns.nvml_slow_error_rotation, isolate=ns.nvml_isolate
         ),

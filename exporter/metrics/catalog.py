@@ -18,6 +18,7 @@ from exporter.metrics import (
     nvml,
     pci,
     probe,
+    ras,
     selfmetrics,
     throughput,
     workload,
@@ -44,6 +45,7 @@ AREAS: dict[str, Area] = {
         Area("nvml", nvml.SPECS, nvml.render),
         Area("pci", pci.SPECS, pci.render),
         Area("probe", probe.SPECS, probe.render),
+        Area("ras", ras.SPECS, ras.render),
         Area("throughput", throughput.SPECS, throughput.render),
         Area("workload", workload.SPECS, workload.render),
     )

@@ -86,6 +86,12 @@ LABELS: dict[str, str] = {
     "gdr": "1 when an NCCL network channel uses GPUDirect RDMA (NCCL printed /GDRDMA), else 0",
     "status": "an IB work completion's status, rdma-core's ibv_wc_status name (retry_exc_err)",
     "vendor_error": "an IB work completion's vendor error (0-255), or other",
+    "ras_endpoint": "the address:port of an NCCL job's RAS service the agent asks "
+    "(127.0.0.1:28028), empty where there is none to reach",
+    "host": "the IP address of an NCCL process's bootstrap interface, as NCCL's RAS reports "
+    "it, or an IP address of a node",
+    "pid": "a process id as the process sees itself (its own PID namespace)",
+    "rank": "an NCCL rank: its number in the largest communicator it belongs to",
     "format": "the log format whose parser read a throughput line (composer, hf_trainer, "
     "megatron, deepspeed, torchtitan, lightning, nanogpt, custom)",
 }

@@ -1,0 +1,389 @@
+"""The ``ras`` sampler: each pass, the RAS endpoints of this node's GPU processes
+(:mod:`agent.ras.targets`), a query of the ones this node asks, and what the answers say
+(:mod:`agent.ras.track`).
+
+Two halves
+    :class:`RasSampler` runs in the agent: it plans the endpoints from the workload
+    sampler's processes and the pod watch, reads this node's addresses
+    (:mod:`agent.ras.addresses`), keeps the query error counters and logs state changes.
+    It never touches a job's bytes: the endpoints it asks go to :class:`RasQuerier`, which
+    runs in a supervised child process (:mod:`agent.core.isolation`): it queries every
+    endpoint at once, one thread and one deadline each (:mod:`agent.ras.wire`), parses the
+    answers (:mod:`agent.ras.parse`), keeps each job's tracker and sends back a small
+    summary per job: counts and at most ``max_named`` named ranks, whatever the job's size.
+    A child that hangs past its pass deadline is killed (``hung``) and restarted; its
+    trackers start again (a job's "counts unchanged" time restarts from 0).
+
+A pass with nothing to ask keeps no child (it is stopped), and a node without a GPU
+process or a ``--ras.endpoint`` has ``NoData``.
+
+Named ranks running on this node get their PCI bus id, pod and host pid: a rank is this
+node's when its host is one of this node's addresses (or a loopback address: every rank on
+one node) or its pod's IP, its pid is a local process's own pid and its NVML device one of
+that process's GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from agent.config import RasSettings
+from agent.core.errors import NoData
+from agent.core.isolation import ChildSpec, IsolatedSampler, expect
+from agent.core.sysfs import ReadIssue, SysfsReader
+from agent.kubernetes.podwatch import PodIndex
+from agent.ras.addresses import NodeAddress, read_node_addresses
+from agent.ras.parse import MalformedAnswer, parse_status
+from agent.ras.targets import Endpoint, LocalProcess, plan
+from agent.ras.track import JobStatus, JobTracker, NamedRank
+from agent.ras.wire import QUERY_ERRORS, QueryError, query
+from agent.workload.sampler import WorkloadSnapshot
+
+log = logging.getLogger(__name__)
+
+#: seconds the child may take past the query deadline (parsing, tracking, the frame)
+PASS_MARGIN_SECONDS = 3.0
+#: endpoints one pass asks at most (a node hosts a handful of jobs at most)
+MAX_QUERIED = 16
+
+
+# -- the child's answer ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueryOutcome:
+    """One endpoint's query this pass: ``status`` when it answered, else ``error`` (a reason
+    of :data:`~agent.ras.wire.QUERY_ERRORS`) and ``detail`` (this agent's words, never the
+    job's bytes). ``seconds``: the query's wall time; ``cpu_seconds``: the CPU the child
+    spent on it (talking, parsing, tracking)."""
+
+    endpoint: str
+    status: JobStatus | None
+    error: str | None = None
+    detail: str = ""
+    seconds: float | None = None
+    cpu_seconds: float = 0.0
+    attempts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RasAnswers:
+    """What the child sends back: one outcome per endpoint asked."""
+
+    outcomes: tuple[QueryOutcome, ...] = ()
+    issues: tuple[ReadIssue, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RasInputs:
+    """What the child needs each pass: the endpoints to ask and this node's addresses."""
+
+    endpoints: tuple[Endpoint, ...] = ()
+    addresses: tuple[str, ...] = ()
+
+
+# -- the agent's snapshot ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RasJob:
+    """A queried endpoint: its latest outcome (``status`` None when it failed this pass)."""
+
+    endpoint: str
+    namespace: str
+    job_name: str
+    status: JobStatus | None
+    query_seconds: float | None
+    errors_total: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RasSnapshot:
+    """One pass: every endpoint of this node's GPU processes (and the static ones), the
+    queried jobs, this node's addresses."""
+
+    endpoints: tuple[Endpoint, ...] = ()
+    jobs: tuple[RasJob, ...] = ()
+    addresses: tuple[NodeAddress, ...] = ()
+    #: queries answered or failed, and the CPU the querying threads spent on them (talking,
+    #: parsing, tracking), since the agent started
+    queries_total: int = 0
+    query_cpu_seconds_total: float = 0.0
+    issues: tuple[ReadIssue, ...] = ()
+
+
+# -- the child ---------------------------------------------------------------------------------
+
+
+def local_rank(
+    named: NamedRank, processes: Sequence[LocalProcess], addresses: frozenset[str]
+) -> NamedRank:
+    """``named`` with its PCI bus id, pod and host pid when it runs on this node."""
+    loopback = named.host.startswith("127.") or named.host == "::1"
+    for p in processes:
+        if p.ns_pid != named.pid:
+            continue
+        here = named.host == p.address if p.address else named.host in addresses or loopback
+        if not here:
+            continue
+        for index, bus in p.gpus:
+            if index == named.gpu:
+                return replace(
+                    named, pci_bus_id=bus, namespace=p.namespace, pod=p.pod, host_pid=p.host_pid
+                )
+    return named
+
+
+class RasQuerier:
+    """The child's half: asks the endpoints it is given, one thread each, and tracks each
+    job's answers (see the module docstring)."""
+
+    name = "ras"
+
+    def __init__(
+        self,
+        *,
+        deadline_seconds: float = 15.0,
+        ras_timeout_seconds: int = 5,
+        max_answer_bytes: int = 16 << 20,
+        lag_answers: int = 4,
+        max_named_ranks: int = 8,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._deadline = deadline_seconds
+        self._ras_timeout = ras_timeout_seconds
+        self._max_bytes = max_answer_bytes
+        self._lag = lag_answers
+        self._max_named = max_named_ranks
+        self._clock = clock
+        self._inputs = RasInputs()
+        self._trackers: dict[str, JobTracker] = {}
+
+    def accept_inputs(self, value: object) -> None:
+        self._inputs = expect(value, RasInputs)
+
+    def _ask(self, ep: Endpoint, addresses: frozenset[str]) -> QueryOutcome:
+        cpu0 = time.thread_time()
+        label = ep.label
+        try:
+            answer = query(
+                ep.host,
+                ep.port,
+                deadline_seconds=self._deadline,
+                max_bytes=self._max_bytes,
+                ras_timeout=self._ras_timeout,
+            )
+        except QueryError as exc:
+            return QueryOutcome(
+                label, None, exc.reason, str(exc), cpu_seconds=time.thread_time() - cpu0
+            )
+        try:
+            parsed = parse_status(answer.data)
+        except MalformedAnswer as exc:
+            return QueryOutcome(
+                label,
+                None,
+                "malformed",
+                str(exc),
+                answer.seconds,
+                time.thread_time() - cpu0,
+                answer.attempts,
+            )
+        tracker = self._trackers.setdefault(label, JobTracker(self._lag, self._max_named))
+        status = tracker.update(parsed, self._clock())
+        named = tuple(local_rank(n, ep.processes, addresses) for n in status.named)
+        return QueryOutcome(
+            label,
+            replace(status, named=named),
+            seconds=answer.seconds,
+            cpu_seconds=time.thread_time() - cpu0,
+            attempts=answer.attempts,
+        )
+
+    def sample(self) -> RasAnswers:
+        endpoints = self._inputs.endpoints[:MAX_QUERIED]
+        addresses = frozenset(self._inputs.addresses)
+        live = {e.label for e in endpoints}
+        for gone in set(self._trackers) - live:
+            del self._trackers[gone]
+        results: dict[str, QueryOutcome] = {}
+
+        def run(ep: Endpoint) -> None:
+            results[ep.label] = self._ask(ep, addresses)
+
+        threads = [
+            threading.Thread(target=run, args=(ep,), name=f"ras-{ep.label}", daemon=True)
+            for ep in endpoints
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(self._deadline + PASS_MARGIN_SECONDS)
+        out = []
+        for ep in endpoints:
+            got = results.get(ep.label)
+            if got is None:  # a thread past its own deadline: should not happen; counted
+                got = QueryOutcome(ep.label, None, "timeout", "the query thread overran")
+            out.append(got)
+        return RasAnswers(tuple(out))
+
+
+def child_sampler(
+    *,
+    deadline_seconds: float,
+    ras_timeout_seconds: int,
+    max_answer_bytes: int,
+    lag_answers: int,
+    max_named_ranks: int,
+) -> RasQuerier:
+    """The querier as the agent's child process builds it (:mod:`agent.core.isolation`)."""
+    return RasQuerier(
+        deadline_seconds=deadline_seconds,
+        ras_timeout_seconds=ras_timeout_seconds,
+        max_answer_bytes=max_answer_bytes,
+        lag_answers=lag_answers,
+        max_named_ranks=max_named_ranks,
+    )
+
+
+# -- the agent's half --------------------------------------------------------------------------
+
+
+class RasSampler:
+    """Plans, delegates the queries, keeps the counters (see the module docstring).
+
+    ``workload`` and ``pods`` return the workload sampler's latest snapshot and the pod
+    watch's index (None when absent); ``procfs`` is rooted at ``--path.procfs``.
+    """
+
+    name = "ras"
+
+    def __init__(
+        self,
+        settings: RasSettings,
+        procfs: SysfsReader,
+        workload: Callable[[], WorkloadSnapshot | None],
+        pods: Callable[[], PodIndex | None] = lambda: None,
+        *,
+        isolate: bool | None = None,
+    ) -> None:
+        self.settings = settings
+        self._procfs = procfs
+        self._workload = workload
+        self._pods = pods
+        self._next = RasInputs()
+        kwargs = {
+            "deadline_seconds": settings.deadline_seconds,
+            "ras_timeout_seconds": settings.ras_timeout_seconds,
+            "max_answer_bytes": settings.max_answer_bytes,
+            "lag_answers": settings.lag_answers,
+            "max_named_ranks": settings.max_named_ranks,
+        }
+        self._child: IsolatedSampler | None = None
+        self._local: RasQuerier | None = None
+        if settings.isolate if isolate is None else isolate:
+            self._child = IsolatedSampler(
+                "ras",
+                ChildSpec("agent.ras.sampler:child_sampler", kwargs),
+                timeout_seconds=settings.deadline_seconds + PASS_MARGIN_SECONDS,
+                inputs=lambda: self._next,
+            )
+        else:
+            self._local = child_sampler(**kwargs)  # type: ignore[arg-type]
+        self._errors: dict[str, dict[str, int]] = {}
+        self._last: dict[str, str] = {}  # endpoint -> "ok" or the latest error reason
+        self._states: dict[tuple[str, str, str], str] = {}
+        self._queries = 0
+        self._cpu = 0.0
+
+    # the runner's hooks for a sampler run in a child
+    def call_deadline_seconds(self) -> float:
+        if self._child is not None:
+            return self._child.call_deadline_seconds()
+        return self.settings.deadline_seconds + PASS_MARGIN_SECONDS
+
+    @property
+    def restarts_total(self) -> int | None:
+        return self._child.restarts_total if self._child is not None else None
+
+    def close(self) -> None:
+        if self._child is not None:
+            self._child.close()
+
+    def _query(self, inputs: RasInputs) -> RasAnswers:
+        self._next = inputs
+        if self._child is not None:
+            return expect(self._child.sample(), RasAnswers)
+        assert self._local is not None
+        self._local.accept_inputs(inputs)
+        return self._local.sample()
+
+    def sample(self) -> RasSnapshot:
+        s = self.settings
+        endpoints = plan(self._workload(), self._pods(), leader=s.leader, static=s.endpoints)
+        if not endpoints:
+            raise NoData("no NCCL process on this node and no --ras.endpoint")
+        self._log_states(endpoints)
+        addresses = read_node_addresses(self._procfs)
+        asked = tuple(e for e in endpoints if e.state == "queried")[:MAX_QUERIED]
+        outcomes: dict[str, QueryOutcome] = {}
+        if asked:
+            inputs = RasInputs(asked, tuple(a.address for a in addresses))
+            outcomes = {o.endpoint: o for o in self._query(inputs).outcomes}
+        elif self._child is not None:
+            self._child.close()  # nothing to ask: no second process kept
+        jobs = []
+        for ep in asked:
+            o = outcomes.get(ep.label)
+            if o is None:
+                continue
+            self._queries += 1
+            self._cpu += o.cpu_seconds
+            counts = self._errors.setdefault(ep.label, dict.fromkeys(QUERY_ERRORS, 0))
+            if o.error is not None:
+                counts[o.error] = counts.get(o.error, 0) + 1
+            self._log_outcome(ep, o)
+            jobs.append(
+                RasJob(
+                    ep.label,
+                    ep.namespace,
+                    ep.job_name,
+                    o.status,
+                    o.seconds,
+                    tuple(sorted(counts.items())),
+                )
+            )
+        for gone in set(self._errors) - {e.label for e in asked}:
+            del self._errors[gone]
+            self._last.pop(gone, None)
+        return RasSnapshot(
+            endpoints=endpoints,
+            jobs=tuple(jobs),
+            addresses=addresses,
+            queries_total=self._queries,
+            query_cpu_seconds_total=self._cpu,
+        )
+
+    def _log_states(self, endpoints: Sequence[Endpoint]) -> None:
+        now = {(e.label, e.namespace, e.job_name): e.state for e in endpoints}
+        for key, state in sorted(now.items()):
+            if self._states.get(key) != state:
+                where = key[0] or "no reachable endpoint"
+                log.info("ras: job %s/%s (%s): %s", key[1] or "-", key[2] or "-", where, state)
+        self._states = now
+
+    def _log_outcome(self, ep: Endpoint, o: QueryOutcome) -> None:
+        outcome = "ok" if o.error is None else o.error
+        before = self._last.get(ep.label)
+        self._last[ep.label] = outcome
+        if outcome == before:
+            return
+        if o.error is None:
+            if before is not None:
+                log.info("ras: %s answers again", ep.label)
+        else:
+            log.warning("ras: %s: %s (%s)", ep.label, o.error, o.detail)
