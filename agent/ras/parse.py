@@ -33,6 +33,12 @@ ReduceScatter and AllReduce; sends and receives are not counted). ``init_state``
 ``async_error`` are ``ncclResult_t`` values: 0 success, 7 in progress, anything else an
 error (:data:`NCCL_RESULTS`).
 
+A known defect: NCCL 2.28.7-2.28.9 (at least) write no comma between a missing rank's
+``"nvml_dev": N`` and its ``"status"`` (recorded from a real 2.28.9 job: every answer with a
+missing rank is invalid JSON, healthy ones are valid). An answer JSON refuses is repaired
+of that one defect, and only that (one linear pass of a pattern with bounded repetition,
+nothing else rewritten), then parsed again; :attr:`RasAnswer.repaired` says so.
+
 Bounds: the caller caps the bytes (:mod:`agent.ras.wire`); ``json.loads`` is linear; here
 every value's type and range is checked, strings are short and of a known shape, and the
 number of communicators, ranks and collective types is capped, so nothing an answer holds
@@ -81,7 +87,8 @@ _HASH = re.compile(r"0x[0-9a-f]{1,16}")
 _SECONDARY = re.compile(r"0x[0-9a-f]{1,16}:0x[0-9a-f]{1,16}")
 _FUNC = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 _VERSION = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,4}[A-Za-z0-9.+_-]{0,32}")
-_TIMESTAMP = re.compile(r"[0-9: -]{1,32}")
+#: NCCL 2.28's missing comma in a missing rank's entry (see the module docstring)
+_MISSING_COMMA = re.compile(rb'("nvml_dev": -?[0-9]{1,4})(\r?\n[ ]{0,64}"status": \{)')
 UNKNOWN_HOST = "unknown"
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 _COUNT_MAX = (1 << 64) - 1
@@ -147,6 +154,8 @@ class RasAnswer:
     communicators: tuple[RasCommunicator, ...]
     collection_seconds: float
     timeouts: int
+    #: the answer had NCCL 2.28's missing comma and was repaired (module docstring)
+    repaired: bool = False
 
 
 # -- field readers ---------------------------------------------------------------------------
@@ -270,19 +279,35 @@ def _reject_constant(name: str) -> object:
     raise MalformedAnswer(f"the answer holds {name}, which JSON does not allow")
 
 
-def parse_status(data: bytes) -> RasAnswer:
-    """A RAS JSON status; :class:`MalformedAnswer` for anything else (not UTF-8, not JSON,
-    ``NaN``, nesting too deep, a field missing, of another type or out of range)."""
+def _load(data: bytes) -> object:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise MalformedAnswer("the answer is not UTF-8") from None
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         raise MalformedAnswer("the answer nests too deep") from None
     except json.JSONDecodeError as exc:
         raise MalformedAnswer(f"not JSON: {exc.msg} at byte {exc.pos}") from None
+
+
+def parse_status(data: bytes) -> RasAnswer:
+    """A RAS JSON status; :class:`MalformedAnswer` for anything else (not UTF-8, not JSON
+    even once NCCL 2.28's missing comma is repaired, ``NaN``, nesting too deep, a field
+    missing, of another type or out of range)."""
+    repaired = False
+    try:
+        doc = _load(data)
+    except MalformedAnswer as first:
+        fixed, n = _MISSING_COMMA.subn(rb"\1,\2", data)
+        if not n:
+            raise
+        try:
+            doc = _load(fixed)
+        except MalformedAnswer:
+            raise first from None
+        repaired = True
     top = _obj(doc, "answer")
     version = _text(top, "nccl_version", "answer", _VERSION)
     comms = tuple(
@@ -298,6 +323,7 @@ def parse_status(data: bytes) -> RasAnswer:
         communicators=comms,
         collection_seconds=float(seconds),
         timeouts=_int(ras, "timeouts_count", "answer.ras", 0),
+        repaired=repaired,
     )
 
 

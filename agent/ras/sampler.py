@@ -99,6 +99,8 @@ class RasJob:
     status: JobStatus | None
     query_seconds: float | None
     errors_total: tuple[tuple[str, int], ...]
+    #: answers that needed NCCL 2.28's missing comma repaired, since the agent started
+    repaired_total: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +297,7 @@ class RasSampler:
         else:
             self._local = child_sampler(**kwargs)  # type: ignore[arg-type]
         self._errors: dict[str, dict[str, int]] = {}
+        self._repaired: dict[str, int] = {}
         self._last: dict[str, str] = {}  # endpoint -> "ok" or the latest error reason
         self._states: dict[tuple[str, str, str], str] = {}
         self._queries = 0
@@ -346,6 +349,8 @@ class RasSampler:
             counts = self._errors.setdefault(ep.label, dict.fromkeys(QUERY_ERRORS, 0))
             if o.error is not None:
                 counts[o.error] = counts.get(o.error, 0) + 1
+            if o.status is not None and o.status.repaired:
+                self._repaired[ep.label] = self._repaired.get(ep.label, 0) + 1
             self._log_outcome(ep, o)
             jobs.append(
                 RasJob(
@@ -355,11 +360,13 @@ class RasSampler:
                     o.status,
                     o.seconds,
                     tuple(sorted(counts.items())),
+                    self._repaired.get(ep.label, 0),
                 )
             )
         for gone in set(self._errors) - {e.label for e in asked}:
             del self._errors[gone]
             self._last.pop(gone, None)
+            self._repaired.pop(gone, None)
         return RasSnapshot(
             endpoints=endpoints,
             jobs=tuple(jobs),

@@ -87,6 +87,8 @@ class JobStatus:
     collection_seconds: float
     timeouts: int
     named: tuple[NamedRank, ...] = ()
+    #: the answer needed NCCL 2.28's missing comma repaired (agent/ras/parse.py)
+    repaired: bool = False
 
     def rank_count(self, state: str) -> int:
         return dict(self.ranks).get(state, 0)
@@ -190,4 +192,5 @@ class JobTracker:
             collection_seconds=answer.collection_seconds,
             timeouts=answer.timeouts,
             named=tuple(named[: self.max_named]),
+            repaired=answer.repaired,
         )

@@ -47,6 +47,15 @@ QUERY_ERRORS_TOTAL = MetricSpec(
     "(the job's NCCL is older than 2.28.7 and has no JSON output).",
     (*_J, "reason"),
 )
+REPAIRED = MetricSpec(
+    _P + "repaired_answers_total",
+    "counter",
+    "Answers that were invalid JSON for NCCL 2.28's known defect (no comma between a "
+    "missing rank's nvml_dev and status, seen in every 2.28.9 answer with a missing rank) "
+    "and were repaired of that one defect.",
+    _J,
+    detail="default",
+)
 QUERY_DURATION = MetricSpec(
     _P + "query_duration_seconds",
     "gauge",
@@ -182,6 +191,7 @@ QUERY_CPU = MetricSpec(
 SPECS: tuple[MetricSpec, ...] = (
     UP,
     QUERY_ERRORS_TOTAL,
+    REPAIRED,
     QUERY_DURATION,
     GATHER_DURATION,
     GATHER_TIMEOUTS,
@@ -216,6 +226,7 @@ def render(snap: RasSnapshot, out: Families) -> None:
         errors = dict(job.errors_total)
         for reason in QUERY_ERRORS:
             out.add(QUERY_ERRORS_TOTAL, errors.get(reason, 0), *j, reason)
+        out.add(REPAIRED, job.repaired_total, *j)
         out.add(QUERY_DURATION, job.query_seconds, *j)
         st = job.status
         if st is None:
