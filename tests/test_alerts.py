@@ -48,6 +48,8 @@ MAY_BE_EMPTY: dict[str, set[str]] = {
     "fabricscope_probe_busbw_bytes_per_second": {"peer", "gpu", "peer_gpu"},
     # a root port has no parent bridge; GPUs and NICs have no port type (exporter/metrics/pci.py)
     "fabricscope_pci_device_info": {"parent_pci_bus_id", "port_type", "driver"},
+    # a rank on another node than the one that asks: no PCI bus id or pod known there
+    "fabricscope_nccl_ras_rank_info": {"pci_bus_id", "pod"},
 }
 
 SEVERITIES = ("critical", "warning", "info")
@@ -253,6 +255,7 @@ def test_rule_files_exist_and_every_rule_is_an_alert() -> None:
         "fleet.rules.yaml",
         "hardware.rules.yaml",
         "probe.rules.yaml",
+        "ras.rules.yaml",
         "throughput.rules.yaml",
     ]
     for path in rule_files():
