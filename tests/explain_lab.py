@@ -30,7 +30,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.metrics import attribution, netdev, nvml, probe, workload
+from exporter.metrics import attribution, netdev, nvml, probe, ras, workload
 from exporter.metrics.spec import MetricSpec
 
 ROOT = Path(__file__).resolve().parent
@@ -111,6 +111,8 @@ SCENARIOS = {
         Scenario("wrong_numa", Planted("misplacement", "node-02", "llm-2"), slow=False),
         # the founding story: one pod's NCCL settings differ from the others' (Kubernetes)
         Scenario("nccl_env_differs", Planted("nccl_config", "node-01", "NCCL_IB_HCA")),
+        # NCCL's RAS names a rank on node-02 GPU 1 unresponsive; that GPU logged an XID
+        Scenario("nccl_rank_stuck", Planted("nccl_rank", "node-02", "GPU 1")),
     )
 }
 
@@ -432,6 +434,57 @@ def node_lines(
             gauge=lambda t: 45e9 * (1 + rng.uniform(-0.03, 0.03)),
         )
     )
+    # NCCL's RAS: every node's own address; the job's rank-0 node (node-00) asks and, from the
+    # change, names rank 9 (node-02, NVML GPU 1, the recorded victim's pid) unresponsive; that
+    # GPU logs one XID 79 (fallen off the bus) two minutes in
+    address = f"10.0.0.{node + 1}"
+    lines.append(
+        Line(
+            ras.NODE_ADDRESS.name,
+            ras.NODE_ADDRESS.name,
+            "gauge",
+            _spec_labels(ras.NODE_ADDRESS, host=address, netdev="eth0") | {"instance": inst},
+            1.0,
+        )
+    )
+    if scenario.name == "nccl_rank_stuck" and node == 0:
+        labels = _spec_labels(
+            ras.RANK_INFO,
+            namespace=NAMESPACE,
+            job_name=JOB,
+            ras_endpoint="127.0.0.1:28028",
+            rank="9",
+            state="unresponsive",
+            host="10.0.0.3",
+            pid="5170",
+            gpu="1",
+            pci_bus_id="",
+            pod="",
+        )
+        lines.append(
+            Line(
+                ras.RANK_INFO.name,
+                ras.RANK_INFO.name,
+                "gauge",
+                labels | {"instance": inst},
+                1.0,
+                active=after,
+            )
+        )
+    if scenario.name == "nccl_rank_stuck" and here:
+        xid = _spec_labels(nvml.XID_ERRORS, gpu="1", reason="79") | {"instance": inst}
+        lines.append(
+            Line(
+                nvml.XID_ERRORS.name,
+                _family(nvml.XID_ERRORS),
+                "counter",
+                xid,
+                0.0,
+                # one event over a minute that holds one sample, whatever float fuzz `change`
+                # carries (7200 * 0.55 is not 3960 exactly)
+                rate=lambda t: 1 / 60 if change + 90 <= t < change + 150 else 0.0,
+            )
+        )
     # throughput: every rank prints it (Composer format), with noise and checkpoint dips
     tp_labels = {
         "namespace": NAMESPACE,

@@ -55,6 +55,7 @@ def run(lab: Lab, name: str) -> Report:
         "pcie_x8_nic",
         "wrong_numa",
         "nccl_env_differs",
+        "nccl_rank_stuck",
     ],
 )
 def test_the_planted_cause_ranks_first_and_nothing_unrelated_stands_out(
@@ -89,6 +90,19 @@ def test_the_drop_is_found_where_it_was_planted(lab: Lab, name: str) -> None:
     assert report.shift is not None
     assert abs(report.shift.at - slot.change) <= 120  # within two 60 s samples
     assert report.shift.drop_ratio == pytest.approx(1 - 36769.6582 / 55803.1245, abs=0.02)
+
+
+def test_the_rank_nccl_names_is_the_cause_with_its_nodes_own_evidence(lab: Lab) -> None:
+    """The node that asks the job (node-00) names the rank; explain moves it to the node that
+    owns its host address (node-02) and joins that GPU's XID to it."""
+    report = run(lab, "nccl_rank_stuck")
+    first = report.causes[0]
+    assert (first.cause, first.device) == ("nccl_rank", "node-02 GPU 1")
+    assert first.evidence[0].startswith("NCCL's RAS named this GPU's rank")
+    assert any("XID" in e and "node-02 GPU 1" in e for e in first.evidence[1:]), first.evidence
+    # the XID keeps its own place, below the rank it explains
+    assert [f.cause for f in report.causes[1:]] == ["gpu"]
+    assert all(f.instance == "node-02" for f in report.causes)
 
 
 def test_healthy_job_no_fabric_cause_with_what_was_checked(lab: Lab) -> None:

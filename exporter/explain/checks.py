@@ -72,6 +72,12 @@ CAUSES: dict[str, Cause] = {
             2,
         ),
         Cause("nccl_network", "NCCL network warnings", "fabricscope-job", 12),
+        Cause(
+            "nccl_rank",
+            "an NCCL rank stopped answering or lags the others (NCCL's RAS)",
+            "fabricscope-job",
+            0,
+        ),
     )
 }
 
@@ -155,6 +161,18 @@ def _nccl_share_check(name: str, what: str, template: str, mode: Mode, significa
         scale=100.0,
     )
 
+
+#: a rank NCCL's RAS service names (exported by the node that asks the job), moved to the node
+#: that owns the rank's host address (its own fabricscope_nccl_ras_node_address_info), per GPU:
+#: 1 when named unresponsive, dead or lagging in the range
+_RAS_RANK = (
+    "max by (instance, gpu) ("
+    "max by (host, gpu) (max_over_time(fabricscope_nccl_ras_rank_info{{{sel},"
+    'state=~"unresponsive|dead|lagging"}}[{d}]))'
+    " * on (host) group_left (instance) "
+    "topk by (host) (1, max by (instance, host) ("
+    "max_over_time(fabricscope_nccl_ras_node_address_info{{{sel}}}[{d}]))))"
+)
 
 CHECKS: tuple[Check, ...] = (
     # --- links ------------------------------------------------------------------------
@@ -678,6 +696,17 @@ CHECKS: tuple[Check, ...] = (
         ("pod",),
         scope="pod",
         unit=" warnings",
+    ),
+    # --- NCCL's own view of its ranks (its RAS service) -------------------------------
+    Check(
+        "nccl_rank_stuck",
+        "nccl_rank",
+        "NCCL's RAS named this GPU's rank unresponsive, dead or lagging (0/1)",
+        _RAS_RANK,
+        "level",
+        0.5,
+        "gpu",
+        ("gpu",),
     ),
 )
 

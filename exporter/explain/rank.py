@@ -115,7 +115,7 @@ def rank(
                 panel_link(grafana, "nccl_config", "", periods, job),
             )
         )
-    out = corroborate(out)
+    out = join_node_evidence(corroborate(out))
     out.sort(key=lambda f: (-f.score, f.cause, "(bridge" in f.device, f.device))
     return out
 
@@ -156,6 +156,38 @@ def corroborate(findings: Sequence[Finding]) -> list[Finding]:
         )
         out.append(
             replace(f, score=round(f.score + CORROBORATION_BONUS, 2), evidence=(*f.evidence, line))
+        )
+    return out
+
+
+#: the hardware causes that may explain why a rank NCCL names stopped or lags on its node
+NODE_EVIDENCE_CAUSES = ("gpu", "nvlink", "pcie", "ib_link", "port_rate", "gpu_throttle")
+
+
+def join_node_evidence(findings: Sequence[Finding]) -> list[Finding]:
+    """A rank NCCL's RAS names (cause ``nccl_rank``) is a symptom with a place: its node and
+    GPU. The hardware findings that stand out on that node (the same GPU's first: an XID, a
+    lost GPU, its NVLinks; then the node's links) join it as evidence, with the small bonus
+    a corroborated finding gets; they keep their own place in the ranking too."""
+    out = []
+    for f in findings:
+        own = [
+            h
+            for h in findings
+            if f.cause == "nccl_rank"
+            and h.cause in NODE_EVIDENCE_CAUSES
+            and h.instance == f.instance
+            and h.score >= THRESHOLD
+        ]
+        if not own:
+            out.append(f)
+            continue
+        own.sort(key=lambda h: (h.device != f.device, -h.score))
+        lines = tuple(f"on its node: {h.title}, {h.device}: {h.evidence[0]}" for h in own[:3])
+        out.append(
+            replace(
+                f, score=round(f.score + CORROBORATION_BONUS, 2), evidence=(*f.evidence, *lines)
+            )
         )
     return out
 
