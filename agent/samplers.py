@@ -13,7 +13,6 @@ from agent.ibpeer.sampler import IbPeerSampler, check_tools
 from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
 from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
 from agent.kubernetes.podwatch import PodIndex
-from agent.netdev.sampler import NetdevSampler
 from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE
 from agent.nvml.api import NvmlApi
 from agent.nvml.sampler import NvmlSampler, isolated_sampler
@@ -21,8 +20,6 @@ from agent.nvml.snapshot import NvmlSnapshot
 from agent.pci.sampler import PciSampler, PciSnapshot
 from agent.probe.sampler import build_probe_sampler
 from agent.ras.sampler import RasSampler
-from agent.throughput.sampler import ThroughputInputs, ThroughputSampler
-from agent.throughput.sampler import isolated_sampler as isolated_throughput
 from agent.workload.sampler import WorkloadSampler, WorkloadSnapshot, pod_identities
 
 S = TypeVar("S")
@@ -121,6 +118,9 @@ def build_samplers(
             )
         )
     if "netdev" in enabled:
+        # netlink (pyroute2) is imported only when the netdev sampler runs
+        from agent.netdev.sampler import NetdevSampler
+
         nd = config.netdev
         ethtool = nd.ethtool_include or DEFAULT_ETHTOOL_INCLUDE
         out.append(
@@ -158,6 +158,10 @@ def build_samplers(
             )
         )
     if "throughput" in enabled:
+        # RE2 (google-re2) is imported only when the throughput sampler runs
+        from agent.throughput.sampler import ThroughputInputs, ThroughputSampler
+        from agent.throughput.sampler import isolated_sampler as isolated_throughput
+
         pci_snap = latest.of("pci", PciSnapshot)
         ib_snap = latest.of("infiniband", InfinibandSnapshot)
 

@@ -9,7 +9,9 @@ call per sampling pass is cheap; a short deadline bounds a hung kubelet.
 
 The wire types come from ``agent/kubernetes/podresources.proto`` (the upstream messages, subset);
 this
-module turns them into plain frozen records at once, so nothing past it sees protobuf.
+module turns them into plain frozen records at once, so nothing past it sees protobuf. The
+generated module (which needs protobuf 7) is imported when the kubelet is first asked, so an
+agent that never asks (attribution off) starts without protobuf installed.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import grpc
 
-from agent.kubernetes import podresources_pb2 as pb
+if TYPE_CHECKING:
+    from agent.kubernetes import podresources_pb2 as pb
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: the kubelet's own limit for pod-resources messages (podresources.DefaultMaxMsgSize, 16 MiB)
@@ -55,6 +60,13 @@ class PodAllocation:
 
 class SocketAbsent(Exception):  # noqa: N818 - an outcome, not a failure
     """The pod-resources socket does not exist: not a kubelet node, or not mounted in."""
+
+
+def _messages() -> ModuleType:
+    """The generated message classes (protobuf), imported on first use."""
+    from agent.kubernetes import podresources_pb2
+
+    return podresources_pb2
 
 
 class KubeletUnavailable(Exception):  # noqa: N818 - named after the error reason it counts as
@@ -124,7 +136,7 @@ class PodResourcesClient:
             if call is None:
                 call = self._connect()
         try:
-            resp = call(pb.ListPodResourcesRequest(), timeout=self.timeout_seconds)
+            resp = call(_messages().ListPodResourcesRequest(), timeout=self.timeout_seconds)
         except grpc.RpcError as exc:
             self.close()
             code = exc.code() if isinstance(exc, grpc.Call) else None
@@ -143,12 +155,13 @@ class PodResourcesClient:
                 ("grpc.enable_http_proxy", 0),
             ],
         )
+        msgs = _messages()
         call: grpc.UnaryUnaryMultiCallable[
             pb.ListPodResourcesRequest, pb.ListPodResourcesResponse
         ] = channel.unary_unary(
             _LIST,
-            request_serializer=pb.ListPodResourcesRequest.SerializeToString,
-            response_deserializer=pb.ListPodResourcesResponse.FromString,
+            request_serializer=msgs.ListPodResourcesRequest.SerializeToString,
+            response_deserializer=msgs.ListPodResourcesResponse.FromString,
         )
         self._channel, self._list = channel, call
         return call

@@ -20,14 +20,16 @@ import secrets
 import threading
 from collections.abc import Mapping
 
-import bcrypt
-
 #: The challenge sent with every 401.
 AUTHENTICATE = 'Basic realm="fabricscope"'
 
 
 def verify_password(password: bytes, hashed: bytes) -> bool:
-    """bcrypt check; a password bcrypt refuses (over 72 bytes) simply does not match."""
+    """bcrypt check; a password bcrypt refuses (over 72 bytes) simply does not match.
+    bcrypt is imported where a hash is checked or made: an agent without basic auth users
+    runs without it installed."""
+    import bcrypt
+
     try:
         return bcrypt.checkpw(password, hashed)
     except ValueError:
@@ -47,6 +49,8 @@ class BasicAuth:
         self._bcrypt_lock = threading.Lock()
         self._dummy = b""
         if self._hashes:
+            import bcrypt
+
             cost = max(int(h.split(b"$")[2]) for h in self._hashes.values())
             self._dummy = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(rounds=cost))
 
