@@ -128,3 +128,61 @@ def test_the_silent_answer_of_the_recording_is_a_timeout_after_one_retry() -> No
         q.accept_inputs(RasInputs((Endpoint("127.0.0.1", ras.port, "", "", "queried", ()),)))
         (o,) = q.sample().outcomes
     assert o.error == "timeout" and ras.connections == 2
+
+
+def test_discovery_through_the_agents_wiring(tmp_path: Path) -> None:
+    """build_samplers' ras sampler finds the job from the workload sampler's latest snapshot:
+    rank 0's process, in the host network, its NCCL_RAS_ADDR naming the stand-in's port."""
+    from agent.config import AgentConfig, Paths, Sampling
+    from agent.samplers import Latest, build_samplers
+    from agent.workload.sampler import (
+        GpuPlacement,
+        NcclSetting,
+        WorkloadProcess,
+        WorkloadSnapshot,
+    )
+
+    stopped = next(r for r in JSON if r["tag"] == "stopped+35-json-verbose")
+    # this node's host network, in the kernel's formats: eth0 holds the recorded job's host
+    net = tmp_path / "1" / "net"
+    net.mkdir(parents=True)
+    (net / "fib_trie").write_text(
+        "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 192.0.2.2\n        /32 host LOCAL\n"
+    )
+    (net / "route").write_text(
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+        "eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+    )
+    with RasStandIn([stopped["answer"].encode()]) as ras:
+        procs = tuple(
+            WorkloadProcess(
+                pid=98167 + r,
+                gpus=(GpuPlacement(r, f"0000:00:0{6 + r}.0", f"GPU-{r}", None),),
+                allowed_cpus=(0,),
+                pinned=False,
+                nccl_env=(NcclSetting("NCCL_RAS_ADDR", f"127.0.0.1:{ras.port}"),),
+                ns_pid=5167 + r,
+                launch_rank=r,
+                host_network=True,
+            )
+            for r in range(4)
+        )
+        snap = WorkloadSnapshot(processes=procs, has_gpus=True)
+        latest = Latest()
+        latest.bind(lambda name: snap if name == "workload" else None)
+        config = AgentConfig(
+            paths=Paths(sysfs=str(tmp_path), procfs=str(tmp_path)),
+            sampling=Sampling(frozenset({"ras"})),
+            ras=RasSettings(deadline_seconds=8, isolate=False),
+        )
+        (sampler,) = build_samplers(config, SysfsReader(tmp_path), latest=latest)
+        got = sampler.sample()
+    (ep,) = got.endpoints  # type: ignore[attr-defined]
+    assert (ep.label, ep.state, len(ep.processes)) == (f"127.0.0.1:{ras.port}", "queried", 4)
+    (job,) = got.jobs  # type: ignore[attr-defined]
+    (rank,) = job.status.named
+    # the rank's host is this node's eth0 address, its pid a local process's own pid: the
+    # PCI bus id and host pid of its GPU process come from the workload sampler's view
+    assert (rank.rank, rank.pid, rank.gpu, rank.state) == (3, 5170, 3, "unresponsive")
+    assert (rank.pci_bus_id, rank.host_pid) == ("0000:00:09.0", 98170)
+    assert [(a.address, a.netdev) for a in got.addresses] == [("192.0.2.2", "eth0")]  # type: ignore[attr-defined]

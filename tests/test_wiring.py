@@ -116,7 +116,8 @@ def test_once_runs_joining_samplers_after_the_data_they_join(dgx_sys_root: Path)
     app = AgentApp(build_specs(config, SysfsReader(dgx_sys_root), latest=latest), latest)
     body = app.run_once().decode()
     assert 'fabricscope_sampler_hardware_present{sampler="workload"} 1.0' in body
-    assert DEPENDENT == ("attribution", "workload", "throughput")  # throughput needs attribution
+    # throughput needs attribution; ras needs workload's processes
+    assert DEPENDENT == ("attribution", "workload", "throughput", "ras")
 
 
 def test_kubernetes_probe_membership_excludes_the_peers_file() -> None:
