@@ -277,3 +277,23 @@ def test_node_addresses_from_a_real_namespace(node_netns: Path) -> None:
 
 def test_no_net_files_is_no_address(tmp_path: Path) -> None:
     assert read_node_addresses(SysfsReader(tmp_path)) == ()
+
+
+def test_a_jobs_unreachable_pods_add_up_in_one_series() -> None:
+    from agent.ras.sampler import RasSnapshot
+    from exporter.metrics import ras
+    from exporter.metrics.spec import Families
+
+    index = PodIndex([meta("a-0"), meta("a-1", ip="10.244.1.8")])
+    eps = plan(
+        snap(
+            proc(1100, 0, env={}, rank=0, host_net=False, pod=("ml", "a-0")),
+            proc(1101, 1, env={}, rank=1, host_net=False, pod=("ml", "a-1")),
+        ),
+        index,
+    )
+    assert len(eps) == 2  # one group per pod
+    out = Families()
+    ras.render(RasSnapshot(endpoints=eps), out)
+    (samples,) = [v for s, v in out.items() if s is ras.ENDPOINT_PROCESSES]
+    assert samples == [(("ml", "llama", "", "not_reachable"), 2.0)]

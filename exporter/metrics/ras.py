@@ -20,6 +20,8 @@ into that node's ``instance``::
 
 from __future__ import annotations
 
+from collections import Counter
+
 from agent.ras.parse import ERROR_KINDS
 from agent.ras.sampler import RasSnapshot
 from agent.ras.track import RANK_STATES
@@ -212,10 +214,12 @@ SPECS: tuple[MetricSpec, ...] = (
 
 
 def render(snap: RasSnapshot, out: Families) -> None:
+    # unreachable processes come one group per pod: a job's pods add up under one series
+    counts: Counter[tuple[str, str, str, str]] = Counter()
     for ep in snap.endpoints:
-        out.add(
-            ENDPOINT_PROCESSES, len(ep.processes), ep.namespace, ep.job_name, ep.label, ep.state
-        )
+        counts[(ep.namespace, ep.job_name, ep.label, ep.state)] += len(ep.processes)
+    for labels, n in sorted(counts.items()):
+        out.add(ENDPOINT_PROCESSES, n, *labels)
     for a in snap.addresses:
         out.add(NODE_ADDRESS, 1, a.address, a.netdev)
     out.add(QUERIES, snap.queries_total)
