@@ -297,3 +297,42 @@ def test_a_jobs_unreachable_pods_add_up_in_one_series() -> None:
     ras.render(RasSnapshot(endpoints=eps), out)
     (samples,) = [v for s, v in out.items() if s is ras.ENDPOINT_PROCESSES]
     assert samples == [(("ml", "llama", "", "not_reachable"), 2.0)]
+
+
+def test_only_the_processs_own_address_is_asked() -> None:
+    """NCCL_RAS_ADDR is the job's to write: an address that is not the process's own (its
+    pod's IP, or this node's in the host network) would point the agent anywhere."""
+    index = PodIndex([meta("a-0", ip="10.244.1.7"), meta("b-0", ip="10.244.1.8", owner="gpt")])
+    eps = plan(
+        snap(
+            # a pod naming the cluster's API service instead of its own IP
+            proc(
+                1100,
+                0,
+                env={"NCCL_RAS_ADDR": "10.96.0.1:443"},
+                rank=0,
+                host_net=False,
+                pod=("ml", "a-0"),
+            ),
+            # a pod naming its own IP
+            proc(
+                1101,
+                1,
+                env={"NCCL_RAS_ADDR": "10.244.1.8:28028"},
+                rank=0,
+                host_net=False,
+                pod=("ml", "b-0"),
+            ),
+            # bare metal: this node's address, and another node's
+            proc(102, 2, env={"NCCL_RAS_ADDR": "10.20.0.5:29000"}, rank=0),
+            proc(103, 3, env={"NCCL_RAS_ADDR": "10.20.0.6:29001"}, rank=0),
+        ),
+        index,
+        node=frozenset({"10.20.0.5"}),
+    )
+    assert states(eps) == [
+        ("", "", "not_reachable", 1),
+        ("", "llama", "not_reachable", 1),
+        ("10.20.0.5:29000", "", "queried", 1),
+        ("10.244.1.8:28028", "gpt", "queried", 1),
+    ]

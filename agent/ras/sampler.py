@@ -327,11 +327,17 @@ class RasSampler:
 
     def sample(self) -> RasSnapshot:
         s = self.settings
-        endpoints = plan(self._workload(), self._pods(), leader=s.leader, static=s.endpoints)
+        addresses = read_node_addresses(self._procfs)
+        endpoints = plan(
+            self._workload(),
+            self._pods(),
+            leader=s.leader,
+            static=s.endpoints,
+            node=frozenset(a.address for a in addresses),
+        )
         if not endpoints:
             raise NoData("no NCCL process on this node and no --ras.endpoint")
         self._log_states(endpoints)
-        addresses = read_node_addresses(self._procfs)
         asked = tuple(e for e in endpoints if e.state == "queried")[:MAX_QUERIED]
         outcomes: dict[str, QueryOutcome] = {}
         if asked:

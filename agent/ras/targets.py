@@ -17,7 +17,9 @@ How the agent may reach it (the security decision, docs/deploy.md)
       ``fabricscope.io/nccl-ras-port: "<port>"`` (the job set ``NCCL_RAS_ADDR`` to listen there
       in a way the agent cannot read, e.g. from the training script). A RAS service on a
       pod's loopback is ``not_reachable``: the agent never enters a pod's namespaces.
-    * A name instead of an address in ``NCCL_RAS_ADDR`` is never resolved (``not_reachable``).
+    * A name instead of an address in ``NCCL_RAS_ADDR`` is never resolved, and an address that
+      is not the process's own (loopback or this node's in the host network, its pod's IP in
+      a pod network) is never asked (``not_reachable``): the job writes its environment.
 
 Which node asks (a ``STATUS`` gathers from every process of the job, so one node per job)
     The node of the process whose launcher rank (``RANK``, ``OMPI_COMM_WORLD_RANK`` ...) is 0;
@@ -109,8 +111,14 @@ def _pod_meta(proc: WorkloadProcess, index: PodIndex | None) -> PodMeta | None:
     return None
 
 
-def _reach(proc: WorkloadProcess, meta: PodMeta | None) -> tuple[str, str, int]:
-    """(state, host, port) of one process's RAS service; state "" when reachable."""
+def _reach(
+    proc: WorkloadProcess, meta: PodMeta | None, node: frozenset[str]
+) -> tuple[str, str, int]:
+    """(state, host, port) of one process's RAS service; state "" when reachable. An
+    address in ``NCCL_RAS_ADDR`` is asked only when it is the process's own: loopback or one
+    of ``node`` (this node's addresses) in the host network, its pod's IP in a pod network.
+    The environment is the job's to write: anything else would let a job point the agent at
+    any address of the cluster."""
     env = dict((s.name, s.value) for s in proc.nccl_env or ())
     enable = env.get("NCCL_RAS_ENABLE")
     if enable is not None and enable.strip() != "1":
@@ -135,7 +143,8 @@ def _reach(proc: WorkloadProcess, meta: PodMeta | None) -> tuple[str, str, int]:
             if host_net:
                 return "", "127.0.0.1" if ip.version == 4 else "::1", port
             return ("", pod_ip, port) if pod_ip else ("not_reachable", "", 0)
-        return "", str(ip), port
+        own = str(ip) in node if host_net else pod_ip is not None and _same(ip, pod_ip)
+        return ("", str(ip), port) if own else ("not_reachable", "", 0)
     if annotated is not None and annotated.isdigit() and 0 < int(annotated) < 65536:
         if host_net:
             return "", "127.0.0.1", int(annotated)
@@ -143,6 +152,11 @@ def _reach(proc: WorkloadProcess, meta: PodMeta | None) -> tuple[str, str, int]:
     if host_net:
         return "", "127.0.0.1", DEFAULT_PORT
     return "not_reachable", "", 0
+
+
+def _same(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, text: str) -> bool:
+    other = _ip(text)
+    return other is not None and other == ip
 
 
 def _marked_leader(metas: Sequence[PodMeta | None]) -> bool:
@@ -162,14 +176,16 @@ def plan(
     *,
     leader: str = "rank0",
     static: Sequence[RasEndpointFlag] = (),
+    node: frozenset[str] = frozenset(),
 ) -> tuple[Endpoint, ...]:
-    """Every RAS endpoint of this node's GPU processes (and every static one), sorted."""
+    """Every RAS endpoint of this node's GPU processes (and every static one), sorted;
+    ``node``: this node's own addresses (:mod:`agent.ras.addresses`)."""
     groups: dict[tuple[str, str, int, str], list[tuple[WorkloadProcess, PodMeta | None]]] = (
         defaultdict(list)
     )
     for proc in workload.processes if workload is not None else ():
         meta = _pod_meta(proc, index)
-        state, host, port = _reach(proc, meta)
+        state, host, port = _reach(proc, meta, node)
         # unreachable processes are grouped per pod, reachable ones per endpoint
         who = f"{proc.pod.namespace}/{proc.pod.pod}" if proc.pod is not None and state else ""
         groups[(state, host, port, who)].append((proc, meta))
