@@ -269,7 +269,15 @@ class Agent:
         with urllib.request.urlopen(url, timeout=5) as r:
             text = r.read().decode()
         self.latencies.append(time.monotonic() - t0)
-        self.scrapes.write(f"# scrape at {time.time():.3f}\n{text}")
+        # the RAS and sampler series only: a GPU node's whole /metrics every second would
+        # outgrow what a run may bring back
+        kept = [
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("fabricscope_nccl_ras_")
+            or (ln.startswith("fabricscope_sampler_") and 'sampler="ras"' in ln)
+        ]
+        self.scrapes.write(f"# scrape at {time.time():.3f}\n" + "\n".join(kept) + "\n")
         return [
             (s.name, dict(s.labels), s.value)
             for fam in text_string_to_metric_families(text)
