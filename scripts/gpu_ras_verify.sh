@@ -21,8 +21,10 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if ! python3 -c 'import re2' 2>/dev/null; then
   if [ -n "${WHEELS_DIR:-}" ]; then
-    python3 -m pip install -q --no-index --find-links "$WHEELS_DIR" --target "$OUT/.wheels" google-re2 \
-      2>&1 | tail -2
+    # a wheel is a zip: unpacked onto PYTHONPATH, no pip needed
+    for whl in "$WHEELS_DIR"/google_re2-*cp3*.whl; do
+      [ -e "$whl" ] && python3 -m zipfile -e "$whl" "$OUT/.wheels"
+    done
     export PYTHONPATH="$PYTHONPATH:$OUT/.wheels"
   fi
   python3 -c 'import re2' 2>/dev/null || {
