@@ -803,3 +803,44 @@ def test_gpudirect_finding_text(dgx_pci: PciSnapshot) -> None:
     snap = sampler_for(PROC, no_nics, nvml, sys_root=root / "sys").sample()
     assert snap.gpudirect.available is False
     assert [x.kind for x in findings(snap)] == []
+
+
+def test_a_job_beside_the_agent_is_on_its_loopback_whatever_init_runs_in(tmp_path: Path) -> None:
+    """On the lent GPU machines the shell that starts the agent and the job runs in a network
+    namespace of its own, not init's: the job beside the agent is on the agent's loopback
+    (its RAS service answered there), so the agent's own namespace counts as well as init's.
+    Real processes: "init" sleeps in a fresh namespace, the job in the test's own."""
+    from agent.core.sysfs import SysfsReader
+    import time
+
+    from agent.workload.sampler import loopback_netns, read_netns
+
+    ns = f"fs-wl-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    init = job = None
+    try:
+        init = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "30"])
+        job = subprocess.Popen(["sleep", "30"])
+        mine = os.readlink("/proc/self/ns/net")
+        for _ in range(100):  # the exec'd sleep is in the namespace once its link says so
+            if os.readlink(f"/proc/{init.pid}/ns/net") != mine:
+                break
+            time.sleep(0.05)
+        root = tmp_path / "proc"
+        root.mkdir()
+        (root / "1").symlink_to(f"/proc/{init.pid}")
+        (root / "self").symlink_to(f"/proc/{os.getpid()}")
+        (root / "4242").symlink_to(f"/proc/{job.pid}")
+        proc = SysfsReader(root)
+        seen = loopback_netns(proc)
+        assert seen == {os.readlink(f"/proc/{init.pid}/ns/net"), mine}
+        assert read_netns(proc, 4242) in seen
+        # a fixture tree without self: init's alone
+        (root / "self").unlink()
+        assert loopback_netns(SysfsReader(root)) == {os.readlink(f"/proc/{init.pid}/ns/net")}
+    finally:
+        for p in (init, job):
+            if p is not None:
+                p.kill()
+                p.wait()
+        subprocess.run(["ip", "netns", "delete", ns], check=False)

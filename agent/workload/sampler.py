@@ -23,8 +23,11 @@ judges them against the PCI topology:
     archive every file it read): :class:`WorkloadSampler` refuses one.
 ``<pid>/ns/net``
     Which network namespace the process runs in, compared with the host init process's
-    (``1/ns/net``): a process in the host's can be reached on the host's loopback. Read
-    with the same privilege as environ; unreadable, it is unknown (no issue counted).
+    (``1/ns/net``) and the agent's own (``self/ns/net``): a process in either shares the
+    loopback the agent sees (the DaemonSet's agent runs in the host's; on a machine whose
+    shell is itself in a namespace of its own, a job started beside the agent shares the
+    agent's, not init's). Read with the same privilege as environ; unreadable, it is unknown
+    (no issue counted).
 
 Pod identity (namespace, pod, container and, under the static CPU manager, the container's
 ``cpu_ids`` from kubelet's pod-resources API) is not read here (``agent.kubernetes.attribution`` and
@@ -193,8 +196,9 @@ class WorkloadProcess:
     ``NSpid`` of its status; the host pid when it runs in the host's). ``launch_rank``: its
     rank in the whole job as its launcher set it (:data:`LAUNCH_RANK_VARIABLES`; None: none
     set, or environ unreadable). ``host_network``: whether it runs in the network namespace
-    of the host's init process (None: its ``ns/net`` link could not be read, which needs
-    the same privilege as its environ)."""
+    of the host's init process or of the agent itself, whose loopback the agent reaches
+    (None: its ``ns/net`` link could not be read, which needs the same privilege as its
+    environ)."""
 
     pid: int
     gpus: tuple[GpuPlacement, ...]
@@ -422,6 +426,14 @@ def read_netns(proc: SysfsReader, pid: int | str) -> str | None:
         return None
 
 
+def loopback_netns(proc: SysfsReader) -> frozenset[str]:
+    """The network namespaces whose loopback is the one the agent reaches: the host init
+    process's (``1/ns/net``; the DaemonSet's agent runs in the host's) and the agent's own
+    (``self/ns/net``: on a machine whose shells run in a namespace of their own, a job started
+    beside the agent shares the agent's, not init's). Unreadable links are left out."""
+    return frozenset(n for n in (read_netns(proc, 1), read_netns(proc, "self")) if n)
+
+
 def _peermem_from_sysfs(issues: Issues) -> tuple[bool, str | None]:
     sys = issues.reader
     live = [
@@ -576,7 +588,7 @@ class WorkloadSampler:
             )
             self._gpudirect_logged = (gpudirect.available,)
         pods = self._pod_map(issues) if gpus_by_pid else {}
-        host_netns = read_netns(self.proc, 1) if gpus_by_pid else None
+        host_netns = loopback_netns(self.proc) if gpus_by_pid else frozenset()
         processes = []
         for pid in sorted(gpus_by_pid):
             facts = read_process(self.proc, pid, issues)
@@ -676,7 +688,7 @@ def _judge(
     topo: Topology | None,
     pod: PodIdentity | None,
     *,
-    host_netns: str | None = None,
+    host_netns: frozenset[str] = frozenset(),
 ) -> WorkloadProcess:
     host = _host_cpus(pci)
     pinned = None if host is None else not host <= set(facts.allowed)
@@ -694,9 +706,7 @@ def _judge(
         pod=pod,
         ns_pid=facts.ns_pid,
         launch_rank=facts.rank,
-        host_network=(
-            None if facts.netns is None or host_netns is None else facts.netns == host_netns
-        ),
+        host_network=(None if facts.netns is None or not host_netns else facts.netns in host_netns),
     )
 
 
