@@ -810,9 +810,9 @@ def test_a_job_beside_the_agent_is_on_its_loopback_whatever_init_runs_in(tmp_pat
     namespace of its own, not init's: the job beside the agent is on the agent's loopback
     (its RAS service answered there), so the agent's own namespace counts as well as init's.
     Real processes: "init" sleeps in a fresh namespace, the job in the test's own."""
-    from agent.core.sysfs import SysfsReader
     import time
 
+    from agent.core.sysfs import SysfsReader
     from agent.workload.sampler import loopback_netns, read_netns
 
     ns = f"fs-wl-{os.getpid()}"
