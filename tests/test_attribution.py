@@ -23,7 +23,7 @@ from werkzeug import Request, Response
 from agent.core.errors import NoData
 from agent.core.runner import Runner, SamplerSpec
 from agent.core.sysfs import ReadIssue, SysfsReader
-from agent.infiniband.sampler import IbDevice, InfinibandSnapshot
+from agent.infiniband.records import IbDevice, InfinibandSnapshot
 from agent.kubernetes import podresources_pb2 as pb
 from agent.kubernetes import podresources_pb2_grpc as pb_grpc
 from agent.kubernetes.attribution import (

@@ -16,14 +16,8 @@ from promharness import promtool_check_metrics
 from agent.core.errors import NoData
 from agent.core.findings import Finding
 from agent.core.sysfs import ReadIssue, SysfsReader
-from agent.infiniband.sampler import (
-    IbPort,
-    InfinibandSampler,
-    InfinibandSnapshot,
-    PortCounter,
-    PortState,
-    findings,
-)
+from agent.infiniband.records import IbPort, InfinibandSnapshot, PortCounter, PortState
+from agent.infiniband.sampler import InfinibandSampler, findings
 from exporter.metrics import infiniband as ib_metrics
 from exporter.metrics.exposition import render_text
 from exporter.metrics.spec import Families

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent.infiniband.records import PortCounter, PortState
 from agent.infiniband.sampler import (
     NoPmaError,
-    PortCounter,
-    PortState,
     build_counters,
     data_unit_bytes,
     has_extended_pma,

@@ -30,7 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_topology_dgx import tree
 
 from agent.core.sysfs import SysfsReader
-from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
+from agent.infiniband.records import InfinibandSnapshot
+from agent.infiniband.sampler import InfinibandSampler
 from agent.node_findings import collect
 from agent.pci.sampler import PciSampler, PciSnapshot
 from agent.pci.topology import analyse
