@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-from ras_standin import RasStandIn
 
 from agent.config import RasEndpointFlag, RasSettings
 from agent.core.sysfs import SysfsReader
@@ -18,8 +17,9 @@ from agent.ras.parse import parse_status
 from agent.ras.sampler import RasInputs, RasQuerier, RasSampler, local_rank
 from agent.ras.targets import Endpoint, LocalProcess
 from agent.ras.track import JobTracker, NamedRank
+from tests.ras_standin import RasStandIn
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "ras"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ras"
 RECORDS = [json.loads(line) for line in (FIXTURES / "answers.jsonl").open()]
 JSON = [r for r in RECORDS if "-json-" in r["tag"] and r["bytes"]]
 #: the victim, as the recorder and job.log name it

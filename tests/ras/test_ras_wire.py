@@ -8,9 +8,9 @@ import socket
 import time
 
 import pytest
-from ras_standin import RasStandIn, job
 
 from agent.ras.wire import HANDSHAKE_SECONDS, QueryError, query
+from tests.ras_standin import RasStandIn, job
 
 ANSWER = job(4, 100)
 

@@ -1,16 +1,16 @@
 """RAS JSON answers (agent/ras/parse.py): the shape NCCL writes parses to records; anything
 out of shape is refused with a one-line reason, never a crash. The answers here are built in
 NCCL's layout with synthetic values (tests/ras_standin.py); recorded answers of a real job are
-replayed in tests/test_ras_recorded.py."""
+replayed in tests/ras/test_ras_recorded.py."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from ras_standin import communicator, missing_entry, rank_entry, status_json
 
 from agent.ras.parse import MalformedAnswer, error_kind, parse_status
+from tests.ras_standin import communicator, missing_entry, rank_entry, status_json
 
 
 def doc(data: bytes) -> dict[str, object]:

@@ -4,10 +4,9 @@ synthetic values (tests/ras_standin.py): each test is a sequence a real job goes
 
 from __future__ import annotations
 
-from ras_standin import communicator, job, missing_entry, rank_entry, status_json
-
 from agent.ras.parse import parse_status
 from agent.ras.track import JobStatus, JobTracker
+from tests.ras_standin import communicator, job, missing_entry, rank_entry, status_json
 
 
 def feed(tracker: JobTracker, answers: list[bytes], step: float = 30.0) -> list[JobStatus]:

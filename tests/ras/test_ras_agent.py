@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from agentrun import fabricscope
-from promharness import free_port
 
 from agent.config import DEFAULT_OFF, SAMPLER_NAMES
+from tests.agentrun import fabricscope
+from tests.promharness import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: (job name, behaviour, the reason its queries fail; None: answers)
 SERVERS = (
@@ -47,7 +46,7 @@ SERVERS = (
 STANDINS = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from ras_standin import RasStandIn, job
+from tests.ras_standin import RasStandIn, job
 servers = {}
 for name, behaviour in json.loads(sys.argv[2]):
     if behaviour == "malformed":
@@ -94,7 +93,7 @@ def value(body: str, name: str, job: str, **labels: str) -> float | None:
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Agent]:
     servers = subprocess.Popen(
-        [sys.executable, "-c", STANDINS, str(TESTS), json.dumps([s[:2] for s in SERVERS])],
+        [sys.executable, "-c", STANDINS, str(ROOT), json.dumps([s[:2] for s in SERVERS])],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
