@@ -16,7 +16,7 @@ from agent.ibpeer import sampler as ibpeer
 from agent.ibpeer.sampler import IbPeerSnapshot
 from agent.infiniband import capacity
 from agent.infiniband import sampler as infiniband
-from agent.infiniband.sampler import InfinibandSnapshot
+from agent.infiniband.records import InfinibandSnapshot
 from agent.nvml import findings as nvml_findings
 from agent.nvml.snapshot import NvmlSnapshot
 from agent.pci import topology

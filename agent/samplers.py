@@ -10,7 +10,8 @@ from agent.core.runner import SamplerSpec
 from agent.core.sampler import Sampler, Snapshot
 from agent.core.sysfs import SysfsReader
 from agent.ibpeer.sampler import IbPeerSampler, check_tools
-from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
+from agent.infiniband.records import InfinibandSnapshot
+from agent.infiniband.sampler import InfinibandSampler
 from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
 from agent.kubernetes.podwatch import PodIndex
 from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from agent.core.findings import KINDS
-from agent.infiniband.sampler import InfinibandSnapshot
+from agent.infiniband.records import InfinibandSnapshot
 from agent.node_findings import NodeFindings
 from agent.pci.sampler import PciDevice, format_cpulist
 from agent.pci.topology import ACS_STATE_TEXT, LEGEND, LinkCheck, NvlinkCounts, Topology

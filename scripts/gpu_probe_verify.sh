@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 
 SMI=$!
 
 step "GPU-marked tests (live NVML record/replay)"
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_nvml_record.py tests/test_nvml.py -rs 2>&1 | tail -3 || rc=1
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/nvml/test_nvml_record.py tests/nvml/test_nvml.py -rs 2>&1 | tail -3 || rc=1
 
 step "the probe's bounded wait for NCCL's own calls, NCCL's errors, abort and teardown"
 python3 scripts/gpu_probe_stuck.py 2>&1 | grep -v Warning || rc=1

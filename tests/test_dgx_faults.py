@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agentrun import fabricscope
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.core.sysfs import SysfsReader
@@ -18,6 +17,7 @@ from agent.infiniband import capacity
 from agent.infiniband import sampler as infiniband
 from agent.pci import topology
 from agent.pci.sampler import PciSampler
+from tests.agentrun import fabricscope
 
 EXPECTED_FINDINGS = {
     ("nic_cross_numa", "0000:5d:00.0"),  # 1: mlx5_5's numa_node rewritten to 1

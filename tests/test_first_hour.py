@@ -1,6 +1,6 @@
 """Issue 22, "the first hour of a new user": every row of its table, run as the user ran it
 (the real ``fabricscope`` command in a subprocess), checked for its exit status and its one
-line of output. The README walked in order on a fresh virtualenv is tests/test_readme_walk.py.
+line of output. The README walked in order on a fresh virtualenv is tests/docs/test_readme_walk.py.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from agentrun import fabricscope
-from promharness import write_test_pki
+
+from tests.agentrun import fabricscope
+from tests.promharness import write_test_pki
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
-from agentrun import fabricscope, normalise
-from promharness import promtool_check_metrics
+
+from tests.agentrun import fabricscope, normalise
+from tests.promharness import promtool_check_metrics
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

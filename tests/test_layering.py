@@ -1,4 +1,5 @@
-"""Import direction: agent/ knows nothing about Prometheus or the exporter; each source\nimports only the shared machinery and its declared joins; the probe's parts import downwards."""
+"""Import direction: agent/ knows nothing about Prometheus or the exporter; each source
+imports only the shared machinery and its declared joins; the probe's parts import downwards."""
 
 from __future__ import annotations
 
@@ -222,3 +223,78 @@ def test_the_layering_check_catches_imports_across_sources_and_floors() -> None:
         "exporter.http.server"
     ]
     assert offending_imports("agent.workload.sampler", {"agent.pci.topology"}) == []
+
+
+def module_graph(files: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
+    """Which of ``files``' modules each imports (anywhere in it, function-level included)."""
+    names = {
+        ".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): f
+        for f in files
+    }
+    graph: dict[str, set[str]] = {}
+    for name, f in names.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.add(node.module)
+                deps.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+        graph[name] = (deps & names.keys()) - {name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """Not even through a function-level import: the records two modules both need go in a
+    module both import (as agent/infiniband/records.py does for the sampler and the
+    link-capacity checks)."""
+    files = sorted((ROOT / "agent").rglob("*.py")) + sorted((ROOT / "exporter").rglob("*.py"))
+    assert import_cycles(module_graph(files)) == []
+
+
+def test_the_cycle_check_finds_a_circle_through_a_function_level_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "records.py").write_text("X = 1\n")
+    (pkg / "capacity.py").write_text("from pkg.sampler import Snapshot\n")
+    (pkg / "sampler.py").write_text(
+        "from pkg import records\nclass Snapshot: ...\n"
+        "def f() -> None:\n    from pkg.capacity import annotate\n"
+    )
+    graph = module_graph(sorted(pkg.glob("*.py")), tmp_path)
+    assert graph["pkg.sampler"] == {"pkg", "pkg.records", "pkg.capacity"}
+    assert import_cycles(graph) == [["pkg.capacity", "pkg.sampler"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []

@@ -25,15 +25,16 @@ from typing import Any
 
 import pytest
 import yaml
-from agentrun import fabricscope
 from prometheus_client.parser import text_string_to_metric_families
-from test_topology_dgx import tree
 
 from agent.core.sysfs import SysfsReader
-from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
+from agent.infiniband.records import InfinibandSnapshot
+from agent.infiniband.sampler import InfinibandSampler
 from agent.node_findings import collect
 from agent.pci.sampler import PciSampler, PciSnapshot
 from agent.pci.topology import analyse
+from tests.agentrun import fabricscope
+from tests.pci.test_topology_dgx import tree
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,9 +8,8 @@ import os
 import tarfile
 from pathlib import Path
 
-from agentrun import fabricscope, normalise
-
 from agent.snapshot import capture, extract
+from tests.agentrun import fabricscope, normalise
 
 
 def _once(*args: str) -> str:

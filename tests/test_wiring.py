@@ -9,7 +9,6 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from agentrun import fabricscope
 
 from agent.config import AgentConfig, ProbeSettings, Sampling
 from agent.core.isolation import ChildSpec, IsolatedSampler
@@ -27,6 +26,7 @@ from agent.probe.run.devices import UnionBusy
 from agent.samplers import DEPENDENT, Latest, build_specs
 from agent.workload.sampler import PodIdentity, pod_identities
 from exporter.app import AgentApp
+from tests.agentrun import fabricscope
 
 RECORDING = Path(__file__).resolve().parent / "fixtures" / "nvml" / "h200x2.recording.json"
 

@@ -9,7 +9,7 @@ a one-line reason. Input is bounded by the reader (:mod:`agent.ibpeer.tools`) an
 pattern here is linear, so a hostile tool output costs at most its size.
 
 Units are converted here: lane speeds (``"53.125 Gbps"``) to bytes/second, PMA data counters
-(4-byte words) to bytes through :class:`agent.infiniband.PortCounter`'s scale.
+(4-byte words) to bytes through :class:`agent.infiniband.records.PortCounter`'s scale.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from agent.infiniband.sampler import IB_DATA_UNIT_BYTES, PMA_WIDTHS, PortCounter
+from agent.infiniband.records import PortCounter
+from agent.infiniband.sampler import IB_DATA_UNIT_BYTES, PMA_WIDTHS
 
 #: longest field name libibmad prints ("McastPkeyTrapSuppressionEnabled", "Node Description")
 _FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9 ]{0,47}):\.*(.*)$")

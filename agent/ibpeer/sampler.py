@@ -45,13 +45,8 @@ from agent.ibpeer.parse import (
     parse_portinfo,
 )
 from agent.ibpeer.tools import ToolError, ToolTimeout, run_tool
-from agent.infiniband.sampler import (
-    CLASS_DIR,
-    PHYS_STATE_LINK_UP,
-    PortCounter,
-    parse_state,
-    parse_text,
-)
+from agent.infiniband.records import PHYS_STATE_LINK_UP, PortCounter
+from agent.infiniband.sampler import CLASS_DIR, parse_state, parse_text
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from typing import Literal
 
 from agent.config import ExpectedRate
 from agent.core.findings import Finding
-from agent.infiniband.sampler import IbDevice, IbPort, InfinibandSnapshot, LinkRate
+from agent.infiniband.records import IbDevice, IbPort, InfinibandSnapshot, LinkRate
 
 Comparison = Literal["expected", "peers", "history"]
 #: the comparisons, strongest claim first (what the alert names when several fire)

@@ -21,14 +21,23 @@ import errno
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import TypeVar
 
 from agent.config import ExpectedRate
 from agent.core.errors import NoData
 from agent.core.findings import Finding
-from agent.core.sysfs import Issues, ReadIssue, SysfsReader, UnsupportedValue, classify_os_error
+from agent.core.sysfs import Issues, SysfsReader, UnsupportedValue, classify_os_error
+from agent.infiniband.capacity import PeakRates, annotate
+from agent.infiniband.records import (
+    PORT_STATE_ACTIVE,
+    IbDevice,
+    IbPort,
+    InfinibandSnapshot,
+    LinkRate,
+    PortCounter,
+    PortState,
+)
 
 T = TypeVar("T")
 
@@ -49,8 +58,6 @@ PHYS_STATES = {
     6: "LinkErrorRecovery",
     7: "Phy Test",
 }
-PORT_STATE_ACTIVE = 4
-PHYS_STATE_LINK_UP = 5
 
 #: link widths ``ib_width_enum_to_int`` prints (drivers/infiniband/core/verbs.c)
 LINK_WIDTHS = (1, 2, 4, 8, 12)
@@ -142,137 +149,6 @@ _NO_NDEV_ERRNOS = (errno.EINVAL, errno.ENODATA)
 
 class NoPmaError(UnsupportedValue):
     """A PMA counter file says the device has no PMA (``N/A (no PMA)``, Linux < 4.20)."""
-
-
-# -- samples -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PortState:
-    """A parsed ``"4: ACTIVE"``: the number the kernel reports and the name beside it."""
-
-    number: int
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class PortCounter:
-    """One counter file of a port.
-
-    ``source`` is the directory it came from (``counters``, ``counters_ext``,
-    ``hw_counters``) and ``name`` the file name as the kernel spells it. ``raw`` is the number
-    in the file; ``scale`` the bytes per unit it counts in (4 or 8 for data counters, else 1),
-    so ``value`` is in base units. ``width`` is the PMA field width in bits when the kernel
-    defines one (``None`` for hw_counters and files fabricscope does not know).
-    """
-
-    source: str
-    name: str
-    raw: int
-    scale: int = 1
-    width: int | None = None
-
-    @property
-    def value(self) -> int:
-        """The counter in base units (bytes for data counters)."""
-        return self.raw * self.scale
-
-    @property
-    def saturated(self) -> bool | None:
-        """True when the counter sits exactly at the maximum of its width (it has stopped
-        counting); ``None`` when its width is unknown."""
-        if self.width is None:
-            return None
-        return self.raw == (1 << self.width) - 1
-
-
-@dataclass(frozen=True, slots=True)
-class LinkRate:
-    """A parsed ``rate`` file: ``"400 Gb/sec (4X NDR)"`` is 50e9 bytes/second over 4 lanes
-    of NDR. ``width`` and ``speed`` are ``None`` when the kernel printed none (or a value the
-    kernel does not define)."""
-
-    bytes_per_second: int
-    width: int | None = None
-    speed: str | None = None
-
-    def describe(self) -> str:
-        """``"400 Gb/s (4X NDR)"``, as people read it."""
-        gbps = Decimal(self.bytes_per_second) / 125_000_000
-        lanes = f"{self.width}X" if self.width is not None else ""
-        detail = " ".join(x for x in (lanes, self.speed or "") if x)
-        return f"{gbps.normalize():f} Gb/s" + (f" ({detail})" if detail else "")
-
-
-@dataclass(frozen=True, slots=True)
-class IbPort:
-    """One port of an RDMA device. ``None`` means absent or unreadable, never 0."""
-
-    device: str
-    port: int
-    state: PortState | None
-    phys_state: PortState | None
-    rate_bytes_per_second: int | None
-    link_layer: str | None
-    lid: int | None
-    sm_lid: int | None
-    #: netdevs of this port, the primary one first (``gid_attrs/ndevs/0``, else the PCI
-    #: device's ``net/*`` entries whose ``dev_port`` matches); empty when none
-    netdevs: tuple[str, ...]
-    counters: tuple[PortCounter, ...]
-    #: ``hw_counters/lifespan``: how long the driver caches hw_counters reads, in seconds
-    hw_counters_lifespan_seconds: float | None
-    #: active link width in lanes and lane speed name, parsed from ``rate`` (``4X NDR``)
-    width: int | None = None
-    speed: str | None = None
-    #: the fastest rate the sampler saw this port run at while ACTIVE (since it started;
-    #: see :mod:`agent.infiniband.capacity`); ``None`` for a read without history
-    peak: LinkRate | None = None
-    #: the rate ``--infiniband.expected-rate`` says this port should run at, if any
-    expected_rate_bytes_per_second: int | None = None
-
-    @property
-    def link_rate(self) -> LinkRate | None:
-        if self.rate_bytes_per_second is None:
-            return None
-        return LinkRate(self.rate_bytes_per_second, self.width, self.speed)
-
-    @property
-    def up(self) -> bool | None:
-        """State ACTIVE and physical state LinkUp; ``None`` when either is unknown."""
-        if self.state is None or self.phys_state is None:
-            return None
-        return (
-            self.state.number == PORT_STATE_ACTIVE and self.phys_state.number == PHYS_STATE_LINK_UP
-        )
-
-    @property
-    def netdev(self) -> str | None:
-        return self.netdevs[0] if self.netdevs else None
-
-
-@dataclass(frozen=True, slots=True)
-class IbDevice:
-    """One RDMA device (``/sys/class/infiniband/<name>``)."""
-
-    name: str
-    fw_ver: str | None
-    board_id: str | None
-    hca_type: str | None
-    node_guid: str | None
-    #: node type name (``CA``, ``switch``, ``router``, ``RNIC``)
-    node_type: str | None
-    pci_bus_id: str | None
-    numa_node: int | None
-    #: kernel driver bound to the parent device (``mlx5_core``, ``hfi1``), when linked
-    driver: str | None
-    ports: tuple[IbPort, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class InfinibandSnapshot:
-    devices: tuple[IbDevice, ...] = ()
-    issues: tuple[ReadIssue, ...] = ()
 
 
 # -- pure parsers ----------------------------------------------------------------------
@@ -677,15 +553,11 @@ class InfinibandSampler:
     name = "infiniband"
 
     def __init__(self, sys: SysfsReader, expected_rates: Sequence[ExpectedRate] = ()) -> None:
-        from agent.infiniband.capacity import PeakRates
-
         self.sys = sys
         self.expected_rates = tuple(expected_rates)
         self._peaks = PeakRates()
 
     def sample(self) -> InfinibandSnapshot:
-        from agent.infiniband.capacity import annotate
-
         snap = read_infiniband(self.sys)
         return annotate(snap, self._peaks.update(snap), self.expected_rates)
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from agent.core.errors import NoData
 from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
-from agent.infiniband.sampler import InfinibandSnapshot
+from agent.infiniband.records import InfinibandSnapshot
 from agent.kubernetes.cgroup import PodContainer, pod_container
 from agent.kubernetes.podresources import (
     DEFAULT_SOCKET,

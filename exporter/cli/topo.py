@@ -12,7 +12,8 @@ from agent import topo_report
 from agent.core.runner import Runner, SamplerSpec
 from agent.core.sampler import Sampler
 from agent.core.sysfs import SysfsReader
-from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
+from agent.infiniband.records import InfinibandSnapshot
+from agent.infiniband.sampler import InfinibandSampler
 from agent.node_findings import collect
 from agent.nvml.sampler import NvmlSampler, isolated_sampler
 from agent.nvml.snapshot import NvmlSnapshot

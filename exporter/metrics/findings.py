@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from agent.core.runner import SamplerStatus
 from agent.ibpeer.sampler import IbPeerSnapshot
-from agent.infiniband.sampler import InfinibandSnapshot
+from agent.infiniband.records import InfinibandSnapshot
 from agent.node_findings import collect
 from agent.nvml.snapshot import NvmlSnapshot
 from agent.pci.sampler import PciSnapshot

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from agent.ibpeer.parse import PortInfo
 from agent.ibpeer.sampler import IbPeerSnapshot, PeerPort
-from agent.infiniband.sampler import PortCounter
+from agent.infiniband.records import PortCounter
 from exporter.metrics import infiniband
 from exporter.metrics.spec import Families, MetricSpec
 

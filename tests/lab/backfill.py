@@ -33,8 +33,9 @@ from tests.promharness import start_prometheus as _start_prometheus
 log = logging.getLogger(__name__)
 
 JOB = "fabricscope"
-#: the run the CI tests share (tests/test_dashboards.py, tests/test_explain_lab.py): 45
-#: minutes at one-minute steps, the cause from minute 18 on; built once per session
+#: the run the CI tests share (tests/deploy/test_dashboards.py,
+#: tests/explain/test_explain_lab.py): 45 minutes at one-minute steps, the cause from minute
+#: 18 on; built once per session
 TEST_HOURS = 0.75
 TEST_STEP = 60.0
 

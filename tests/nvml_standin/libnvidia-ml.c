@@ -1,5 +1,5 @@
 /*
- * A stand-in libnvidia-ml.so.1 for tests/test_nvml_isolation.py: one GPU that answers the
+ * A stand-in libnvidia-ml.so.1 for tests/nvml/test_nvml_isolation.py: one GPU that answers the
  * few calls below, and misbehaves on command. pynvml loads it exactly as it loads the real
  * library (CDLL("libnvidia-ml.so.1"), found through LD_LIBRARY_PATH) and resolves each
  * function by name when first called: a function missing here answers

@@ -1,0 +1,1 @@
+"""Tests of exporter/cli/ (the command line)."""

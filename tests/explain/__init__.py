@@ -1,0 +1,1 @@
+"""Tests of exporter/explain/ (`fabricscope explain`)."""

@@ -1,0 +1,1 @@
+"""Tests of agent/ibpeer/ (the far end of each InfiniBand cable)."""

@@ -1,0 +1,1 @@
+"""Tests of agent/infiniband/ (the InfiniBand sampler and link capacity)."""

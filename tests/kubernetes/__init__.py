@@ -1,0 +1,1 @@
+"""Tests of agent/kubernetes/ (pod attribution, cgroups, pod-resources)."""

@@ -1,0 +1,1 @@
+"""Tests of exporter/metrics/ (the catalog and docs/metrics.md)."""

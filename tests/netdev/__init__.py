@@ -1,0 +1,1 @@
+"""Tests of agent/netdev/ and its renderer."""

@@ -1,0 +1,1 @@
+"""Tests of agent/nvml/ (the NVML sampler, its recordings and its isolation)."""

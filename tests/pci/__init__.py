@@ -1,0 +1,1 @@
+"""Tests of agent/pci/ (PCIe links, ACS, the GPU/NIC topology) and its renderer."""

@@ -1,0 +1,1 @@
+"""Tests of agent/probe/ (the NCCL probe) and `fabricscope probe`."""

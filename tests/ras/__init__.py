@@ -1,0 +1,1 @@
+"""Tests of agent/ras/ (the NCCL RAS client: hang detection)."""

@@ -1,0 +1,1 @@
+"""Tests of agent/throughput/ (training throughput and NCCL's lines from logs)."""

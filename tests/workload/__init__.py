@@ -1,0 +1,1 @@
+"""Tests of agent/workload/ (process placement and NCCL settings)."""
