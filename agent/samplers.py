@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -168,12 +169,14 @@ def build_samplers(
         def numa() -> tuple[tuple[str, int], ...] | None:
             return numa_nodes(pci_snap(), ib_snap())
 
+        started = time.time()  # lines written before the agent started are not counted
         if config.throughput.isolate and not once:  # parsed in a child: never stalls a scrape
             out.append(
                 isolated_throughput(
                     config.throughput,
                     config.sampling.timeout_seconds,
                     lambda: ThroughputInputs(gpu_pods(pods()), index(), numa()),
+                    count_from=started,
                 )
             )
         else:  # --once (one pass, nothing served), or --no-throughput.isolate
@@ -184,6 +187,7 @@ def build_samplers(
                     pod_index=index,
                     numa=numa,
                     once=once,
+                    count_from=started,
                 )
             )
     if config.probe.enabled and run_probes:

@@ -29,6 +29,19 @@ their offset). In the agent all of this runs in a supervised child process
 (:func:`isolated_sampler`): a pass that still hangs costs that pass, counted as the
 throughput sampler's ``hung``, never a scrape.
 
+Counters (lines parsed, NCCL lines, warnings, IB errors, inits, aborts) count each line
+once, across restarts:
+
+- an agent (re)started mid-job reads a log's latest values from the window before its end,
+  but counts only lines written after it started (``count_from``: the CRI timestamp; a plain
+  file met in the first pass counts from where that pass stopped reading). A counter that
+  starts again from 0 is a reset Prometheus understands; one that jumped by the warnings of
+  the last MiB would read as a burst of new ones;
+- a supervised child that replaces one that died carries on from the last pass the agent
+  exported (``resumable``: each snapshot holds, per stream, where its tail stopped and its
+  counts, :class:`ThroughputResume`, which the agent hands to the next child): nothing read
+  twice, nothing skipped.
+
 The same lines feed :mod:`agent.throughput.nccl`: NCCL's own lines (a job run with
 ``NCCL_DEBUG=INFO`` or ``WARN``) give, per stream, the transports and HCAs its channels use
 (reset when the container restarts: a new log is a new run), its NCCL warnings by kind and
@@ -41,6 +54,7 @@ import glob
 import json
 import logging
 import os
+import pickle
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -60,7 +74,14 @@ from agent.throughput.formats import (
     parse_window,
 )
 from agent.throughput.linear import Pattern
-from agent.throughput.nccl import WARNING_KINDS, NcclRun, parse_nccl_line
+from agent.throughput.nccl import (
+    NODE_HCAS,
+    NODE_IB_ERROR_PAIRS,
+    WARNING_KINDS,
+    Admission,
+    NcclRun,
+    parse_nccl_line,
+)
 from agent.throughput.pods import (
     current_log,
     newest_rotated,
@@ -74,6 +95,7 @@ from agent.throughput.tail import (
     WHOLE_FILE,
     FileTail,
     Limits,
+    TailResume,
     read_gzip_tail,
 )
 
@@ -166,6 +188,26 @@ class NcclSeries:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamResume:
+    """One stream as a replacing child takes it over: where its tail stopped (None: never
+    opened) and its values and counts (a pickle: only numbers and bounded names)."""
+
+    key: str
+    tail: TailResume | None
+    state: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputResume:
+    """What a child replacing this one needs not to count a line twice (see the module
+    docstring): every stream, the gzip'd files already read whole, the error counts."""
+
+    streams: tuple[StreamResume, ...] = ()
+    gz_done: tuple[str, ...] = ()
+    counts: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ThroughputSnapshot:
     """One pass: series sorted by labels; ``sources`` logs tailed; errors since start;
     ``nccl``: per stream that printed NCCL lines, what they said."""
@@ -178,6 +220,8 @@ class ThroughputSnapshot:
     #: bytes known to have been written to a log and never read (see agent.throughput.tail)
     unread_bytes_total: int = 0
     nccl: tuple[NcclSeries, ...] = ()
+    #: for a supervised child's replacement (None: not kept, in process); not compared
+    resume: ThroughputResume | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +258,35 @@ class _Stream:
     parsed_this_poll: bool = False
     line_ts: float | None = None
     nccl: NcclRun = field(default_factory=NcclRun)
+    #: lines written before this wall time (CRI timestamp) are history: not counted
+    count_from: float | None = None
+    #: every line read now is history (a plain file met in the agent's first pass)
+    history: bool = False
+    #: fed a line since its resume state was last taken
+    dirty: bool = True
+
+    def state(self) -> bytes:
+        """Values and counts for :class:`StreamResume`."""
+        nccl = self.nccl if self.nccl.heard else None
+        return pickle.dumps(
+            (self.values, dict(self.parsed), self.last_ts, self.line_ts, nccl),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+
+    def restore(self, state: bytes, ib: Admission, hca: Admission) -> None:
+        values, parsed, last_ts, line_ts, nccl = pickle.loads(state)
+        self.values = values
+        self.parsed = Counter(parsed)
+        self.last_ts = last_ts
+        self.line_ts = line_ts
+        if isinstance(nccl, NcclRun):
+            nccl.attach(ib, hca)
+            self.nccl = nccl
+
+    def _is_history(self, ts: float | None) -> bool:
+        if self.history:
+            return True
+        return self.count_from is not None and ts is not None and ts < self.count_from
 
     def on_head_line(self, text: str, ts: float | None) -> None:
         """A line of the log's beginning, read once when the agent meets a log already past
@@ -223,12 +296,15 @@ class _Stream:
         taken from it (stale)."""
         n = parse_nccl_line(text)
         if n is not None:
+            self.dirty = True
             self.nccl.feed(n, ts, history=True)
 
     def on_line(self, text: str, ts: float | None) -> None:
+        self.dirty = True
+        history = self._is_history(ts)
         n = parse_nccl_line(text)
         if n is not None:  # NCCL's own line: it states no throughput
-            self.nccl.feed(n, ts)
+            self.nccl.feed(n, ts, history=history)
             return
         r = parse_line(text, self.custom)
         if r is None:
@@ -238,7 +314,7 @@ class _Stream:
         slot = self.values.setdefault(r.format, {})
         for name, v in r.values():
             slot[name] = v
-        self.parsed[r.format] += 1
+        self.parsed[r.format] += 0 if history else 1
         self.parsed_this_poll = True
         if ts is not None:
             self.line_ts = ts
@@ -282,10 +358,23 @@ class ThroughputSampler:
         pass_seconds: float | None = None,
         cpu_clock: Callable[[], float] = time.thread_time,
         monotonic: Callable[[], float] = time.monotonic,
+        count_from: float | None = None,
+        resumable: bool = False,
     ) -> None:
         """``pass_seconds``: after this long a pass starts no more streams (None: no bound,
-        for ``--once``); ``cpu_clock`` measures each stream's CPU time in a pass."""
+        for ``--once``); ``cpu_clock`` measures each stream's CPU time in a pass.
+        ``count_from``: the agent's start (wall time): lines written before it are not
+        counted (None: every line read counts, as ``--once`` wants). ``resumable``: each
+        snapshot carries its :class:`ThroughputResume` (a supervised child's)."""
         self._settings = settings
+        self._once = once
+        self._count_from = None if once else count_from
+        self._resumable = resumable
+        self._resume: dict[str, StreamResume] = {}
+        self._resumed = False
+        self._resume_cache: dict[str, StreamResume] = {}
+        self._ib_admission = Admission(NODE_IB_ERROR_PAIRS)
+        self._hca_admission = Admission(NODE_HCAS)
         self._pass_seconds = pass_seconds
         self._cpu = cpu_clock
         self._mono = monotonic
@@ -315,6 +404,53 @@ class ThroughputSampler:
         self._pod_index = lambda: value.index
         self._numa = lambda: value.numa
 
+    def accept_resume(self, value: object) -> None:
+        """Carry on from the child this one replaces (its last exported pass), in the child
+        process before its first pass."""
+        if not isinstance(value, ThroughputResume):
+            raise TypeError(f"expected ThroughputResume, got {type(value).__name__}")
+        self._resume = {r.key: r for r in value.streams}
+        self._gz_done.update(value.gz_done)
+        self._counts.update(dict(value.counts))
+        self._resumed = True
+
+    def _new_stream(self, key: str, labels: Labels, cri: bool) -> _Stream:
+        """A stream met for the first time, or taken over from the child this one replaces."""
+        st = _Stream(
+            labels,
+            cri=cri,
+            counts=self._counts,
+            nccl=NcclRun(self._ib_admission, self._hca_admission),
+            count_from=self._count_from,
+            # a plain file already written when the agent started: its window is history
+            history=not cri
+            and self._count_from is not None
+            and not (self._started or self._resumed),
+        )
+        resume = self._resume.pop(key, None)
+        if resume is not None:
+            st.history = False
+            st.restore(resume.state, self._ib_admission, self._hca_admission)
+            if resume.tail is not None:
+                st.tail = FileTail(
+                    resume.tail.path,
+                    st.on_line,
+                    self._counts,
+                    cri=cri,
+                    limits=self._limits,
+                    root=self._settings.pod_logs if cri else None,
+                    head_sink=st.on_head_line,
+                    resume=resume.tail,
+                )
+        self._streams[key] = st
+        return st
+
+    def _drop_stream(self, key: str) -> _Stream:
+        stream = self._streams.pop(key)
+        stream.nccl.release()
+        self._resume_cache.pop(key, None)
+        return stream
+
     # -- the pass --------------------------------------------------------------------------
 
     def sample(self) -> ThroughputSnapshot:
@@ -342,9 +478,8 @@ class ThroughputSampler:
         return self._snapshot(issues)
 
     def _read_gz_once(self, path: str, labels: Labels, issues: list[ReadIssue]) -> None:
-        stream = self._streams.setdefault(
-            "gz:" + path, _Stream(labels, cri=False, counts=self._counts)
-        )
+        key = "gz:" + path
+        stream = self._streams.get(key) or self._new_stream(key, labels, cri=False)
         if path in self._gz_done:
             return
         problem = read_gzip_tail(path, stream.on_line, self._counts, cri=False, limits=self._limits)
@@ -400,8 +535,10 @@ class ThroughputSampler:
                 labels: Labels = (pd.namespace, pd.pod, c, job)
                 stream = self._streams.get(key)
                 if stream is None:
-                    stream = self._streams[key] = _Stream(labels, cri=True, counts=self._counts)
-                    self._seed_from_rotated(stream, cdir, names, current, issues)
+                    resumed = key in self._resume
+                    stream = self._new_stream(key, labels, cri=True)
+                    if not resumed:
+                        self._seed_from_rotated(stream, cdir, names, current, issues)
                 self._set_custom(stream, regex, f"{pd.namespace}/{pd.pod}", issues)
                 # a log met for the first time starts initial_bytes before its end, which is
                 # its start for a pod that began after the agent did
@@ -473,7 +610,7 @@ class ThroughputSampler:
         started = self._mono()
         for key in [k for k in self._streams if not k.startswith("gz:")]:
             if key not in wanted:
-                stream = self._streams.pop(key)
+                stream = self._drop_stream(key)
                 if stream.tail is not None:
                     stream.tail.poll(self._budget_stop())  # what was written before it went
                     if not os.path.exists(stream.tail.path):
@@ -505,7 +642,7 @@ class ThroughputSampler:
         path, labels, cri, new = want
         st = self._streams.get(key)
         if st is None:
-            st = self._streams[key] = _Stream(labels, cri=cri, counts=self._counts)
+            st = self._new_stream(key, labels, cri)
         st.labels = labels
         fresh = new
         root = self._settings.pod_logs if cri else None
@@ -528,6 +665,7 @@ class ThroughputSampler:
                 head_sink=st.on_head_line,
             )
         problem = st.tail.poll(stop)
+        st.history = False  # the first pass's window is read: what comes next counts
         if stop():
             self._counts["cpu_budget"] += 1
         if problem is not None:
@@ -592,11 +730,34 @@ class ThroughputSampler:
             issues=tuple(issues),
             unread_bytes_total=self._counts.get(UNREAD_BYTES, 0),
             nccl=nccl_series(self._streams.values(), self._numa()),
+            resume=self._resume_state() if self._resumable else None,
+        )
+
+    def _resume_state(self) -> ThroughputResume:
+        out = []
+        for key, st in self._streams.items():
+            tail = st.tail.resume_state() if st.tail is not None else None
+            cached = self._resume_cache.get(key)
+            if cached is None or st.dirty or cached.tail != tail:
+                if cached is None or st.dirty:
+                    state = st.state()
+                    st.dirty = False
+                else:
+                    state = cached.state
+                if tail is None and cached is not None:
+                    tail = cached.tail  # a dropped tail: where it stopped still holds
+                cached = self._resume_cache[key] = StreamResume(key, tail, state)
+            out.append(cached)
+        return ThroughputResume(
+            streams=tuple(out),
+            gz_done=tuple(sorted(self._gz_done)),
+            counts=tuple(sorted(self._counts.items())),
         )
 
     def close(self) -> None:
         for stream in self._streams.values():
             stream.close()
+            stream.nccl.release()
         self._streams.clear()
 
 
@@ -708,10 +869,19 @@ def settings_from_json(text: str) -> ThroughputSettings:
     )
 
 
-def child_sampler(*, settings: str, pass_seconds: float) -> ThroughputSampler:
+def child_sampler(
+    *, settings: str, pass_seconds: float, count_from: float | None = None
+) -> ThroughputSampler:
     """The sampler as the agent's child process builds it (:mod:`agent.core.isolation`); its
-    inputs arrive with each pass that changes them (:class:`ThroughputInputs`)."""
-    return ThroughputSampler(settings_from_json(settings), pass_seconds=pass_seconds)
+    inputs arrive with each pass that changes them (:class:`ThroughputInputs`), and the
+    state of the child it replaces, if any, before its first pass
+    (:class:`ThroughputResume`)."""
+    return ThroughputSampler(
+        settings_from_json(settings),
+        pass_seconds=pass_seconds,
+        count_from=count_from,
+        resumable=True,
+    )
 
 
 def nothing_to_read(settings: ThroughputSettings) -> None:
@@ -721,21 +891,34 @@ def nothing_to_read(settings: ThroughputSettings) -> None:
         raise NoData(f"no --throughput.file given and no pod log directory at {settings.pod_logs}")
 
 
+def _resume_of(snapshot: object) -> ThroughputResume | None:
+    return snapshot.resume if isinstance(snapshot, ThroughputSnapshot) else None
+
+
 def isolated_sampler(
     settings: ThroughputSettings,
     timeout_seconds: float,
     inputs: Callable[[], ThroughputInputs],
+    *,
+    count_from: float | None = None,
 ) -> IsolatedSampler:
     """The throughput sampler in a supervised child process: a pass is given
     ``timeout_seconds`` before its child is killed (``hung``); the child stops starting
-    streams after half of it, so a slow pass ends with the streams it reached."""
+    streams after half of it, so a slow pass ends with the streams it reached. A child that
+    replaces one carries on from the last snapshot's :class:`ThroughputResume`.
+    ``count_from``: the agent's start (see :class:`ThroughputSampler`)."""
     return IsolatedSampler(
         "throughput",
         ChildSpec(
             "agent.throughput.sampler:child_sampler",
-            {"settings": settings_json(settings), "pass_seconds": timeout_seconds / 2},
+            {
+                "settings": settings_json(settings),
+                "pass_seconds": timeout_seconds / 2,
+                "count_from": count_from,
+            },
         ),
         timeout_seconds=timeout_seconds,
         inputs=inputs,
         precheck=lambda: nothing_to_read(settings),
+        resume=_resume_of,
     )

@@ -31,6 +31,11 @@ A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory
   the middle of other lines;
 - ``close()`` keeps the offset: a tail closed to bound the open files reopens at the same
   position when the path still names the same file with the same bytes before the offset;
+- :meth:`FileTail.resume_state` is where the next unread line starts (the read offset less
+  a partial line still buffered), the file's identity and a digest of the bytes before that
+  point (never the bytes: no log text leaves the tail): a tail built from it in another
+  process (a supervised child replacing one that died) carries on at that line, or, if the
+  file was rotated or truncated meanwhile, follows it as above;
 - bytes known to exist that were never read (a truncation that cut unread bytes, a stream
   dropped with bytes left) are counted in ``unread_bytes``; a ``stop`` callable lets a pass
   leave a file between two chunks (its CPU budget spent): the rest waits, nothing is lost.
@@ -48,6 +53,7 @@ from __future__ import annotations
 import errno
 import functools
 import gzip
+import hashlib
 import os
 import stat
 import struct
@@ -108,6 +114,27 @@ class Limits:
 WHOLE_FILE = Limits(max_bytes_per_pass=None, initial_bytes=None)
 
 
+@dataclass(frozen=True, slots=True)
+class TailResume:
+    """Where a tail stopped, for a tail in another process to carry on (see the module
+    docstring): ``offset`` is where the next unread line starts; ``mark`` a digest of the
+    ``mark_len`` bytes before it; ``skip``: the offset is inside an over-long line (its rest
+    is skipped)."""
+
+    path: str
+    dev: int
+    ino: int
+    offset: int
+    size: int
+    mark: bytes
+    mark_len: int
+    skip: bool = False
+
+
+def mark_digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
 def parse_cri_timestamp(raw: bytes) -> float | None:
     """Seconds since the epoch of a CRI log timestamp (``2024-04-06T02:55:45.123456789Z``
     or with a ``+hh:mm`` offset); None when it is not one (a longer field than any RFC 3339
@@ -157,6 +184,7 @@ class LineSplitter:
         "_counts",
         "_cri",
         "_cri_buf",
+        "_cri_raw",
         "_cri_skip",
         "_limits",
         "_sink",
@@ -171,6 +199,7 @@ class LineSplitter:
         self._buf = bytearray()
         self._skip = False  # inside an over-long raw line: drop bytes until its newline
         self._cri_buf = bytearray()
+        self._cri_raw = 0  # raw bytes (with newlines) of the P pieces in _cri_buf
         self._cri_skip = False  # inside an over-long CRI message: drop pieces until F
 
     def reset(self) -> None:
@@ -178,7 +207,21 @@ class LineSplitter:
         self._buf.clear()
         self._skip = False
         self._cri_buf.clear()
+        self._cri_raw = 0
         self._cri_skip = False
+
+    @property
+    def skipping(self) -> bool:
+        """Inside an over-long raw line: bytes up to its newline are dropped."""
+        return self._skip
+
+    def pending_bytes(self) -> int:
+        """Bytes fed that belong to a line not handed on yet (a partial line, the pieces of
+        a CRI message waiting for its F piece): a reader resuming elsewhere starts that many
+        bytes before the end of what was fed."""
+        if self._skip:
+            return 0
+        return len(self._buf) + (0 if self._cri_skip else self._cri_raw)
 
     def skip_to_next_line(self) -> None:
         """Start mid-file: the bytes up to the next newline are the tail of a line not read."""
@@ -231,14 +274,17 @@ class LineSplitter:
             if len(self._cri_buf) + len(msg) > self._limits.max_line_bytes:
                 self._counts["line_too_long"] += 1
                 self._cri_buf.clear()
+                self._cri_raw = 0
                 self._cri_skip = True
                 return
             self._cri_buf += msg
+            self._cri_raw += len(raw) + 1
             return
         if self._cri_skip:  # the F piece ends the over-long message
             self._cri_skip = False
             return
         if self._cri_buf:
+            self._cri_raw = 0
             if len(self._cri_buf) + len(msg) > self._limits.max_line_bytes:
                 self._counts["line_too_long"] += 1
                 self._cri_buf.clear()
@@ -334,11 +380,14 @@ class FileTail:
         new_file: bool = False,
         root: str | None = None,
         head_sink: LineSink | None = None,
+        resume: TailResume | None = None,
     ) -> None:
         """``new_file``: the file appeared after tailing began (a restarted container's
         next log): read it from its start rather than from ``initial_bytes`` before its end.
         ``root``: the directory the file must stay in (see the module docstring).
-        ``head_sink``: where the lines of a skipped beginning go (see :meth:`_read_head`)."""
+        ``head_sink``: where the lines of a skipped beginning go (see :meth:`_read_head`).
+        ``resume``: carry on where another tail of this path stopped (its
+        :meth:`resume_state`)."""
         self.path = path
         self._counts = counts
         self._limits = limits
@@ -351,10 +400,22 @@ class FileTail:
         self._offset = 0
         self._size = 0  # the size last seen: bytes up to it are known to exist
         self._mark = b""  # the bytes just before the offset
+        #: a resumed tail's digest of the bytes before the offset, until it reads on
+        self._mark_digest: tuple[bytes, int] | None = None
         self._opened_before = new_file
+        self._checkpoint: TailResume | None = None
         self.last_read_mtime: float | None = None
         #: bytes read by the latest poll
         self.last_poll_bytes = 0
+        if resume is not None:
+            self._ident = (resume.dev, resume.ino)
+            self._offset = resume.offset
+            self._size = resume.size
+            self._mark_digest = (resume.mark, resume.mark_len) if resume.mark_len else None
+            self._opened_before = True
+            if resume.skip:
+                self._split.skip_to_next_line()
+            self._checkpoint = resume
 
     @property
     def is_open(self) -> bool:
@@ -411,6 +472,12 @@ class FileTail:
 
     def _mark_matches(self, fd: int) -> bool:
         """The bytes before the offset are still the ones read there."""
+        if self._mark_digest is not None:
+            digest, n = self._mark_digest
+            try:
+                return mark_digest(os.pread(fd, n, self._offset - n)) == digest
+            except OSError:
+                return False
         if not self._mark:
             return True
         try:
@@ -438,6 +505,7 @@ class FileTail:
                 self._counts["rotated"] += 1
                 self._finish_renamed()
             self._mark = b""
+            self._mark_digest = None
         self._fd = fd
         self._ident = (st.st_dev, st.st_ino)
         initial = self._limits.initial_bytes
@@ -476,6 +544,43 @@ class FileTail:
     def poll(self, stop: Callable[[], bool] | None = None) -> tuple[str, str] | None:
         """Read what is new (see the class docstring). ``stop`` is asked between two
         chunks: True leaves the rest of the file for the next poll."""
+        problem = self._poll(stop)
+        if self._fd is not None and (self.last_poll_bytes or self._checkpoint is None):
+            self._checkpoint = self._resume_point(self._fd)
+        return problem
+
+    def resume_state(self) -> TailResume | None:
+        """Where the latest poll left this file (None: never opened); see the module
+        docstring."""
+        return self._checkpoint
+
+    def _resume_point(self, fd: int) -> TailResume | None:
+        pending = self._split.pending_bytes()
+        at = self._offset - pending
+        if at < 0:
+            return None
+        if pending == 0 and self._mark_digest is not None:
+            digest, n = self._mark_digest
+        else:
+            before = self._mark if pending == 0 else b""
+            if pending and at > 0:
+                try:
+                    before = os.pread(fd, min(MARK_BYTES, at), at - min(MARK_BYTES, at))
+                except OSError:
+                    return None
+            digest, n = mark_digest(before), len(before)
+        return TailResume(
+            self.path,
+            self._ident[0],
+            self._ident[1],
+            at,
+            self._size,
+            digest if n else b"",
+            n,
+            self._split.skipping,
+        )
+
+    def _poll(self, stop: Callable[[], bool] | None) -> tuple[str, str] | None:
         budget = self._limits.max_bytes_per_pass
         self.last_poll_bytes = 0
         if self._fd is None:
@@ -493,6 +598,7 @@ class FileTail:
                     self._split.reset()
                     self._offset = 0
                     self._mark = b""
+                    self._mark_digest = None
                     os.lseek(self._fd, 0, os.SEEK_SET)
                 self._size = size
                 read, at_eof = self._read(budget, stop)
@@ -518,6 +624,7 @@ class FileTail:
             self._counts["rotated"] += 1
             self.close()
             self._offset, self._size, self._mark = 0, 0, b""  # the old file is done
+            self._mark_digest = None
             problem = self._open(from_start=True)
             if problem is not None:
                 return problem
@@ -540,6 +647,7 @@ class FileTail:
             self._offset += len(data)
             self._size = max(self._size, self._offset)
             self._mark = (self._mark + data[-MARK_BYTES:])[-MARK_BYTES:]
+            self._mark_digest = None
             self._split.feed(data)
         if total:
             self.last_read_mtime = os.fstat(self._fd).st_mtime
