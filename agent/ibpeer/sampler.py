@@ -18,6 +18,13 @@ one :class:`~agent.core.sysfs.ReadIssue`; other ports carry on. A tool that does
 ``tool_timeout`` (the MAD layer stopped answering) is killed with its process group and
 fails the whole pass with reason ``timeout``: the runner counts it, the scrape never waits.
 
+Bounded series: the tools' output is untrusted (a wrapper in ``--ibpeer.command-prefix``, a
+MAD answer from another node's PMA). perfquery fields of no known counter are exported
+under their own names, at most :data:`~agent.ibpeer.parse.MAX_UNKNOWN_FIELDS` per answer and
+:data:`NODE_UNKNOWN_FIELDS` per node; the rest are left out and counted per port
+(``fields_dropped_total``). Every other label value is a bounded identifier (a GUID, a port
+number, a node type) or the node description, cleaned and cut to 64 characters.
+
 The sampler remembers each port's neighbour between passes: a different (GUID, port) is a
 moved cable, counted and held as ``changed_from`` for :data:`CHANGE_HOLD_SECONDS`.
 """
@@ -29,12 +36,13 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agent.core.errors import ConfigError, NoData, SamplerFailure
 from agent.core.findings import Finding
 from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
 from agent.ibpeer.parse import (
+    PERFQUERY_NAMES,
     NodeInfo,
     PerfCounters,
     PortInfo,
@@ -61,6 +69,9 @@ CHANGE_HOLD_SECONDS = 3600.0
 #: answers an SMP or PMA query in well under a millisecond: this only bounds a dead peer.
 MAD_TIMEOUT_MS = 250
 TOOLS = ("smpquery", "perfquery")
+#: perfquery fields of no known counter exported per node (over all ports, first ports first)
+NODE_UNKNOWN_FIELDS = 256
+_KNOWN_COUNTERS = frozenset(PERFQUERY_NAMES.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +101,10 @@ class PeerPort:
     peer_counters: tuple[PortCounter, ...]
     changed_from: PeerId | None = None
     changes_total: int = 0
+    #: perfquery fields of no known counter left out this pass (over the caps)
+    fields_dropped: int = 0
+    #: the same, since the agent started
+    fields_dropped_total: int = 0
 
     @property
     def peer_id(self) -> PeerId | None:
@@ -212,6 +227,7 @@ class IbPeerSampler:
     _last: dict[tuple[str, int], PeerId] = field(default_factory=dict)
     _changed: dict[tuple[str, int], tuple[PeerId, float]] = field(default_factory=dict)
     _changes: dict[tuple[str, int], int] = field(default_factory=dict)
+    _dropped: dict[tuple[str, int], int] = field(default_factory=dict)
 
     name = "ibpeer"
 
@@ -219,7 +235,8 @@ class IbPeerSampler:
         issues = Issues(self.sys)
         ports = local_ib_ports(self.sys, issues)
         run = _Pass(self.prefix, self.tool_timeout, time.monotonic() + self.pass_budget, self.env)
-        out = [self._remember(self._read_port(run, issues, d, p)) for d, p in ports]
+        read = _cap_unknown([self._read_port(run, issues, d, p) for d, p in ports])
+        out = [self._remember(p) for p in read]
         return IbPeerSnapshot(tuple(out), issues.freeze(), run.calls, run.seconds)
 
     def _remember(self, port: PeerPort) -> PeerPort:
@@ -245,6 +262,7 @@ class IbPeerSampler:
         if held is not None and now - held[1] > CHANGE_HOLD_SECONDS:
             del self._changed[key]
             held = None
+        self._dropped[key] = self._dropped.get(key, 0) + port.fields_dropped
         return PeerPort(
             device=port.device,
             port=port.port,
@@ -256,6 +274,8 @@ class IbPeerSampler:
             peer_counters=port.peer_counters,
             changed_from=held[0] if held is not None else None,
             changes_total=self._changes.get(key, 0),
+            fields_dropped=port.fields_dropped,
+            fields_dropped_total=self._dropped[key],
         )
 
     def _read_port(self, run: _Pass, issues: Issues, device: str, port: int) -> PeerPort:
@@ -329,7 +349,31 @@ class IbPeerSampler:
                 basic if isinstance(basic, PerfCounters) else None,
                 ext if isinstance(ext, PerfCounters) else None,
             ),
+            fields_dropped=sum(a.dropped for a in (basic, ext) if isinstance(a, PerfCounters)),
         )
+
+
+def _cap_unknown(ports: list[PeerPort]) -> list[PeerPort]:
+    """Leave out the perfquery fields of no known counter past :data:`NODE_UNKNOWN_FIELDS`
+    over all ports (in port order), counted in each port's ``fields_dropped``."""
+    room = NODE_UNKNOWN_FIELDS
+    out = []
+    for p in ports:
+        kept: list[PortCounter] = []
+        dropped = 0
+        for c in p.peer_counters:
+            if c.name not in _KNOWN_COUNTERS:
+                if room <= 0:
+                    dropped += 1
+                    continue
+                room -= 1
+            kept.append(c)
+        out.append(
+            replace(p, peer_counters=tuple(kept), fields_dropped=p.fields_dropped + dropped)
+            if dropped
+            else p
+        )
+    return out
 
 
 def _peer_lid(got: Mapping[str, object]) -> int | None:
