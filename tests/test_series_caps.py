@@ -254,3 +254,13 @@ def test_a_containers_processes_with_a_value_each_get_four_series() -> None:
         for labels, _ in rows
     ]
     assert sorted(values) == ["<other>", "Ring0", "Ring1", "Ring2", "Ring3"]
+
+
+def test_a_job_annotation_is_a_bounded_label() -> None:
+    from agent.kubernetes.podwatch import PodMeta
+    from agent.throughput.sampler import MAX_JOB_NAME, job_from_pod
+
+    huge = PodMeta("u", "ns", "p", annotations=(("fabricscope.io/job", "j\n" * 100_000),))
+    name = job_from_pod(huge)
+    assert len(name) == MAX_JOB_NAME and set(name) == {"j", "?"}
+    assert job_from_pod(PodMeta("u", "ns", "p", owner="llm-pretrain")) == "llm-pretrain"

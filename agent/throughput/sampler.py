@@ -329,10 +329,18 @@ def job_from_file(pattern_job: str | None, default_job: str | None, path: str) -
     return pattern_job or default_job or Path(path).stem
 
 
+#: longest job name kept (a Kubernetes object name is at most 253 characters; an annotation,
+#: the pod's own text, may hold 256 KiB, and the name is a label of every stream's series)
+MAX_JOB_NAME = 253
+
+
 def job_from_pod(meta: PodMeta | None) -> str:
+    """The pod's ``fabricscope.io/job`` annotation, else its controller's name: printable
+    ASCII (others become ``?``), at most :data:`MAX_JOB_NAME` characters."""
     if meta is None:
         return ""
-    return meta.annotation(JOB_ANNOTATION) or meta.owner or ""
+    name = meta.annotation(JOB_ANNOTATION) or meta.owner or ""
+    return "".join(c if " " <= c <= "~" else "?" for c in name[:MAX_JOB_NAME])
 
 
 class ThroughputSampler:
