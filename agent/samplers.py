@@ -188,6 +188,8 @@ def build_samplers(
                     numa=numa,
                     once=once,
                     count_from=started,
+                    # --once reads whole, and ends before the runner gives up on the pass
+                    pass_seconds=config.sampling.timeout_seconds * 0.8 if once else None,
                 )
             )
     if config.probe.enabled and run_probes:

@@ -21,9 +21,10 @@ identifiers (HCA names, a version, fixed vocabularies) leave.
 
 What a pod can write costs bounded work. Parsing is linear per line (RE2, a per-line window:
 :mod:`agent.throughput.formats`). Each stream may use ``stream_cpu_seconds`` of CPU per
-pass; past it the rest of its file waits for the next pass (``cpu_budget``). A pass stops
-starting streams after ``pass_seconds`` (``pass_deadline`` per stream not reached; the next
-pass starts with them): streams not read keep their last values. At most
+pass (not ``--once``, which reads every file whole); past it the rest of its file waits for
+the next pass (``cpu_budget``). A pass stops starting streams after ``pass_seconds``
+(``pass_deadline`` per stream not reached; the next pass starts with them): streams not read
+keep their last values. At most
 ``max_open_files`` files stay open between passes (idle ones are closed and reopened at
 their offset). In the agent all of this runs in a supervised child process
 (:func:`isolated_sampler`): a pass that still hangs costs that pass, counted as the
@@ -62,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.config import ThroughputFile, ThroughputSettings
-from agent.core.errors import NoData
+from agent.core.errors import NoData, SamplerFailure
 from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.core.sysfs import ReadIssue
 from agent.kubernetes.podwatch import PodIndex, PodMeta
@@ -369,13 +370,17 @@ class ThroughputSampler:
         count_from: float | None = None,
         resumable: bool = False,
     ) -> None:
-        """``pass_seconds``: after this long a pass starts no more streams (None: no bound,
-        for ``--once``); ``cpu_clock`` measures each stream's CPU time in a pass.
+        """``pass_seconds``: after this long a pass starts no more streams (None: no bound);
+        with ``once``, the time the whole read may take: a file not read whole by then fails
+        the pass (``timeout``: no series rather than a stale value). ``cpu_clock`` measures
+        each stream's CPU time in a pass.
         ``count_from``: the agent's start (wall time): lines written before it are not
         counted (None: every line read counts, as ``--once`` wants). ``resumable``: each
         snapshot carries its :class:`ThroughputResume` (a supervised child's)."""
         self._settings = settings
         self._once = once
+        self._once_deadline: float | None = None
+        self._cut = False  # a --once read stopped before the end of a file
         self._count_from = None if once else count_from
         self._resumable = resumable
         self._resume: dict[str, StreamResume] = {}
@@ -463,6 +468,9 @@ class ThroughputSampler:
 
     def sample(self) -> ThroughputSnapshot:
         s = self._settings
+        if self._once and self._pass_seconds is not None:
+            self._once_deadline = self._mono() + self._pass_seconds
+        self._cut = False
         pod_logs_present = os.path.isdir(s.pod_logs)
         if not s.files and not pod_logs_present:
             nothing_to_read(s)
@@ -483,6 +491,12 @@ class ThroughputSampler:
             self._discover_pods(wanted, issues)
         self._reconcile(wanted, issues)
         self._started = True
+        if self._once and self._cut:
+            raise SamplerFailure(
+                "timeout",
+                f"--once: the logs were not read whole within {self._pass_seconds:g}s "
+                "(--sampling.timeout); no throughput series rather than stale ones",
+            )
         return self._snapshot(issues)
 
     def _read_gz_once(self, path: str, labels: Labels, issues: list[ReadIssue]) -> None:
@@ -631,6 +645,7 @@ class ThroughputSampler:
         for i, key in enumerate(order):
             if self._pass_seconds is not None and self._mono() - started > self._pass_seconds:
                 self._counts["pass_deadline"] += len(order) - i
+                self._cut = True
                 self._cursor = keys.index(key)
                 break
             self._poll_stream(key, wanted[key], issues)
@@ -639,7 +654,11 @@ class ThroughputSampler:
         self._bound_open_files()
 
     def _budget_stop(self) -> Callable[[], bool]:
-        """A ``stop`` for one stream's poll: True once it used its CPU budget."""
+        """A ``stop`` for one stream's poll: True once it used its CPU budget. ``--once``
+        has no next pass to leave the rest to: it reads every file whole."""
+        if self._once:
+            deadline = self._once_deadline
+            return lambda: deadline is not None and self._mono() > deadline
         limit = self._settings.stream_cpu_seconds
         start = self._cpu()
         return lambda: self._cpu() - start > limit
@@ -676,6 +695,7 @@ class ThroughputSampler:
         st.history = False  # the first pass's window is read: what comes next counts
         if stop():
             self._counts["cpu_budget"] += 1
+            self._cut = True
         if problem is not None:
             issues.append(ReadIssue(path, _ISSUE_REASON.get(problem[0], problem[0]), problem[1]))
         self._finish_poll(st, path)

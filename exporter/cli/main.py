@@ -194,7 +194,8 @@ def _add_throughput(p: argparse.ArgumentParser) -> None:
         default=0.5,
         metavar="DURATION",
         help="CPU time one log may take in one pass; the rest of it waits for the next pass, "
-        "counted as cpu_budget (default: 500ms)",
+        "counted as cpu_budget (default: 500ms). Not applied with --once, which reads every "
+        "file whole within --sampling.timeout",
     )
     g.add_argument(
         "--throughput.max-open-files",
@@ -582,11 +583,38 @@ def cmd_agent(ns: argparse.Namespace) -> int:
             once=ns.once,
         )
         app = AgentApp(specs, latest, detail=ns.collector_detail)
-        if ns.once:
-            sys.stdout.buffer.write(app.run_once())
-            sys.stdout.flush()
-            return 0
-        return _serve(app, ns)
+        if not ns.once:
+            return _serve(app, ns)
+        sys.stdout.buffer.write(app.run_once())
+        sys.stdout.flush()
+        _warn_unread_once(app, config.sampling.timeout_seconds)
+    _exit_past_abandoned_passes()
+    return 0
+
+
+def _exit_past_abandoned_passes() -> None:
+    """A ``--once`` pass the runner gave up on still runs in its thread, perhaps inside C
+    code (RE2, a vendor library) that aborts the interpreter as it finalises: once the
+    output is written and everything cleaned up, exit without finalising."""
+    import threading
+
+    if any(t.name.startswith("sample-") and t.is_alive() for t in threading.enumerate()):
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _warn_unread_once(app: AgentApp, timeout: float) -> None:
+    """``--once`` reads the throughput logs whole; when that did not finish within the
+    sampling timeout the exposition holds no throughput series: say so on stderr."""
+    if "throughput" not in app.runner.names:
+        return
+    status = app.runner.status("throughput")
+    if status.snapshot is None and status.error_count("timeout"):
+        print(
+            f"fabricscope: warning: the throughput logs were not read whole within "
+            f"--sampling.timeout ({timeout:g}s): no throughput series printed; raise it",
+            file=sys.stderr,
+        )
 
 
 def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
