@@ -24,9 +24,12 @@ What a pod can write costs bounded work. Parsing is linear per line (RE2, a per-
 pass (not ``--once``, which reads every file whole); past it the rest of its file waits for
 the next pass (``cpu_budget``). A pass stops starting streams after ``pass_seconds``
 (``pass_deadline`` per stream not reached; the next pass starts with them): streams not read
-keep their last values. At most
-``max_open_files`` files stay open between passes (idle ones are closed and reopened at
-their offset). In the agent all of this runs in a supervised child process
+keep their last values. At most ``max_open_files`` files are open at any time, within a
+pass too (the least recently read is closed before another is opened, and reopens at its
+offset when its turn comes), and never more than half the process's soft limit on open
+files (``RLIMIT_NOFILE``): thousands of logs are read in turns, each every pass. A log that
+still cannot be opened for want of a descriptor is counted (``fd_limit``) and read next
+pass. In the agent all of this runs in a supervised child process
 (:func:`isolated_sampler`): a pass that still hangs costs that pass, counted as the
 throughput sampler's ``hung``, never a scrape.
 
@@ -56,8 +59,9 @@ import json
 import logging
 import os
 import pickle
+import resource
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,6 +390,8 @@ class ThroughputSampler:
         self._resume: dict[str, StreamResume] = {}
         self._resumed = False
         self._resume_cache: dict[str, StreamResume] = {}
+        self._open: OrderedDict[str, None] = OrderedDict()  # streams with an open tail, LRU
+        self._fd_bound = fd_bound(settings.max_open_files)
         self._ib_admission = Admission(NODE_IB_ERROR_PAIRS)
         self._hca_admission = Admission(NODE_HCAS)
         self._pass_seconds = pass_seconds
@@ -459,6 +465,7 @@ class ThroughputSampler:
         return st
 
     def _drop_stream(self, key: str) -> _Stream:
+        self._open.pop(key, None)
         stream = self._streams.pop(key)
         stream.nccl.release()
         self._resume_cache.pop(key, None)
@@ -651,7 +658,6 @@ class ThroughputSampler:
             self._poll_stream(key, wanted[key], issues)
         else:
             self._cursor = 0
-        self._bound_open_files()
 
     def _budget_stop(self) -> Callable[[], bool]:
         """A ``stop`` for one stream's poll: True once it used its CPU budget. ``--once``
@@ -691,7 +697,17 @@ class ThroughputSampler:
                 root=root,
                 head_sink=st.on_head_line,
             )
+        if not st.tail.is_open:
+            self._make_room(1)
         problem = st.tail.poll(stop)
+        if problem is not None and problem[0] == "fd_limit":  # others hold what is left
+            self._make_room(len(self._open) // 2 + 1)
+            problem = st.tail.poll(stop)
+        if st.tail.is_open:
+            self._open[key] = None
+            self._open.move_to_end(key)
+        else:
+            self._open.pop(key, None)
         st.history = False  # the first pass's window is read: what comes next counts
         if stop():
             self._counts["cpu_budget"] += 1
@@ -700,17 +716,14 @@ class ThroughputSampler:
             issues.append(ReadIssue(path, _ISSUE_REASON.get(problem[0], problem[0]), problem[1]))
         self._finish_poll(st, path)
 
-    def _bound_open_files(self) -> None:
-        """Keep at most ``max_open_files`` logs open: close the idle ones first (they reopen
-        at their offset on the next pass), then any beyond the bound."""
-        tails = [st.tail for st in self._streams.values() if st.tail is not None]
-        open_tails = [t for t in tails if t.is_open]
-        excess = len(open_tails) - self._settings.max_open_files
-        if excess <= 0:
-            return
-        open_tails.sort(key=lambda t: t.last_poll_bytes > 0)  # idle first
-        for t in open_tails[:excess]:
-            t.close()
+    def _make_room(self, n: int) -> None:
+        """Close the least recently read open logs until ``n`` more may open within the
+        bound (they reopen at their offset when read again)."""
+        while self._open and len(self._open) + n > self._fd_bound:
+            key, _ = self._open.popitem(last=False)
+            st = self._streams.get(key)
+            if st is not None and st.tail is not None:
+                st.tail.close()
 
     def _finish_poll(self, stream: _Stream, path: str) -> None:
         if not stream.parsed_this_poll:
@@ -787,6 +800,15 @@ class ThroughputSampler:
             stream.close()
             stream.nccl.release()
         self._streams.clear()
+
+
+def fd_bound(max_open_files: int) -> int:
+    """Logs open at once: ``max_open_files``, but at most half the soft limit on open files
+    (the rest is the process's own: sockets, pipes, libraries), and at least 1."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max(1, max_open_files)
+    return max(1, min(max_open_files, soft // 2))
 
 
 def _mtime(path: str) -> float | None:

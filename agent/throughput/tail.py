@@ -5,8 +5,14 @@ A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory
 - it keeps its file open between passes and remembers the offset, so a pass reads only the
   new bytes (at most ``Limits.max_bytes_per_pass``; the rest waits for the next pass);
 - rotation (the path now names another inode, or no file): the old file is read to its end
-  through the still-open descriptor, then the new file from its start; a line cut by the
-  rotation is joined across the two files;
+  through the still-open descriptor, then every file rotated after it that is still there
+  (siblings named ``<name>.*`` or ``<name>-*``, plain, written since the old file was: more
+  than one rotation between two passes), oldest first, then the new file from its start; a
+  line cut by a rotation is joined across the files. A rotated file listed but gone or
+  unreadable before it could be read, or past the pass's byte bound, is counted
+  (``rotated_unread``, its size in ``unread_bytes``); one already compressed is not read
+  (its lines cannot be told from those already counted), nor one deleted before the next
+  pass listed it (nothing is left to count);
 - truncation (the file is shorter than the offset): read again from the start, counted;
 - a file found already written starts ``Limits.initial_bytes`` before its end (the latest
   values, without re-reading a gigabyte), or from the start when that is None (``--once``);
@@ -58,7 +64,7 @@ import os
 import stat
 import struct
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -76,14 +82,18 @@ TAIL_REASONS = (
     "line_too_long",
     "not_regular_file",
     "outside_root",
+    "fd_limit",
     "permission",
     "rotated",
+    "rotated_unread",
     "symlink",
     "truncated",
     "vanished",
 )
 #: bytes before the offset compared on each pass to detect a truncated-and-regrown file
 MARK_BYTES = 64
+#: rotated files followed between the old file and the new one in one poll
+MAX_ROTATED_FOLLOWED = 64
 #: the key of ``counts`` holding bytes that existed and were never read
 UNREAD_BYTES = "unread_bytes"
 
@@ -306,6 +316,8 @@ class LineSplitter:
 def _classify(exc: OSError) -> str:
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         return "vanished"
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return "fd_limit"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return "permission"
     if exc.errno == errno.ELOOP:
@@ -404,6 +416,8 @@ class FileTail:
         self._mark_digest: tuple[bytes, int] | None = None
         self._opened_before = new_file
         self._checkpoint: TailResume | None = None
+        #: rotated files already read (followed between an old file and a new one)
+        self._followed: deque[tuple[int, int]] = deque(maxlen=MAX_ROTATED_FOLLOWED)
         self.last_read_mtime: float | None = None
         #: bytes read by the latest poll
         self.last_poll_bytes = 0
@@ -437,10 +451,11 @@ class FileTail:
             self._counts[UNREAD_BYTES] += max(0, left)
         self.close()
 
-    def _finish_renamed(self) -> None:
+    def _finish_renamed(self) -> int:
         """The file read before a close was renamed (kubelet rotation) while closed: read
         its rest through its new name in the same directory (found by inode); when it is
-        gone (compressed, deleted), what was known past the offset is counted unread."""
+        gone (compressed, deleted), what was known past the offset is counted unread.
+        Returns its modification time (ns; 0 when gone), for the files rotated after it."""
         folder = os.path.dirname(self.path) or "."
         try:
             names = os.listdir(folder)
@@ -462,13 +477,88 @@ class FileTail:
                     os.lseek(opened, self._offset, os.SEEK_SET)
                     while data := os.read(opened, self._limits.chunk_bytes):
                         self._split.feed(data)
-                    return
+                    return os.fstat(opened).st_mtime_ns
             except OSError as exc:  # unreadable now: its rest is counted unread below
                 self._counts[_classify(exc)] += 1
             finally:
                 os.close(opened)
             break
         self._counts[UNREAD_BYTES] += max(0, self._size - self._offset)
+        return 0
+
+    def _follow_rotated(
+        self, old: tuple[int, int], old_mtime_ns: int, current: tuple[int, int]
+    ) -> None:
+        """Read, oldest first, the files rotated after the old file ``old`` and before the
+        one the path names now (``current``): see the module docstring."""
+        folder = os.path.dirname(self.path) or "."
+        base = os.path.basename(self.path)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return
+        found: list[tuple[int, str, tuple[int, int], int]] = []
+        for name in names:
+            if not name.startswith((base + ".", base + "-")) or name.endswith(".gz"):
+                continue
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            ident = (st.st_dev, st.st_ino)
+            if (
+                not stat.S_ISREG(st.st_mode)
+                or ident in (old, current)
+                or ident in self._followed
+                or st.st_mtime_ns < old_mtime_ns
+            ):
+                continue
+            found.append((st.st_mtime_ns, name, ident, st.st_size))
+        budget = self._limits.max_bytes_per_pass
+        for n, (_, name, ident, size) in enumerate(sorted(found)):
+            if n >= MAX_ROTATED_FOLLOWED or (budget is not None and budget <= 0):
+                self._counts["rotated_unread"] += 1
+                self._counts[UNREAD_BYTES] += size
+                continue
+            read = self._read_rotated(os.path.join(folder, name), ident, size, budget)
+            if budget is not None:
+                budget -= read
+
+    def _read_rotated(
+        self, path: str, ident: tuple[int, int], size: int, budget: int | None
+    ) -> int:
+        """One rotated file, whole (at most ``budget`` bytes); returns the bytes read."""
+        opened = open_log(path, Counter(), self._root)
+        if isinstance(opened, tuple):
+            self._counts["rotated_unread"] += 1
+            self._counts[UNREAD_BYTES] += size
+            return 0
+        total = 0
+        try:
+            st = os.fstat(opened)
+            if (st.st_dev, st.st_ino) != ident:  # replaced between the listing and the open
+                self._counts["rotated_unread"] += 1
+                self._counts[UNREAD_BYTES] += size
+                return 0
+            self._counts["rotated"] += 1
+            self._followed.append(ident)
+            while budget is None or total < budget:
+                want = self._limits.chunk_bytes
+                data = os.read(opened, want if budget is None else min(want, budget - total))
+                if not data:
+                    return total
+                total += len(data)
+                self._split.feed(data)
+            left = os.fstat(opened).st_size - total
+            if left > 0:
+                self._counts["rotated_unread"] += 1
+                self._counts[UNREAD_BYTES] += left
+        except OSError as exc:
+            self._counts[_classify(exc)] += 1
+            self._counts["rotated_unread"] += 1
+        finally:
+            os.close(opened)
+        return total
 
     def _mark_matches(self, fd: int) -> bool:
         """The bytes before the offset are still the ones read there."""
@@ -503,7 +593,8 @@ class FileTail:
                 self._split.reset()
             else:  # rotated while closed: finish the old file under its new name
                 self._counts["rotated"] += 1
-                self._finish_renamed()
+                old = self._ident
+                self._follow_rotated(old, self._finish_renamed(), (st.st_dev, st.st_ino))
             self._mark = b""
             self._mark_digest = None
         self._fd = fd
@@ -620,11 +711,18 @@ class FileTail:
                 return _classify(exc), exc.strerror or str(exc)
             if (st.st_dev, st.st_ino) == self._ident:
                 return None
-            # rotated or replaced: the old file is read to its end; now the new one
+            # rotated or replaced: the old file is read to its end; then the files rotated
+            # after it, if any; now the new one
             self._counts["rotated"] += 1
+            old, old_mtime = self._ident, 0
+            try:
+                old_mtime = os.fstat(self._fd).st_mtime_ns
+            except OSError as exc:
+                self._counts[_classify(exc)] += 1
             self.close()
             self._offset, self._size, self._mark = 0, 0, b""  # the old file is done
             self._mark_digest = None
+            self._follow_rotated(old, old_mtime, (st.st_dev, st.st_ino))
             problem = self._open(from_start=True)
             if problem is not None:
                 return problem
