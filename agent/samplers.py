@@ -11,6 +11,7 @@ from agent.core.runner import SamplerSpec
 from agent.core.sampler import Sampler, Snapshot
 from agent.core.sysfs import SysfsReader
 from agent.ibpeer.sampler import IbPeerSampler, check_tools
+from agent.ibpeer.sampler import isolated_sampler as isolated_ibpeer
 from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
 from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
 from agent.kubernetes.podwatch import PodIndex
@@ -108,16 +109,21 @@ def build_samplers(
     if "ibpeer" in enabled:
         ip = config.ibpeer
         check_tools(ip.command_prefix)
-        out.append(
-            IbPeerSampler(
-                sysfs,
-                prefix=ip.command_prefix,
-                tool_timeout=ip.tool_timeout_seconds,
-                # the sampler's own deadline, inside the runner's: its verdict is the one
-                # counted, and the last tool is killed before the runner gives up on the call
-                pass_budget=max(config.sampling.timeout_seconds - 1.0, 0.5),
+        if type(sysfs) is SysfsReader:  # the live tree: the tools run in a supervised child
+            out.append(
+                isolated_ibpeer(ip, str(sysfs.root), config.sampling.timeout_seconds, one_shot=once)
             )
-        )
+        else:  # a recording reader (fabricscope snapshot) records what it reads, here
+            out.append(
+                IbPeerSampler(
+                    sysfs,
+                    prefix=ip.command_prefix,
+                    tool_timeout=ip.tool_timeout_seconds,
+                    # the sampler's own deadline, inside the runner's: its verdict is the
+                    # one counted, and the last tool is killed before the runner gives up
+                    pass_budget=max(config.sampling.timeout_seconds - 1.0, 0.5),
+                )
+            )
     if "netdev" in enabled:
         # netlink (pyroute2) is imported only when the netdev sampler runs
         from agent.netdev.sampler import NetdevSampler

@@ -8,8 +8,10 @@ The parent side
     (``"agent.nvml.sampler:child_sampler"``) and its keyword arguments; the child builds the sampler
     once and keeps it (and so NVML's initialisation, caches and rotation) between passes.
     Each ``sample()`` sends one request and waits for the answer: the pass's pickled
-    snapshot, ``NoData`` (raised again here), or an exception's description (raised here as
-    :class:`ChildError`, which the runner counts as ``exception``; the child lives on).
+    snapshot, ``NoData`` (raised again here), a :class:`~agent.core.errors.SamplerFailure`
+    the sampler raised (raised again here with its reason: an ibpeer pass's ``timeout``), or
+    another exception's description (raised here as :class:`ChildError`, which the runner
+    counts as ``exception``; the child lives on).
     A sampler whose child needs the agent's state each pass (the throughput sampler needs
     the pods holding a GPU and the pod index) is given ``inputs``: a callable whose value
     travels with a request whenever it differs from the last one sent (``!=``; always after
@@ -450,6 +452,8 @@ class IsolatedSampler:
             raise NoData(self._nodata)
         if kind == "error":
             raise ChildError(str(reply[1]))
+        if kind == "failure" and len(reply) > 3:
+            raise SamplerFailure(str(reply[1]), str(reply[2]))
         self._reap(kill_after=0.0)
         raise self._failed("crashed", f"child process {proc.pid} answered {kind!r}")
 
@@ -610,6 +614,8 @@ def child_main() -> int:
                 reply = ("ok", sampler.sample())
             except NoData as exc:
                 reply = ("nodata", str(exc))
+            except SamplerFailure as exc:
+                reply = ("failure", exc.reason, str(exc))
             except Exception as exc:
                 log.debug("sampler failed in the child", exc_info=exc)
                 text = "".join(traceback.format_exception_only(type(exc), exc)).strip()

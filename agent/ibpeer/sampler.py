@@ -12,7 +12,11 @@ For local port ``P`` of device ``D`` (from ``class/infiniband`` under ``--path.s
 5. ``smpquery -D portinfo 0,P 0`` when the neighbour is a switch: its LID (port 0's).
 6. ``perfquery LID N`` and ``perfquery -x LID N``: its PortCounters and PortCountersExtended.
 
-That is 6 or 7 short-lived processes per port, never a sweep of the fabric. A step that fails
+That is 6 or 7 short-lived processes per port, never a sweep of the fabric. In the agent the
+sampler runs in a supervised child process (:func:`isolated_sampler`) that is the subreaper of
+everything the tools start: after every tool call it kills whatever the call left (a prefix
+that ran ``setsid`` or double-forked cannot slip out), and when the agent stops, the child
+and any tool still running go with it. A step that fails
 (the tool exits non-zero, its output does not parse) costs the rest of that port's steps and
 one :class:`~agent.core.sysfs.ReadIssue`; other ports carry on. A tool that does not finish in
 ``tool_timeout`` (the MAD layer stopped answering) is killed with its process group and
@@ -32,14 +36,18 @@ moved cable, counted and held as ``changed_from`` for :data:`CHANGE_HOLD_SECONDS
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from agent.config import IbPeerSettings
 from agent.core.errors import ConfigError, NoData, SamplerFailure
 from agent.core.findings import Finding
+from agent.core.isolation import ChildSpec, IsolatedSampler
+from agent.core.reaper import reap_strays
 from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
 from agent.ibpeer.parse import (
     PERFQUERY_NAMES,
@@ -151,6 +159,7 @@ class _Pass:
     tool_timeout: float
     deadline: float
     env: Mapping[str, str] | None
+    reap: bool = False
     calls: int = 0
     seconds: float = 0.0
 
@@ -166,6 +175,9 @@ class _Pass:
             raise SamplerFailure(
                 "timeout", f"{' '.join(argv)} did not answer in {limit:.1f}s"
             ) from exc
+        finally:
+            if self.reap:  # whatever the call left running, whatever session it is in
+                reap_strays()
         self.seconds += out.seconds
         return out.stdout
 
@@ -224,6 +236,9 @@ class IbPeerSampler:
     pass_budget: float = 8.0
     env: Mapping[str, str] | None = None
     clock: Callable[[], float] = time.monotonic
+    #: kill and reap every descendant after each tool call (in a supervised child only: it
+    #: owns no other child process)
+    reap: bool = False
     _last: dict[tuple[str, int], PeerId] = field(default_factory=dict)
     _changed: dict[tuple[str, int], tuple[PeerId, float]] = field(default_factory=dict)
     _changes: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -234,7 +249,13 @@ class IbPeerSampler:
     def sample(self) -> IbPeerSnapshot:
         issues = Issues(self.sys)
         ports = local_ib_ports(self.sys, issues)
-        run = _Pass(self.prefix, self.tool_timeout, time.monotonic() + self.pass_budget, self.env)
+        run = _Pass(
+            self.prefix,
+            self.tool_timeout,
+            time.monotonic() + self.pass_budget,
+            self.env,
+            reap=self.reap,
+        )
         read = _cap_unknown([self._read_port(run, issues, d, p) for d, p in ports])
         out = [self._remember(p) for p in read]
         return IbPeerSnapshot(tuple(out), issues.freeze(), run.calls, run.seconds)
@@ -374,6 +395,40 @@ def _cap_unknown(ports: list[PeerPort]) -> list[PeerPort]:
             else p
         )
     return out
+
+
+def child_sampler(
+    *, sysfs: str, prefix: str, tool_timeout: float, pass_budget: float
+) -> IbPeerSampler:
+    """The sampler as its supervised child builds it (``prefix``: a JSON list)."""
+    return IbPeerSampler(
+        SysfsReader(sysfs),
+        prefix=tuple(str(w) for w in json.loads(prefix)),
+        tool_timeout=tool_timeout,
+        pass_budget=pass_budget,
+        reap=True,
+    )
+
+
+def isolated_sampler(
+    settings: IbPeerSettings, sysfs: str, timeout_seconds: float, *, one_shot: bool = False
+) -> IsolatedSampler:
+    """The ibpeer sampler in a supervised child process that is the subreaper of the tools
+    (see the module docstring); its pass ends a second before ``timeout_seconds``."""
+    return IsolatedSampler(
+        "ibpeer",
+        ChildSpec(
+            "agent.ibpeer.sampler:child_sampler",
+            {
+                "sysfs": sysfs,
+                "prefix": json.dumps(list(settings.command_prefix)),
+                "tool_timeout": settings.tool_timeout_seconds,
+                "pass_budget": max(timeout_seconds - 1.0, 0.5),
+            },
+        ),
+        timeout_seconds=timeout_seconds,
+        one_shot=one_shot,
+    )
 
 
 def _peer_lid(got: Mapping[str, object]) -> int | None:

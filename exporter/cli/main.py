@@ -50,6 +50,7 @@ from agent.config import (
 )
 from agent.core.errors import ConfigError, NoData
 from agent.core.logsetup import LEVELS, setup_logging
+from agent.core.reaper import serve_as_init
 from exporter.cli import explain_flags, probe_flags, ras_flags
 from exporter.cli.argtypes import Parser, count, parse_known, positive_duration
 from exporter.metrics.spec import DETAILS
@@ -698,6 +699,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parse_known(parser, args)
     setup_logging(ns.log_level, ns.log_format)
+    # as PID 1 (a container's entrypoint without an init) orphans are re-parented here and
+    # nothing else reaps them: the command runs in a child and this process reaps
+    return serve_as_init(lambda: _dispatch(ns, args))
+
+
+def _dispatch(ns: argparse.Namespace, args: list[str]) -> int:
     commands = {
         "agent": cmd_agent,
         "topo": cmd_topo,
