@@ -204,8 +204,9 @@ def _add_throughput(p: argparse.ArgumentParser) -> None:
         type=count,
         default=256,
         metavar="N",
-        help="log files kept open between passes; idle ones beyond it are closed and "
-        "reopened at their offset (default: %(default)s)",
+        help="log files open at once, within a pass too (at most half the soft limit on "
+        "open files); the least recently read is closed and reopened at its offset when its "
+        "turn comes (default: %(default)s)",
     )
 
 
