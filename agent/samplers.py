@@ -166,8 +166,9 @@ def build_samplers(
         )
     if "throughput" in enabled:
         # RE2 (google-re2) is imported only when the throughput sampler runs
-        from agent.throughput.sampler import ThroughputInputs, ThroughputSampler
-        from agent.throughput.sampler import isolated_sampler as isolated_throughput
+        from agent.throughput.child import isolated_sampler as isolated_throughput
+        from agent.throughput.records import ThroughputInputs
+        from agent.throughput.sampler import ThroughputSampler
 
         pci_snap = latest.of("pci", PciSnapshot)
         ib_snap = latest.of("infiniband", InfinibandSnapshot)

@@ -28,7 +28,8 @@ from agent.config import ThroughputSettings
 from agent.core.errors import SamplerFailure
 from agent.core.isolation import IsolatedSampler
 from agent.kubernetes.podwatch import PodIndex, PodMeta
-from agent.throughput.sampler import ThroughputInputs, ThroughputSnapshot, isolated_sampler
+from agent.throughput.child import isolated_sampler
+from agent.throughput.records import ThroughputInputs, ThroughputSnapshot
 
 UID = "0b8a7c1e-eeee-4c43-8d6c-6a3a8f2f11aa"
 #: NCCL 2.20+'s IB completion error, as it prints it (tests/fixtures/nccl-logs)

@@ -22,7 +22,8 @@ from promharness import promtool_check_metrics
 from agent.config import ThroughputFile, ThroughputSettings
 from agent.core.errors import NoData
 from agent.kubernetes.podwatch import PodIndex, parse_pod
-from agent.throughput.sampler import ThroughputSampler, ThroughputSeries, ThroughputSnapshot
+from agent.throughput.records import ThroughputSeries, ThroughputSnapshot
+from agent.throughput.sampler import ThroughputSampler
 from exporter.metrics.spec import Families
 from exporter.metrics.throughput import render
 

@@ -30,8 +30,8 @@ offset when its turn comes), and never more than half the process's soft limit o
 files (``RLIMIT_NOFILE``): thousands of logs are read in turns, each every pass. A log that
 still cannot be opened for want of a descriptor is counted (``fd_limit``) and read next
 pass. In the agent all of this runs in a supervised child process
-(:func:`isolated_sampler`): a pass that still hangs costs that pass, counted as the
-throughput sampler's ``hung``, never a scrape.
+(:func:`agent.throughput.child.isolated_sampler`): a pass that still hangs costs that pass,
+counted as the throughput sampler's ``hung``, never a scrape.
 
 Counters (lines parsed, NCCL lines, warnings, IB errors, inits, aborts) count each line
 once, across restarts:
@@ -55,7 +55,6 @@ its communicator inits and aborts (:class:`NcclSeries`).
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import pickle
@@ -66,9 +65,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.config import ThroughputFile, ThroughputSettings
+from agent.config import ThroughputSettings
 from agent.core.errors import NoData, SamplerFailure
-from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.core.sysfs import ReadIssue
 from agent.kubernetes.podwatch import PodIndex, PodMeta
 from agent.throughput.formats import (
@@ -94,24 +92,27 @@ from agent.throughput.pods import (
     parse_selector,
     selector_matches,
 )
+from agent.throughput.records import (
+    ERROR_REASONS,
+    Labels,
+    NcclSeries,
+    StreamResume,
+    StreamTime,
+    ThroughputInputs,
+    ThroughputResume,
+    ThroughputSeries,
+    ThroughputSnapshot,
+)
 from agent.throughput.tail import (
-    TAIL_REASONS,
     UNREAD_BYTES,
     WHOLE_FILE,
     FileTail,
     Limits,
-    TailResume,
     read_gzip_tail,
 )
 
 log = logging.getLogger(__name__)
 
-#: reasons counted in ``ThroughputSnapshot.errors_total``
-ERROR_REASONS = tuple(
-    sorted(
-        {*TAIL_REASONS, "bad_regex", "no_match", "too_long_to_parse", "cpu_budget", "pass_deadline"}
-    )
-)
 JOB_ANNOTATION = "fabricscope.io/job"
 REGEX_ANNOTATION = "fabricscope.io/throughput-regex"
 
@@ -126,126 +127,7 @@ _ISSUE_REASON = {
 }
 
 
-# --- snapshot ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputSeries:
-    """The latest figures one stream printed in one format (None: never printed)."""
-
-    namespace: str
-    pod: str
-    container: str
-    job_name: str
-    format: str
-    lines_parsed: int
-    tokens_per_second: float | None = None
-    samples_per_second: float | None = None
-    iterations_per_second: float | None = None
-    step_seconds: float | None = None
-    flops_per_gpu: float | None = None
-    mfu_ratio: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StreamTime:
-    """Wall time (seconds since the epoch) of a stream's last parsed line."""
-
-    namespace: str
-    pod: str
-    container: str
-    job_name: str
-    last_parsed_timestamp_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class NcclSeries:
-    """What one stream's NCCL lines said (:mod:`agent.throughput.nccl`).
-
-    ``channels``: (transport, GPUDirect RDMA, connections) of the current run (the
-    container's current log); ``hca_channels``: (HCA, connections) of its NET/IB channels
-    whose NET index maps to an HCA NCCL listed; ``warnings``: (kind, lines) for every kind;
-    ``ib_errors``: (ibv_wc_status name, vendor error, lines). ``lines``, ``warnings``,
-    ``ib_errors``, ``inits`` and ``aborts`` count since the stream was first read.
-    ``last_init_timestamp_seconds``: CRI time of the latest ``Init COMPLETE`` (None: none, or a
-    plain file without timestamps). ``version``: the latest ``NCCL version`` printed.
-    ``gpu_hca_channels``: (GPU PCI address, HCA, connections) of the NET/IB channels whose
-    process named its GPU. ``hca_numa``: per HCA whose channels could be judged (the NUMA
-    node of the HCA and of the channel's GPU both known, :attr:`ThroughputInputs.numa`),
-    (HCA, channels judged, channels whose GPU is on another NUMA node than the HCA).
-    """
-
-    namespace: str
-    pod: str
-    container: str
-    job_name: str
-    lines: int
-    version: str | None = None
-    channels: tuple[tuple[str, bool, int], ...] = ()
-    hca_channels: tuple[tuple[str, int], ...] = ()
-    warnings: tuple[tuple[str, int], ...] = ()
-    ib_errors: tuple[tuple[str, str, int], ...] = ()
-    inits: int = 0
-    aborts: int = 0
-    last_init_timestamp_seconds: float | None = None
-    gpu_hca_channels: tuple[tuple[str, str, int], ...] = ()
-    hca_numa: tuple[tuple[str, int, int], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class StreamResume:
-    """One stream as a replacing child takes it over: where its tail stopped (None: never
-    opened) and its values and counts (a pickle: only numbers and bounded names)."""
-
-    key: str
-    tail: TailResume | None
-    state: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputResume:
-    """What a child replacing this one needs not to count a line twice (see the module
-    docstring): every stream, the gzip'd files already read whole, the error counts."""
-
-    streams: tuple[StreamResume, ...] = ()
-    gz_done: tuple[str, ...] = ()
-    counts: tuple[tuple[str, int], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputSnapshot:
-    """One pass: series sorted by labels; ``sources`` logs tailed; errors since start;
-    ``nccl``: per stream that printed NCCL lines, what they said."""
-
-    series: tuple[ThroughputSeries, ...] = ()
-    times: tuple[StreamTime, ...] = ()
-    sources: int = 0
-    errors_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in ERROR_REASONS)
-    issues: tuple[ReadIssue, ...] = ()
-    #: bytes known to have been written to a log and never read (see agent.throughput.tail)
-    unread_bytes_total: int = 0
-    nccl: tuple[NcclSeries, ...] = ()
-    #: for a supervised child's replacement (None: not kept, in process); not compared
-    resume: ThroughputResume | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputInputs:
-    """What the sampler needs from the rest of the agent each pass: the (namespace, pod)
-    pairs holding a GPU of this node (None: no attribution answer) and the API server's pod
-    index (None: not watching). Sent to the child process when it changes (the index is
-    compared by identity: the watcher replaces it on every change)."""
-
-    gpu_pods: frozenset[tuple[str, str]] | None = None
-    index: PodIndex | None = None
-    #: the NUMA node of each GPU (by PCI address) and RDMA device (by name) of the node, from
-    #: sysfs (None: not known; a device whose platform reports no node is left out)
-    numa: tuple[tuple[str, int], ...] | None = None
-
-
 # --- streams -------------------------------------------------------------------------------
-
-Labels = tuple[str, str, str, str]  # namespace, pod, container, job_name
 
 
 @dataclass(slots=True)
@@ -880,95 +762,8 @@ def hca_numa(
     return tuple((hca, n, off.get(hca, 0)) for hca, n in sorted(judged.items()))
 
 
-# --- in a child process ---------------------------------------------------------------------
-
-
-def settings_json(settings: ThroughputSettings) -> str:
-    """The settings as one JSON string: what travels to the child (plain values only)."""
-    return json.dumps(
-        {
-            "files": [[f.pattern, f.job] for f in settings.files],
-            "job": settings.job,
-            "pod_logs": settings.pod_logs,
-            "pods": settings.pods,
-            "namespaces": list(settings.namespaces),
-            "selector": settings.selector,
-            "max_line_bytes": settings.max_line_bytes,
-            "initial_bytes": settings.initial_bytes,
-            "isolate": settings.isolate,
-            "stream_cpu_seconds": settings.stream_cpu_seconds,
-            "max_open_files": settings.max_open_files,
-        }
-    )
-
-
-def settings_from_json(text: str) -> ThroughputSettings:
-    d = json.loads(text)
-    return ThroughputSettings(
-        files=tuple(ThroughputFile(p, j) for p, j in d["files"]),
-        job=d["job"],
-        pod_logs=d["pod_logs"],
-        pods=d["pods"],
-        namespaces=tuple(d["namespaces"]),
-        selector=d["selector"],
-        max_line_bytes=int(d["max_line_bytes"]),
-        initial_bytes=int(d["initial_bytes"]),
-        isolate=bool(d["isolate"]),
-        stream_cpu_seconds=float(d["stream_cpu_seconds"]),
-        max_open_files=int(d["max_open_files"]),
-    )
-
-
-def child_sampler(
-    *, settings: str, pass_seconds: float, count_from: float | None = None
-) -> ThroughputSampler:
-    """The sampler as the agent's child process builds it (:mod:`agent.core.isolation`); its
-    inputs arrive with each pass that changes them (:class:`ThroughputInputs`), and the
-    state of the child it replaces, if any, before its first pass
-    (:class:`ThroughputResume`)."""
-    return ThroughputSampler(
-        settings_from_json(settings),
-        pass_seconds=pass_seconds,
-        count_from=count_from,
-        resumable=True,
-    )
-
-
 def nothing_to_read(settings: ThroughputSettings) -> None:
     """Raise ``NoData`` when there is no log to read at all (no file given, no pod log
     directory): checked in the agent before any child process is started."""
     if not settings.files and not os.path.isdir(settings.pod_logs):
         raise NoData(f"no --throughput.file given and no pod log directory at {settings.pod_logs}")
-
-
-def _resume_of(snapshot: object) -> ThroughputResume | None:
-    return snapshot.resume if isinstance(snapshot, ThroughputSnapshot) else None
-
-
-def isolated_sampler(
-    settings: ThroughputSettings,
-    timeout_seconds: float,
-    inputs: Callable[[], ThroughputInputs],
-    *,
-    count_from: float | None = None,
-) -> IsolatedSampler:
-    """The throughput sampler in a supervised child process: a pass is given
-    ``timeout_seconds`` before its child is killed (``hung``); the child stops starting
-    streams after half of it, so a slow pass ends with the streams it reached. A child that
-    replaces one carries on from the last snapshot's :class:`ThroughputResume`.
-    ``count_from``: the agent's start (see :class:`ThroughputSampler`)."""
-    return IsolatedSampler(
-        "throughput",
-        ChildSpec(
-            "agent.throughput.sampler:child_sampler",
-            {
-                "settings": settings_json(settings),
-                "pass_seconds": timeout_seconds / 2,
-                "count_from": count_from,
-            },
-        ),
-        timeout_seconds=timeout_seconds,
-        inputs=inputs,
-        precheck=lambda: nothing_to_read(settings),
-        resume=_resume_of,
-    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent.throughput.nccl import WARNING_KINDS
-from agent.throughput.sampler import NcclSeries
+from agent.throughput.records import NcclSeries
 from exporter.metrics.spec import Families, MetricSpec
 
 _J = ("namespace", "pod", "container", "job_name")

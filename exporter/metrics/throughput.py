@@ -14,7 +14,7 @@ the attribution series on ``namespace`` and ``pod``, e.g. the GPUs a job's pods 
 
 from __future__ import annotations
 
-from agent.throughput.sampler import ERROR_REASONS, ThroughputSnapshot
+from agent.throughput.records import ERROR_REASONS, ThroughputSnapshot
 from exporter.metrics import nccl
 from exporter.metrics.spec import Families, MetricSpec
 
