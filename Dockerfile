@@ -102,5 +102,7 @@ COPY --from=venv /opt/fabricscope /opt/fabricscope
 USER 65534:65534
 EXPOSE 10118
 # no HEALTHCHECK: Kubernetes ignores it and probes /healthz itself (the chart's DaemonSet)
+# no init either: as PID 1 fabricscope forks, runs in the child and reaps every orphan
+# (agent/core/reaper.py)
 ENTRYPOINT ["fabricscope"]
 CMD ["agent"]

@@ -323,8 +323,9 @@ class ThroughputSettings:
     written log reading starts. ``isolate``: read and parse logs in a supervised child
     process (:mod:`agent.core.isolation`), never in the process serving ``/metrics``.
     ``stream_cpu_seconds``: CPU time one stream may take in one pass; past it the stream's
-    rest waits for the next pass, counted. ``max_open_files``: log files kept open between
-    passes; the idle ones beyond it are closed and reopened at their offset.
+    rest waits for the next pass, counted (not with ``--once``). ``max_open_files``: log
+    files open at once, within a pass too; the least recently read beyond it is closed and
+    reopened at its offset.
     """
 
     files: tuple[ThroughputFile, ...] = ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -10,6 +11,7 @@ from agent.core.runner import SamplerSpec
 from agent.core.sampler import Sampler, Snapshot
 from agent.core.sysfs import SysfsReader
 from agent.ibpeer.sampler import IbPeerSampler, check_tools
+from agent.ibpeer.sampler import isolated_sampler as isolated_ibpeer
 from agent.infiniband.records import InfinibandSnapshot
 from agent.infiniband.sampler import InfinibandSampler
 from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
@@ -108,16 +110,21 @@ def build_samplers(
     if "ibpeer" in enabled:
         ip = config.ibpeer
         check_tools(ip.command_prefix)
-        out.append(
-            IbPeerSampler(
-                sysfs,
-                prefix=ip.command_prefix,
-                tool_timeout=ip.tool_timeout_seconds,
-                # the sampler's own deadline, inside the runner's: its verdict is the one
-                # counted, and the last tool is killed before the runner gives up on the call
-                pass_budget=max(config.sampling.timeout_seconds - 1.0, 0.5),
+        if type(sysfs) is SysfsReader:  # the live tree: the tools run in a supervised child
+            out.append(
+                isolated_ibpeer(ip, str(sysfs.root), config.sampling.timeout_seconds, one_shot=once)
             )
-        )
+        else:  # a recording reader (fabricscope snapshot) records what it reads, here
+            out.append(
+                IbPeerSampler(
+                    sysfs,
+                    prefix=ip.command_prefix,
+                    tool_timeout=ip.tool_timeout_seconds,
+                    # the sampler's own deadline, inside the runner's: its verdict is the
+                    # one counted, and the last tool is killed before the runner gives up
+                    pass_budget=max(config.sampling.timeout_seconds - 1.0, 0.5),
+                )
+            )
     if "netdev" in enabled:
         # netlink (pyroute2) is imported only when the netdev sampler runs
         from agent.netdev.sampler import NetdevSampler
@@ -160,8 +167,9 @@ def build_samplers(
         )
     if "throughput" in enabled:
         # RE2 (google-re2) is imported only when the throughput sampler runs
-        from agent.throughput.sampler import ThroughputInputs, ThroughputSampler
-        from agent.throughput.sampler import isolated_sampler as isolated_throughput
+        from agent.throughput.child import isolated_sampler as isolated_throughput
+        from agent.throughput.records import ThroughputInputs
+        from agent.throughput.sampler import ThroughputSampler
 
         pci_snap = latest.of("pci", PciSnapshot)
         ib_snap = latest.of("infiniband", InfinibandSnapshot)
@@ -169,12 +177,14 @@ def build_samplers(
         def numa() -> tuple[tuple[str, int], ...] | None:
             return numa_nodes(pci_snap(), ib_snap())
 
+        started = time.time()  # lines written before the agent started are not counted
         if config.throughput.isolate and not once:  # parsed in a child: never stalls a scrape
             out.append(
                 isolated_throughput(
                     config.throughput,
                     config.sampling.timeout_seconds,
                     lambda: ThroughputInputs(gpu_pods(pods()), index(), numa()),
+                    count_from=started,
                 )
             )
         else:  # --once (one pass, nothing served), or --no-throughput.isolate
@@ -185,6 +195,9 @@ def build_samplers(
                     pod_index=index,
                     numa=numa,
                     once=once,
+                    count_from=started,
+                    # --once reads whole, and ends before the runner gives up on the pass
+                    pass_seconds=config.sampling.timeout_seconds * 0.8 if once else None,
                 )
             )
     if config.probe.enabled and run_probes:

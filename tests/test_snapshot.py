@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 
 from agent.snapshot import capture, extract
@@ -113,3 +117,70 @@ def test_replay_skips_members_escaping_the_tree(tmp_path: Path) -> None:
         assert (Path(tmp.name) / "MANIFEST.json").exists()
     finally:
         tmp.cleanup()
+
+
+def _stuck_tree(root: Path) -> Path:
+    """A sysfs tree whose InfiniBand port holds a FIFO where a file should be: the sampler's
+    read waits on it until --sampling.timeout, so a snapshot of it runs long enough to be
+    killed mid-way."""
+    port = root / "sys/class/infiniband/mlx5_0/ports/1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    os.mkfifo(port / "rate")
+    return root / "sys"
+
+
+def _partials(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".partial"))
+
+
+def _killed_snapshot(sysfs: Path, out: Path, sig: int) -> int:
+    """Start ``fabricscope snapshot``, send ``sig`` once its temporary file exists; its
+    exit status."""
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "exporter.cli", "snapshot", f"--path.sysfs={sysfs}"),
+            *("--no-sampler.netdev", "--no-sampler.nvml", "--no-sampler.throughput"),
+            *("--sampling.interval=60s", "--sampling.timeout=60s", "-o", str(out)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _partials(out.parent):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.5)  # well inside the sampler stuck on the FIFO
+        proc.send_signal(sig)
+        return proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_killed_snapshot_leaves_no_partial_file(tmp_path: Path) -> None:
+    sysfs = _stuck_tree(tmp_path / "stuck")
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    out = outdir / "node.tar.gz"
+    # SIGTERM (a job scheduler's, the kubelet's): the run removes its own temporary file
+    assert _killed_snapshot(sysfs, out, signal.SIGTERM) == 128 + signal.SIGTERM
+    assert _partials(outdir) == [] and not out.exists()
+    # SIGKILL leaves it; the next snapshot into that directory removes it
+    assert _killed_snapshot(sysfs, out, signal.SIGKILL) == -signal.SIGKILL
+    assert len(_partials(outdir)) == 1
+    (sysfs / "class/infiniband/mlx5_0/ports/1/rate").unlink()
+    (sysfs / "class/infiniband/mlx5_0/ports/1/rate").write_text("400 Gb/sec (4X NDR)\n")
+    done = fabricscope(
+        [
+            "snapshot",
+            f"--path.sysfs={sysfs}",
+            *("--no-sampler.netdev", "--no-sampler.nvml", "--no-sampler.throughput"),
+            *("-o", str(out)),
+        ]
+    )
+    assert done.returncode == 0, done.stderr
+    assert "left by a snapshot that was killed" in done.stderr
+    assert _partials(outdir) == [] and out.exists()

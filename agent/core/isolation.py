@@ -8,8 +8,10 @@ The parent side
     (``"agent.nvml.sampler:child_sampler"``) and its keyword arguments; the child builds the sampler
     once and keeps it (and so NVML's initialisation, caches and rotation) between passes.
     Each ``sample()`` sends one request and waits for the answer: the pass's pickled
-    snapshot, ``NoData`` (raised again here), or an exception's description (raised here as
-    :class:`ChildError`, which the runner counts as ``exception``; the child lives on).
+    snapshot, ``NoData`` (raised again here), a :class:`~agent.core.errors.SamplerFailure`
+    the sampler raised (raised again here with its reason: an ibpeer pass's ``timeout``), or
+    another exception's description (raised here as :class:`ChildError`, which the runner
+    counts as ``exception``; the child lives on).
     A sampler whose child needs the agent's state each pass (the throughput sampler needs
     the pods holding a GPU and the pod index) is given ``inputs``: a callable whose value
     travels with a request whenever it differs from the last one sent (``!=``; always after
@@ -26,6 +28,27 @@ Failures, as :class:`~agent.core.errors.SamplerFailure` (the runner counts each 
       ``backoff`` seconds later (1 s, doubling up to 60 s, back to 1 s after a successful
       pass); passes before that fail at once with this reason.
     ``restarts_total`` counts children started to replace one that crashed or hung.
+
+Every exchange has a deadline
+    A pass is one exchange: the frames to the child (a fresh child's ``init`` and
+    ``resume``, the request with its inputs) and the answer share one deadline (the
+    sampling timeout, ``start_timeout_seconds`` for a fresh child). The pipe to the child is
+    non-blocking: a child that stops reading (stopped by SIGSTOP, stuck in a library) while
+    a large frame is sent (a pod index of 110 pods is ~190 KB, nearly three pipe buffers)
+    costs the deadline, then the child is killed and replaced like any ``hung`` one. Killing
+    is ``SIGKILL`` to the child's whole tree (:mod:`agent.core.reaper`: it runs in its own
+    session and is the subreaper of what it starts, so nothing it started can slip out of
+    that tree by ``setsid`` or a double fork), and the wait for it to go is bounded too:
+    a child that does not die (uninterruptible sleep) is left to a background thread to
+    reap and the sampler starts a new one.
+
+State that outlives a child
+    A sampler that counts what it read (the throughput sampler's lines and NCCL warnings)
+    loses its counts with its child, and a fresh child would read again what the dead one
+    had counted. Given ``resume`` (a function of the latest snapshot), the parent keeps that
+    function's value from every successful pass and hands it to each child that replaces
+    one (the ``resume`` frame, given to the child sampler's ``accept_resume(value)`` before
+    its first pass): the new child carries on from the last pass the agent exported.
 
 No hardware
     ``NoData`` from the child (no driver, no GPU) is quiet: the child is shut down and
@@ -69,6 +92,7 @@ from typing import BinaryIO, TypeAlias, TypeVar, cast
 
 from agent.core.errors import NoData, SamplerFailure
 from agent.core.logsetup import JsonFormatter, setup_logging
+from agent.core.reaper import become_subreaper, kill_descendants, kill_tree, reap_strays
 from agent.core.sampler import Sampler, Snapshot
 
 log = logging.getLogger(__name__)
@@ -79,6 +103,8 @@ MAX_FRAME_BYTES = 64 << 20
 #: seconds past its pass deadline a child ends itself (faulthandler's watchdog), for when the
 #: agent that should have killed it is gone
 ORPHAN_GRACE_SECONDS = 5.0
+#: seconds to wait for a SIGKILLed child to go before leaving it to a background thread
+KILL_WAIT_SECONDS = 2.0
 #: the package root, put first on the child's PYTHONPATH so it runs the agent's own code
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -175,6 +201,25 @@ def read_frame(stream: BinaryIO) -> tuple[object, ...] | None:
     return message
 
 
+def _write_all(fd: int, data: bytes, deadline: float) -> None:
+    """Write ``data`` to the non-blocking pipe ``fd`` by ``deadline`` (monotonic); raises
+    _Hung past it, BrokenPipeError when the child closed its end."""
+    view = memoryview(data)
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Hung()
+        if not poll.poll(max(1, int(left * 1000) + 1)):
+            continue
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            continue
+        view = view[n:]
+
+
 class _FrameReader:
     """Reads frames from a pipe's fd with a deadline (the parent side)."""
 
@@ -239,10 +284,15 @@ class IsolatedSampler:
         env: Mapping[str, str] | None = None,
         inputs: Callable[[], object] | None = None,
         precheck: Callable[[], None] | None = None,
+        resume: Callable[[Snapshot], object] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._name = name
         self._inputs = inputs
+        self._resume = resume
+        #: the resume value of the latest successful pass (None: nothing to hand on)
+        self._resume_value: object = None
+        self._pending: list[tuple[object, ...]] = []  # frames a fresh child gets first
         self._precheck = precheck
         self._sent: object = _UNSENT
         self.spec = spec
@@ -316,8 +366,10 @@ class IsolatedSampler:
             stdout=subprocess.PIPE,
             env=env,
             close_fds=True,
+            start_new_session=True,  # its own group: a terminal's signals are the agent's
         )
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)  # every write has a deadline
         self._proc = proc
         self._reader = _FrameReader(proc.stdout.fileno())
         self._fresh = True
@@ -327,7 +379,7 @@ class IsolatedSampler:
             self._replace = False
         log.debug("sampler %s: started child process %d", self._name, proc.pid)
         level, fmt = _log_settings()
-        self._send(
+        self._pending = [
             (
                 "init",
                 self.spec.factory,
@@ -338,29 +390,35 @@ class IsolatedSampler:
                 self.start_timeout_seconds + ORPHAN_GRACE_SECONDS,
                 self.timeout_seconds + ORPHAN_GRACE_SECONDS,
             )
-        )
+        ]
+        if self._resume_value is not None:
+            self._pending.append(("resume", self._resume_value))
 
-    def _send(self, message: tuple[object, ...]) -> None:
+    def _send(self, message: tuple[object, ...], deadline: float) -> None:
         proc = self._proc
         assert proc is not None and proc.stdin is not None
-        proc.stdin.write(encode(message))
-        proc.stdin.flush()
+        _write_all(proc.stdin.fileno(), encode(message), deadline)
 
     def _ask(self) -> Snapshot:
         proc, reader = self._proc, self._reader
         assert proc is not None and reader is not None
         limit = self.call_deadline_seconds()
+        deadline = time.monotonic() + limit
         request: tuple[object, ...] = ("sample",)
         value: object = _UNSENT
         if self._inputs is not None:
             value = self._inputs()
             if self._sent is _UNSENT or value != self._sent:
                 request = ("sample", value)
+        delivered = False
         try:
-            self._send(request)
+            pending, self._pending = self._pending, []
+            for frame in (*pending, request):
+                self._send(frame, deadline)
+            delivered = True
             if value is not _UNSENT:
                 self._sent = value
-            reply = reader.read(limit)
+            reply = reader.read(max(deadline - time.monotonic(), 0.0))
         except (BrokenPipeError, _Died) as exc:
             returncode = self._reap(kill_after=1.0)
             raise self._failed(
@@ -368,8 +426,9 @@ class IsolatedSampler:
             ) from None
         except _Hung:
             self._reap(kill_after=0.0)
+            what = "gave no answer" if delivered else "did not read its request"
             raise self._failed(
-                "hung", f"child process {proc.pid} gave no answer in {limit:g}s; killed"
+                "hung", f"child process {proc.pid} {what} in {limit:g}s; killed"
             ) from None
         except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
             self._reap(kill_after=0.0)
@@ -382,7 +441,10 @@ class IsolatedSampler:
             self.last_stats = ChildStats(int(stats[0]), float(stats[1]), int(stats[2]))
         if kind == "ok":
             self._backoff = self._backoff_min
-            return cast(Snapshot, reply[1])
+            snapshot = cast(Snapshot, reply[1])
+            if self._resume is not None:
+                self._resume_value = self._resume(snapshot)
+            return snapshot
         if kind == "nodata":
             self._nodata = str(reply[1])
             self._nodata_until = self._mono() + self._nodata_recheck
@@ -390,6 +452,8 @@ class IsolatedSampler:
             raise NoData(self._nodata)
         if kind == "error":
             raise ChildError(str(reply[1]))
+        if kind == "failure" and len(reply) > 3:
+            raise SamplerFailure(str(reply[1]), str(reply[2]))
         self._reap(kill_after=0.0)
         raise self._failed("crashed", f"child process {proc.pid} answered {kind!r}")
 
@@ -404,8 +468,10 @@ class IsolatedSampler:
         return SamplerFailure(reason, f"{detail}; restarting it in {delay:.0f}s")
 
     def _reap(self, kill_after: float) -> int | None:
-        """Forget the child: wait ``kill_after`` seconds for it to exit, then SIGKILL it."""
+        """Forget the child: wait ``kill_after`` seconds for it to exit, then SIGKILL its
+        tree; wait at most :data:`KILL_WAIT_SECONDS` for it to go."""
         proc, self._proc, self._reader = self._proc, None, None
+        self._pending = []
         if proc is None:
             return None
         try:
@@ -413,8 +479,18 @@ class IsolatedSampler:
         except subprocess.TimeoutExpired:
             returncode = None
         if returncode is None:
-            proc.kill()
-            proc.wait()
+            kill_tree(proc.pid)
+            try:
+                proc.wait(KILL_WAIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                log.warning(
+                    "sampler %s: child process %d did not go within %.0fs of SIGKILL; "
+                    "starting another",
+                    self._name,
+                    proc.pid,
+                    KILL_WAIT_SECONDS,
+                )
+                threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 try:
@@ -446,8 +522,8 @@ class IsolatedSampler:
         """Stop the child (its sampler closes first). A pass still waiting is cut short."""
         if not self._lock.acquire(timeout=self._grace):
             proc = self._proc
-            if proc is not None:
-                proc.kill()
+            if proc is not None:  # the pass in flight fails and reaps it
+                kill_tree(proc.pid)
             return
         try:
             self._stop_child()
@@ -467,6 +543,7 @@ def _die_with_parent(parent: int, every: float = 1.0) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(every)
+        kill_descendants(os.getpid())  # a tool it was running goes with it
         os._exit(0)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
@@ -496,6 +573,7 @@ def child_main() -> int:
     os.dup2(2, 1)  # a library printing to stdout lands on stderr, not in the frames
     faulthandler.enable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the agent decides
+    become_subreaper()  # what a tool it runs leaves behind stays in this tree
     inp = sys.stdin.buffer
     init = read_frame(inp)
     if init is None or init[0] != "init" or len(init) != 8:
@@ -511,6 +589,14 @@ def child_main() -> int:
             request = read_frame(inp)
             if request is None or request[0] == "close":
                 break
+            if request[0] == "resume":  # the state the child it replaces last reported
+                accept_resume = getattr(sampler, "accept_resume", None)
+                if callable(accept_resume) and len(request) > 1:
+                    try:
+                        accept_resume(request[1])
+                    except Exception as exc:
+                        log.warning("cannot resume from the previous child's state: %r", exc)
+                continue
             reply: tuple[object, ...]
             # a pass stuck in C code that holds the GIL (a backtracking regex) starves the
             # parent-watch thread; faulthandler's watchdog is a C thread: it ends this process
@@ -528,6 +614,8 @@ def child_main() -> int:
                 reply = ("ok", sampler.sample())
             except NoData as exc:
                 reply = ("nodata", str(exc))
+            except SamplerFailure as exc:
+                reply = ("failure", exc.reason, str(exc))
             except Exception as exc:
                 log.debug("sampler failed in the child", exc_info=exc)
                 text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -542,6 +630,7 @@ def child_main() -> int:
         close = getattr(sampler, "close", None)
         if callable(close):
             close()
+        reap_strays()
     return 0
 
 

@@ -251,6 +251,9 @@ PERFQUERY_NAMES: dict[str, str] = {
 }
 #: fields that are selectors, not counters
 _NOT_COUNTERS = frozenset({"PortSelect", "CounterSelect", "CounterSelect2"})
+#: fields not in :data:`PERFQUERY_NAMES` kept per answer (each is a series: the tool's
+#: output is as untrusted as a log, and 64 KiB of it can name thousands of fields)
+MAX_UNKNOWN_FIELDS = 16
 _DATA = frozenset({"port_xmit_data", "port_rcv_data"})
 #: PortCounters (not extended) data and packet counters are 32 bits wide
 _BASIC_32 = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"})
@@ -264,23 +267,35 @@ class PerfCounters:
     port_select: int
     extended: bool
     values: tuple[tuple[str, int, int | None], ...]  # (name, raw, width bits)
+    #: fields of no known counter beyond :data:`MAX_UNKNOWN_FIELDS`, left out
+    dropped: int = 0
 
 
 def parse_perfquery(text: str, *, extended: bool) -> PerfCounters:
     """``perfquery LID PORT`` (``extended=False``: PortCounters, PMA widths) or
     ``perfquery -x LID PORT`` (PortCountersExtended: every counter 64 bits, including the
     error counters newer PMAs append to it). Unknown fields are kept under their perfquery
-    name, lower-cased, width unknown."""
+    name, lower-cased, width unknown: the first :data:`MAX_UNKNOWN_FIELDS` in the order
+    printed, the rest counted in ``dropped``."""
     f = parse_fields(text)
     port_select = parse_uint(_get(f, "PortSelect"))
     values: list[tuple[str, int, int | None]] = []
+    unknown: set[str] = set()
+    dropped = 0
     for field, raw in f.items():
         if field in _NOT_COUNTERS:
             continue
         name = PERFQUERY_NAMES.get(field)
         value = parse_uint(raw)
         if name is None:
-            values.append((re.sub(r"[^a-z0-9_]", "_", field.lower())[:48], value, None))
+            lowered = re.sub(r"[^a-z0-9_]", "_", field.lower())[:48]
+            if lowered in unknown or lowered in PERFQUERY_NAMES.values():
+                continue  # two fields that spell one name: the first holds
+            if len(unknown) >= MAX_UNKNOWN_FIELDS:
+                dropped += 1
+                continue
+            unknown.add(lowered)
+            values.append((lowered, value, None))
             continue
         if extended:
             width: int | None = 64
@@ -291,7 +306,7 @@ def parse_perfquery(text: str, *, extended: bool) -> PerfCounters:
         values.append((name, value, width))
     if not any(name in PERFQUERY_NAMES.values() for name, _, _ in values):
         raise ValueError("no PMA counter in perfquery output")
-    return PerfCounters(port_select, extended, tuple(sorted(values)))
+    return PerfCounters(port_select, extended, tuple(sorted(values)), dropped)
 
 
 def merge_counters(basic: PerfCounters | None, ext: PerfCounters | None) -> tuple[PortCounter, ...]:

@@ -12,11 +12,22 @@ For local port ``P`` of device ``D`` (from ``class/infiniband`` under ``--path.s
 5. ``smpquery -D portinfo 0,P 0`` when the neighbour is a switch: its LID (port 0's).
 6. ``perfquery LID N`` and ``perfquery -x LID N``: its PortCounters and PortCountersExtended.
 
-That is 6 or 7 short-lived processes per port, never a sweep of the fabric. A step that fails
+That is 6 or 7 short-lived processes per port, never a sweep of the fabric. In the agent the
+sampler runs in a supervised child process (:func:`isolated_sampler`) that is the subreaper of
+everything the tools start: after every tool call it kills whatever the call left (a prefix
+that ran ``setsid`` or double-forked cannot slip out), and when the agent stops, the child
+and any tool still running go with it. A step that fails
 (the tool exits non-zero, its output does not parse) costs the rest of that port's steps and
 one :class:`~agent.core.sysfs.ReadIssue`; other ports carry on. A tool that does not finish in
 ``tool_timeout`` (the MAD layer stopped answering) is killed with its process group and
 fails the whole pass with reason ``timeout``: the runner counts it, the scrape never waits.
+
+Bounded series: the tools' output is untrusted (a wrapper in ``--ibpeer.command-prefix``, a
+MAD answer from another node's PMA). perfquery fields of no known counter are exported
+under their own names, at most :data:`~agent.ibpeer.parse.MAX_UNKNOWN_FIELDS` per answer and
+:data:`NODE_UNKNOWN_FIELDS` per node; the rest are left out and counted per port
+(``fields_dropped_total``). Every other label value is a bounded identifier (a GUID, a port
+number, a node type) or the node description, cleaned and cut to 64 characters.
 
 The sampler remembers each port's neighbour between passes: a different (GUID, port) is a
 moved cable, counted and held as ``changed_from`` for :data:`CHANGE_HOLD_SECONDS`.
@@ -25,16 +36,21 @@ moved cable, counted and held as ``changed_from`` for :data:`CHANGE_HOLD_SECONDS
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from agent.config import IbPeerSettings
 from agent.core.errors import ConfigError, NoData, SamplerFailure
 from agent.core.findings import Finding
+from agent.core.isolation import ChildSpec, IsolatedSampler
+from agent.core.reaper import reap_strays
 from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
 from agent.ibpeer.parse import (
+    PERFQUERY_NAMES,
     NodeInfo,
     PerfCounters,
     PortInfo,
@@ -56,6 +72,9 @@ CHANGE_HOLD_SECONDS = 3600.0
 #: answers an SMP or PMA query in well under a millisecond: this only bounds a dead peer.
 MAD_TIMEOUT_MS = 250
 TOOLS = ("smpquery", "perfquery")
+#: perfquery fields of no known counter exported per node (over all ports, first ports first)
+NODE_UNKNOWN_FIELDS = 256
+_KNOWN_COUNTERS = frozenset(PERFQUERY_NAMES.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +104,10 @@ class PeerPort:
     peer_counters: tuple[PortCounter, ...]
     changed_from: PeerId | None = None
     changes_total: int = 0
+    #: perfquery fields of no known counter left out this pass (over the caps)
+    fields_dropped: int = 0
+    #: the same, since the agent started
+    fields_dropped_total: int = 0
 
     @property
     def peer_id(self) -> PeerId | None:
@@ -131,6 +154,7 @@ class _Pass:
     tool_timeout: float
     deadline: float
     env: Mapping[str, str] | None
+    reap: bool = False
     calls: int = 0
     seconds: float = 0.0
 
@@ -146,6 +170,9 @@ class _Pass:
             raise SamplerFailure(
                 "timeout", f"{' '.join(argv)} did not answer in {limit:.1f}s"
             ) from exc
+        finally:
+            if self.reap:  # whatever the call left running, whatever session it is in
+                reap_strays()
         self.seconds += out.seconds
         return out.stdout
 
@@ -204,17 +231,28 @@ class IbPeerSampler:
     pass_budget: float = 8.0
     env: Mapping[str, str] | None = None
     clock: Callable[[], float] = time.monotonic
+    #: kill and reap every descendant after each tool call (in a supervised child only: it
+    #: owns no other child process)
+    reap: bool = False
     _last: dict[tuple[str, int], PeerId] = field(default_factory=dict)
     _changed: dict[tuple[str, int], tuple[PeerId, float]] = field(default_factory=dict)
     _changes: dict[tuple[str, int], int] = field(default_factory=dict)
+    _dropped: dict[tuple[str, int], int] = field(default_factory=dict)
 
     name = "ibpeer"
 
     def sample(self) -> IbPeerSnapshot:
         issues = Issues(self.sys)
         ports = local_ib_ports(self.sys, issues)
-        run = _Pass(self.prefix, self.tool_timeout, time.monotonic() + self.pass_budget, self.env)
-        out = [self._remember(self._read_port(run, issues, d, p)) for d, p in ports]
+        run = _Pass(
+            self.prefix,
+            self.tool_timeout,
+            time.monotonic() + self.pass_budget,
+            self.env,
+            reap=self.reap,
+        )
+        read = _cap_unknown([self._read_port(run, issues, d, p) for d, p in ports])
+        out = [self._remember(p) for p in read]
         return IbPeerSnapshot(tuple(out), issues.freeze(), run.calls, run.seconds)
 
     def _remember(self, port: PeerPort) -> PeerPort:
@@ -240,6 +278,7 @@ class IbPeerSampler:
         if held is not None and now - held[1] > CHANGE_HOLD_SECONDS:
             del self._changed[key]
             held = None
+        self._dropped[key] = self._dropped.get(key, 0) + port.fields_dropped
         return PeerPort(
             device=port.device,
             port=port.port,
@@ -251,6 +290,8 @@ class IbPeerSampler:
             peer_counters=port.peer_counters,
             changed_from=held[0] if held is not None else None,
             changes_total=self._changes.get(key, 0),
+            fields_dropped=port.fields_dropped,
+            fields_dropped_total=self._dropped[key],
         )
 
     def _read_port(self, run: _Pass, issues: Issues, device: str, port: int) -> PeerPort:
@@ -324,7 +365,65 @@ class IbPeerSampler:
                 basic if isinstance(basic, PerfCounters) else None,
                 ext if isinstance(ext, PerfCounters) else None,
             ),
+            fields_dropped=sum(a.dropped for a in (basic, ext) if isinstance(a, PerfCounters)),
         )
+
+
+def _cap_unknown(ports: list[PeerPort]) -> list[PeerPort]:
+    """Leave out the perfquery fields of no known counter past :data:`NODE_UNKNOWN_FIELDS`
+    over all ports (in port order), counted in each port's ``fields_dropped``."""
+    room = NODE_UNKNOWN_FIELDS
+    out = []
+    for p in ports:
+        kept: list[PortCounter] = []
+        dropped = 0
+        for c in p.peer_counters:
+            if c.name not in _KNOWN_COUNTERS:
+                if room <= 0:
+                    dropped += 1
+                    continue
+                room -= 1
+            kept.append(c)
+        out.append(
+            replace(p, peer_counters=tuple(kept), fields_dropped=p.fields_dropped + dropped)
+            if dropped
+            else p
+        )
+    return out
+
+
+def child_sampler(
+    *, sysfs: str, prefix: str, tool_timeout: float, pass_budget: float
+) -> IbPeerSampler:
+    """The sampler as its supervised child builds it (``prefix``: a JSON list)."""
+    return IbPeerSampler(
+        SysfsReader(sysfs),
+        prefix=tuple(str(w) for w in json.loads(prefix)),
+        tool_timeout=tool_timeout,
+        pass_budget=pass_budget,
+        reap=True,
+    )
+
+
+def isolated_sampler(
+    settings: IbPeerSettings, sysfs: str, timeout_seconds: float, *, one_shot: bool = False
+) -> IsolatedSampler:
+    """The ibpeer sampler in a supervised child process that is the subreaper of the tools
+    (see the module docstring); its pass ends a second before ``timeout_seconds``."""
+    return IsolatedSampler(
+        "ibpeer",
+        ChildSpec(
+            "agent.ibpeer.sampler:child_sampler",
+            {
+                "sysfs": sysfs,
+                "prefix": json.dumps(list(settings.command_prefix)),
+                "tool_timeout": settings.tool_timeout_seconds,
+                "pass_budget": max(timeout_seconds - 1.0, 0.5),
+            },
+        ),
+        timeout_seconds=timeout_seconds,
+        one_shot=one_shot,
+    )
 
 
 def _peer_lid(got: Mapping[str, object]) -> int | None:

@@ -2,9 +2,11 @@
 
 Each call starts the tool in its own process group (``--ibpeer.command-prefix`` in front,
 e.g. ``ibsim-run`` for the simulator or a wrapper), reads at most ``max_bytes`` of its
-output, and kills the whole group at the deadline: a tool stuck in a MAD layer that stopped
-answering (libibumad blocks without a timeout while it attaches) costs its timeout, never a
-thread or a process left running.
+output, and kills its whole tree at the deadline (every descendant by parent pid, then the
+group): a tool stuck in a MAD layer that stopped answering (libibumad blocks without a
+timeout while it attaches) costs its timeout, never a thread or a process left running. A
+process that left the tree (a double fork whose middle process exited) is the business of
+the subreaper the sampler runs under (:mod:`agent.ibpeer.sampler`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from agent.core.reaper import kill_tree
 
 #: the most output one tool call may print (a PortInfo dump is ~2 KiB)
 MAX_OUTPUT_BYTES = 64 * 1024
@@ -43,8 +47,7 @@ class ToolOutput:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    kill_tree(proc.pid)
     proc.wait()
 
 

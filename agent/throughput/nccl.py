@@ -33,14 +33,27 @@ Untrusted input: at most :data:`MAX_LINE` characters of a line are looked at, ev
 is RE2 (linear time, :mod:`agent.throughput.linear`), every repetition is bounded, and
 :class:`NcclRun` keeps bounded state (at most :data:`MAX_PIDS` processes' HCA lists and
 :data:`MAX_HCAS` HCA names per stream).
+
+Bounded series: every label value here comes from a pod's output, so every label set a
+stream can grow is capped, per stream and (through an :class:`Admission` the sampler shares
+between its streams) per node. IB completion errors keep at most
+:data:`MAX_IB_ERROR_PAIRS` (status, vendor error) pairs per stream and
+:data:`NODE_IB_ERROR_PAIRS` per node, each pair admitted for good the first time it is
+seen; a pair seen past either cap is counted under the one overflow pair
+(:data:`OVERFLOW`, ``other``/``other``), so no error goes uncounted and a counter never
+moves from one series to another. HCA names past :data:`MAX_HCAS` per stream or
+:data:`NODE_HCAS` per node are counted under the HCA name ``other``.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
+from typing import TypeVar
 
 from agent.throughput.linear import compile_linear
+
+T = TypeVar("T")
 
 #: characters of a line looked at (NCCL's longest lines, a NET/IB list of 32 HCAs, are < 1 KiB)
 MAX_LINE = 4096
@@ -54,6 +67,16 @@ MAX_PIDS = 256
 MAX_HCAS = 64
 #: distinct (GPU, HCA) pairs counted per stream (16 GPUs x 16 HCAs)
 MAX_PAIRS = 256
+#: (status, vendor error) pairs of IB completion errors given their own series per stream
+#: (a failing link shows one to three: retry_exc_err and wr_flush_err with their syndromes)
+MAX_IB_ERROR_PAIRS = 16
+#: ... and per node, over all streams
+NODE_IB_ERROR_PAIRS = 256
+#: HCA names given their own series per node, over all streams
+NODE_HCAS = 256
+#: the label value(s) of what is counted past a cap
+OTHER = "other"
+OVERFLOW = (OTHER, OTHER)
 
 #: the ``transport`` label: how a channel connection moves data, as NCCL names it
 TRANSPORTS = (
@@ -348,6 +371,51 @@ def _vendor(raw: str | None) -> str:
 # --- one stream's NCCL state ----------------------------------------------------------------
 
 
+class Admission:
+    """A per-node cap on the series of one kind (IB error pairs, HCA names) that all streams
+    together may hold: a stream takes a place before it gives a value a series of its own,
+    and gives its places back when it goes. ``refused_total`` counts the refusals (each a
+    line counted under the overflow value instead)."""
+
+    __slots__ = ("in_use", "limit", "refused_total")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_use = 0
+        self.refused_total = 0
+
+    def admit(self) -> bool:
+        if self.in_use >= self.limit:
+            self.refused_total += 1
+            return False
+        self.in_use += 1
+        return True
+
+    def take(self, n: int) -> None:
+        """Places of series that exist already (a stream resumed from another process)."""
+        self.in_use += n
+
+    def give_back(self, n: int) -> None:
+        self.in_use = max(0, self.in_use - n)
+
+
+def _own(counter: Counter[T], overflow: T) -> int:
+    """Series of ``counter`` that hold a place of their own (all but the overflow)."""
+    return len(counter) - (overflow in counter)
+
+
+def _capped(counter: Counter[T], key: T, overflow: T, limit: int, node: Admission | None) -> T:
+    """The key to count ``key`` under: itself when it already has a series or there is room
+    for it in this stream (``limit``) and the node (``node``), else ``overflow``."""
+    if key in counter or key == overflow:
+        return key
+    if len(counter) - (overflow in counter) >= limit:
+        return overflow
+    if node is not None and not node.admit():
+        return overflow
+    return key
+
+
 class NcclRun:
     """What one stream's (container log's) NCCL lines said, in bounded memory.
 
@@ -364,6 +432,8 @@ class NcclRun:
 
     __slots__ = (
         "_gpus",
+        "_hca_admission",
+        "_ib_admission",
         "_last_list",
         "_lists",
         "_pending",
@@ -380,7 +450,13 @@ class NcclRun:
         "warnings",
     )
 
-    def __init__(self) -> None:
+    def __init__(
+        self, ib_admission: Admission | None = None, hca_admission: Admission | None = None
+    ) -> None:
+        """``ib_admission`` and ``hca_admission``: the node's caps (see the module docstring),
+        shared with the other streams; None: this stream's own caps only."""
+        self._ib_admission = ib_admission
+        self._hca_admission = hca_admission
         self.version: str | None = None
         self.channels: Counter[tuple[str, bool]] = Counter()
         self.hca_channels: Counter[str] = Counter()
@@ -403,6 +479,8 @@ class NcclRun:
         run chose, keep the counters."""
         self.version = None
         self.channels.clear()
+        if self._hca_admission is not None:
+            self._hca_admission.give_back(_own(self.hca_channels, OTHER))
         self.hca_channels.clear()
         self.gpu_hca_channels.clear()
         self._lists.clear()
@@ -410,16 +488,47 @@ class NcclRun:
         self._gpus.clear()
         self._pending.clear()
 
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without the node's admissions (a replacing child has its own)."""
+        return {k: getattr(self, k) for k in self.__slots__ if not k.endswith("_admission")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self._ib_admission = None
+        self._hca_admission = None
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def attach(self, ib_admission: Admission | None, hca_admission: Admission | None) -> None:
+        """Join the node's caps (a stream resumed from another process): the values this
+        stream already counts hold their places."""
+        self._ib_admission = ib_admission
+        self._hca_admission = hca_admission
+        if ib_admission is not None:
+            ib_admission.take(_own(self.ib_errors, OVERFLOW))
+        if hca_admission is not None:
+            hca_admission.take(_own(self.hca_channels, OTHER))
+
+    def release(self) -> None:
+        """The stream went: give back its places under the node's caps."""
+        if self._ib_admission is not None:
+            self._ib_admission.give_back(_own(self.ib_errors, OVERFLOW))
+        if self._hca_admission is not None:
+            self._hca_admission.give_back(_own(self.hca_channels, OTHER))
+
     def feed(self, parsed: NcclLine, ts: float | None, *, history: bool = False) -> None:
         """Account one recognised line; ``ts`` is its wall time (CRI timestamp) or None.
-        ``history``: a line from before where reading began (the log's head, read once):
-        it says what NCCL chose, but no counter (lines, warnings, inits, aborts) moves."""
+        ``history``: a line from before where counting began (the log's head, read once; a
+        line written before the agent started): it says what NCCL chose and when a
+        communicator last initialised, but no counter (lines, warnings, inits, aborts)
+        moves."""
         ev = parsed.event
         self.heard = True
         if history:
             if isinstance(ev, NcclWarning):
                 return
             if isinstance(ev, InitComplete | Abort):
+                if isinstance(ev, InitComplete):
+                    self._init_at(ts)
                 self._gpu_of(parsed.process, ev.bus_id)
                 return
         else:
@@ -430,8 +539,9 @@ class NcclRun:
                 listed = self._list_of(parsed.pid)
                 if listed is not None and ev.net_index < len(listed):
                     name = listed[ev.net_index]
-                    if name in self.hca_channels or len(self.hca_channels) < MAX_HCAS:
-                        self.hca_channels[name] += 1
+                    counted = _capped(self.hca_channels, name, OTHER, MAX_HCAS, self._hca_admission)
+                    self.hca_channels[counted] += 1
+                    if counted == name:
                         self._pair(parsed.process, name)
         elif isinstance(ev, IbDevices):
             self._last_list = ev.devices
@@ -443,19 +553,26 @@ class NcclRun:
         elif isinstance(ev, NcclWarning):
             self.warnings[ev.kind] += 1
             if ev.ib_status is not None:
-                self.ib_errors[(ev.ib_status, ev.vendor_error or "other")] += 1
+                pair = (ev.ib_status, ev.vendor_error or OTHER)
+                key = _capped(
+                    self.ib_errors, pair, OVERFLOW, MAX_IB_ERROR_PAIRS, self._ib_admission
+                )
+                self.ib_errors[key] += 1
         elif isinstance(ev, Version):
             self.version = ev.version
         elif isinstance(ev, InitComplete):
             self.inits += 1
-            if ts is not None:
-                self.last_init_ts = ts if self.last_init_ts is None else max(ts, self.last_init_ts)
+            self._init_at(ts)
             self._gpu_of(parsed.process, ev.bus_id)
         elif isinstance(ev, Abort):
             self.aborts += 1
             self._gpu_of(parsed.process, ev.bus_id)
         elif isinstance(ev, CommDevice):
             self._gpu_of(parsed.process, ev.bus_id)
+
+    def _init_at(self, ts: float | None) -> None:
+        if ts is not None:
+            self.last_init_ts = ts if self.last_init_ts is None else max(ts, self.last_init_ts)
 
     def _pair(self, proc: Process | None, hca: str) -> None:
         """Count one NET/IB channel of ``proc`` through ``hca`` against its GPU, or keep it

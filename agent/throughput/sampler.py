@@ -21,13 +21,30 @@ identifiers (HCA names, a version, fixed vocabularies) leave.
 
 What a pod can write costs bounded work. Parsing is linear per line (RE2, a per-line window:
 :mod:`agent.throughput.formats`). Each stream may use ``stream_cpu_seconds`` of CPU per
-pass; past it the rest of its file waits for the next pass (``cpu_budget``). A pass stops
-starting streams after ``pass_seconds`` (``pass_deadline`` per stream not reached; the next
-pass starts with them): streams not read keep their last values. At most
-``max_open_files`` files stay open between passes (idle ones are closed and reopened at
-their offset). In the agent all of this runs in a supervised child process
-(:func:`isolated_sampler`): a pass that still hangs costs that pass, counted as the
-throughput sampler's ``hung``, never a scrape.
+pass (not ``--once``, which reads every file whole); past it the rest of its file waits for
+the next pass (``cpu_budget``). A pass stops starting streams after ``pass_seconds``
+(``pass_deadline`` per stream not reached; the next pass starts with them): streams not read
+keep their last values. At most ``max_open_files`` files are open at any time, within a
+pass too (the least recently read is closed before another is opened, and reopens at its
+offset when its turn comes), and never more than half the process's soft limit on open
+files (``RLIMIT_NOFILE``): thousands of logs are read in turns, each every pass. A log that
+still cannot be opened for want of a descriptor is counted (``fd_limit``) and read next
+pass. In the agent all of this runs in a supervised child process
+(:func:`agent.throughput.child.isolated_sampler`): a pass that still hangs costs that pass,
+counted as the throughput sampler's ``hung``, never a scrape.
+
+Counters (lines parsed, NCCL lines, warnings, IB errors, inits, aborts) count each line
+once, across restarts:
+
+- an agent (re)started mid-job reads a log's latest values from the window before its end,
+  but counts only lines written after it started (``count_from``: the CRI timestamp; a plain
+  file met in the first pass counts from where that pass stopped reading). A counter that
+  starts again from 0 is a reset Prometheus understands; one that jumped by the warnings of
+  the last MiB would read as a burst of new ones;
+- a supervised child that replaces one that died carries on from the last pass the agent
+  exported (``resumable``: each snapshot holds, per stream, where its tail stopped and its
+  counts, :class:`ThroughputResume`, which the agent hands to the next child): nothing read
+  twice, nothing skipped.
 
 The same lines feed :mod:`agent.throughput.nccl`: NCCL's own lines (a job run with
 ``NCCL_DEBUG=INFO`` or ``WARN``) give, per stream, the transports and HCAs its channels use
@@ -38,18 +55,18 @@ its communicator inits and aborts (:class:`NcclSeries`).
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
+import pickle
+import resource
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.config import ThroughputFile, ThroughputSettings
-from agent.core.errors import NoData
-from agent.core.isolation import ChildSpec, IsolatedSampler
+from agent.config import ThroughputSettings
+from agent.core.errors import NoData, SamplerFailure
 from agent.core.sysfs import ReadIssue
 from agent.kubernetes.podwatch import PodIndex, PodMeta
 from agent.throughput.formats import (
@@ -60,7 +77,14 @@ from agent.throughput.formats import (
     parse_window,
 )
 from agent.throughput.linear import Pattern
-from agent.throughput.nccl import WARNING_KINDS, NcclRun, parse_nccl_line
+from agent.throughput.nccl import (
+    NODE_HCAS,
+    NODE_IB_ERROR_PAIRS,
+    WARNING_KINDS,
+    Admission,
+    NcclRun,
+    parse_nccl_line,
+)
 from agent.throughput.pods import (
     current_log,
     newest_rotated,
@@ -68,8 +92,18 @@ from agent.throughput.pods import (
     parse_selector,
     selector_matches,
 )
+from agent.throughput.records import (
+    ERROR_REASONS,
+    Labels,
+    NcclSeries,
+    StreamResume,
+    StreamTime,
+    ThroughputInputs,
+    ThroughputResume,
+    ThroughputSeries,
+    ThroughputSnapshot,
+)
 from agent.throughput.tail import (
-    TAIL_REASONS,
     UNREAD_BYTES,
     WHOLE_FILE,
     FileTail,
@@ -79,12 +113,6 @@ from agent.throughput.tail import (
 
 log = logging.getLogger(__name__)
 
-#: reasons counted in ``ThroughputSnapshot.errors_total``
-ERROR_REASONS = tuple(
-    sorted(
-        {*TAIL_REASONS, "bad_regex", "no_match", "too_long_to_parse", "cpu_budget", "pass_deadline"}
-    )
-)
 JOB_ANNOTATION = "fabricscope.io/job"
 REGEX_ANNOTATION = "fabricscope.io/throughput-regex"
 
@@ -99,104 +127,7 @@ _ISSUE_REASON = {
 }
 
 
-# --- snapshot ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputSeries:
-    """The latest figures one stream printed in one format (None: never printed)."""
-
-    namespace: str
-    pod: str
-    container: str
-    job_name: str
-    format: str
-    lines_parsed: int
-    tokens_per_second: float | None = None
-    samples_per_second: float | None = None
-    iterations_per_second: float | None = None
-    step_seconds: float | None = None
-    flops_per_gpu: float | None = None
-    mfu_ratio: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StreamTime:
-    """Wall time (seconds since the epoch) of a stream's last parsed line."""
-
-    namespace: str
-    pod: str
-    container: str
-    job_name: str
-    last_parsed_timestamp_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class NcclSeries:
-    """What one stream's NCCL lines said (:mod:`agent.throughput.nccl`).
-
-    ``channels``: (transport, GPUDirect RDMA, connections) of the current run (the
-    container's current log); ``hca_channels``: (HCA, connections) of its NET/IB channels
-    whose NET index maps to an HCA NCCL listed; ``warnings``: (kind, lines) for every kind;
-    ``ib_errors``: (ibv_wc_status name, vendor error, lines). ``lines``, ``warnings``,
-    ``ib_errors``, ``inits`` and ``aborts`` count since the stream was first read.
-    ``last_init_timestamp_seconds``: CRI time of the latest ``Init COMPLETE`` (None: none, or a
-    plain file without timestamps). ``version``: the latest ``NCCL version`` printed.
-    ``gpu_hca_channels``: (GPU PCI address, HCA, connections) of the NET/IB channels whose
-    process named its GPU. ``hca_numa``: per HCA whose channels could be judged (the NUMA
-    node of the HCA and of the channel's GPU both known, :attr:`ThroughputInputs.numa`),
-    (HCA, channels judged, channels whose GPU is on another NUMA node than the HCA).
-    """
-
-    namespace: str
-    pod: str
-    container: str
-    job_name: str
-    lines: int
-    version: str | None = None
-    channels: tuple[tuple[str, bool, int], ...] = ()
-    hca_channels: tuple[tuple[str, int], ...] = ()
-    warnings: tuple[tuple[str, int], ...] = ()
-    ib_errors: tuple[tuple[str, str, int], ...] = ()
-    inits: int = 0
-    aborts: int = 0
-    last_init_timestamp_seconds: float | None = None
-    gpu_hca_channels: tuple[tuple[str, str, int], ...] = ()
-    hca_numa: tuple[tuple[str, int, int], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputSnapshot:
-    """One pass: series sorted by labels; ``sources`` logs tailed; errors since start;
-    ``nccl``: per stream that printed NCCL lines, what they said."""
-
-    series: tuple[ThroughputSeries, ...] = ()
-    times: tuple[StreamTime, ...] = ()
-    sources: int = 0
-    errors_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in ERROR_REASONS)
-    issues: tuple[ReadIssue, ...] = ()
-    #: bytes known to have been written to a log and never read (see agent.throughput.tail)
-    unread_bytes_total: int = 0
-    nccl: tuple[NcclSeries, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputInputs:
-    """What the sampler needs from the rest of the agent each pass: the (namespace, pod)
-    pairs holding a GPU of this node (None: no attribution answer) and the API server's pod
-    index (None: not watching). Sent to the child process when it changes (the index is
-    compared by identity: the watcher replaces it on every change)."""
-
-    gpu_pods: frozenset[tuple[str, str]] | None = None
-    index: PodIndex | None = None
-    #: the NUMA node of each GPU (by PCI address) and RDMA device (by name) of the node, from
-    #: sysfs (None: not known; a device whose platform reports no node is left out)
-    numa: tuple[tuple[str, int], ...] | None = None
-
-
 # --- streams -------------------------------------------------------------------------------
-
-Labels = tuple[str, str, str, str]  # namespace, pod, container, job_name
 
 
 @dataclass(slots=True)
@@ -214,6 +145,35 @@ class _Stream:
     parsed_this_poll: bool = False
     line_ts: float | None = None
     nccl: NcclRun = field(default_factory=NcclRun)
+    #: lines written before this wall time (CRI timestamp) are history: not counted
+    count_from: float | None = None
+    #: every line read now is history (a plain file met in the agent's first pass)
+    history: bool = False
+    #: fed a line since its resume state was last taken
+    dirty: bool = True
+
+    def state(self) -> bytes:
+        """Values and counts for :class:`StreamResume`."""
+        nccl = self.nccl if self.nccl.heard else None
+        return pickle.dumps(
+            (self.values, dict(self.parsed), self.last_ts, self.line_ts, nccl),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+
+    def restore(self, state: bytes, ib: Admission, hca: Admission) -> None:
+        values, parsed, last_ts, line_ts, nccl = pickle.loads(state)
+        self.values = values
+        self.parsed = Counter(parsed)
+        self.last_ts = last_ts
+        self.line_ts = line_ts
+        if isinstance(nccl, NcclRun):
+            nccl.attach(ib, hca)
+            self.nccl = nccl
+
+    def _is_history(self, ts: float | None) -> bool:
+        if self.history:
+            return True
+        return self.count_from is not None and ts is not None and ts < self.count_from
 
     def on_head_line(self, text: str, ts: float | None) -> None:
         """A line of the log's beginning, read once when the agent meets a log already past
@@ -223,12 +183,15 @@ class _Stream:
         taken from it (stale)."""
         n = parse_nccl_line(text)
         if n is not None:
+            self.dirty = True
             self.nccl.feed(n, ts, history=True)
 
     def on_line(self, text: str, ts: float | None) -> None:
+        self.dirty = True
+        history = self._is_history(ts)
         n = parse_nccl_line(text)
         if n is not None:  # NCCL's own line: it states no throughput
-            self.nccl.feed(n, ts)
+            self.nccl.feed(n, ts, history=history)
             return
         r = parse_line(text, self.custom)
         if r is None:
@@ -238,7 +201,7 @@ class _Stream:
         slot = self.values.setdefault(r.format, {})
         for name, v in r.values():
             slot[name] = v
-        self.parsed[r.format] += 1
+        self.parsed[r.format] += 0 if history else 1
         self.parsed_this_poll = True
         if ts is not None:
             self.line_ts = ts
@@ -253,10 +216,18 @@ def job_from_file(pattern_job: str | None, default_job: str | None, path: str) -
     return pattern_job or default_job or Path(path).stem
 
 
+#: longest job name kept (a Kubernetes object name is at most 253 characters; an annotation,
+#: the pod's own text, may hold 256 KiB, and the name is a label of every stream's series)
+MAX_JOB_NAME = 253
+
+
 def job_from_pod(meta: PodMeta | None) -> str:
+    """The pod's ``fabricscope.io/job`` annotation, else its controller's name: printable
+    ASCII (others become ``?``), at most :data:`MAX_JOB_NAME` characters."""
     if meta is None:
         return ""
-    return meta.annotation(JOB_ANNOTATION) or meta.owner or ""
+    name = meta.annotation(JOB_ANNOTATION) or meta.owner or ""
+    return "".join(c if " " <= c <= "~" else "?" for c in name[:MAX_JOB_NAME])
 
 
 class ThroughputSampler:
@@ -282,10 +253,29 @@ class ThroughputSampler:
         pass_seconds: float | None = None,
         cpu_clock: Callable[[], float] = time.thread_time,
         monotonic: Callable[[], float] = time.monotonic,
+        count_from: float | None = None,
+        resumable: bool = False,
     ) -> None:
-        """``pass_seconds``: after this long a pass starts no more streams (None: no bound,
-        for ``--once``); ``cpu_clock`` measures each stream's CPU time in a pass."""
+        """``pass_seconds``: after this long a pass starts no more streams (None: no bound);
+        with ``once``, the time the whole read may take: a file not read whole by then fails
+        the pass (``timeout``: no series rather than a stale value). ``cpu_clock`` measures
+        each stream's CPU time in a pass.
+        ``count_from``: the agent's start (wall time): lines written before it are not
+        counted (None: every line read counts, as ``--once`` wants). ``resumable``: each
+        snapshot carries its :class:`ThroughputResume` (a supervised child's)."""
         self._settings = settings
+        self._once = once
+        self._once_deadline: float | None = None
+        self._cut = False  # a --once read stopped before the end of a file
+        self._count_from = None if once else count_from
+        self._resumable = resumable
+        self._resume: dict[str, StreamResume] = {}
+        self._resumed = False
+        self._resume_cache: dict[str, StreamResume] = {}
+        self._open: OrderedDict[str, None] = OrderedDict()  # streams with an open tail, LRU
+        self._fd_bound = fd_bound(settings.max_open_files)
+        self._ib_admission = Admission(NODE_IB_ERROR_PAIRS)
+        self._hca_admission = Admission(NODE_HCAS)
         self._pass_seconds = pass_seconds
         self._cpu = cpu_clock
         self._mono = monotonic
@@ -315,10 +305,61 @@ class ThroughputSampler:
         self._pod_index = lambda: value.index
         self._numa = lambda: value.numa
 
+    def accept_resume(self, value: object) -> None:
+        """Carry on from the child this one replaces (its last exported pass), in the child
+        process before its first pass."""
+        if not isinstance(value, ThroughputResume):
+            raise TypeError(f"expected ThroughputResume, got {type(value).__name__}")
+        self._resume = {r.key: r for r in value.streams}
+        self._gz_done.update(value.gz_done)
+        self._counts.update(dict(value.counts))
+        self._resumed = True
+
+    def _new_stream(self, key: str, labels: Labels, cri: bool) -> _Stream:
+        """A stream met for the first time, or taken over from the child this one replaces."""
+        st = _Stream(
+            labels,
+            cri=cri,
+            counts=self._counts,
+            nccl=NcclRun(self._ib_admission, self._hca_admission),
+            count_from=self._count_from,
+            # a plain file already written when the agent started: its window is history
+            history=not cri
+            and self._count_from is not None
+            and not (self._started or self._resumed),
+        )
+        resume = self._resume.pop(key, None)
+        if resume is not None:
+            st.history = False
+            st.restore(resume.state, self._ib_admission, self._hca_admission)
+            if resume.tail is not None:
+                st.tail = FileTail(
+                    resume.tail.path,
+                    st.on_line,
+                    self._counts,
+                    cri=cri,
+                    limits=self._limits,
+                    root=self._settings.pod_logs if cri else None,
+                    head_sink=st.on_head_line,
+                    resume=resume.tail,
+                )
+        self._streams[key] = st
+        return st
+
+    def _drop_stream(self, key: str) -> _Stream:
+        self._open.pop(key, None)
+        stream = self._streams.pop(key)
+        stream.nccl.release()
+        self._resume_cache.pop(key, None)
+        return stream
+
     # -- the pass --------------------------------------------------------------------------
 
     def sample(self) -> ThroughputSnapshot:
         s = self._settings
+        if self._once and self._pass_seconds is not None:
+            self._once_deadline = self._mono() + self._pass_seconds
+        self._cut = False
         pod_logs_present = os.path.isdir(s.pod_logs)
         if not s.files and not pod_logs_present:
             nothing_to_read(s)
@@ -339,12 +380,17 @@ class ThroughputSampler:
             self._discover_pods(wanted, issues)
         self._reconcile(wanted, issues)
         self._started = True
+        if self._once and self._cut:
+            raise SamplerFailure(
+                "timeout",
+                f"--once: the logs were not read whole within {self._pass_seconds:g}s "
+                "(--sampling.timeout); no throughput series rather than stale ones",
+            )
         return self._snapshot(issues)
 
     def _read_gz_once(self, path: str, labels: Labels, issues: list[ReadIssue]) -> None:
-        stream = self._streams.setdefault(
-            "gz:" + path, _Stream(labels, cri=False, counts=self._counts)
-        )
+        key = "gz:" + path
+        stream = self._streams.get(key) or self._new_stream(key, labels, cri=False)
         if path in self._gz_done:
             return
         problem = read_gzip_tail(path, stream.on_line, self._counts, cri=False, limits=self._limits)
@@ -400,8 +446,10 @@ class ThroughputSampler:
                 labels: Labels = (pd.namespace, pd.pod, c, job)
                 stream = self._streams.get(key)
                 if stream is None:
-                    stream = self._streams[key] = _Stream(labels, cri=True, counts=self._counts)
-                    self._seed_from_rotated(stream, cdir, names, current, issues)
+                    resumed = key in self._resume
+                    stream = self._new_stream(key, labels, cri=True)
+                    if not resumed:
+                        self._seed_from_rotated(stream, cdir, names, current, issues)
                 self._set_custom(stream, regex, f"{pd.namespace}/{pd.pod}", issues)
                 # a log met for the first time starts initial_bytes before its end, which is
                 # its start for a pod that began after the agent did
@@ -473,7 +521,7 @@ class ThroughputSampler:
         started = self._mono()
         for key in [k for k in self._streams if not k.startswith("gz:")]:
             if key not in wanted:
-                stream = self._streams.pop(key)
+                stream = self._drop_stream(key)
                 if stream.tail is not None:
                     stream.tail.poll(self._budget_stop())  # what was written before it went
                     if not os.path.exists(stream.tail.path):
@@ -486,15 +534,19 @@ class ThroughputSampler:
         for i, key in enumerate(order):
             if self._pass_seconds is not None and self._mono() - started > self._pass_seconds:
                 self._counts["pass_deadline"] += len(order) - i
+                self._cut = True
                 self._cursor = keys.index(key)
                 break
             self._poll_stream(key, wanted[key], issues)
         else:
             self._cursor = 0
-        self._bound_open_files()
 
     def _budget_stop(self) -> Callable[[], bool]:
-        """A ``stop`` for one stream's poll: True once it used its CPU budget."""
+        """A ``stop`` for one stream's poll: True once it used its CPU budget. ``--once``
+        has no next pass to leave the rest to: it reads every file whole."""
+        if self._once:
+            deadline = self._once_deadline
+            return lambda: deadline is not None and self._mono() > deadline
         limit = self._settings.stream_cpu_seconds
         start = self._cpu()
         return lambda: self._cpu() - start > limit
@@ -505,7 +557,7 @@ class ThroughputSampler:
         path, labels, cri, new = want
         st = self._streams.get(key)
         if st is None:
-            st = self._streams[key] = _Stream(labels, cri=cri, counts=self._counts)
+            st = self._new_stream(key, labels, cri)
         st.labels = labels
         fresh = new
         root = self._settings.pod_logs if cri else None
@@ -527,24 +579,33 @@ class ThroughputSampler:
                 root=root,
                 head_sink=st.on_head_line,
             )
+        if not st.tail.is_open:
+            self._make_room(1)
         problem = st.tail.poll(stop)
+        if problem is not None and problem[0] == "fd_limit":  # others hold what is left
+            self._make_room(len(self._open) // 2 + 1)
+            problem = st.tail.poll(stop)
+        if st.tail.is_open:
+            self._open[key] = None
+            self._open.move_to_end(key)
+        else:
+            self._open.pop(key, None)
+        st.history = False  # the first pass's window is read: what comes next counts
         if stop():
             self._counts["cpu_budget"] += 1
+            self._cut = True
         if problem is not None:
             issues.append(ReadIssue(path, _ISSUE_REASON.get(problem[0], problem[0]), problem[1]))
         self._finish_poll(st, path)
 
-    def _bound_open_files(self) -> None:
-        """Keep at most ``max_open_files`` logs open: close the idle ones first (they reopen
-        at their offset on the next pass), then any beyond the bound."""
-        tails = [st.tail for st in self._streams.values() if st.tail is not None]
-        open_tails = [t for t in tails if t.is_open]
-        excess = len(open_tails) - self._settings.max_open_files
-        if excess <= 0:
-            return
-        open_tails.sort(key=lambda t: t.last_poll_bytes > 0)  # idle first
-        for t in open_tails[:excess]:
-            t.close()
+    def _make_room(self, n: int) -> None:
+        """Close the least recently read open logs until ``n`` more may open within the
+        bound (they reopen at their offset when read again)."""
+        while self._open and len(self._open) + n > self._fd_bound:
+            key, _ = self._open.popitem(last=False)
+            st = self._streams.get(key)
+            if st is not None and st.tail is not None:
+                st.tail.close()
 
     def _finish_poll(self, stream: _Stream, path: str) -> None:
         if not stream.parsed_this_poll:
@@ -592,12 +653,44 @@ class ThroughputSampler:
             issues=tuple(issues),
             unread_bytes_total=self._counts.get(UNREAD_BYTES, 0),
             nccl=nccl_series(self._streams.values(), self._numa()),
+            resume=self._resume_state() if self._resumable else None,
+        )
+
+    def _resume_state(self) -> ThroughputResume:
+        out = []
+        for key, st in self._streams.items():
+            tail = st.tail.resume_state() if st.tail is not None else None
+            cached = self._resume_cache.get(key)
+            if cached is None or st.dirty or cached.tail != tail:
+                if cached is None or st.dirty:
+                    state = st.state()
+                    st.dirty = False
+                else:
+                    state = cached.state
+                if tail is None and cached is not None:
+                    tail = cached.tail  # a dropped tail: where it stopped still holds
+                cached = self._resume_cache[key] = StreamResume(key, tail, state)
+            out.append(cached)
+        return ThroughputResume(
+            streams=tuple(out),
+            gz_done=tuple(sorted(self._gz_done)),
+            counts=tuple(sorted(self._counts.items())),
         )
 
     def close(self) -> None:
         for stream in self._streams.values():
             stream.close()
+            stream.nccl.release()
         self._streams.clear()
+
+
+def fd_bound(max_open_files: int) -> int:
+    """Logs open at once: ``max_open_files``, but at most half the soft limit on open files
+    (the rest is the process's own: sockets, pipes, libraries), and at least 1."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max(1, max_open_files)
+    return max(1, min(max_open_files, soft // 2))
 
 
 def _mtime(path: str) -> float | None:
@@ -669,73 +762,8 @@ def hca_numa(
     return tuple((hca, n, off.get(hca, 0)) for hca, n in sorted(judged.items()))
 
 
-# --- in a child process ---------------------------------------------------------------------
-
-
-def settings_json(settings: ThroughputSettings) -> str:
-    """The settings as one JSON string: what travels to the child (plain values only)."""
-    return json.dumps(
-        {
-            "files": [[f.pattern, f.job] for f in settings.files],
-            "job": settings.job,
-            "pod_logs": settings.pod_logs,
-            "pods": settings.pods,
-            "namespaces": list(settings.namespaces),
-            "selector": settings.selector,
-            "max_line_bytes": settings.max_line_bytes,
-            "initial_bytes": settings.initial_bytes,
-            "isolate": settings.isolate,
-            "stream_cpu_seconds": settings.stream_cpu_seconds,
-            "max_open_files": settings.max_open_files,
-        }
-    )
-
-
-def settings_from_json(text: str) -> ThroughputSettings:
-    d = json.loads(text)
-    return ThroughputSettings(
-        files=tuple(ThroughputFile(p, j) for p, j in d["files"]),
-        job=d["job"],
-        pod_logs=d["pod_logs"],
-        pods=d["pods"],
-        namespaces=tuple(d["namespaces"]),
-        selector=d["selector"],
-        max_line_bytes=int(d["max_line_bytes"]),
-        initial_bytes=int(d["initial_bytes"]),
-        isolate=bool(d["isolate"]),
-        stream_cpu_seconds=float(d["stream_cpu_seconds"]),
-        max_open_files=int(d["max_open_files"]),
-    )
-
-
-def child_sampler(*, settings: str, pass_seconds: float) -> ThroughputSampler:
-    """The sampler as the agent's child process builds it (:mod:`agent.core.isolation`); its
-    inputs arrive with each pass that changes them (:class:`ThroughputInputs`)."""
-    return ThroughputSampler(settings_from_json(settings), pass_seconds=pass_seconds)
-
-
 def nothing_to_read(settings: ThroughputSettings) -> None:
     """Raise ``NoData`` when there is no log to read at all (no file given, no pod log
     directory): checked in the agent before any child process is started."""
     if not settings.files and not os.path.isdir(settings.pod_logs):
         raise NoData(f"no --throughput.file given and no pod log directory at {settings.pod_logs}")
-
-
-def isolated_sampler(
-    settings: ThroughputSettings,
-    timeout_seconds: float,
-    inputs: Callable[[], ThroughputInputs],
-) -> IsolatedSampler:
-    """The throughput sampler in a supervised child process: a pass is given
-    ``timeout_seconds`` before its child is killed (``hung``); the child stops starting
-    streams after half of it, so a slow pass ends with the streams it reached."""
-    return IsolatedSampler(
-        "throughput",
-        ChildSpec(
-            "agent.throughput.sampler:child_sampler",
-            {"settings": settings_json(settings), "pass_seconds": timeout_seconds / 2},
-        ),
-        timeout_seconds=timeout_seconds,
-        inputs=inputs,
-        precheck=lambda: nothing_to_read(settings),
-    )

@@ -5,8 +5,14 @@ A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory
 - it keeps its file open between passes and remembers the offset, so a pass reads only the
   new bytes (at most ``Limits.max_bytes_per_pass``; the rest waits for the next pass);
 - rotation (the path now names another inode, or no file): the old file is read to its end
-  through the still-open descriptor, then the new file from its start; a line cut by the
-  rotation is joined across the two files;
+  through the still-open descriptor, then every file rotated after it that is still there
+  (siblings named ``<name>.*`` or ``<name>-*``, plain, written since the old file was: more
+  than one rotation between two passes), oldest first, then the new file from its start; a
+  line cut by a rotation is joined across the files. A rotated file listed but gone or
+  unreadable before it could be read, or past the pass's byte bound, is counted
+  (``rotated_unread``, its size in ``unread_bytes``); one already compressed is not read
+  (its lines cannot be told from those already counted), nor one deleted before the next
+  pass listed it (nothing is left to count);
 - truncation (the file is shorter than the offset): read again from the start, counted;
 - a file found already written starts ``Limits.initial_bytes`` before its end (the latest
   values, without re-reading a gigabyte), or from the start when that is None (``--once``);
@@ -15,7 +21,8 @@ A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory
   survives an agent restarted mid-job;
 - a line longer than ``Limits.max_line_bytes`` is skipped to its end and counted; the
   partial-line buffer never grows past that bound;
-- the kubelet's CRI format (``<RFC3339Nano> <stream> <P|F> <message>``) is decoded:
+- the kubelet's CRI format (``<RFC3339Nano> <stream> <P|F> <message>``) is decoded
+  (:mod:`agent.throughput.lines` cuts and decodes the lines):
   ``P`` (partial) pieces are joined until the ``F`` piece, within the same bound;
 - invalid UTF-8 is counted and decoded with replacement characters (the numbers, ASCII,
   survive);
@@ -31,6 +38,11 @@ A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory
   the middle of other lines;
 - ``close()`` keeps the offset: a tail closed to bound the open files reopens at the same
   position when the path still names the same file with the same bytes before the offset;
+- :meth:`FileTail.resume_state` is where the next unread line starts (the read offset less
+  a partial line still buffered), the file's identity and a digest of the bytes before that
+  point (never the bytes: no log text leaves the tail): a tail built from it in another
+  process (a supervised child replacing one that died) carries on at that line, or, if the
+  file was rotated or truncated meanwhile, follows it as above;
 - bytes known to exist that were never read (a truncation that cut unread bytes, a stream
   dropped with bytes left) are counted in ``unread_bytes``; a ``stop`` callable lets a pass
   leave a file between two chunks (its CPU budget spent): the rest waits, nothing is lost.
@@ -46,20 +58,18 @@ pair for the runner to log once. Nothing here logs or keeps a line beyond handin
 from __future__ import annotations
 
 import errno
-import functools
 import gzip
+import hashlib
 import os
 import stat
 import struct
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import BinaryIO
 
-#: (text, CRI timestamp in seconds or None for plain files)
-LineSink = Callable[[str, float | None], None]
+from agent.throughput.lines import LineSink, LineSplitter
 
 #: reasons counted by the tailer (a subset of the sampler's error reasons)
 TAIL_REASONS = (
@@ -70,14 +80,18 @@ TAIL_REASONS = (
     "line_too_long",
     "not_regular_file",
     "outside_root",
+    "fd_limit",
     "permission",
     "rotated",
+    "rotated_unread",
     "symlink",
     "truncated",
     "vanished",
 )
 #: bytes before the offset compared on each pass to detect a truncated-and-regrown file
 MARK_BYTES = 64
+#: rotated files followed between the old file and the new one in one poll
+MAX_ROTATED_FOLLOWED = 64
 #: the key of ``counts`` holding bytes that existed and were never read
 UNREAD_BYTES = "unread_bytes"
 
@@ -108,158 +122,32 @@ class Limits:
 WHOLE_FILE = Limits(max_bytes_per_pass=None, initial_bytes=None)
 
 
-def parse_cri_timestamp(raw: bytes) -> float | None:
-    """Seconds since the epoch of a CRI log timestamp (``2024-04-06T02:55:45.123456789Z``
-    or with a ``+hh:mm`` offset); None when it is not one (a longer field than any RFC 3339
-    timestamp is refused before it is looked at: the field is a pod's text)."""
-    if len(raw) > 64:
-        return None
-    # the kubelet's own form, UTC with nanoseconds: the second from a small cache (lines of
-    # one second share it), the fraction as an integer; every other form below
-    if len(raw) > 21 and raw[19:20] == b"." and raw[-1:] == b"Z" and raw[20:-1].isdigit():
-        second = _utc_second(raw[:19])
-        if second is not None:
-            return second + int(raw[20:-1][:6].ljust(6, b"0")) / 1e6
-    text = raw.decode("ascii", errors="replace")
-    if "." in text:
-        head, _, rest = text.partition(".")
-        digits = ""
-        for i, ch in enumerate(rest):
-            if not ch.isdigit():
-                tz = rest[i:]
-                break
-            digits += ch
-        else:
-            tz = ""
-        text = f"{head}.{(digits + '000000')[:6]}{tz}"
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+@dataclass(frozen=True, slots=True)
+class TailResume:
+    """Where a tail stopped, for a tail in another process to carry on (see the module
+    docstring): ``offset`` is where the next unread line starts; ``mark`` a digest of the
+    ``mark_len`` bytes before it; ``skip``: the offset is inside an over-long line (its rest
+    is skipped)."""
+
+    path: str
+    dev: int
+    ino: int
+    offset: int
+    size: int
+    mark: bytes
+    mark_len: int
+    skip: bool = False
 
 
-@functools.lru_cache(maxsize=256)
-def _utc_second(raw: bytes) -> float | None:
-    """``2024-04-06T02:55:45`` (UTC) as seconds since the epoch; None when it is not one."""
-    if raw[10:11] != b"T":
-        return None
-    try:
-        return datetime.fromisoformat(raw.decode("ascii") + "+00:00").timestamp()
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
-class LineSplitter:
-    """Bytes in, complete lines out, in bounded memory; decodes CRI when asked."""
-
-    __slots__ = (
-        "_buf",
-        "_counts",
-        "_cri",
-        "_cri_buf",
-        "_cri_skip",
-        "_limits",
-        "_sink",
-        "_skip",
-    )
-
-    def __init__(self, sink: LineSink, counts: Counter[str], *, cri: bool, limits: Limits) -> None:
-        self._sink = sink
-        self._counts = counts
-        self._cri = cri
-        self._limits = limits
-        self._buf = bytearray()
-        self._skip = False  # inside an over-long raw line: drop bytes until its newline
-        self._cri_buf = bytearray()
-        self._cri_skip = False  # inside an over-long CRI message: drop pieces until F
-
-    def reset(self) -> None:
-        """Forget a partial line (after a truncation: its rest is gone)."""
-        self._buf.clear()
-        self._skip = False
-        self._cri_buf.clear()
-        self._cri_skip = False
-
-    def skip_to_next_line(self) -> None:
-        """Start mid-file: the bytes up to the next newline are the tail of a line not read."""
-        self._buf.clear()
-        self._skip = True
-
-    def feed(self, data: bytes) -> None:
-        start = 0
-        limit = self._limits.max_line_bytes
-        while True:
-            nl = data.find(b"\n", start)
-            if nl < 0:
-                rest = len(data) - start
-                if self._skip or rest == 0:
-                    return
-                if len(self._buf) + rest > limit:
-                    self._counts["line_too_long"] += 1
-                    self._buf.clear()
-                    self._skip = True
-                    return
-                self._buf += data[start:]
-                return
-            if self._skip:
-                self._skip = False
-            elif self._buf:
-                if len(self._buf) + nl - start > limit:
-                    self._counts["line_too_long"] += 1
-                else:
-                    self._buf += data[start:nl]
-                    self._line(bytes(self._buf))
-                self._buf.clear()
-            elif nl - start > limit:
-                self._counts["line_too_long"] += 1
-            else:
-                self._line(data[start:nl])
-            start = nl + 1
-
-    def _line(self, raw: bytes) -> None:
-        if not self._cri:
-            self._emit(raw, None)
-            return
-        parts = raw.split(b" ", 3)
-        if len(parts) < 3 or parts[2] not in (b"P", b"F"):
-            self._counts["cri_parse"] += 1
-            return
-        msg = parts[3] if len(parts) == 4 else b""
-        if parts[2] == b"P":
-            if self._cri_skip:
-                return
-            if len(self._cri_buf) + len(msg) > self._limits.max_line_bytes:
-                self._counts["line_too_long"] += 1
-                self._cri_buf.clear()
-                self._cri_skip = True
-                return
-            self._cri_buf += msg
-            return
-        if self._cri_skip:  # the F piece ends the over-long message
-            self._cri_skip = False
-            return
-        if self._cri_buf:
-            if len(self._cri_buf) + len(msg) > self._limits.max_line_bytes:
-                self._counts["line_too_long"] += 1
-                self._cri_buf.clear()
-                return
-            self._cri_buf += msg
-            msg = bytes(self._cri_buf)
-            self._cri_buf.clear()
-        self._emit(msg, parse_cri_timestamp(parts[0]))
-
-    def _emit(self, raw: bytes, ts: float | None) -> None:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            self._counts["invalid_utf8"] += 1
-            text = raw.decode("utf-8", errors="replace")
-        self._sink(text, ts)
+def mark_digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def _classify(exc: OSError) -> str:
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         return "vanished"
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return "fd_limit"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return "permission"
     if exc.errno == errno.ELOOP:
@@ -334,27 +222,44 @@ class FileTail:
         new_file: bool = False,
         root: str | None = None,
         head_sink: LineSink | None = None,
+        resume: TailResume | None = None,
     ) -> None:
         """``new_file``: the file appeared after tailing began (a restarted container's
         next log): read it from its start rather than from ``initial_bytes`` before its end.
         ``root``: the directory the file must stay in (see the module docstring).
-        ``head_sink``: where the lines of a skipped beginning go (see :meth:`_read_head`)."""
+        ``head_sink``: where the lines of a skipped beginning go (see :meth:`_read_head`).
+        ``resume``: carry on where another tail of this path stopped (its
+        :meth:`resume_state`)."""
         self.path = path
         self._counts = counts
         self._limits = limits
         self._root = root
         self._cri = cri
         self._head_sink = head_sink
-        self._split = LineSplitter(sink, counts, cri=cri, limits=limits)
+        self._split = LineSplitter(sink, counts, cri=cri, max_line_bytes=limits.max_line_bytes)
         self._fd: int | None = None
         self._ident: tuple[int, int] = (0, 0)
         self._offset = 0
         self._size = 0  # the size last seen: bytes up to it are known to exist
         self._mark = b""  # the bytes just before the offset
+        #: a resumed tail's digest of the bytes before the offset, until it reads on
+        self._mark_digest: tuple[bytes, int] | None = None
         self._opened_before = new_file
+        self._checkpoint: TailResume | None = None
+        #: rotated files already read (followed between an old file and a new one)
+        self._followed: deque[tuple[int, int]] = deque(maxlen=MAX_ROTATED_FOLLOWED)
         self.last_read_mtime: float | None = None
         #: bytes read by the latest poll
         self.last_poll_bytes = 0
+        if resume is not None:
+            self._ident = (resume.dev, resume.ino)
+            self._offset = resume.offset
+            self._size = resume.size
+            self._mark_digest = (resume.mark, resume.mark_len) if resume.mark_len else None
+            self._opened_before = True
+            if resume.skip:
+                self._split.skip_to_next_line()
+            self._checkpoint = resume
 
     @property
     def is_open(self) -> bool:
@@ -376,10 +281,11 @@ class FileTail:
             self._counts[UNREAD_BYTES] += max(0, left)
         self.close()
 
-    def _finish_renamed(self) -> None:
+    def _finish_renamed(self) -> int:
         """The file read before a close was renamed (kubelet rotation) while closed: read
         its rest through its new name in the same directory (found by inode); when it is
-        gone (compressed, deleted), what was known past the offset is counted unread."""
+        gone (compressed, deleted), what was known past the offset is counted unread.
+        Returns its modification time (ns; 0 when gone), for the files rotated after it."""
         folder = os.path.dirname(self.path) or "."
         try:
             names = os.listdir(folder)
@@ -401,16 +307,97 @@ class FileTail:
                     os.lseek(opened, self._offset, os.SEEK_SET)
                     while data := os.read(opened, self._limits.chunk_bytes):
                         self._split.feed(data)
-                    return
+                    return os.fstat(opened).st_mtime_ns
             except OSError as exc:  # unreadable now: its rest is counted unread below
                 self._counts[_classify(exc)] += 1
             finally:
                 os.close(opened)
             break
         self._counts[UNREAD_BYTES] += max(0, self._size - self._offset)
+        return 0
+
+    def _follow_rotated(
+        self, old: tuple[int, int], old_mtime_ns: int, current: tuple[int, int]
+    ) -> None:
+        """Read, oldest first, the files rotated after the old file ``old`` and before the
+        one the path names now (``current``): see the module docstring."""
+        folder = os.path.dirname(self.path) or "."
+        base = os.path.basename(self.path)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return
+        found: list[tuple[int, str, tuple[int, int], int]] = []
+        for name in names:
+            if not name.startswith((base + ".", base + "-")) or name.endswith(".gz"):
+                continue
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            ident = (st.st_dev, st.st_ino)
+            if (
+                not stat.S_ISREG(st.st_mode)
+                or ident in (old, current)
+                or ident in self._followed
+                or st.st_mtime_ns < old_mtime_ns
+            ):
+                continue
+            found.append((st.st_mtime_ns, name, ident, st.st_size))
+        budget = self._limits.max_bytes_per_pass
+        for n, (_, name, ident, size) in enumerate(sorted(found)):
+            if n >= MAX_ROTATED_FOLLOWED or (budget is not None and budget <= 0):
+                self._counts["rotated_unread"] += 1
+                self._counts[UNREAD_BYTES] += size
+                continue
+            read = self._read_rotated(os.path.join(folder, name), ident, size, budget)
+            if budget is not None:
+                budget -= read
+
+    def _read_rotated(
+        self, path: str, ident: tuple[int, int], size: int, budget: int | None
+    ) -> int:
+        """One rotated file, whole (at most ``budget`` bytes); returns the bytes read."""
+        opened = open_log(path, Counter(), self._root)
+        if isinstance(opened, tuple):
+            self._counts["rotated_unread"] += 1
+            self._counts[UNREAD_BYTES] += size
+            return 0
+        total = 0
+        try:
+            st = os.fstat(opened)
+            if (st.st_dev, st.st_ino) != ident:  # replaced between the listing and the open
+                self._counts["rotated_unread"] += 1
+                self._counts[UNREAD_BYTES] += size
+                return 0
+            self._counts["rotated"] += 1
+            self._followed.append(ident)
+            while budget is None or total < budget:
+                want = self._limits.chunk_bytes
+                data = os.read(opened, want if budget is None else min(want, budget - total))
+                if not data:
+                    return total
+                total += len(data)
+                self._split.feed(data)
+            left = os.fstat(opened).st_size - total
+            if left > 0:
+                self._counts["rotated_unread"] += 1
+                self._counts[UNREAD_BYTES] += left
+        except OSError as exc:
+            self._counts[_classify(exc)] += 1
+            self._counts["rotated_unread"] += 1
+        finally:
+            os.close(opened)
+        return total
 
     def _mark_matches(self, fd: int) -> bool:
         """The bytes before the offset are still the ones read there."""
+        if self._mark_digest is not None:
+            digest, n = self._mark_digest
+            try:
+                return mark_digest(os.pread(fd, n, self._offset - n)) == digest
+            except OSError:
+                return False
         if not self._mark:
             return True
         try:
@@ -436,8 +423,10 @@ class FileTail:
                 self._split.reset()
             else:  # rotated while closed: finish the old file under its new name
                 self._counts["rotated"] += 1
-                self._finish_renamed()
+                old = self._ident
+                self._follow_rotated(old, self._finish_renamed(), (st.st_dev, st.st_ino))
             self._mark = b""
+            self._mark_digest = None
         self._fd = fd
         self._ident = (st.st_dev, st.st_ino)
         initial = self._limits.initial_bytes
@@ -460,7 +449,9 @@ class FileTail:
         splitter whose counts are discarded (those bytes were never the stream's to read)."""
         if self._head_sink is None or size <= 0:
             return
-        split = LineSplitter(self._head_sink, Counter(), cri=self._cri, limits=self._limits)
+        split = LineSplitter(
+            self._head_sink, Counter(), cri=self._cri, max_line_bytes=self._limits.max_line_bytes
+        )
         at = 0
         while at < size:
             try:
@@ -476,6 +467,43 @@ class FileTail:
     def poll(self, stop: Callable[[], bool] | None = None) -> tuple[str, str] | None:
         """Read what is new (see the class docstring). ``stop`` is asked between two
         chunks: True leaves the rest of the file for the next poll."""
+        problem = self._poll(stop)
+        if self._fd is not None and (self.last_poll_bytes or self._checkpoint is None):
+            self._checkpoint = self._resume_point(self._fd)
+        return problem
+
+    def resume_state(self) -> TailResume | None:
+        """Where the latest poll left this file (None: never opened); see the module
+        docstring."""
+        return self._checkpoint
+
+    def _resume_point(self, fd: int) -> TailResume | None:
+        pending = self._split.pending_bytes()
+        at = self._offset - pending
+        if at < 0:
+            return None
+        if pending == 0 and self._mark_digest is not None:
+            digest, n = self._mark_digest
+        else:
+            before = self._mark if pending == 0 else b""
+            if pending and at > 0:
+                try:
+                    before = os.pread(fd, min(MARK_BYTES, at), at - min(MARK_BYTES, at))
+                except OSError:
+                    return None
+            digest, n = mark_digest(before), len(before)
+        return TailResume(
+            self.path,
+            self._ident[0],
+            self._ident[1],
+            at,
+            self._size,
+            digest if n else b"",
+            n,
+            self._split.skipping,
+        )
+
+    def _poll(self, stop: Callable[[], bool] | None) -> tuple[str, str] | None:
         budget = self._limits.max_bytes_per_pass
         self.last_poll_bytes = 0
         if self._fd is None:
@@ -493,6 +521,7 @@ class FileTail:
                     self._split.reset()
                     self._offset = 0
                     self._mark = b""
+                    self._mark_digest = None
                     os.lseek(self._fd, 0, os.SEEK_SET)
                 self._size = size
                 read, at_eof = self._read(budget, stop)
@@ -514,10 +543,18 @@ class FileTail:
                 return _classify(exc), exc.strerror or str(exc)
             if (st.st_dev, st.st_ino) == self._ident:
                 return None
-            # rotated or replaced: the old file is read to its end; now the new one
+            # rotated or replaced: the old file is read to its end; then the files rotated
+            # after it, if any; now the new one
             self._counts["rotated"] += 1
+            old, old_mtime = self._ident, 0
+            try:
+                old_mtime = os.fstat(self._fd).st_mtime_ns
+            except OSError as exc:
+                self._counts[_classify(exc)] += 1
             self.close()
             self._offset, self._size, self._mark = 0, 0, b""  # the old file is done
+            self._mark_digest = None
+            self._follow_rotated(old, old_mtime, (st.st_dev, st.st_ino))
             problem = self._open(from_start=True)
             if problem is not None:
                 return problem
@@ -540,6 +577,7 @@ class FileTail:
             self._offset += len(data)
             self._size = max(self._size, self._offset)
             self._mark = (self._mark + data[-MARK_BYTES:])[-MARK_BYTES:]
+            self._mark_digest = None
             self._split.feed(data)
         if total:
             self.last_read_mtime = os.fstat(self._fd).st_mtime
@@ -575,7 +613,7 @@ def read_gzip_tail(
     if isinstance(opened, tuple):
         return opened
     raw = os.fdopen(opened, "rb")
-    split = LineSplitter(sink, counts, cri=cri, limits=limits)
+    split = LineSplitter(sink, counts, cri=cri, max_line_bytes=limits.max_line_bytes)
     skip = 0
     size = gzip_size(raw)
     if limits.initial_bytes is not None and size is not None and size > limits.initial_bytes:

@@ -50,6 +50,7 @@ from agent.config import (
 )
 from agent.core.errors import ConfigError, NoData
 from agent.core.logsetup import LEVELS, setup_logging
+from agent.core.reaper import serve_as_init
 from exporter.cli import explain_flags, probe_flags, ras_flags
 from exporter.cli.argtypes import Parser, count, parse_known, positive_duration
 from exporter.metrics.spec import DETAILS
@@ -194,7 +195,8 @@ def _add_throughput(p: argparse.ArgumentParser) -> None:
         default=0.5,
         metavar="DURATION",
         help="CPU time one log may take in one pass; the rest of it waits for the next pass, "
-        "counted as cpu_budget (default: 500ms)",
+        "counted as cpu_budget (default: 500ms). Not applied with --once, which reads every "
+        "file whole within --sampling.timeout",
     )
     g.add_argument(
         "--throughput.max-open-files",
@@ -202,8 +204,9 @@ def _add_throughput(p: argparse.ArgumentParser) -> None:
         type=count,
         default=256,
         metavar="N",
-        help="log files kept open between passes; idle ones beyond it are closed and "
-        "reopened at their offset (default: %(default)s)",
+        help="log files open at once, within a pass too (at most half the soft limit on "
+        "open files); the least recently read is closed and reopened at its offset when its "
+        "turn comes (default: %(default)s)",
     )
 
 
@@ -582,11 +585,38 @@ def cmd_agent(ns: argparse.Namespace) -> int:
             once=ns.once,
         )
         app = AgentApp(specs, latest, detail=ns.collector_detail)
-        if ns.once:
-            sys.stdout.buffer.write(app.run_once())
-            sys.stdout.flush()
-            return 0
-        return _serve(app, ns)
+        if not ns.once:
+            return _serve(app, ns)
+        sys.stdout.buffer.write(app.run_once())
+        sys.stdout.flush()
+        _warn_unread_once(app, config.sampling.timeout_seconds)
+    _exit_past_abandoned_passes()
+    return 0
+
+
+def _exit_past_abandoned_passes() -> None:
+    """A ``--once`` pass the runner gave up on still runs in its thread, perhaps inside C
+    code (RE2, a vendor library) that aborts the interpreter as it finalises: once the
+    output is written and everything cleaned up, exit without finalising."""
+    import threading
+
+    if any(t.name.startswith("sample-") and t.is_alive() for t in threading.enumerate()):
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _warn_unread_once(app: AgentApp, timeout: float) -> None:
+    """``--once`` reads the throughput logs whole; when that did not finish within the
+    sampling timeout the exposition holds no throughput series: say so on stderr."""
+    if "throughput" not in app.runner.names:
+        return
+    status = app.runner.status("throughput")
+    if status.snapshot is None and status.error_count("timeout"):
+        print(
+            f"fabricscope: warning: the throughput logs were not read whole within "
+            f"--sampling.timeout ({timeout:g}s): no throughput series printed; raise it",
+            file=sys.stderr,
+        )
 
 
 def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
@@ -670,6 +700,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parse_known(parser, args)
     setup_logging(ns.log_level, ns.log_format)
+    # as PID 1 (a container's entrypoint without an init) orphans are re-parented here and
+    # nothing else reaps them: the command runs in a child and this process reaps
+    return serve_as_init(lambda: _dispatch(ns, args))
+
+
+def _dispatch(ns: argparse.Namespace, args: list[str]) -> int:
     commands = {
         "agent": cmd_agent,
         "topo": cmd_topo,

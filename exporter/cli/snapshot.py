@@ -1,12 +1,22 @@
 """``fabricscope snapshot``: capture the sysfs files the samplers read, and NVML's answers,
-into a tarball that ``agent --snapshot`` and ``topo --snapshot`` replay."""
+into a tarball that ``agent --snapshot`` and ``topo --snapshot`` replay.
+
+The tarball is written to a temporary file beside the output (``.<name>.<pid>.<random>.partial``)
+and renamed when whole, so a reader never sees half of one. A run stopped by SIGTERM, SIGHUP or
+SIGINT removes its temporary file; one killed outright (SIGKILL, the machine going down) cannot,
+so each run first removes those left beside its output by runs that are no longer alive.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import signal
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +33,51 @@ from agent.snapshot import NVML_RECORDING, capture
 NOT_CAPTURED = frozenset({"attribution", "workload"})
 
 
+#: a temporary file of an older version (no pid in its name) is taken as left behind after this
+LEGACY_PARTIAL_AGE_SECONDS = 3600.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_partials(directory: Path, name: str) -> list[str]:
+    """Remove the temporary files that runs writing ``name`` into ``directory`` left behind:
+    those whose run (the pid in the name) is gone, and pid-less ones of older versions over
+    an hour old. Returns the names removed."""
+    tagged = re.compile(rf"^\.{re.escape(name)}\.(\d+)\.[^/]+\.partial$")
+    legacy = re.compile(rf"^\.{re.escape(name)}\.[a-z0-9_]{{8}}\.partial$")
+    removed: list[str] = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        m = tagged.match(entry)
+        path = directory / entry
+        if m is not None:
+            if _alive(int(m.group(1))):
+                continue
+        elif legacy.match(entry) is not None:
+            try:
+                if time.time() - path.stat().st_mtime < LEGACY_PARTIAL_AGE_SECONDS:
+                    continue
+            except OSError:
+                continue
+        else:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(entry)
+    return removed
+
+
 def open_output(output: str) -> str:
     """Check ``output`` before anything is sampled: a file name (not a directory) in a
     directory that exists and takes a new file. Returns a temporary file beside it (created
@@ -35,8 +90,12 @@ def open_output(output: str) -> str:
     if not parent.is_dir():
         what = "is not a directory" if parent.exists() else "does not exist"
         raise ConfigError(f"cannot write {output}: {parent} {what}")
+    for stale in remove_stale_partials(parent, path.name):
+        print(f"removed {parent / stale}, left by a snapshot that was killed", file=sys.stderr)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=parent)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{path.name}.{os.getpid()}.", suffix=".partial", dir=parent
+        )
     except OSError as exc:
         raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
     umask = os.umask(0)
@@ -52,10 +111,27 @@ def take_snapshot(config: AgentConfig, output: str) -> int:
     ``output`` (checked first: :func:`open_output`); progress on stderr."""
     partial = open_output(output)
     try:
-        return _take(config, output, partial)
+        with _stopped_by_signals():
+            return _take(config, output, partial)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the run the way Ctrl-C does: by an exception, so the temporary
+    file is removed on the way out (exit status 128 + the signal's number)."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _take(config: AgentConfig, output: str, partial: str) -> int:

@@ -104,8 +104,17 @@ PEER_GENERIC = MetricSpec(
     _PEER_PREFIX + "generic_total",
     "counter",
     "A neighbour port counter with no dedicated fabricscope_infiniband_peer_port_* metric, "
-    "named as perfquery prints it, lower-cased.",
+    "named as perfquery prints it, lower-cased: at most 16 per perfquery answer and 256 per "
+    "node (fabricscope_infiniband_peer_fields_dropped_total counts the rest).",
     (*_PEER, "counter"),
+)
+FIELDS_DROPPED = MetricSpec(
+    "fabricscope_infiniband_peer_fields_dropped_total",
+    "counter",
+    "Fields of no known counter left out of the neighbour's perfquery answers because they "
+    "passed the cap of 16 per answer or 256 per node (the tool's output is untrusted: each "
+    "field would be a series), summed over passes since the agent started.",
+    _DP,
 )
 
 
@@ -143,6 +152,7 @@ SPECS: tuple[MetricSpec, ...] = (
     SPEED_DEGRADED,
     PEER_SATURATED,
     PEER_GENERIC,
+    FIELDS_DROPPED,
     *_PEER_COUNTER_SPECS,
 )
 
@@ -176,6 +186,7 @@ def _counters(out: Families, counters: tuple[PortCounter, ...], *labels: str) ->
 def render_port(p: PeerPort, out: Families) -> None:
     dp = (p.device, str(p.port))
     out.add(PEER_CHANGES, p.changes_total, *dp)
+    out.add(FIELDS_DROPPED, p.fields_dropped_total, *dp)
     _link(out, p.local, *dp, "local")
     _link(out, p.peer_link, *dp, "peer")
     out.add(WIDTH_DEGRADED, p.width_degraded, *dp)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent.throughput.nccl import WARNING_KINDS
-from agent.throughput.sampler import NcclSeries
+from agent.throughput.records import NcclSeries
 from exporter.metrics.spec import Families, MetricSpec
 
 _J = ("namespace", "pod", "container", "job_name")
@@ -46,7 +46,9 @@ HCA_CHANNELS = MetricSpec(
     _P + "hca_channels",
     "gauge",
     "Network channel connections over NET/IB by the HCA they use (the NET index of the "
-    "channel line mapped through the NET/IB list the same process printed)." + _RUN,
+    "channel line mapped through the NET/IB list the same process printed). At most 64 HCA "
+    "names per container and 256 per node have a series of their own; channels through any "
+    "other name are counted under device other." + _RUN,
     (*_J, "device"),
 )
 HCA_CHANNELS_OFF_GPU_NUMA = MetricSpec(
@@ -71,7 +73,9 @@ IB_COMPLETION_ERRORS = MetricSpec(
     "counter",
     "NCCL WARN lines of a failed IB work completion, by its status (rdma-core's ibv_wc_status "
     "name: retry_exc_err is transport retries exceeded, wr_flush_err a flushed request after "
-    "the queue pair failed) and vendor error (0-255, mlx5's syndrome).",
+    "the queue pair failed) and vendor error (0-255, mlx5's syndrome). At most 16 pairs per "
+    "container and 256 per node have a series of their own (the first seen keep it); lines "
+    "of any other pair are counted under status and vendor_error other, so none is lost.",
     (*_J, "status", "vendor_error"),
 )
 INITS = MetricSpec(

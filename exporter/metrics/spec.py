@@ -85,7 +85,8 @@ LABELS: dict[str, str] = {
     "NET/Socket, NET/other, P2P/CUMEM, P2P/IPC, P2P/direct, SHM, other",
     "gdr": "1 when an NCCL network channel uses GPUDirect RDMA (NCCL printed /GDRDMA), else 0",
     "status": "an IB work completion's status, rdma-core's ibv_wc_status name (retry_exc_err)",
-    "vendor_error": "an IB work completion's vendor error (0-255), or other",
+    "vendor_error": "an IB work completion's vendor error (0-255), or other (not a number "
+    "0-255, or past the per-container or per-node cap on distinct pairs)",
     "ras_endpoint": "the address:port of an NCCL job's RAS service the agent asks "
     "(127.0.0.1:28028), empty where there is none to reach",
     "host": "the IP address of an NCCL process's bootstrap interface, as NCCL's RAS reports "

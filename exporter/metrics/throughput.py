@@ -14,7 +14,7 @@ the attribution series on ``namespace`` and ``pod``, e.g. the GPUs a job's pods 
 
 from __future__ import annotations
 
-from agent.throughput.sampler import ERROR_REASONS, ThroughputSnapshot
+from agent.throughput.records import ERROR_REASONS, ThroughputSnapshot
 from exporter.metrics import nccl
 from exporter.metrics.spec import Families, MetricSpec
 
@@ -93,12 +93,16 @@ ERRORS = MetricSpec(
     "Throughput log reading problems by reason: bad_regex (an unusable "
     "fabricscope.io/throughput-regex, e.g. one RE2 cannot run in linear time), cpu_budget "
     "(a log used its CPU budget in a pass; its rest waits for the next), cri_parse (a line "
-    "not in the CRI log format), gzip, invalid_utf8 (decoded with replacement characters; "
+    "not in the CRI log format), fd_limit (a log not opened for want of a file descriptor; "
+    "read next pass), gzip, invalid_utf8 (decoded with replacement characters; "
     "its numbers still read), io, line_too_long (skipped), no_match (a --throughput.file "
     "pattern matching nothing), not_regular_file (a FIFO, socket, device or directory in "
     "place of a log), outside_root (a log whose real path leaves --path.pod-logs), "
     "pass_deadline (logs a pass had no time left for; first in the next pass), permission, "
-    "rotated (a log rotated: not an error), symlink (a pod log that is a symbolic link: "
+    "rotated (a log rotated, once per rotated file followed: not an error), rotated_unread "
+    "(a rotated file found but not read: gone or unreadable by the time it was opened, or "
+    "past a pass's byte bound; its size is in fabricscope_throughput_unread_bytes_total), "
+    "symlink (a pod log that is a symbolic link: "
     "never followed), too_long_to_parse (a line over 16 KiB: not parsed), truncated (read "
     "again from its start), vanished (a log or pod log directory gone).",
     ("reason",),

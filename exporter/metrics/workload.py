@@ -6,7 +6,10 @@ Cardinality: no series carries a PID. Per-process values are folded per GPU and 
 is not attributed): mismatch ratios keep the worst process, finding series count
 processes, NCCL settings keep each distinct value. NCCL settings are at most one series
 per allowlisted variable (agent/workload/sampler.py ``NCCL_ENV_ALLOWLIST``) and value per GPU and
-container; values outside a safe character set are exported as ``<redacted>``.
+container; values outside a safe character set are exported as ``<redacted>``. A container's
+processes may each be started with another value (the values are its text): at most
+:data:`MAX_ENV_VALUES` distinct values per variable, GPU and container have a series of their
+own, any other reads ``<other>``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from agent.workload.sampler import WorkloadSnapshot
 from exporter.metrics.spec import Families, MetricSpec
 
 _POD = ("gpu", "namespace", "pod", "container")
+#: distinct values of one variable exported per GPU and container
+MAX_ENV_VALUES = 4
+#: the value of the series that stands for the values past that
+OTHER_VALUE = "<other>"
 
 CPU_GPU_NUMA_MISMATCH = MetricSpec(
     "fabricscope_workload_cpu_gpu_numa_mismatch_ratio",
@@ -41,7 +48,8 @@ NCCL_ENV_INFO = MetricSpec(
     "gauge",
     "An allowlisted NCCL environment variable a GPU compute process was started with; always "
     "1. Values outside a safe character set or longer than 256 characters read <redacted>; "
-    "no other variable is ever read or exported.",
+    "no other variable is ever read or exported. At most 4 distinct values of a variable per "
+    "GPU and container have a series; any further value reads <other>.",
     (*_POD, "variable", "value"),
 )
 FINDING_PROCESSES = MetricSpec(
@@ -87,6 +95,7 @@ def render(snap: WorkloadSnapshot, out: Families) -> None:
     nic_mismatch: dict[_Row, float] = {}
     counts: dict[tuple[str, _Row], int] = {}
     row_of: dict[tuple[int, int], _Row] = {}  # (pid, gpu) -> row
+    env_values: dict[tuple[_Row, str], set[str]] = {}
     for p in snap.processes:
         pod = (p.pod.namespace, p.pod.pod, p.pod.container) if p.pod else ("", "", "")
         for g in p.gpus:
@@ -97,6 +106,11 @@ def render(snap: WorkloadSnapshot, out: Families) -> None:
             for kind in PROCESS_FINDING_KINDS:
                 counts.setdefault((kind, row), 0)
             for s in p.nccl_env or ():
+                seen = env_values.setdefault((row, s.name), set())
+                if s.value not in seen and len(seen) >= MAX_ENV_VALUES:
+                    out.add(NCCL_ENV_INFO, 1, *row, s.name, OTHER_VALUE)
+                    continue
+                seen.add(s.value)
                 out.add(NCCL_ENV_INFO, 1, *row, s.name, s.value)
     for w in workload_findings(snap):
         for gpu in w.gpus:

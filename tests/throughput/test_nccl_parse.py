@@ -465,5 +465,7 @@ def test_run_state_is_bounded() -> None:
         run.feed(NcclLine(IbDevices((f"hca{pid}",)), pid), None)
         run.feed(NcclLine(Channel("NET/IB", True, 0), pid), None)
     assert len(run._lists) == MAX_PIDS
-    assert len(run.hca_channels) == MAX_HCAS
+    # names past the cap are counted under one overflow name: none is lost
+    assert len(run.hca_channels) == MAX_HCAS + 1
+    assert run.hca_channels["other"] == MAX_PIDS * 4 - MAX_HCAS
     assert run.channels[("NET/IB", True)] == MAX_PIDS * 4

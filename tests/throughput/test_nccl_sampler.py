@@ -12,7 +12,8 @@ import pytest
 
 from agent.config import ThroughputSettings
 from agent.throughput.nccl import WARNING_KINDS
-from agent.throughput.sampler import NcclSeries, ThroughputSampler, ThroughputSnapshot
+from agent.throughput.records import NcclSeries, ThroughputSnapshot
+from agent.throughput.sampler import ThroughputSampler
 from exporter.metrics.spec import Families
 from exporter.metrics.throughput import render
 from tests.agentrun import throughput_once
@@ -164,7 +165,8 @@ def test_nccl_lines_are_parsed_in_the_supervised_child(tmp_path: Path) -> None:
     """The agent reads and parses logs in the throughput sampler's child process
     (agent.core.isolation): the NCCL series come back with the snapshot, equal to the ones
     parsed in process, and a restart seen by the same child starts a new run."""
-    from agent.throughput.sampler import ThroughputInputs, isolated_sampler
+    from agent.throughput.child import isolated_sampler
+    from agent.throughput.records import ThroughputInputs
 
     pods = tmp_path / "pods"
     log_of(pods).write_text(fixture_as_cri("nccl-2.2x-sglang-4289.log"))

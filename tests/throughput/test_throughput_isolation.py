@@ -18,13 +18,9 @@ import pytest
 from agent.config import ThroughputSettings
 from agent.core.isolation import ORPHAN_GRACE_SECONDS
 from agent.kubernetes.podwatch import PodIndex, PodMeta
-from agent.throughput.sampler import (
-    ThroughputInputs,
-    ThroughputSampler,
-    isolated_sampler,
-    settings_from_json,
-    settings_json,
-)
+from agent.throughput.child import isolated_sampler, settings_from_json, settings_json
+from agent.throughput.records import ThroughputInputs
+from agent.throughput.sampler import ThroughputSampler
 
 ROOT = Path(__file__).resolve().parents[2]
 LINE = "2026-11-25T10:00:00.5Z stdout F \t Train throughput/tokens_per_sec: {}\n"

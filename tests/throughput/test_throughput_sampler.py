@@ -20,7 +20,8 @@ import pytest
 from agent.config import ThroughputFile, ThroughputSettings
 from agent.core.errors import NoData
 from agent.kubernetes.podwatch import PodIndex, parse_pod
-from agent.throughput.sampler import ThroughputSampler, ThroughputSeries, ThroughputSnapshot
+from agent.throughput.records import ThroughputSeries, ThroughputSnapshot
+from agent.throughput.sampler import ThroughputSampler
 from exporter.metrics.spec import Families
 from exporter.metrics.throughput import render
 from tests.agentrun import throughput_once

@@ -18,13 +18,8 @@ from pathlib import Path
 import pytest
 
 from agent.throughput.formats import parse_line
-from agent.throughput.tail import (
-    WHOLE_FILE,
-    FileTail,
-    Limits,
-    parse_cri_timestamp,
-    read_gzip_tail,
-)
+from agent.throughput.lines import parse_cri_timestamp
+from agent.throughput.tail import WHOLE_FILE, FileTail, Limits, read_gzip_tail
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC).timestamp()
 TOKENS = "\t Train throughput/tokens_per_sec: {}\n"

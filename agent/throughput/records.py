@@ -1,0 +1,137 @@
+"""The throughput sampler's records: what a pass gives the agent (:class:`ThroughputSnapshot`,
+with its series, its streams' NCCL facts and, from a supervised child, the state a child
+replacing it resumes from) and what the agent gives a pass (:class:`ThroughputInputs`). Frozen
+values only: they cross the pipe between the agent and the child as pickles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent.core.sysfs import ReadIssue
+from agent.kubernetes.podwatch import PodIndex
+from agent.throughput.tail import TAIL_REASONS, TailResume
+
+#: namespace, pod, container, job_name
+Labels = tuple[str, str, str, str]
+
+#: reasons counted in ``ThroughputSnapshot.errors_total``
+ERROR_REASONS = tuple(
+    sorted(
+        {*TAIL_REASONS, "bad_regex", "no_match", "too_long_to_parse", "cpu_budget", "pass_deadline"}
+    )
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputSeries:
+    """The latest figures one stream printed in one format (None: never printed)."""
+
+    namespace: str
+    pod: str
+    container: str
+    job_name: str
+    format: str
+    lines_parsed: int
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    iterations_per_second: float | None = None
+    step_seconds: float | None = None
+    flops_per_gpu: float | None = None
+    mfu_ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTime:
+    """Wall time (seconds since the epoch) of a stream's last parsed line."""
+
+    namespace: str
+    pod: str
+    container: str
+    job_name: str
+    last_parsed_timestamp_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class NcclSeries:
+    """What one stream's NCCL lines said (:mod:`agent.throughput.nccl`).
+
+    ``channels``: (transport, GPUDirect RDMA, connections) of the current run (the
+    container's current log); ``hca_channels``: (HCA, connections) of its NET/IB channels
+    whose NET index maps to an HCA NCCL listed; ``warnings``: (kind, lines) for every kind;
+    ``ib_errors``: (ibv_wc_status name, vendor error, lines). ``lines``, ``warnings``,
+    ``ib_errors``, ``inits`` and ``aborts`` count since the stream was first read.
+    ``last_init_timestamp_seconds``: CRI time of the latest ``Init COMPLETE`` (None: none, or a
+    plain file without timestamps). ``version``: the latest ``NCCL version`` printed.
+    ``gpu_hca_channels``: (GPU PCI address, HCA, connections) of the NET/IB channels whose
+    process named its GPU. ``hca_numa``: per HCA whose channels could be judged (the NUMA
+    node of the HCA and of the channel's GPU both known, :attr:`ThroughputInputs.numa`),
+    (HCA, channels judged, channels whose GPU is on another NUMA node than the HCA).
+    """
+
+    namespace: str
+    pod: str
+    container: str
+    job_name: str
+    lines: int
+    version: str | None = None
+    channels: tuple[tuple[str, bool, int], ...] = ()
+    hca_channels: tuple[tuple[str, int], ...] = ()
+    warnings: tuple[tuple[str, int], ...] = ()
+    ib_errors: tuple[tuple[str, str, int], ...] = ()
+    inits: int = 0
+    aborts: int = 0
+    last_init_timestamp_seconds: float | None = None
+    gpu_hca_channels: tuple[tuple[str, str, int], ...] = ()
+    hca_numa: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamResume:
+    """One stream as a replacing child takes it over: where its tail stopped (None: never
+    opened) and its values and counts (a pickle: only numbers and bounded names)."""
+
+    key: str
+    tail: TailResume | None
+    state: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputResume:
+    """What a child replacing this one needs not to count a line twice (see the module
+    docstring): every stream, the gzip'd files already read whole, the error counts."""
+
+    streams: tuple[StreamResume, ...] = ()
+    gz_done: tuple[str, ...] = ()
+    counts: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputSnapshot:
+    """One pass: series sorted by labels; ``sources`` logs tailed; errors since start;
+    ``nccl``: per stream that printed NCCL lines, what they said."""
+
+    series: tuple[ThroughputSeries, ...] = ()
+    times: tuple[StreamTime, ...] = ()
+    sources: int = 0
+    errors_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in ERROR_REASONS)
+    issues: tuple[ReadIssue, ...] = ()
+    #: bytes known to have been written to a log and never read (see agent.throughput.tail)
+    unread_bytes_total: int = 0
+    nccl: tuple[NcclSeries, ...] = ()
+    #: for a supervised child's replacement (None: not kept, in process); not compared
+    resume: ThroughputResume | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputInputs:
+    """What the sampler needs from the rest of the agent each pass: the (namespace, pod)
+    pairs holding a GPU of this node (None: no attribution answer) and the API server's pod
+    index (None: not watching). Sent to the child process when it changes (the index is
+    compared by identity: the watcher replaces it on every change)."""
+
+    gpu_pods: frozenset[tuple[str, str]] | None = None
+    index: PodIndex | None = None
+    #: the NUMA node of each GPU (by PCI address) and RDMA device (by name) of the node, from
+    #: sysfs (None: not known; a device whose platform reports no node is left out)
+    numa: tuple[tuple[str, int], ...] | None = None
