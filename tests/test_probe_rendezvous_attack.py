@@ -26,11 +26,11 @@ import pytest
 from loopnet import inside, private_net
 from slowloris import raise_fd_limit
 
-from agent.probe.guest import RENDEZVOUS_TIMEOUT_SECONDS
-from agent.probe.rendezvous_client import propose
-from agent.probe.rendezvous_messages import Answer, Offer
-from agent.probe.rendezvous_server import RendezvousServer
-from agent.probe.rendezvous_wire import MSG_CHALLENGE, MSG_ERROR, MSG_HELLO, frame, lp
+from agent.probe.rendezvous.client import propose
+from agent.probe.rendezvous.messages import Answer, Offer
+from agent.probe.rendezvous.server import RendezvousServer
+from agent.probe.rendezvous.wire import MSG_CHALLENGE, MSG_ERROR, MSG_HELLO, frame, lp
+from agent.probe.run.guest import RENDEZVOUS_TIMEOUT_SECONDS
 
 SECRET = b"k" * 32
 HOST_ID, GUEST_ID = "node-a", "node-b"
