@@ -26,6 +26,7 @@ from agent.core.sysfs import ReadIssue, SysfsReader
 from agent.infiniband.sampler import IbDevice, InfinibandSnapshot
 from agent.kubernetes import podresources_pb2 as pb
 from agent.kubernetes import podresources_pb2_grpc as pb_grpc
+from agent.kubernetes.allocation import GpuAllocation
 from agent.kubernetes.attribution import (
     AttributionSampler,
     AttributionSnapshot,
@@ -33,13 +34,12 @@ from agent.kubernetes.attribution import (
     GpuAttribution,
     RdmaAttribution,
     attribute_allocations,
+    gpu_allocation,
     is_gpu_resource,
     is_rdma_resource,
     normalize_pci_address,
-    gpu_allocation,
     resolve_gpu,
 )
-from agent.kubernetes.allocation import GpuAllocation
 from agent.kubernetes.cgroup import PodContainer
 from agent.kubernetes.podresources import ContainerAllocation, DeviceAllocation, PodAllocation
 from agent.kubernetes.podwatch import (
