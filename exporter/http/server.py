@@ -60,7 +60,14 @@ from exporter.metrics.exposition import ExpositionCache, render_text
 from exporter.metrics.httpstats import OWNER, HttpStats
 from exporter.metrics.spec import Families
 
-__all__ = ["ConnectionLimits", "MetricsServer", "accepts_gzip", "parse_listen_address", "serve"]
+__all__ = [
+    "ConnectionLimits",
+    "MetricsServer",
+    "accepts_gzip",
+    "parse_listen_address",
+    "serve",
+    "serve_health",
+]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +134,22 @@ def serve(
         tls.config.client_auth_type if tls else "none",
         len(web_config.basic_auth_users) if web_config else 0,
     )
+    return server
+
+
+def serve_health(
+    address: str, ready: Callable[[], bool], *, limits: ConnectionLimits | None = None
+) -> MetricsServer:
+    """Serve ``/healthz`` alone (``200 ok`` / ``503 not ready``; every other path 404) over
+    plain HTTP without credentials on ``address``: what a kubelet probe can reach when the
+    metrics port requires a client certificate (``RequireAndVerifyClientCert``), which
+    kubelet HTTPS probes never present. It tells only whether the agent is ready. The same
+    connection limits as the metrics server apply. ``ConfigError`` as :func:`serve`."""
+    limits = limits or ConnectionLimits()
+    listener = listen(address, defer_accept=limits.header_timeout)
+    site = Site(cache=ExpositionCache(), ready=ready, auth=None, health_only=True)
+    server = MetricsServer(listener, site, tls=None, limits=limits)
+    log.info("serving /healthz alone on %s (plain HTTP, no credentials)", server.address)
     return server
 
 

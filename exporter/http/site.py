@@ -10,7 +10,10 @@ Endpoints:
 - any other path: 404; any method but GET and HEAD: 405.
 
 Basic auth guards every path **except /healthz**: ``/healthz`` says only whether the agent
-is ready, and kubelet probes cannot easily carry credentials, so it stays open.
+is ready, and kubelet probes cannot easily carry credentials, so it stays open. Nor can they
+carry a client certificate: with ``--web.health-listen-address`` a second, plain-HTTP server
+answers ``/healthz`` alone (``health_only``: every other path is 404), for probes of an agent
+whose web config requires client certificates.
 Unauthenticated requests get ``401`` with ``WWW-Authenticate: Basic realm="fabricscope"``.
 
 :meth:`Site.quick` answers what needs no blocking call (everything but ``/healthz`` and a
@@ -76,11 +79,14 @@ class Site:
         ready: Callable[[], bool],
         auth: BasicAuth | None,
         headers: Sequence[tuple[str, str]] = (),
+        health_only: bool = False,
     ) -> None:
         self.cache = cache
         self.ready = ready
         self.auth = auth
         self.headers = tuple(headers)
+        #: answer ``/healthz`` and nothing else (404): the health listener
+        self.health_only = health_only
 
     def quick(self, req: Request) -> Response | None:
         """The response, or None when only :meth:`answer` (which may block) can give it."""
@@ -135,6 +141,8 @@ class Site:
             if _is_ready(self.ready):
                 return self._reply(200, b"ok")
             return self._reply(503, b"not ready")
+        if self.health_only:
+            return self._reply(404, b"not found\n")
         if not authorized:
             return self._reply(401, b"unauthorized\n", extra=(("WWW-Authenticate", AUTHENTICATE),))
         if path == "/metrics":
