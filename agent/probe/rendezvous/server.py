@@ -314,6 +314,8 @@ class RendezvousServer:
         )
 
     def _readable(self, conn: _Conn) -> None:
+        if self._pending.get(conn.sock) is not conn:
+            return  # displaced or failed earlier in this same round of events
         try:
             chunk = conn.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
