@@ -1,4 +1,5 @@
-"""Import direction: agent/ knows nothing about Prometheus or the exporter; each source\nimports only the shared machinery and its declared joins; the probe's parts import downwards."""
+"""Import direction: agent/ knows nothing about Prometheus or the exporter; each source
+imports only the shared machinery and its declared joins; the probe's parts import downwards."""
 
 from __future__ import annotations
 
