@@ -7,14 +7,15 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from agent.config import AgentConfig
-from agent.core.runner import SamplerSpec
+from agent.core.runner import SamplerSpec, SamplerStatus
 from agent.core.sampler import Sampler, Snapshot
 from agent.core.sysfs import SysfsReader
 from agent.ibpeer.sampler import IbPeerSampler, check_tools
 from agent.ibpeer.sampler import isolated_sampler as isolated_ibpeer
 from agent.infiniband.records import InfinibandSnapshot
 from agent.infiniband.sampler import InfinibandSampler
-from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
+from agent.kubernetes.allocation import GpuAllocation
+from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, gpu_allocation
 from agent.kubernetes.podwatch import PodIndex
 from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE
 from agent.nvml.api import NvmlApi
@@ -38,9 +39,22 @@ class Latest:
 
     def __init__(self) -> None:
         self._get: Callable[[str], Snapshot | None] = lambda name: None
+        self._status: Callable[[str], SamplerStatus | None] = lambda name: None
 
-    def bind(self, get: Callable[[str], Snapshot | None]) -> None:
+    def bind(
+        self,
+        get: Callable[[str], Snapshot | None],
+        status: Callable[[str], SamplerStatus | None] | None = None,
+    ) -> None:
+        """``get``: a sampler's latest snapshot; ``status``: what the runner knows of its
+        latest attempt (whether it ran at all, found no hardware, failed)."""
         self._get = get
+        if status is not None:
+            self._status = status
+
+    def status(self, name: str) -> SamplerStatus | None:
+        """The runner's status of sampler ``name``; None while unbound."""
+        return self._status(name)
 
     def of(self, name: str, kind: type[S]) -> Callable[[], S | None]:
         """A callable returning sampler ``name``'s latest snapshot if it is a ``kind``."""
@@ -201,8 +215,29 @@ def build_samplers(
                 )
             )
     if config.probe.enabled and run_probes:
-        out.append(build_probe_sampler(config.probe, allocated=lambda: allocated_gpus(pods())))
+        out.append(
+            build_probe_sampler(
+                config.probe,
+                allocated=lambda: probe_allocation(
+                    "attribution" in enabled, config.kubernetes.node_name, latest
+                ),
+            )
+        )
     return sorted(out, key=lambda s: s.name)
+
+
+def probe_allocation(attribution_on: bool, node_name: str | None, latest: Latest) -> GpuAllocation:
+    """The GPUs pods hold, for the probe, failing closed (:mod:`agent.kubernetes.allocation`):
+    known and empty only where no pod can hold a GPU (attribution off on a node that is not a
+    Kubernetes node, or attribution finding neither a kubelet socket nor a node name);
+    unknown while attribution has not answered, or its last pass failed."""
+    if not attribution_on:
+        return gpu_allocation(None, bare_metal=not node_name)
+    status = latest.status("attribution")
+    if status is None or status.attempts_total == 0:
+        return gpu_allocation(None)
+    nodata = status.success and not status.hardware_present
+    return gpu_allocation(latest.of("attribution", AttributionSnapshot)(), bare_metal=nodata)
 
 
 def numa_nodes(

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from agent.core.runner import Runner, SamplerSpec
+from agent.core.runner import Runner, SamplerSpec, SamplerStatus
 from agent.core.sampler import Snapshot
 from agent.samplers import DEPENDENT, Latest
 from exporter.metrics import findings
@@ -39,7 +39,7 @@ class AgentApp:
         self._lock = threading.Lock()
         self.runner = Runner(specs, on_update=self._on_update, wall_clock=wall_clock)
         if latest is not None:
-            latest.bind(self._latest)
+            latest.bind(self._latest, self._status)
         self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))
 
     def _self_families(self) -> Families:
@@ -76,6 +76,9 @@ class AgentApp:
 
     def ready(self) -> bool:
         return all(st.attempts_total > 0 for st in self.runner.statuses().values())
+
+    def _status(self, name: str) -> SamplerStatus | None:
+        return self.runner.status(name) if name in self.runner.names else None
 
     def _latest(self, name: str) -> Snapshot | None:
         return self.runner.status(name).snapshot if name in self.runner.names else None

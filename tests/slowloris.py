@@ -1,14 +1,15 @@
 """A slowloris client for tests and benchmarks: many idle, half-sent or trickling
-connections from one source address, reopened as soon as the server closes them.
+connections from one or more source addresses, reopened as soon as the server closes them.
 
-    python tests/slowloris.py --port P [--host 127.0.0.1] [--source 127.0.0.2]
+    python tests/slowloris.py --port P [--host 127.0.0.1] [--source 127.0.0.2 ...]
         [--idle 1000] [--trickle 200] [--tls] [--duration 12]
 
 - ``--idle N``: N connections that send ``GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n`` (no
   blank line) and then wait;
 - ``--trickle N``: N connections that send a request one byte a second;
 - ``--tls``: the same inside TLS (handshake completed, certificate not checked);
-- ``--silent``: the idle connections send nothing at all (for non-HTTP ports).
+- ``--silent``: the idle connections send nothing at all (for non-HTTP ports);
+- ``--source``: repeatable; ``--idle`` and ``--trickle`` connections from each.
 
 Each connection is reopened at once when the server closes it (the worst case: a client
 that keeps the pressure on). Runs ``--duration`` seconds or until SIGTERM. Prints ``ready``
@@ -52,9 +53,9 @@ class Attack:
             self.ctx = ssl.create_default_context()
             self.ctx.check_hostname = False
             self.ctx.verify_mode = ssl.CERT_NONE
-        self.total = args.idle + args.trickle
+        self.total = (args.idle + args.trickle) * len(args.source)
 
-    async def one(self, trickle: bool, deadline: float) -> None:
+    async def one(self, source: str, trickle: bool, deadline: float) -> None:
         first = True
         while time.monotonic() < deadline and not self.stopping:
             writer = None
@@ -62,7 +63,7 @@ class Attack:
                 reader, writer = await asyncio.open_connection(
                     self.args.host,
                     self.args.port,
-                    local_addr=(self.args.source, 0),
+                    local_addr=(source, 0),
                     ssl=self.ctx,
                     server_hostname="" if self.ctx else None,
                 )
@@ -108,8 +109,11 @@ class Attack:
 
     async def run(self) -> None:
         deadline = time.monotonic() + self.args.duration
+        per_source = self.args.idle + self.args.trickle
         tasks = [
-            asyncio.create_task(self.one(i >= self.args.idle, deadline)) for i in range(self.total)
+            asyncio.create_task(self.one(source, i >= self.args.idle, deadline))
+            for source in self.args.source
+            for i in range(per_source)
         ]
 
         async def announce() -> None:
@@ -131,14 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--source", default="127.0.0.2", help="local address to connect from")
+    ap.add_argument("--source", action="append", help="local address to connect from (repeatable)")
     ap.add_argument("--idle", type=int, default=1000)
     ap.add_argument("--trickle", type=int, default=200)
     ap.add_argument("--tls", action="store_true")
     ap.add_argument("--silent", action="store_true", help="idle connections send nothing")
     ap.add_argument("--duration", type=float, default=12.0, help="seconds")
     args = ap.parse_args(argv)
-    raise_fd_limit(args.idle + args.trickle + 256)
+    args.source = args.source or ["127.0.0.2"]
+    raise_fd_limit((args.idle + args.trickle) * len(args.source) + 256)
     attack = Attack(args)
     asyncio.run(attack.run())
     print(json.dumps(attack.stats), flush=True)

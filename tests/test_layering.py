@@ -151,7 +151,8 @@ PROBE_PART_OUTSIDE: dict[str, set[str]] = {
     "rendezvous": {"agent.core"},
     "schedule": {"agent.core", "agent.config", "agent.kubernetes"},
     "render": set(),
-    "run": {"agent.core", "agent.config", "agent.nvml"},
+    # the GPUs pods hold (agent.kubernetes.allocation: a record and its reasons, no client)
+    "run": {"agent.core", "agent.config", "agent.nvml", "agent.kubernetes"},
 }
 
 

@@ -6,24 +6,21 @@ recording (tests/fixtures/nvml) with compute processes EDITED in, as marked."""
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from agent.config import AgentConfig, ProbeSettings, Sampling
 from agent.core.isolation import ChildSpec, IsolatedSampler
+from agent.core.runner import SamplerStatus
 from agent.core.sysfs import SysfsReader
-from agent.kubernetes.attribution import (
-    AttributionSnapshot,
-    ContainerCpus,
-    GpuAttribution,
-    allocated_gpus,
-)
+from agent.kubernetes.allocation import GpuAllocation
+from agent.kubernetes.attribution import AttributionSnapshot, ContainerCpus, GpuAttribution
 from agent.nvml.record import ReplayNvml, load
 from agent.nvml.sampler import NvmlSampler
 from agent.nvml.snapshot import ComputeProcess, NvmlSnapshot
-from agent.probe.run.devices import UnionBusy
-from agent.samplers import DEPENDENT, Latest, build_specs
+from agent.samplers import DEPENDENT, Latest, build_specs, probe_allocation
 from agent.workload.sampler import PodIdentity, pod_identities
 from exporter.app import AgentApp
 from tests.agentrun import fabricscope
@@ -76,26 +73,32 @@ def test_ambiguous_or_unattributed_processes_get_no_pod() -> None:
     assert pod_identities(h200_with_processes({1: (7,)}), attributed((0, "a", "w"))) == {}
 
 
-def test_pod_allocated_gpus_are_busy_for_the_probe_unless_nvml_cannot_tell() -> None:
+def test_the_probe_learns_the_gpus_pods_hold_failing_closed() -> None:
+    """The probe's view of pod-held GPUs (agent.samplers.probe_allocation): known from the
+    latest attribution pass; unknown before its first pass and after a failed one; known and
+    empty where no pod can hold a GPU (attribution found no kubelet and no node name, or is
+    off on a node without one)."""
     pods = attributed((1, "train-0", "worker"))
-    assert allocated_gpus(pods) == frozenset({1}) and allocated_gpus(None) == frozenset()
-    closed: list[bool] = []
-
-    class Nvml:
-        def __init__(self, answer: frozenset[int] | None) -> None:
-            self.answer = answer
-
-        def __call__(self) -> frozenset[int] | None:
-            return self.answer
-
-        def close(self) -> None:
-            closed.append(True)
-
-    busy = UnionBusy(Nvml(frozenset({0})), lambda: allocated_gpus(pods))
-    assert busy() == frozenset({0, 1})
-    assert UnionBusy(Nvml(None), lambda: frozenset({1}))() is None  # unknown stays unknown
-    busy.close()
-    assert closed == [True]  # NVML's handle is still released through the union
+    status: dict[str, SamplerStatus] = {}
+    snaps: dict[str, AttributionSnapshot] = {}
+    latest = Latest()
+    latest.bind(snaps.get, status.get)
+    on = partial(probe_allocation, True, "node-a", latest)
+    assert on() == GpuAllocation(unknown="no_attribution")  # the runner has not run it yet
+    status["attribution"] = SamplerStatus(
+        "attribution", attempts_total=1, success=True, hardware_present=True, snapshot=pods
+    )
+    snaps["attribution"] = pods
+    assert on() == GpuAllocation(frozenset({1}))
+    del snaps["attribution"]  # the latest pass failed or timed out
+    status["attribution"] = SamplerStatus("attribution", attempts_total=2, success=False)
+    assert on() == GpuAllocation(unknown="no_attribution")
+    # NoData: neither a kubelet socket nor a node name: bare metal
+    status["attribution"] = SamplerStatus("attribution", attempts_total=3, success=True)
+    assert on() == GpuAllocation()
+    # attribution off: known only where this is no Kubernetes node
+    assert probe_allocation(False, None, latest) == GpuAllocation()
+    assert probe_allocation(False, "node-a", latest) == GpuAllocation(unknown="no_attribution")
 
 
 def test_latest_is_typed_and_absent_until_bound() -> None:

@@ -4,7 +4,7 @@ Owns: the sampler protocol (``sampler``), the runner that schedules, times out a
 every sampler (``runner``), supervised child processes for risky work (``isolation``), the
 rooted sysfs seam and its issues-as-data (``sysfs``), the error vocabulary (``errors``), the
 findings registry every source's findings are declared in (``findings``) and logging set-up
-(``logsetup``).
+(``logsetup``), and the key per-client limits count a network peer by (``clientaddr``).
 
 May import: the standard library and third-party libraries only; never a source package
 (``agent.infiniband``, ``agent.nvml`` ...), the composition above them, or ``exporter``.

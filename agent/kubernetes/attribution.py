@@ -24,6 +24,9 @@ Two methods, each named in the snapshot's records:
 Failures degrade: a failing kubelet or API server leaves devices unattributed and counts an
 error (``kubelet_unavailable``, ``api_forbidden``, ``api_error``, ``cgroup_parse``); only a
 node with neither a socket nor a node name to watch is :class:`~agent.core.errors.NoData`.
+Each pass also says whether it established which GPUs pods hold
+(``AttributionSnapshot.allocation_unknown``; :mod:`agent.kubernetes.allocation`): the probe
+takes no GPU while it did not.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import TYPE_CHECKING
 from agent.core.errors import NoData
 from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
 from agent.infiniband.records import InfinibandSnapshot
+from agent.kubernetes.allocation import GpuAllocation
 from agent.kubernetes.cgroup import PodContainer, pod_container
 from agent.kubernetes.podresources import (
     DEFAULT_SOCKET,
@@ -122,6 +126,9 @@ class AttributionSnapshot:
     #: (reason, count since the agent started) for every reason in :data:`ERROR_REASONS`
     errors_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in ERROR_REASONS)
     issues: tuple[ReadIssue, ...] = ()
+    #: None when this pass established which GPUs pods hold, else why not (a reason of
+    #: :data:`agent.kubernetes.allocation.UNKNOWN_REASONS`)
+    allocation_unknown: str | None = None
 
     @property
     def pods(self) -> int:
@@ -350,6 +357,7 @@ class AttributionSampler:
             "podresources": allocations is not None,
             "cgroup": self.watcher is not None and self.watcher.healthy,
         }
+        unknown = self._allocation_unknown(allocations is not None, gpus, nvml)
         return AttributionSnapshot(
             gpus=tuple(sorted(gpus, key=_gpu_sort)),
             rdma=tuple(sorted(rdma, key=_rdma_sort)),
@@ -357,7 +365,21 @@ class AttributionSampler:
             methods_up=tuple((m, up[m]) for m in METHODS),
             errors_total=self.errors.totals(),
             issues=issues.freeze(),
+            allocation_unknown=unknown,
         )
+
+    def _allocation_unknown(
+        self, listed: bool, gpus: list[GpuAttribution], nvml: NvmlSnapshot | None
+    ) -> str | None:
+        """Why this pass cannot tell which GPUs pods hold (module doc of
+        :mod:`agent.kubernetes.allocation`), or None."""
+        if self._kubelet is not None and not listed:
+            # the List failed, or the socket is absent on a Kubernetes node (sample() has
+            # raised NoData where there is neither a socket nor a node name)
+            return "kubelet_unavailable"
+        if any(a.gpu is None and a.method == "podresources" for a in gpus):
+            return "nvml_unavailable" if nvml is None else "unmapped_device"
+        return None
 
     def close(self) -> None:
         if self.watcher is not None:
@@ -438,9 +460,12 @@ def _rdma_sort(a: RdmaAttribution) -> tuple[str, str, str, str, str]:
     return a.namespace, a.pod, a.container, a.resource, a.device_id
 
 
-def allocated_gpus(snap: AttributionSnapshot | None) -> frozenset[int]:
-    """GPU indices the kubelet has allocated to a pod, or a pod is seen using: the probe
-    never runs on them. Empty when there is no attribution (bare metal, Slurm)."""
+def gpu_allocation(snap: AttributionSnapshot | None, *, bare_metal: bool = False) -> GpuAllocation:
+    """The GPUs pods hold (allocated by the kubelet, or seen using them), for the probe,
+    which never runs on them, failing closed: unknown (``no_attribution``) without a
+    snapshot, unless ``bare_metal`` (attribution is off on a node that is not a Kubernetes
+    node, or found neither a kubelet socket nor a node name: no pod can hold a GPU here)."""
     if snap is None:
-        return frozenset()
-    return frozenset(a.gpu for a in snap.gpus if a.gpu is not None)
+        return GpuAllocation() if bare_metal else GpuAllocation(unknown="no_attribution")
+    held = frozenset(a.gpu for a in snap.gpus if a.gpu is not None)
+    return GpuAllocation(held, snap.allocation_unknown)

@@ -10,13 +10,13 @@ from collections.abc import Callable
 
 from agent.config import ProbeSettings
 from agent.core.errors import ConfigError
+from agent.kubernetes.allocation import GpuAllocation
 from agent.probe.rendezvous.secret import load_secret
 from agent.probe.run.addresses import parse_hostport
 from agent.probe.run.devices import (
     BusyGpus,
     GpuViewSource,
     NvmlBusyGpus,
-    UnionBusy,
     discover_slots,
     isolated_gpu_view,
     no_busy_gpus,
@@ -46,13 +46,14 @@ def build_probe_sampler(
     settings: ProbeSettings,
     *,
     view: GpuViewSource | None = None,
-    allocated: Callable[[], frozenset[int]] | None = None,
+    allocated: Callable[[], GpuAllocation] | None = None,
 ) -> ProbeSampler:
     """Load the secret, open the membership source (peers file or Kubernetes), find the
     devices, start the service (binding the rendezvous port). ``view``: where NVML is asked
     which GPUs there are and which are busy (default: a child process, kept for the busy
-    checks when the backend is NCCL). ``allocated``: GPUs the kubelet gave to pods (never
-    probed, whatever NVML says). ConfigError, one clear line, for anything the user must
+    checks when the backend is NCCL). ``allocated``: the GPUs pods hold, never probed whatever
+    NVML says, or why that cannot be told, and then no GPU is probed (default: no pods).
+    ConfigError, one clear line, for anything the user must
     fix."""
     secret = load_secret(settings.secret_file) if settings.secret_file else None
     listen: tuple[str, int] | None = None
@@ -80,8 +81,6 @@ def build_probe_sampler(
         busy = NvmlBusyGpus(gpus)
     elif gpus is not None:
         gpus.close()  # no GPU: the child is not needed again
-    if allocated is not None and not settings.force:
-        busy = UnionBusy(busy, allocated)
     service = ProbeService(
         settings,
         node_id=node_id,
@@ -91,6 +90,7 @@ def build_probe_sampler(
         members=members,
         listen=listen,
         busy=busy,
+        allocated=allocated or GpuAllocation,
     )
     service.start()
     return ProbeSampler(service)

@@ -364,6 +364,14 @@ def build_parser() -> Parser:
         help="address to serve on (default: %(default)s)",
     )
     agent.add_argument(
+        "--web.health-listen-address",
+        dest="health_listen",
+        default=None,
+        metavar="[HOST]:PORT",
+        help="also serve /healthz alone here, over plain HTTP without credentials: for "
+        "kubelet probes when the web config requires client certificates (default: off)",
+    )
+    agent.add_argument(
         "--web.config.file",
         dest="web_config",
         default=None,
@@ -494,6 +502,7 @@ def _ibpeer_settings(ns: argparse.Namespace) -> IbPeerSettings:
 #: flags of the HTTP server: nothing is served with --once, so none of them may be given
 _WEB_FLAGS = (
     "--web.listen-address",
+    "--web.health-listen-address",
     "--web.config.file",
     "--web.max-requests",
     "--web.max-connections",
@@ -625,7 +634,7 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
     import threading
 
     from exporter.http.limits import ConnectionLimits
-    from exporter.http.server import serve
+    from exporter.http.server import serve, serve_health
     from exporter.http.webconfig import load_web_config
 
     web_config = load_web_config(ns.web_config) if ns.web_config else None
@@ -637,6 +646,13 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
         idle_timeout=ns.idle_timeout,
     )
     server = serve(app.cache, ns.listen, web_config=web_config, ready=app.ready, limits=limits)
+    try:
+        health = (
+            serve_health(ns.health_listen, app.ready, limits=limits) if ns.health_listen else None
+        )
+    except ConfigError:
+        server.shutdown()
+        raise
     log.info(
         "fabricscope %s listening on %s (samplers: %s; TLS %s, basic auth %s)",
         __version__,
@@ -667,6 +683,8 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
     app.runner.start()
     stop.wait()
     server.shutdown()
+    if health is not None:
+        health.shutdown()
     app.runner.stop()
     return 0
 

@@ -81,11 +81,15 @@ _LINGER = "linger"  # closing: reading what the client still sends
 class HTTPConnection(asyncio.Protocol):
     """One accepted connection: TLS start, h11 state, timers and write flow control."""
 
-    def __init__(self, server: ConnectionHost, sock: socket.socket, peer: str) -> None:
+    def __init__(
+        self, server: ConnectionHost, sock: socket.socket, peer: str, address: str = ""
+    ) -> None:
         self.server = server
         self.loop = server.loop
         self.sock = sock
         self.peer = peer
+        #: the client address the limits count by (``agent.core.clientaddr.client_key``)
+        self.address = address or peer
         self.state = _WAITING
         self.h11 = h11.Connection(h11.SERVER)
         self.transport: asyncio.Transport | None = None

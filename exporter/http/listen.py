@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import ipaddress
 import math
 import socket
 
@@ -80,18 +79,3 @@ def peer_name(addr: object) -> str:
         host, port = addr[0], addr[1]
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
     return str(addr)
-
-
-def client_key(addr: object) -> str:
-    """The address a per-client limit counts by: an IPv4 address (IPv4-mapped IPv6 ones
-    unmapped), or an IPv6 address's /64 (one host typically holds a whole /64)."""
-    host = str(addr[0]) if isinstance(addr, tuple) and addr else str(addr)
-    try:
-        ip = ipaddress.ip_address(host.partition("%")[0])
-    except ValueError:
-        return host
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.IPv6Network((ip, 64), strict=False))
-    return str(ip)

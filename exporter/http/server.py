@@ -15,8 +15,11 @@ Behaviour:
 
 - A connection waiting for its TLS handshake or request head, or idle between keep-alive
   requests, costs no thread: a few KiB of memory and a file descriptor. A scrape with
-  cached (or no) credentials is answered on the loop: an auth check and a socket write.
-  ``/healthz`` (``ready()``) and a first bcrypt check run on a worker thread.
+  cached (or no) credentials is answered on the loop: an auth check and a socket write,
+  before any limit on requests is counted. ``/healthz`` (``ready()``) runs on a worker
+  thread; a bcrypt check (credentials not seen to succeed before) on the one auth thread,
+  admitted or refused at once by ``exporter.http.authlimit`` (per client address and /64,
+  and in all), so wrong passwords cannot delay a cached scrape or ``/healthz``.
 - Timeouts (``ConnectionLimits``): the TLS handshake plus the request head and body must
   arrive within ``header_timeout`` seconds; an idle keep-alive connection is closed after
   ``idle_timeout``; a response must be delivered within ``send_timeout`` (it is written in
@@ -24,8 +27,8 @@ Behaviour:
 - The listener defers accepting (``TCP_DEFER_ACCEPT``, ``header_timeout``): a connection
   that sends nothing costs the process nothing until then, and a newcomer's request is
   readable when it is accepted. Its queue is ``SOMAXCONN`` long.
-- Limits: more than ``max_requests`` requests being answered at once get ``503 too many
-  requests``. A new connection beyond ``max_per_address`` from one client address, or
+- Limits: more than ``max_requests`` ``/healthz`` requests being answered at once get
+  ``503 too many requests``. A new connection beyond ``max_per_address`` from one client address, or
   ``max_connections`` in all, closes the oldest evictable connection instead (see
   ``exporter.http.limits``); it is refused (``503`` on plain HTTP) only when all are busy.
 - TLS, with client certificate verification when configured; a plain HTTP request on a TLS
@@ -42,11 +45,14 @@ import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
+from agent.core.clientaddr import client_key
+from exporter.http.authlimit import THROTTLED, AuthGate, AuthLimits
 from exporter.http.basicauth import BasicAuth
 from exporter.http.connection import HTTPConnection
 from exporter.http.limits import ConnectionLimits, ConnectionTable
-from exporter.http.listen import client_key, listen, parse_listen_address, peer_name
+from exporter.http.listen import listen, parse_listen_address, peer_name
 from exporter.http.site import Request, Response, Site, accepts_gzip
 from exporter.http.tlsreload import ReloadingTLSContext
 from exporter.http.webconfig import WebConfig
@@ -54,7 +60,14 @@ from exporter.metrics.exposition import ExpositionCache, render_text
 from exporter.metrics.httpstats import OWNER, HttpStats
 from exporter.metrics.spec import Families
 
-__all__ = ["ConnectionLimits", "MetricsServer", "accepts_gzip", "parse_listen_address", "serve"]
+__all__ = [
+    "ConnectionLimits",
+    "MetricsServer",
+    "accepts_gzip",
+    "parse_listen_address",
+    "serve",
+    "serve_health",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +78,11 @@ _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
     b"Content-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n"
 )
+T = TypeVar("T")
+
+#: seconds before a refused credential check is answered (429 or 503)
+REFUSED_CHECK_DELAY = 1.0
+
 #: Connections accepted per wake-up of the listener before other events get their turn.
 _ACCEPT_BATCH = 64
 
@@ -81,6 +99,7 @@ def serve(
     ready: Callable[[], bool] = _always_ready,
     max_requests: int = 40,
     limits: ConnectionLimits | None = None,
+    auth_limits: AuthLimits | None = None,
 ) -> MetricsServer:
     """Listen on ``address`` (``:10118``, ``127.0.0.1:10118``, ``[::1]:10118``; port 0 picks
     a free port) and serve ``cache`` from a background thread until ``shutdown()``.
@@ -102,6 +121,7 @@ def serve(
         tls=tls,
         limits=limits,
         publish=lambda data: cache.set_fragment(OWNER, data),
+        auth_limits=auth_limits,
     )
     if auth is not None and tls is None:
         log.warning(
@@ -114,6 +134,22 @@ def serve(
         tls.config.client_auth_type if tls else "none",
         len(web_config.basic_auth_users) if web_config else 0,
     )
+    return server
+
+
+def serve_health(
+    address: str, ready: Callable[[], bool], *, limits: ConnectionLimits | None = None
+) -> MetricsServer:
+    """Serve ``/healthz`` alone (``200 ok`` / ``503 not ready``; every other path 404) over
+    plain HTTP without credentials on ``address``: what a kubelet probe can reach when the
+    metrics port requires a client certificate (``RequireAndVerifyClientCert``), which
+    kubelet HTTPS probes never present. It tells only whether the agent is ready. The same
+    connection limits as the metrics server apply. ``ConfigError`` as :func:`serve`."""
+    limits = limits or ConnectionLimits()
+    listener = listen(address, defer_accept=limits.header_timeout)
+    site = Site(cache=ExpositionCache(), ready=ready, auth=None, health_only=True)
+    server = MetricsServer(listener, site, tls=None, limits=limits)
+    log.info("serving /healthz alone on %s (plain HTTP, no credentials)", server.address)
     return server
 
 
@@ -131,6 +167,7 @@ class MetricsServer:
         tls: ReloadingTLSContext | None,
         limits: ConnectionLimits,
         publish: Callable[[bytes], None] | None = None,
+        auth_limits: AuthLimits | None = None,
     ) -> None:
         self._listener = listener
         self.site = site
@@ -144,6 +181,9 @@ class MetricsServer:
         self.workers = ThreadPoolExecutor(
             max_workers=limits.max_requests, thread_name_prefix="fabricscope-http-worker"
         )
+        #: bcrypt checks: one at a time, as ``auth_gate`` admits them (loop thread only)
+        self.auth_gate = AuthGate(auth_limits)
+        self.auth_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fabricscope-auth")
         self._closed = False
         self._warned: set[tuple[str, str]] = set()
         #: what the limits did, published into the cache's ``_http`` fragment once a second
@@ -171,6 +211,7 @@ class MetricsServer:
         self.loop.call_soon_threadsafe(self._stop)
         self._thread.join(SHUTDOWN_GRACE_SECONDS)
         self.workers.shutdown(wait=False, cancel_futures=True)
+        self.auth_worker.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> MetricsServer:
         return self
@@ -236,7 +277,17 @@ class MetricsServer:
         if len(self._warned) >= 1024:
             self._warned.clear()
         self._warned.add((address, limit))
-        if limit == "per_address":
+        if limit == "auth":
+            limits = self.auth_gate.limits
+            log.warning(
+                "client %s makes more authentication attempts on %s than it may (one at a "
+                "time; %d failures, then one every %g s): the rest are answered 429 unchecked",
+                address,
+                self.url,
+                limits.failures_burst,
+                limits.failure_interval,
+            )
+        elif limit == "per_address":
             log.warning(
                 "client %s reached %d connections (the per-address limit) on %s: its oldest "
                 "idle connections are closed and further ones refused while all are in use",
@@ -260,7 +311,7 @@ class MetricsServer:
     def _admit(self, sock: socket.socket, addr: object) -> None:
         peer = peer_name(addr)
         address = client_key(addr)
-        conn = HTTPConnection(self, sock, peer)
+        conn = HTTPConnection(self, sock, peer, address)
         has_request = False
         if self.table.count(address) >= self.limits.max_per_address:
             self._warn_once(address, "per_address")
@@ -285,25 +336,60 @@ class MetricsServer:
         conn.start()
 
     def answer(self, conn: HTTPConnection, req: Request) -> None:
-        """Answer ``req`` on ``conn``: on the loop when cheap, else on a worker thread."""
-        if self.in_flight >= self.limits.max_requests:
-            self.stats.count("too_many_requests")
-            conn.respond(self.site.status(503, b"too many requests\n"))
-            return
+        """Answer ``req`` on ``conn``: on the loop when cheap (cached or missing
+        credentials, every path but ``/healthz``: no limit applies), else ``/healthz`` on a
+        worker thread (``max_requests`` at once) or a bcrypt check on the one auth thread
+        (as ``self.auth_gate`` admits; never queued behind ``/healthz`` or the reverse)."""
         quick = self.site.quick(req)
         if quick is not None:
             conn.respond(quick)
             return
+        if not self.site.is_health(req):
+            self._check(conn, req)
+            return
+        if self.in_flight >= self.limits.max_requests:
+            self.stats.count("too_many_requests")
+            conn.respond(self.site.status(503, b"too many requests\n"))
+            return
         self.in_flight += 1
-        future = self.workers.submit(self.site.answer, req)
+        self._on_worker(self.workers, self.site.answer, req, conn, self._answered)
 
-        def done(f: Future[Response]) -> None:
+    def _check(self, conn: HTTPConnection, req: Request) -> None:
+        """Credentials bcrypt must check: admitted by the gate or refused at once."""
+        refused = self.auth_gate.admit(conn.address)
+        if refused is not None:
+            reason, retry_after = refused
+            self.stats.count(reason)
+            if reason == THROTTLED:
+                self._warn_once(conn.address, "auth")
+            status = 429 if reason == THROTTLED else 503
+            # Answered a second later, the connection evictable meanwhile: a client that
+            # floods wrong passwords on keep-alive connections gets one answer a second on
+            # each, not as many as the loop can write.
+            self.table.pending(conn)
+            self.loop.call_later(
+                REFUSED_CHECK_DELAY, conn.respond, self.site.too_many_checks(status, retry_after)
+            )
+            return
+        self._on_worker(self.auth_worker, self.site.check, req, conn, self._checked)
+
+    def _on_worker(
+        self,
+        pool: ThreadPoolExecutor,
+        fn: Callable[[Request], T],
+        req: Request,
+        conn: HTTPConnection,
+        then: Callable[[HTTPConnection, Request, Future[T]], None],
+    ) -> None:
+        future = pool.submit(fn, req)
+
+        def done(f: Future[T]) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody to answer
-                self.loop.call_soon_threadsafe(self._answered, conn, f)
+                self.loop.call_soon_threadsafe(then, conn, req, f)
 
         future.add_done_callback(done)
 
-    def _answered(self, conn: HTTPConnection, future: Future[Response]) -> None:
+    def _answered(self, conn: HTTPConnection, req: Request, future: Future[Response]) -> None:
         self.in_flight -= 1
         if future.cancelled():
             return
@@ -313,6 +399,19 @@ class MetricsServer:
             conn.respond(self.site.status(500, b"internal error\n"), close=True)
         else:
             conn.respond(future.result())
+
+    def _checked(self, conn: HTTPConnection, req: Request, future: Future[bool]) -> None:
+        if future.cancelled():
+            self.auth_gate.done(conn.address, ok=False)
+            return
+        exc = future.exception()
+        ok = exc is None and future.result()
+        self.auth_gate.done(conn.address, ok=ok)
+        if exc is not None:
+            log.error("checking credentials from %s failed", conn.peer, exc_info=exc)
+            conn.respond(self.site.status(500, b"internal error\n"), close=True)
+            return
+        conn.respond(self.site.route(req, authorized=ok))
 
 
 def listening_address(sock: socket.socket) -> str:

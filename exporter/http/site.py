@@ -10,11 +10,15 @@ Endpoints:
 - any other path: 404; any method but GET and HEAD: 405.
 
 Basic auth guards every path **except /healthz**: ``/healthz`` says only whether the agent
-is ready, and kubelet probes cannot easily carry credentials, so it stays open.
+is ready, and kubelet probes cannot easily carry credentials, so it stays open. Nor can they
+carry a client certificate: with ``--web.health-listen-address`` a second, plain-HTTP server
+answers ``/healthz`` alone (``health_only``: every other path is 404), for probes of an agent
+whose web config requires client certificates.
 Unauthenticated requests get ``401`` with ``WWW-Authenticate: Basic realm="fabricscope"``.
 
 :meth:`Site.quick` answers what needs no blocking call (everything but ``/healthz`` and a
-first bcrypt check); the server runs :meth:`Site.answer` on a worker thread otherwise.
+first bcrypt check); the server runs ``ready()`` and :meth:`Site.check` (bcrypt) on worker
+threads of their own otherwise (``exporter.http.server``, ``exporter.http.authlimit``).
 """
 
 from __future__ import annotations
@@ -75,16 +79,19 @@ class Site:
         ready: Callable[[], bool],
         auth: BasicAuth | None,
         headers: Sequence[tuple[str, str]] = (),
+        health_only: bool = False,
     ) -> None:
         self.cache = cache
         self.ready = ready
         self.auth = auth
         self.headers = tuple(headers)
+        #: answer ``/healthz`` and nothing else (404): the health listener
+        self.health_only = health_only
 
     def quick(self, req: Request) -> Response | None:
         """The response, or None when only :meth:`answer` (which may block) can give it."""
         if req.method not in ("GET", "HEAD"):
-            return self._route(req, authorized=True)
+            return self.route(req, authorized=True)
         path = _path(req)
         if path == "/healthz":
             return None
@@ -94,20 +101,39 @@ class Site:
             if cached is None:
                 return None
             authorized = cached
-        return self._route(req, authorized=authorized)
+        return self.route(req, authorized=authorized)
 
     def answer(self, req: Request) -> Response:
         """The response; may run ``ready()`` and a bcrypt check (50-250 ms)."""
         authorized = True
-        if self.auth is not None and req.method in ("GET", "HEAD") and _path(req) != "/healthz":
-            authorized = self.auth.check(req.authorization)
-        return self._route(req, authorized=authorized)
+        if not self.is_health(req) and req.method in ("GET", "HEAD"):
+            authorized = self.check(req)
+        return self.route(req, authorized=authorized)
+
+    def is_health(self, req: Request) -> bool:
+        """Whether ``req`` asks for ``/healthz`` (answered without credentials)."""
+        return req.method in ("GET", "HEAD") and _path(req) == "/healthz"
+
+    def check(self, req: Request) -> bool:
+        """The full credential check: bcrypt on a cache miss (50-250 ms; off the loop, and
+        only when the server's ``AuthGate`` admits it)."""
+        return self.auth is None or self.auth.check(req.authorization)
+
+    def too_many_checks(self, status: int, retry_after: int) -> Response:
+        """``429`` (this client's failed logins, or a check of its already running) or
+        ``503`` (checks in all at their cap), with ``Retry-After``; no bcrypt was run."""
+        body = (
+            b"too many authentication attempts\n"
+            if status == 429
+            else b"too many authentication attempts in progress\n"
+        )
+        return self._reply(status, body, extra=(("Retry-After", str(retry_after)),))
 
     def status(self, status: int, body: bytes) -> Response:
         """A plain-text response carrying the configured headers (for server errors)."""
         return Response(status, body, (("Content-Type", TEXT), *self.headers))
 
-    def _route(self, req: Request, *, authorized: bool) -> Response:
+    def route(self, req: Request, *, authorized: bool) -> Response:
         if req.method not in ("GET", "HEAD"):
             return self._reply(405, b"method not allowed\n", extra=(("Allow", "GET, HEAD"),))
         path = _path(req)
@@ -115,6 +141,8 @@ class Site:
             if _is_ready(self.ready):
                 return self._reply(200, b"ok")
             return self._reply(503, b"not ready")
+        if self.health_only:
+            return self._reply(404, b"not found\n")
         if not authorized:
             return self._reply(401, b"unauthorized\n", extra=(("WWW-Authenticate", AUTHENTICATE),))
         if path == "/metrics":

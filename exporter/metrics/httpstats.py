@@ -1,5 +1,6 @@
 """What the metrics server's connection limits did, as a series: an attack on ``/metrics``
-(idle, half-sent or slowly read connections) shows in Prometheus, not only in the log.
+(idle, half-sent or slowly read connections, wrong passwords) shows in Prometheus, not only
+in the log.
 
 The server's event loop counts (one thread: no lock needed for the counts); every second,
 when something changed, it renders the counts into the exposition cache's ``_http``
@@ -12,6 +13,8 @@ from exporter.metrics.spec import Families, MetricSpec
 
 #: fixed vocabulary of ``reason``
 REASONS = (
+    "auth_busy",
+    "auth_throttled",
     "refused",
     "evicted",
     "header_timeout",
@@ -28,7 +31,10 @@ CONNECTIONS_CLOSED = MetricSpec(
     "at its connection limit with every connection in use), evicted (an idle or half-sent "
     "connection closed to make room for a newcomer), header_timeout (no complete request "
     "within the header timeout), idle_timeout (keep-alive), send_timeout (the client did not "
-    "read the response in time), too_many_requests (503: --web.max-requests being answered).",
+    "read the response in time), too_many_requests (503: --web.max-requests /healthz requests "
+    "being answered), auth_throttled (429 without a password check: the client's address or "
+    "IPv6 /64 spent its failed-login budget or has a check running), auth_busy (503 without a "
+    "password check: as many checks of new credentials queued as allowed in all).",
     ("reason",),
 )
 SPECS = (CONNECTIONS_CLOSED,)

@@ -20,6 +20,7 @@ A node's distinct probe series over a day are then at most 4 per round plus a bo
 
 from __future__ import annotations
 
+from agent.kubernetes.allocation import UNKNOWN_REASONS
 from agent.probe.rendezvous.server import REFUSAL_REASONS
 from agent.probe.run.results import RUN_REASONS, SKIP_REASONS, ProbeRun, ProbeSnapshot
 from exporter.metrics.spec import Families, MetricSpec
@@ -94,9 +95,22 @@ RUNS = MetricSpec(
 SKIPPED = MetricSpec(
     "fabricscope_probe_skipped_total",
     "counter",
-    "Probes not run, by reason: budget (GPU-time budget spent), gpu_busy (GPUs running "
-    "compute processes or held by another probe), gpu_unknown (NVML could not tell which "
-    "GPUs are busy, so none is taken), no_partner, peer_declined.",
+    "Probes not run, by reason: allocation_unknown (which GPUs pods hold could not be "
+    "established, so none is taken: fabricscope_probe_allocation_unknown_total says why), "
+    "budget (GPU-time budget spent), gpu_busy (GPUs running compute processes, held by a pod "
+    "or by another probe), gpu_unknown (NVML could not tell which GPUs are busy, so none is "
+    "taken), no_partner, peer_declined.",
+    ("reason",),
+)
+ALLOCATION_UNKNOWN = MetricSpec(
+    "fabricscope_probe_allocation_unknown_total",
+    "counter",
+    "Times the probe took no GPU because it could not establish which GPUs pods hold, by "
+    "reason: kubelet_unavailable (the kubelet's pod-resources call failed, or its socket is "
+    "absent on a Kubernetes node), nvml_unavailable (NVML's pass failed, so the kubelet's GPU "
+    "ids could not be joined to GPUs), unmapped_device (the kubelet named a GPU id no GPU here "
+    "answers to, e.g. a MIG-<uuid>), no_attribution (pod attribution has not answered, or its "
+    "last pass failed).",
     ("reason",),
 )
 GPU_SECONDS = MetricSpec(
@@ -132,6 +146,7 @@ SPECS: tuple[MetricSpec, ...] = (
     DURATION,
     RUNS,
     SKIPPED,
+    ALLOCATION_UNKNOWN,
     GPU_SECONDS,
     MEMBERS,
     RENDEZVOUS_ACCEPTED,
@@ -149,6 +164,9 @@ def render(snap: ProbeSnapshot, out: Families) -> None:
     skipped = dict(snap.skipped_total)
     for reason in SKIP_REASONS:
         out.add(SKIPPED, skipped.get(reason, 0), reason)
+    unknown = dict(snap.allocation_unknown_total)
+    for reason in UNKNOWN_REASONS:
+        out.add(ALLOCATION_UNKNOWN, unknown.get(reason, 0), reason)
     out.add(GPU_SECONDS, snap.gpu_seconds_total)
     out.add(MEMBERS, snap.members)
     if snap.rendezvous is not None:

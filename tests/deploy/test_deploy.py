@@ -435,10 +435,18 @@ def test_health_probes_hit_healthz_on_the_metrics_port(built: dict[str, list[Doc
     assert ports["metrics"]["containerPort"] == ports["metrics"]["hostPort"] == 10118
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
-    # with TLS the kubelet must speak HTTPS to the same port
+    # with TLS the kubelet probes a plain-HTTP port serving /healthz alone, on the node's
+    # loopback: its HTTPS probes carry no client certificate (tests/test_mtls_probes.py)
     tls = agent_container(built["tls"])
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert tls[probe]["httpGet"]["scheme"] == "HTTPS", probe
+        assert tls[probe]["httpGet"] == {
+            "path": "/healthz",
+            "host": "127.0.0.1",
+            "port": 10120,
+            "scheme": "HTTP",
+        }, probe
+    assert "--web.health-listen-address=127.0.0.1:10120" in tls["args"]
+    assert all(p["containerPort"] != 10120 for p in tls["ports"])  # no host port for it
 
 
 def test_web_config_comes_from_the_administrators_secret(built: dict[str, list[Doc]]) -> None:

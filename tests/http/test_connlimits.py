@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent.core.clientaddr import client_key
 from agent.core.errors import ConfigError
 from exporter.http.limits import ConnectionLimits, ConnectionTable
-from exporter.http.listen import client_key
 
 
 def test_an_address_at_its_cap_loses_its_oldest_idle_connection() -> None:

@@ -25,6 +25,7 @@ from agent.core.sysfs import ReadIssue, SysfsReader
 from agent.infiniband.records import IbDevice, InfinibandSnapshot
 from agent.kubernetes import podresources_pb2 as pb
 from agent.kubernetes import podresources_pb2_grpc as pb_grpc
+from agent.kubernetes.allocation import GpuAllocation
 from agent.kubernetes.attribution import (
     AttributionSampler,
     AttributionSnapshot,
@@ -32,6 +33,7 @@ from agent.kubernetes.attribution import (
     GpuAttribution,
     RdmaAttribution,
     attribute_allocations,
+    gpu_allocation,
     is_gpu_resource,
     is_rdma_resource,
     normalize_pci_address,
@@ -688,12 +690,15 @@ class Lister(pb_grpc.PodResourcesListerServicer):
     def __init__(self) -> None:
         self.pods: list[pb.PodResources] = []
         self.delay = 0.0
+        self.fail = False
 
     def List(  # noqa: N802 - the gRPC method's name
         self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext
     ) -> pb.ListPodResourcesResponse:
         if self.delay:
             time.sleep(self.delay)
+        if self.fail:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the kubelet is restarting")
         return pb.ListPodResourcesResponse(pod_resources=self.pods)
 
 
@@ -865,6 +870,42 @@ def test_deadline_exceeded_is_counted_and_the_pass_stays_short(
         GpuAttribution(*W, GPU0, 0, "0000:19:00.0", "cgroup"),
     )  # degraded, not lost
     assert snap.methods_up == (("cgroup", True), ("podresources", False))
+
+
+def test_the_probe_is_told_when_the_gpus_pods_hold_cannot_be_established(
+    tmp_path: Path,
+    kubelet: tuple[Lister, Path],
+    fake_api: FakeApi,
+    api_client: Callable[[], ApiClient],
+    samplers: list[AttributionSampler],
+) -> None:
+    """Fail closed: every way of not knowing is an unknown allocation, never an empty one."""
+    lister, path = kubelet
+    known = sampler(samplers, socket=path).sample()
+    assert gpu_allocation(known) == GpuAllocation(frozenset({0}))
+    # NVML's pass failed: the kubelet's GPU ids cannot be joined to GPUs
+    blind = sampler(samplers, socket=path, nvml=None).sample()
+    assert gpu_allocation(blind) == GpuAllocation(frozenset(), "nvml_unavailable")
+    # ...which matters only when the kubelet names GPUs
+    lister.pods = [kubelet_pod("ml", "net-0", "w", ("intel.com/mlnx_sriov_rdma", "0000:1a:00.2"))]
+    assert gpu_allocation(sampler(samplers, socket=path, nvml=None).sample()) == GpuAllocation()
+    # a MIG device's own UUID (R470 on) does not name its GPU
+    tiny = kubelet_pod("ml", "tiny-0", "job", ("nvidia.com/mig-1g.10gb", MIG_NEW))
+    lister.pods = [KUBELET_TRAINER, tiny]
+    mig = sampler(samplers, socket=path).sample()
+    assert gpu_allocation(mig) == GpuAllocation(frozenset({0}), "unmapped_device")
+    # the kubelet's call fails
+    lister.fail = True
+    failing = sampler(samplers, socket=path).sample()
+    assert errors_of(failing) == {"kubelet_unavailable": 1}
+    assert gpu_allocation(failing) == GpuAllocation(frozenset(), "kubelet_unavailable")
+    # no socket on a Kubernetes node: pods using GPUs are seen, idle holders are not
+    fake_api.pod_list("1000", TRAINER)
+    absent = sampler(samplers, socket=tmp_path / "absent.sock", api=api_client).sample()
+    assert gpu_allocation(absent) == GpuAllocation(frozenset({0}), "kubelet_unavailable")
+    # no snapshot: unknown, unless attribution found no kubelet and no node (bare metal)
+    assert gpu_allocation(None) == GpuAllocation(frozenset(), "no_attribution")
+    assert gpu_allocation(None, bare_metal=True) == GpuAllocation()
 
 
 def test_forbidden_api_keeps_podresources_attribution(

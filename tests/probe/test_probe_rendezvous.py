@@ -518,6 +518,30 @@ def test_an_authenticated_peer_is_never_displaced(make_host: Callable[..., Host]
     assert answers[0].accepted
 
 
+def test_silent_connections_are_displaced_before_one_that_sent_its_hello(
+    make_host: Callable[..., Host],
+) -> None:
+    """A real guest sends its hello with its connection: newcomers displace the connections
+    that have sent nothing first, though they are newer, so the guest gets to offer."""
+    host = make_host(max_pending=3, max_pending_per_address=1)
+    guest = Raw.connect(host.port)  # the oldest...
+    nonce_g, nonce_h = authenticate(guest)
+    silent = [Raw.connect(host.port, source=f"127.0.0.{i}") for i in (2, 3)]
+    wait_for(lambda: host.server.stats().pending == 3)
+    newcomers = [Raw.connect(host.port, source=f"127.0.0.{i}") for i in (4, 5)]
+    for raw in silent:  # ...yet the silent ones went
+        assert raw.recv() is None
+    wait_for(lambda: host.refused("too_many_pending") == 2)
+    proof_g = keyed(SECRET, b"guest", nonce_g + nonce_h, HOST_ID, GUEST_ID)
+    key = keyed(SECRET, b"session", nonce_h + nonce_g, HOST_ID, GUEST_ID)
+    mac = hmac.new(key, lp(b"offer") + OFFER.to_json(), hashlib.sha256).digest()
+    guest.send(OFFER_MSG, proof_g + mac + OFFER.to_json())
+    got = guest.recv()
+    assert got is not None and got[0] == ANSWER_MSG
+    for raw in [guest, *silent, *newcomers]:
+        raw.close()
+
+
 def test_one_address_holds_at_most_its_share(make_host: Callable[..., Host]) -> None:
     host = make_host(max_pending=8, max_pending_per_address=2)
     held = [Raw.connect(host.port, source="127.0.0.3") for _ in range(2)]

@@ -5,6 +5,7 @@ group kill, and the rendered metrics with exact values."""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -22,6 +23,7 @@ import pytest
 
 from agent.config import ProbeSettings
 from agent.core.errors import ConfigError
+from agent.kubernetes.allocation import UNKNOWN_REASONS, GpuAllocation
 from agent.probe.measure.launch import WorkerRun, free_port, launch_workers
 from agent.probe.measure.records import ProbeError, ProbeRecord, WorkerSpec
 from agent.probe.measure.worker import measured_record
@@ -423,6 +425,44 @@ def test_busy_or_locked_gpus_are_never_probed(
     assert guest.snapshot().runs == ()
 
 
+@pytest.mark.parametrize(
+    "reason", ["kubelet_unavailable", "nvml_unavailable", "unmapped_device", "no_attribution"]
+)
+def test_gpus_whose_allocation_is_unknown_are_never_probed(
+    reason: str, make_service: Callable[..., ProbeService], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fail closed: when which GPUs pods hold cannot be established, the host takes none,
+    whatever NVML says, counts why, and says so once per change of state."""
+    allocation = [GpuAllocation(unknown=reason)]
+    host, guest = pair(
+        make_service,
+        host_allocated=lambda: allocation[0],
+        host_launcher=NoLaunch(),
+        guest_busy_retries=0,
+    )
+    with caplog.at_level(logging.INFO, logger="agent.probe.run.results"):
+        assert host.run_intra() is None
+        guest.run_pair_round(5)  # B's offer to A is declined
+        assert host.run_intra() is None
+        snap = host.snapshot()
+        assert skipped(snap, "allocation_unknown") == 3
+        assert dict(snap.allocation_unknown_total) == {
+            r: 3 if r == reason else 0 for r in UNKNOWN_REASONS
+        }
+        assert snap.runs == () and skipped(guest.snapshot(), "peer_declined") == 1
+        # known again, GPU 1 held by a pod: the intra-node probe needs two idle GPUs
+        allocation[0] = GpuAllocation(frozenset({1}))
+        assert host.run_intra() is None
+        assert skipped(host.snapshot(), "gpu_busy") == 1
+    said = [r.getMessage() for r in caplog.records if "which GPUs pods hold" in r.getMessage()]
+    assert said == [
+        f"probe: cannot establish which GPUs pods hold ({reason}); probing none until it can"
+    ]
+    assert "probe: the GPUs pods hold are known again; probing idle ones" in caplog.messages
+    text = render_text(families(host.snapshot())).decode()
+    assert f'fabricscope_probe_allocation_unknown_total{{reason="{reason}"}} 3.0' in text
+
+
 def test_a_guest_asks_again_while_the_hosts_gpu_is_still_held(
     make_service: Callable[..., ProbeService],
 ) -> None:
@@ -449,6 +489,7 @@ def test_no_probe_runs_over_the_budget(make_service: Callable[..., ProbeService]
     assert svc.run_intra() is None
     assert skipped(svc.snapshot(), "budget") == 1
     assert {r: skipped(svc.snapshot(), r) for r in SKIP_REASONS if r != "budget"} == {
+        "allocation_unknown": 0,
         "gpu_busy": 0,
         "gpu_unknown": 0,
         "no_partner": 0,
@@ -736,6 +777,10 @@ def test_render_exact_series() -> None:
         f"fabricscope_probe_algbw_bytes_per_second{{{intra},{mib}}} 8.589934592e+09",
         # 2^20 B / 2^-15 s = 2^35 B/s; the failed 1 GiB size has no series
         f"fabricscope_probe_algbw_bytes_per_second{{{sr},{mib}}} 3.4359738368e+10",
+        'fabricscope_probe_allocation_unknown_total{reason="kubelet_unavailable"} 0.0',
+        'fabricscope_probe_allocation_unknown_total{reason="no_attribution"} 0.0',
+        'fabricscope_probe_allocation_unknown_total{reason="nvml_unavailable"} 0.0',
+        'fabricscope_probe_allocation_unknown_total{reason="unmapped_device"} 0.0',
         f"fabricscope_probe_busbw_bytes_per_second{{{intra},{mib}}} 1.5032385536e+10",
         f"fabricscope_probe_busbw_bytes_per_second{{{sr},{mib}}} 3.4359738368e+10",
         f"fabricscope_probe_duration_seconds{{{intra}}} 7.5",
@@ -756,6 +801,7 @@ def test_render_exact_series() -> None:
         'fabricscope_probe_runs_total{collective="all_reduce",reason="ok"} 4.0',
         'fabricscope_probe_runs_total{collective="latency",reason="ok"} 0.0',
         'fabricscope_probe_runs_total{collective="sendrecv",reason="ok"} 0.0',
+        'fabricscope_probe_skipped_total{reason="allocation_unknown"} 0.0',
         'fabricscope_probe_skipped_total{reason="budget"} 2.0',
         'fabricscope_probe_skipped_total{reason="gpu_busy"} 1.0',
         'fabricscope_probe_skipped_total{reason="gpu_unknown"} 0.0',

@@ -2,18 +2,33 @@
 
 The protocol is described in :mod:`agent.probe.rendezvous.wire`.
 
-Every read has a per-step timeout and the handshake (hello to offer) a short deadline, so
-a silent or trickling peer holds a connection slot for a bounded time and never the
-listener. Slots are shared fairly: one address holds at most ``max_pending_per_address``
-of them (a further connection from it gets ERROR busy at once, before any thread is
-started), and when all ``max_pending`` are taken a newcomer displaces the oldest connection
-that has not authenticated yet, taken from the address holding the most. A peer that has
-proved the secret is never displaced, so an authenticated peer always keeps its slot and a
-peer at another address always gets one.
+One thread owns the listener and every connection until its peer has proved the secret:
+accepting, reading the hello, sending the challenge and checking the offer's proof are
+non-blocking steps on a selector, so a connection that has not authenticated costs a
+socket and a few hundred bytes, never a thread. Only an authenticated offer gets a thread,
+which asks ``on_offer`` and sends the answer.
+
+Limits, so that no number of silent, trickling or reconnecting clients keeps a real peer's
+offer from being answered:
+
+- every read waits at most ``step_timeout`` and the handshake (accept to offer) at most
+  ``handshake_timeout``; then the connection is closed (ERROR timeout);
+- one client, an IPv4 address or an IPv6 /64 (:func:`agent.core.clientaddr.client_key`),
+  holds at most ``max_pending_per_address`` connections; a further one gets ERROR busy at
+  once (the guest asks again after a pause);
+- all connections together are at most ``max_pending``; a newcomer then displaces a
+  connection that has not authenticated: one that has not sent a hello yet before one
+  that has, from the client holding the most, the oldest first. A peer that has proved the
+  secret is never displaced, and a real guest, which sends its hello with its connection,
+  is displaced only when every other connection has sent one too;
+- the listen queue is the kernel's longest (``SOMAXCONN``), and a wake-up of the listener
+  accepts up to 64 connections: clients reconnecting in a loop do not fill it, so a real
+  guest's SYN is not dropped (a dropped SYN costs it 1 s, then 3 s, then 7 s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hmac
 import logging
@@ -23,8 +38,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from agent.core.clientaddr import client_key
 from agent.core.errors import ConfigError
 from agent.probe.rendezvous import wire
 from agent.probe.rendezvous.messages import Answer, Offer
@@ -66,7 +82,7 @@ class RendezvousStats:
         return dict(self.refused_total).get(reason, 0)
 
 
-def _listen(bind: str, port: int, backlog: int) -> socket.socket:
+def _listen(bind: str, port: int) -> socket.socket:
     if not bind:
         raise ConfigError(
             "probe bind address is empty: give this node's address "
@@ -85,7 +101,7 @@ def _listen(bind: str, port: int, backlog: int) -> socket.socket:
         # lets a restarted agent rebind over TIME_WAIT; a live listener still refuses it
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(sockaddr)
-        sock.listen(backlog)
+        sock.listen(socket.SOMAXCONN)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
@@ -102,28 +118,42 @@ def _listen(bind: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
+#: connection stages: waiting for the hello, waiting for the offer, answering (authenticated)
+_HELLO, _OFFER, _ANSWERING = 0, 1, 2
+#: connections accepted per wake-up of the listener before other events get their turn
+_ACCEPT_BATCH = 64
+
+
 @dataclass(slots=True, eq=False)
-class _Pending:
-    """One connection being handled: its client address and whether it authenticated."""
+class _Conn:
+    """One connection: its client (``address``, the limits' key), where its handshake is,
+    and what the handshake has established so far."""
 
     sock: socket.socket
+    peer: str
     address: str
-    thread: threading.Thread
-    authenticated: bool = False
-    displaced: bool = False
+    opened: float
+    #: the handshake's deadline and the current read's
+    deadline: float
+    step_deadline: float
+    stage: int = _HELLO
+    buf: bytearray = field(default_factory=bytearray)
+    guest_id: str = ""
+    nonce_g: bytes = b""
+    nonce_h: bytes = b""
+    thread: threading.Thread | None = None
 
 
 class RendezvousServer:
     """Host side: accepts guests on ``bind:port`` in a background thread until closed.
 
-    Each connection runs in its own thread, at most ``max_pending`` at once and
-    ``max_pending_per_address`` from one address (see the module docstring for who is
-    displaced or refused); each read waits at most ``step_timeout`` seconds and the
-    handshake (hello to offer) at most ``handshake_timeout``. An authenticated offer is
-    passed to ``on_offer(offer, guest_id)`` (``guest_id``: the node id the guest proved),
-    whose Answer is sent back; if it raises, the guest gets a decline with reason
-    ``init_failure``. Listening starts in the constructor: a taken port or a foreign
-    address is a ConfigError there.
+    Connections are handled as the module doc says: at most ``max_pending`` at once and
+    ``max_pending_per_address`` from one client; each read waits at most ``step_timeout``
+    seconds and the handshake (accept to offer) at most ``handshake_timeout``. An
+    authenticated offer is passed to ``on_offer(offer, guest_id)`` (``guest_id``: the node
+    id the guest proved) on a thread of its own, whose Answer is sent back; if it raises,
+    the guest gets a decline with reason ``init_failure``. Listening starts in the
+    constructor: a taken port or a foreign address is a ConfigError there.
     """
 
     def __init__(
@@ -134,7 +164,7 @@ class RendezvousServer:
         node_id: str,
         on_offer: Callable[[Offer, str], Answer],
         *,
-        max_pending: int = 8,
+        max_pending: int = 64,
         max_pending_per_address: int = 2,
         step_timeout: float = 5.0,
         handshake_timeout: float = 3.0,
@@ -159,15 +189,18 @@ class RendezvousServer:
         self._accepted = 0
         self._refused = dict.fromkeys(REFUSAL_REASONS, 0)
         self._warned: set[tuple[str, str]] = set()
-        #: connections holding a slot, oldest first
-        self._active: dict[socket.socket, _Pending] = {}
-        #: displaced connections whose threads are still finishing
-        self._leaving: dict[socket.socket, _Pending] = {}
+        #: connections still proving themselves (the selector thread's), oldest first
+        self._pending: dict[socket.socket, _Conn] = {}
+        #: authenticated connections being answered on threads of their own
+        self._answering: dict[socket.socket, _Conn] = {}
+        #: connections per client, both kinds together
+        self._per_address: dict[str, int] = {}
         self._closed = False
-        self._listener = _listen(bind, port, max(16, 2 * max_pending))
+        self._listener = _listen(bind, port)
         self.port: int = self._listener.getsockname()[1]
         self.bind = bind
         self._wake_r, self._wake_w = socket.socketpair()
+        self._sel = selectors.DefaultSelector()
         self._thread = threading.Thread(
             target=self._serve, name=f"probe-rendezvous:{self.port}", daemon=True
         )
@@ -185,114 +218,234 @@ class RendezvousServer:
             return RendezvousStats(
                 accepted_total=self._accepted,
                 refused_total=tuple(sorted(self._refused.items())),
-                pending=len(self._active),
+                pending=len(self._pending) + len(self._answering),
             )
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop accepting, cut in-flight connections, wait for their threads."""
+        """Stop accepting, cut every connection, wait for the threads."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._wake_w.send(b"x")
         self._thread.join(timeout)
-        self._listener.close()
-        with self._lock:  # the accept thread is gone: no connection can be added now
-            active = [*self._active.values(), *self._leaving.values()]
-        for pending in active:
-            _cut(pending.sock)
-        for pending in active:
-            pending.thread.join(timeout)
+        with self._lock:
+            answering = list(self._answering.values())
+        for conn in answering:
+            _cut(conn.sock)
+        for conn in answering:
+            if conn.thread is not None:
+                conn.thread.join(timeout)
         self._wake_r.close()
         self._wake_w.close()
 
+    # -- the selector thread ---------------------------------------------------------------
+
     def _serve(self) -> None:
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._listener, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
+        sel = self._sel
+        sel.register(self._listener, selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        try:
             while True:
-                for key, _ in sel.select():
+                now = time.monotonic()
+                with self._lock:
+                    due = min(
+                        (min(c.deadline, c.step_deadline) for c in self._pending.values()),
+                        default=now + 1.0,
+                    )
+                for key, _ in sel.select(max(0.0, min(due - now, 1.0))):
                     if key.fileobj is self._wake_r:
                         return
-                    try:
-                        sock, addr = self._listener.accept()
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except OSError as exc:  # e.g. EMFILE: back off rather than spin
-                        log.error("probe rendezvous: accept failed: %s", exc)
-                        time.sleep(0.1)
-                        continue
-                    self._dispatch(sock, _describe(addr))
-
-    def _dispatch(self, sock: socket.socket, peer: str) -> None:
-        address = peer.rsplit(":", 1)[0]
-        thread = threading.Thread(
-            target=self._handle, args=(sock, peer), name=f"probe-rendezvous {peer}", daemon=True
-        )
-        pending = _Pending(sock, address, thread)
-        with self._lock:
-            admitted, displaced = self._admit(pending)
-        if displaced is not None:
-            _cut(displaced.sock)  # its thread counts it (too_many_pending) and closes it
-        if not admitted:
-            # counted before the peer can hear of it
-            self._refuse(peer, "too_many_pending", "too many pending rendezvous")
-            wire.send_error_quietly(sock, "busy", peer)
-            sock.close()
-            return
-        thread.start()
-
-    def _admit(self, new: _Pending) -> tuple[bool, _Pending | None]:
-        """Under the lock: whether ``new`` gets a slot, and whom it displaces."""
-        counts: dict[str, int] = {}
-        for p in self._active.values():
-            counts[p.address] = counts.get(p.address, 0) + 1
-        if counts.get(new.address, 0) >= self._max_per_address:
-            return False, None
-        victim = None
-        if len(self._active) >= self._max_pending:
-            for address in sorted(counts, key=counts.__getitem__, reverse=True):
-                victim = next(
-                    (
-                        p
-                        for p in self._active.values()
-                        if p.address == address and not p.authenticated
-                    ),
-                    None,
-                )
-                if victim is not None:
-                    break
-            if victim is None:
-                return False, None
-            victim.displaced = True
-            del self._active[victim.sock]
-            self._leaving[victim.sock] = victim
-        self._active[new.sock] = new
-        return True, victim
-
-    def _handle(self, sock: socket.socket, peer: str) -> None:
-        try:
-            guest_id, offer, answer = self._converse(sock)
-        except RendezvousError as exc:
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    else:
+                        self._readable(key.data)
+                self._expire(time.monotonic())
+        finally:
+            self._listener.close()
             with self._lock:
-                displaced = sock in self._leaving
-            if displaced:
-                self._refuse(peer, "too_many_pending", "displaced by a newer connection")
+                pending = list(self._pending.values())
+            for conn in pending:
+                self._drop(conn)
+            sel.close()
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-            self._refuse(peer, _refusal_reason(exc), str(exc))
-            wire_reason = _wire_error(exc)
-            if wire_reason is not None:
-                wire.send_error_quietly(sock, wire_reason, peer)
+            except OSError as exc:  # e.g. EMFILE: back off rather than spin
+                log.error("probe rendezvous: accept failed: %s", exc)
+                time.sleep(0.1)
+                return
+            self._admit(sock, _describe(addr), client_key(addr))
+
+    def _admit(self, sock: socket.socket, peer: str, address: str) -> None:
+        now = time.monotonic()
+        conn = _Conn(sock, peer, address, now, now + self._handshake, now + self._step)
+        with self._lock:
+            victim: _Conn | None = None
+            admitted = self._per_address.get(address, 0) < self._max_per_address
+            if admitted and len(self._pending) + len(self._answering) >= self._max_pending:
+                victim = self._victim()
+                admitted = victim is not None
+            if admitted:
+                self._pending[sock] = conn
+                self._per_address[address] = self._per_address.get(address, 0) + 1
+        if victim is not None:
+            # counted before its peer can hear of it
+            self._refuse(victim, "too_many_pending", "displaced by a newer connection")
+            self._drop(victim)
+        if not admitted:
+            self._refuse(conn, "too_many_pending", "too many pending rendezvous")
+            _refuse_busy(sock)
+            return
+        sock.setblocking(False)
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _victim(self) -> _Conn | None:
+        """Under the lock: the connection a newcomer displaces (module doc), or None."""
+        counts = self._per_address
+        return min(
+            self._pending.values(),
+            key=lambda c: (c.stage, -counts[c.address], c.opened),
+            default=None,
+        )
+
+    def _readable(self, conn: _Conn) -> None:
+        if self._pending.get(conn.sock) is not conn:
+            return  # displaced or failed earlier in this same round of events
+        try:
+            chunk = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(conn, PeerUnreachableError(f"connection lost: {exc.strerror or exc}"))
+            return
+        if not chunk:
+            self._fail(conn, PeerUnreachableError("the peer closed the connection"))
+            return
+        conn.buf += chunk
+        conn.step_deadline = time.monotonic() + self._step
+        try:
+            while conn.stage != _ANSWERING:
+                body = wire.take_frame(conn.buf, MSG_HELLO if conn.stage == _HELLO else MSG_OFFER)
+                if body is None:
+                    return
+                if conn.stage == _HELLO:
+                    self._hello(conn, body)
+                else:
+                    self._offer(conn, body)
+        except RendezvousError as exc:
+            self._fail(conn, exc)
+
+    def _hello(self, conn: _Conn, body: bytes) -> None:
+        conn.nonce_g = body[:NONCE_BYTES]
+        conn.guest_id = wire.read_id(body, NONCE_BYTES, "hello")
+        if conn.guest_id == self.node_id:
+            raise ProtocolError(f"the guest claims our own node id {conn.guest_id}")
+        conn.nonce_h = secrets.token_bytes(NONCE_BYTES)
+        proof_h = wire.keyed(
+            self._secret, b"host", conn.nonce_h + conn.nonce_g, self.node_id, conn.guest_id
+        )
+        out = wire.frame(MSG_CHALLENGE, conn.nonce_h + proof_h + wire.lp(self.node_id.encode()))
+        try:
+            # ~100 bytes into a fresh connection's empty send buffer: taken whole
+            sent = conn.sock.send(out)
+        except OSError as exc:
+            raise PeerUnreachableError(f"connection lost: {exc.strerror or exc}") from None
+        if sent != len(out):
+            raise PeerUnreachableError("the peer does not read")
+        conn.stage = _OFFER
+
+    def _offer(self, conn: _Conn, body: bytes) -> None:
+        if len(body) < 2 * MAC_BYTES:
+            raise ProtocolError("offer is truncated")
+        proof_g, mac = body[:MAC_BYTES], body[MAC_BYTES : 2 * MAC_BYTES]
+        payload = body[2 * MAC_BYTES :]
+        nonces_gh, nonces_hg = conn.nonce_g + conn.nonce_h, conn.nonce_h + conn.nonce_g
+        want = wire.keyed(self._secret, b"guest", nonces_gh, self.node_id, conn.guest_id)
+        if not hmac.compare_digest(proof_g, want):
+            raise AuthError(f"a guest calling itself {conn.guest_id} failed to prove the secret")
+        key = wire.keyed(self._secret, b"session", nonces_hg, self.node_id, conn.guest_id)
+        if not hmac.compare_digest(mac, wire.mac(key, b"offer", payload)):
+            raise AuthError(f"the offer from {conn.guest_id} failed its MAC")
+        # authenticated: never displaced from now on; answered on a thread of its own
+        self._sel.unregister(conn.sock)
+        conn.stage = _ANSWERING
+        conn.thread = threading.Thread(
+            target=self._answer_thread,
+            args=(conn, payload, key),
+            name=f"probe-rendezvous {conn.peer}",
+            daemon=True,
+        )
+        with self._lock:
+            del self._pending[conn.sock]
+            self._answering[conn.sock] = conn
+        conn.thread.start()
+
+    def _expire(self, now: float) -> None:
+        with self._lock:
+            late = [c for c in self._pending.values() if now >= min(c.deadline, c.step_deadline)]
+        for conn in late:
+            if now >= conn.deadline:
+                self._fail(conn, RendezvousTimeoutError("the exchange ran out of time"))
+            else:
+                self._fail(conn, RendezvousTimeoutError("the peer sent nothing in time"))
+
+    def _fail(self, conn: _Conn, exc: RendezvousError) -> None:
+        """Count and close a connection still proving itself (the selector thread's)."""
+        self._refuse(conn, _refusal_reason(exc), str(exc))
+        reason = _wire_error(exc)
+        if reason is not None:
+            _send_quietly(conn.sock, wire.frame(wire.MSG_ERROR, reason.encode()))
+        self._drop(conn)
+
+    def _drop(self, conn: _Conn) -> None:
+        """Forget and close a connection of the selector thread."""
+        with self._lock:
+            if self._pending.pop(conn.sock, None) is None:
+                return
+            self._forget(conn)
+        with contextlib.suppress(KeyError, ValueError):  # not registered; selector closed
+            self._sel.unregister(conn.sock)
+        conn.sock.close()
+
+    def _forget(self, conn: _Conn) -> None:
+        """Under the lock: one connection less for its client."""
+        left = self._per_address[conn.address] - 1
+        if left:
+            self._per_address[conn.address] = left
+        else:
+            del self._per_address[conn.address]
+
+    # -- authenticated: one thread per offer -----------------------------------------------
+
+    def _answer_thread(self, conn: _Conn, payload: bytes, key: bytes) -> None:
+        sock = conn.sock
+        try:
+            sock.setblocking(True)
+            offer = Offer.from_json(payload)
+            answer = self._answer(offer, conn.guest_id)
+            out = answer.to_json()
+            chan = wire.Channel(sock, self._step, time.monotonic() + self._step)
+            chan.send(MSG_ANSWER, wire.mac(key, b"answer", out) + out)
+        except RendezvousError as exc:
+            self._refuse(conn, _refusal_reason(exc), str(exc))
+            reason = _wire_error(exc)
+            if reason is not None:
+                wire.send_error_quietly(sock, reason, conn.peer)
         except Exception:
-            log.exception("probe rendezvous with %s failed unexpectedly", peer)
-            self._refuse(peer, "protocol_error", "internal error")
+            log.exception("probe rendezvous with %s failed unexpectedly", conn.peer)
+            self._refuse(conn, "protocol_error", "internal error")
         else:
             with self._lock:
                 self._accepted += 1
             log.debug(
                 "probe rendezvous: %s (%s) offered %s %s; %s",
-                guest_id,
-                peer,
+                conn.guest_id,
+                conn.peer,
                 offer.kind,
                 offer.probe_id,
                 "accepted" if answer.accepted else f"declined ({answer.reason})",
@@ -300,48 +453,8 @@ class RendezvousServer:
         finally:
             sock.close()
             with self._lock:
-                self._active.pop(sock, None)
-                self._leaving.pop(sock, None)
-
-    def _authenticated(self, sock: socket.socket) -> bool:
-        """Mark ``sock``'s peer as authenticated (never displaced from now on); False when
-        it was displaced already."""
-        with self._lock:
-            pending = self._active.get(sock)
-            if pending is None:
-                return False
-            pending.authenticated = True
-            return True
-
-    def _converse(self, sock: socket.socket) -> tuple[str, Offer, Answer]:
-        chan = wire.Channel(sock, self._step, time.monotonic() + self._handshake)
-        body = chan.recv(MSG_HELLO)
-        nonce_g = body[:NONCE_BYTES]
-        guest_id = wire.read_id(body, NONCE_BYTES, "hello")
-        if guest_id == self.node_id:
-            raise ProtocolError(f"the guest claims our own node id {guest_id}")
-        nonce_h = secrets.token_bytes(NONCE_BYTES)
-        proof_h = wire.keyed(self._secret, b"host", nonce_h + nonce_g, self.node_id, guest_id)
-        chan.send(MSG_CHALLENGE, nonce_h + proof_h + wire.lp(self.node_id.encode()))
-        body = chan.recv(MSG_OFFER)
-        if len(body) < 2 * MAC_BYTES:
-            raise ProtocolError("offer is truncated")
-        proof_g, mac = body[:MAC_BYTES], body[MAC_BYTES : 2 * MAC_BYTES]
-        payload = body[2 * MAC_BYTES :]
-        want = wire.keyed(self._secret, b"guest", nonce_g + nonce_h, self.node_id, guest_id)
-        if not hmac.compare_digest(proof_g, want):
-            raise AuthError(f"a guest calling itself {guest_id} failed to prove the secret")
-        key = wire.keyed(self._secret, b"session", nonce_h + nonce_g, self.node_id, guest_id)
-        if not hmac.compare_digest(mac, wire.mac(key, b"offer", payload)):
-            raise AuthError(f"the offer from {guest_id} failed its MAC")
-        if not self._authenticated(sock):
-            raise PeerUnreachableError("displaced by a newer connection")
-        offer = Offer.from_json(payload)
-        answer = self._answer(offer, guest_id)
-        chan.deadline = time.monotonic() + self._step
-        out = answer.to_json()
-        chan.send(MSG_ANSWER, wire.mac(key, b"answer", out) + out)
-        return guest_id, offer, answer
+                if self._answering.pop(sock, None) is not None:
+                    self._forget(conn)
 
     def _answer(self, offer: Offer, guest_id: str) -> Answer:
         try:
@@ -356,23 +469,40 @@ class RendezvousServer:
             return Answer.decline(offer.probe_id, "init_failure")
         return answer
 
-    def _refuse(self, peer: str, reason: str, why: str) -> None:
-        ip = peer.rsplit(":", 1)[0]
+    def _refuse(self, conn: _Conn, reason: str, why: str) -> None:
         with self._lock:
             self._refused[reason] += 1
-            first = (ip, reason) not in self._warned
+            first = (conn.address, reason) not in self._warned
             if first:
                 if len(self._warned) >= 1024:
                     self._warned.clear()
-                self._warned.add((ip, reason))
-        # warn once per (address, reason); a scanner or a retrying peer must not flood logs
+                self._warned.add((conn.address, reason))
+        # warn once per (client, reason); a scanner or a retrying peer must not flood logs
         log.log(
             logging.WARNING if first else logging.DEBUG,
             "probe rendezvous: refused %s (%s): %s",
-            peer,
+            conn.peer,
             reason,
             why,
         )
+
+
+def _send_quietly(sock: socket.socket, data: bytes) -> None:
+    """Send what the socket takes now (an ERROR frame into an all but empty buffer)."""
+    try:
+        sock.send(data, socket.MSG_DONTWAIT)
+    except OSError as exc:
+        log.debug("probe rendezvous: could not send an error: %s", exc)
+
+
+def _refuse_busy(sock: socket.socket) -> None:
+    """ERROR busy and close, at once. What the client already sent is read first (one
+    non-blocking read), so that closing does not reset the connection and destroy the
+    ERROR before the guest reads it (it asks again on busy, not on a reset)."""
+    with contextlib.suppress(OSError):  # nothing sent yet, or gone: nothing to read
+        sock.recv(65536, socket.MSG_DONTWAIT)
+    _send_quietly(sock, wire.frame(wire.MSG_ERROR, b"busy"))
+    sock.close()
 
 
 def _cut(sock: socket.socket) -> None:

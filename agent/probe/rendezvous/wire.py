@@ -167,6 +167,39 @@ def _peer_error(body: bytes) -> RendezvousError:
     return ProtocolError("the peer sent an unknown error", from_peer=True)
 
 
+def check_length(length: int) -> None:
+    """A frame's length field, refused before its body is read when out of bounds."""
+    if not 2 <= length <= MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {length} bytes (limit {MAX_FRAME_BYTES})")
+
+
+def decode(payload: bytes, expect: int) -> bytes:
+    """The body of a frame's ``payload`` (version, type, body) of type ``expect``; an ERROR
+    frame raises what the peer said, anything else a ProtocolError."""
+    if payload[0] != VERSION:
+        raise ProtocolError(f"the peer speaks protocol version {payload[0]}, not {VERSION}")
+    kind, body = payload[1], payload[2:]
+    if kind == MSG_ERROR:
+        raise _peer_error(body)
+    if kind != expect:
+        raise ProtocolError(f"expected message type {expect}, got {kind}")
+    return body
+
+
+def take_frame(buf: bytearray, expect: int) -> bytes | None:
+    """The body of the first frame in ``buf`` (removed from it) when it has arrived whole,
+    else None (read more); raises as :func:`decode` and :func:`check_length` do."""
+    if len(buf) < 4:
+        return None
+    (length,) = struct.unpack_from("!I", buf)
+    check_length(length)
+    if len(buf) < 4 + length:
+        return None
+    payload = bytes(buf[4 : 4 + length])
+    del buf[: 4 + length]
+    return decode(payload, expect)
+
+
 class Channel:
     """Frames over a socket, each read/write bounded by ``step`` and by ``deadline``."""
 
@@ -198,17 +231,8 @@ class Channel:
 
     def recv(self, expect: int) -> bytes:
         (length,) = struct.unpack("!I", self._recv_exact(4))
-        if not 2 <= length <= MAX_FRAME_BYTES:
-            raise ProtocolError(f"frame of {length} bytes (limit {MAX_FRAME_BYTES})")
-        payload = self._recv_exact(length)
-        if payload[0] != VERSION:
-            raise ProtocolError(f"the peer speaks protocol version {payload[0]}, not {VERSION}")
-        kind, body = payload[1], payload[2:]
-        if kind == MSG_ERROR:
-            raise _peer_error(body)
-        if kind != expect:
-            raise ProtocolError(f"expected message type {expect}, got {kind}")
-        return body
+        check_length(length)
+        return decode(self._recv_exact(length), expect)
 
     def send(self, kind: int, body: bytes) -> None:
         self._arm()

@@ -2,8 +2,9 @@
 
 - ``service``    the resident service: probes on a schedule (node-pair rounds, intra-node
                  intervals) with hard timeouts, and the answers to peers' offers.
-- ``devices``    which devices a probe may use, busy checks (NVML through a supervised child,
-                 the kubelet's allocations) and per-device locks.
+- ``devices``    which devices a probe may use, busy checks (NVML through a supervised child)
+                 and per-device locks; the GPUs pods hold come from the composition
+                 (:mod:`agent.kubernetes.allocation`, failing closed).
 - ``budget``     the GPU-time budget and what a probe cost last time.
 - ``specs``      the worker specs of a probe's ranks.
 - ``guest``      the guest side of one node-pair probe: propose, then run rank 1.
@@ -13,5 +14,6 @@
 
 May import: :mod:`agent.core`, :mod:`agent.config`, the probe's
 :mod:`~agent.probe.measure`, :mod:`~agent.probe.rendezvous` and
-:mod:`~agent.probe.schedule`, and, as a declared join, :mod:`agent.nvml` (busy-GPU checks).
+:mod:`~agent.probe.schedule`, and, as declared joins, :mod:`agent.nvml` (busy-GPU checks)
+and :mod:`agent.kubernetes.allocation` (the GPUs pods hold, or why that is unknown).
 """

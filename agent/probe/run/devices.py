@@ -252,21 +252,3 @@ class GpuLocks:
     def held(self) -> frozenset[int]:
         with self._lock:
             return frozenset(self._held)
-
-
-class UnionBusy:
-    """GPUs busy by either check; unknown (None) when the first cannot tell. ``close`` is
-    passed on to the first (NVML's handle)."""
-
-    def __init__(self, first: BusyGpus, second: Callable[[], frozenset[int]]) -> None:
-        self._first = first
-        self._second = second
-
-    def __call__(self) -> frozenset[int] | None:
-        a = self._first()
-        return None if a is None else a | self._second()
-
-    def close(self) -> None:
-        close = getattr(self._first, "close", None)
-        if callable(close):
-            close()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from agent.config import ProbeSettings
 from agent.core.sysfs import ReadIssue
+from agent.kubernetes.allocation import UNKNOWN_REASONS
 from agent.probe.measure.records import REASONS, ProbeRecord
 from agent.probe.rendezvous.server import RendezvousStats
 
@@ -25,10 +26,19 @@ log = logging.getLogger(__name__)
 
 #: outcome of a run, the ``reason`` label of ``runs_total``
 RUN_REASONS = ("ok", *REASONS)
-#: why a probe did not run: over budget, GPUs busy or locked, NVML could not tell which GPUs
-#: are busy (its child crashed, hung or errs: no GPU is taken), no partner this round (or
-#: fewer than two local GPUs for an intra-node probe), the partner declined the offer
-SKIP_REASONS = ("budget", "gpu_busy", "gpu_unknown", "no_partner", "peer_declined")
+#: why a probe did not run: which GPUs pods hold could not be established (no GPU is taken;
+#: the reason is counted in ``allocation_unknown_total``), over budget, GPUs busy or locked,
+#: NVML could not tell which GPUs are busy (its child crashed, hung or errs: no GPU is
+#: taken), no partner this round (or fewer than two local GPUs for an intra-node probe),
+#: the partner declined the offer
+SKIP_REASONS = (
+    "allocation_unknown",
+    "budget",
+    "gpu_busy",
+    "gpu_unknown",
+    "no_partner",
+    "peer_declined",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,9 @@ class ProbeSnapshot:
     ``skipped_total``: (reason, count) for every reason of :data:`SKIP_REASONS`.
     ``gpu_seconds_total``: GPU time spent by probes. ``members``: nodes in the membership
     (0 without one). ``rendezvous``: None when this node answers no offers.
+    ``allocation_unknown_total``: (reason, count) for every reason of
+    :data:`agent.kubernetes.allocation.UNKNOWN_REASONS`: the times no GPU was taken because
+    which GPUs pods hold could not be established.
     """
 
     runs: tuple[ProbeRun, ...] = ()
@@ -69,6 +82,7 @@ class ProbeSnapshot:
     members: int = 0
     rendezvous: RendezvousStats | None = None
     issues: tuple[ReadIssue, ...] = ()
+    allocation_unknown_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in UNKNOWN_REASONS)
 
 
 def device_label(records: Sequence[ProbeRecord], rank: int) -> str | None:
@@ -98,6 +112,8 @@ class ProbeLedger:
         self._runs: dict[tuple[str, str, str, str], ProbeRun] = {}
         self._runs_total: dict[tuple[str, str], int] = {}
         self._skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self._allocation_unknown = dict.fromkeys(UNKNOWN_REASONS, 0)
+        self._allocation_state: str | None = None
         self._gpu_seconds = 0.0
         self._members_count = 0
         self._issues: tuple[ReadIssue, ...] = ()
@@ -113,6 +129,23 @@ class ProbeLedger:
         log.log(
             logging.INFO if first else logging.DEBUG, "probe skipped (%s): " + why, reason, *args
         )
+
+    def allocation(self, unknown: str | None) -> None:
+        """Whether the GPUs pods hold are known now (None) or why not; an unknown is counted
+        (no GPU is taken for it). Logged when the state changes, not on every check."""
+        with self._lock:
+            if unknown is not None:
+                self._allocation_unknown[unknown] += 1
+            previous, self._allocation_state = self._allocation_state, unknown
+        if unknown == previous:
+            return
+        if unknown is not None:
+            log.warning(
+                "probe: cannot establish which GPUs pods hold (%s); probing none until it can",
+                unknown,
+            )
+        elif previous is not None:
+            log.info("probe: the GPUs pods hold are known again; probing idle ones")
 
     def spent(self, gpu_seconds: float) -> None:
         """Add GPU time probes spent."""
@@ -182,4 +215,5 @@ class ProbeLedger:
                 members=self._members_count,
                 rendezvous=rendezvous,
                 issues=self._issues,
+                allocation_unknown_total=tuple(sorted(self._allocation_unknown.items())),
             )

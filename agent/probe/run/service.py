@@ -24,8 +24,10 @@ What runs, and when
 
 Safety
     * A probe runs only on GPUs with no compute processes (NVML, asked through a child
-      process; when it cannot tell, no GPU is taken and the skip counts ``gpu_unknown``;
-      ``force`` overrides).
+      process; when it cannot tell, no GPU is taken and the skip counts ``gpu_unknown``)
+      and that no pod holds (:mod:`agent.kubernetes.allocation`: when that cannot be
+      established, no GPU is taken and the skip counts ``allocation_unknown``, its reason
+      counted too). ``force`` overrides both.
     * A per-GPU lock: never two probes on one GPU. An offer for a locked or busy GPU is
       declined with ``gpu_busy`` and counted as a skip.
     * A GPU-time budget: probes may spend ``budget`` of the node's GPU time (GPU-seconds =
@@ -66,6 +68,7 @@ from collections.abc import Callable, Sequence
 from agent.config import DEFAULT_PROBE_PORT, ProbeSettings
 from agent.core.errors import ConfigError
 from agent.core.sysfs import ReadIssue
+from agent.kubernetes.allocation import GpuAllocation
 from agent.probe.measure.launch import Launcher, failure_records, free_port, launch_workers
 from agent.probe.measure.records import SpecError, WorkerSpec
 from agent.probe.rendezvous.messages import Answer, Offer
@@ -92,9 +95,11 @@ class ProbeService:
     ConfigError there) and starts the thread; ``stop()`` kills running workers and waits.
 
     Injectable for tests: ``members`` (None: no pair rounds), ``busy`` (GPUs running compute
-    processes), ``launcher`` (worker processes), ``clock`` (unix time; rounds and ages),
-    ``peer_address`` (member -> its rendezvous address; default: the member at this node's
-    probe port), ``busy_retries`` (times a ``gpu_busy`` decline is proposed again).
+    processes), ``allocated`` (the GPUs pods hold, or why that is unknown: then no GPU is
+    taken; default: no pods, as on a node without Kubernetes), ``launcher`` (worker
+    processes), ``clock`` (unix time; rounds and ages), ``peer_address`` (member -> its
+    rendezvous address; default: the member at this node's probe port), ``busy_retries``
+    (times a ``gpu_busy`` decline is proposed again).
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class ProbeService:
         members: MembershipSource | None = None,
         listen: tuple[str, int] | None = None,
         busy: BusyGpus = no_busy_gpus,
+        allocated: Callable[[], GpuAllocation] = GpuAllocation,
         launcher: Launcher = launch_workers,
         clock: Callable[[], float] = time.time,
         peer_address: Callable[[str], tuple[str, int]] | None = None,
@@ -132,6 +138,7 @@ class ProbeService:
         self._members = members
         self._listen = listen
         self._busy = busy
+        self._allocated = allocated
         self._launcher = launcher
         self._clock = clock
         port = listen[1] if listen is not None else DEFAULT_PROBE_PORT
@@ -278,13 +285,20 @@ class ProbeService:
     # -- devices -------------------------------------------------------------------------
 
     def _idle(self) -> tuple[list[int], str]:
-        """Positions of the slots neither busy nor locked now, and the skip reason when too
-        few are: ``gpu_unknown`` when NVML could not tell which GPUs are busy (then none is
-        taken), else ``gpu_busy``."""
-        busy = frozenset() if self.settings.force else self._busy()
-        if busy is None:  # unknown: probe nothing
-            return [], "gpu_unknown"
-        taken = busy | self.locks.held()
+        """Positions of the slots neither busy, nor held by a pod, nor locked now, and the
+        skip reason when too few are: ``allocation_unknown`` when which GPUs pods hold
+        cannot be established, ``gpu_unknown`` when NVML could not tell which GPUs are busy
+        (either way none is taken), else ``gpu_busy``. ``force`` skips both checks."""
+        taken = self.locks.held()
+        if not self.settings.force:
+            allocation = self._allocated()
+            self._ledger.allocation(allocation.unknown)
+            if allocation.unknown is not None:  # fail closed: probe nothing
+                return [], "allocation_unknown"
+            busy = self._busy()
+            if busy is None:  # unknown: probe nothing
+                return [], "gpu_unknown"
+            taken |= busy | allocation.gpus
         return [i for i, s in enumerate(self.slots) if s.label not in taken], "gpu_busy"
 
     # -- intra-node ------------------------------------------------------------------------

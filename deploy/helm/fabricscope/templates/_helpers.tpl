@@ -53,6 +53,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/* HTTP or HTTPS: what the health probes and Prometheus speak to the metrics port. */}}
+{{/* Where the kubelet's health probes GET /healthz: the metrics port, or with web.tls the
+     plain-HTTP health port (--web.health-listen-address), on the node's loopback when the
+     pod shares the node's network (the kubelet runs there too). */}}
+{{- define "fabricscope.healthGet" -}}
+path: /healthz
+{{- if .Values.web.tls }}
+{{- if .Values.hostNetwork }}
+host: 127.0.0.1
+{{- end }}
+port: {{ .Values.web.healthPort }}
+scheme: HTTP
+{{- else }}
+port: metrics
+{{- end }}
+{{- end -}}
+
 {{- define "fabricscope.scheme" -}}
 {{- if .Values.web.tls -}}HTTPS{{- else -}}HTTP{{- end -}}
 {{- end -}}

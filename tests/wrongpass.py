@@ -1,0 +1,130 @@
+"""A password-flooding client for tests: keep-alive connections from several source
+addresses, each sending ``GET /metrics`` with a wrong password (a fresh one every request,
+so nothing can be cached) as fast as the server answers, reconnecting when it closes.
+
+    python tests/wrongpass.py --port P [--host 127.0.0.1] [--host6 ::1] --source 127.0.0.2
+        [--source fd31:0:0:1::2 ...] [--connections 16] [--user prometheus] [--duration 12]
+
+Runs ``--duration`` seconds or until SIGTERM. Prints ``ready`` once every connection has had
+a first answer (or failed once), and a JSON summary at the end: for each source address the
+requests sent and the answers by status code, plus ``errors`` (connections that failed or
+were closed: a server may close some to make room for others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import secrets
+import signal
+import sys
+import time
+from collections import Counter
+
+
+class Flood:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.statuses: dict[str, Counter[str]] = {s: Counter() for s in args.source}
+        self.sent: Counter[str] = Counter()
+        self.errors = 0
+        self.total = len(args.source) * args.connections
+        self.tried = 0
+        self.ready = asyncio.Event()
+        self.stopping = False
+
+    def _first(self) -> None:
+        self.tried += 1
+        if self.tried == self.total:
+            self.ready.set()
+
+    def _request(self) -> bytes:
+        token = base64.b64encode(f"{self.args.user}:{secrets.token_hex(8)}".encode()).decode()
+        return (
+            f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {token}\r\n\r\n"
+        ).encode()
+
+    async def one(self, source: str, deadline: float) -> None:
+        first = True
+        while time.monotonic() < deadline and not self.stopping:
+            writer = None
+            try:
+                host = self.args.host6 if ":" in source else self.args.host
+                reader, writer = await asyncio.open_connection(
+                    host, self.args.port, local_addr=(source, 0)
+                )
+                while not self.stopping:
+                    writer.write(self._request())
+                    await writer.drain()
+                    self.sent[source] += 1
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    status = head.split(b" ", 2)[1].decode()
+                    length = 0
+                    for line in head.split(b"\r\n"):
+                        name, _, value = line.partition(b":")
+                        if name.strip().lower() == b"content-length":
+                            length = int(value)
+                    await reader.readexactly(length)
+                    self.statuses[source][status] += 1
+                    if first:
+                        first = False
+                        self._first()
+                    if b"connection: close" in head.lower():
+                        break
+            except (OSError, EOFError, asyncio.IncompleteReadError, ValueError):
+                self.errors += 1
+                await asyncio.sleep(0.01)
+            finally:
+                if first:
+                    first = False
+                    self._first()
+                if writer is not None:
+                    writer.transport.abort()
+
+    async def run(self) -> None:
+        deadline = time.monotonic() + self.args.duration
+        tasks = [
+            asyncio.create_task(self.one(source, deadline))
+            for source in self.args.source
+            for _ in range(self.args.connections)
+        ]
+
+        async def announce() -> None:
+            await self.ready.wait()
+            print("ready", flush=True)
+
+        announcer = asyncio.create_task(announce())
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopper], timeout=self.args.duration)
+        self.stopping = True
+        for task in [*tasks, announcer, stopper]:
+            task.cancel()
+        await asyncio.gather(*tasks, announcer, stopper, return_exceptions=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1", help="the server, for IPv4 sources")
+    ap.add_argument("--host6", default="::1", help="the server, for IPv6 sources")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--source", action="append", required=True, help="repeatable")
+    ap.add_argument("--connections", type=int, default=16, help="per source address")
+    ap.add_argument("--user", default="prometheus")
+    ap.add_argument("--duration", type=float, default=12.0, help="seconds")
+    args = ap.parse_args(argv)
+    flood = Flood(args)
+    asyncio.run(flood.run())
+    summary = {s: dict(c) for s, c in flood.statuses.items()}
+    print(
+        json.dumps({"sent": dict(flood.sent), "statuses": summary, "errors": flood.errors}),
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
