@@ -2,9 +2,9 @@
 
 Owns: the sampler protocol (``sampler``), the runner that schedules, times out and counts
 every sampler (``runner``), supervised child processes for risky work (``isolation``), the
-rooted sysfs seam and its issues-as-data (``sysfs``), the error vocabulary (``errors``), the
-findings registry every source's findings are declared in (``findings``) and logging set-up
-(``logsetup``).
+rooted sysfs seam and its issues-as-data (``sysfs``), one bounded run of an external tool
+(``tools``), the error vocabulary (``errors``), the findings registry every source's
+findings are declared in (``findings``) and logging set-up (``logsetup``).
 
 May import: the standard library and third-party libraries only; never a source package
 (``agent.infiniband``, ``agent.nvml`` ...), the composition above them, or ``exporter``.

@@ -5,7 +5,7 @@ the name, a colon, dots up to a column and the value; a ``# ...`` header line op
 block. Each parser reads the first block and ignores lines it does not know (capability
 names under ``CapMask``, a header wrapped by a mail client), so output from older or newer
 diags still parses; a field it needs that is absent or malformed raises ``ValueError`` with
-a one-line reason. Input is bounded by the reader (:mod:`agent.ibpeer.tools`) and every
+a one-line reason. Input is bounded by the reader (:mod:`agent.core.tools`) and every
 pattern here is linear, so a hostile tool output costs at most its size.
 
 Units are converted here: lane speeds (``"53.125 Gbps"``) to bytes/second, PMA data counters

@@ -44,7 +44,7 @@ from agent.ibpeer.parse import (
     parse_perfquery,
     parse_portinfo,
 )
-from agent.ibpeer.tools import ToolError, ToolTimeout, run_tool
+from agent.core.tools import ToolError, ToolTimeout, run_tool
 from agent.infiniband.sampler import (
     CLASS_DIR,
     PHYS_STATE_LINK_UP,

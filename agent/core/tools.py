@@ -1,10 +1,12 @@
-"""Running one infiniband-diags tool: bounded in time and in output, never left behind.
+"""Running one of the field's own tools (infiniband-diags' ``smpquery``, ``perfquery``):
+bounded in time and in output, never left behind.
 
-Each call starts the tool in its own process group (``--ibpeer.command-prefix`` in front,
-e.g. ``ibsim-run`` for the simulator or a wrapper), reads at most ``max_bytes`` of its
+Each call starts the tool in its own process group (a caller's command prefix in front, e.g.
+``ibsim-run`` for the simulator, a wrapper or ``sudo -n``), reads at most ``max_bytes`` of its
 output, and kills the whole group at the deadline: a tool stuck in a MAD layer that stopped
 answering (libibumad blocks without a timeout while it attaches) costs its timeout, never a
-thread or a process left running.
+thread or a process left running. Used by the ``ibpeer`` sampler (the far end of each cable)
+and the ``infiniband`` sampler's PMA read (:mod:`agent.infiniband.pma`).
 """
 
 from __future__ import annotations
