@@ -14,11 +14,14 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from agent.core.errors import ConfigError
 
 #: the most output one tool call may print (a PortInfo dump is ~2 KiB)
 MAX_OUTPUT_BYTES = 64 * 1024
@@ -42,6 +45,18 @@ class ToolTimeout(Exception):  # noqa: N818 - an outcome, like agent.core.errors
 class ToolOutput:
     stdout: str
     seconds: float
+
+
+def check_tools(prefix: Sequence[str], tools: Sequence[str], flag: str) -> None:
+    """Raise ``ConfigError`` when a tool ``flag`` runs (or the prefix's command) is not
+    installed: checked once, at start, so a missing package is one clear line instead of an
+    error every pass."""
+    missing = [t for t in (*prefix[:1], *tools) if shutil.which(t) is None]
+    if missing:
+        raise ConfigError(
+            f"{flag} needs {', '.join(missing)} on PATH (Debian/Ubuntu: "
+            "infiniband-diags; RHEL: infiniband-diags from rdma-core)"
+        )
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -18,59 +18,17 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from agent.infiniband.sampler import IB_DATA_UNIT_BYTES, PMA_WIDTHS, PortCounter
+from agent.infiniband.perfquery import DATA_WORDS, PerfCounters, get_field, parse_fields, parse_uint
+from agent.infiniband.sampler import IB_DATA_UNIT_BYTES, PortCounter
 
-#: longest field name libibmad prints ("McastPkeyTrapSuppressionEnabled", "Node Description")
-_FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9 ]{0,47}):\.*(.*)$")
 _WIDTH = re.compile(r"\b(1|2|4|8|12)X\b")
 _SPEED = re.compile(r"(?:^|\s)(\d{1,4}(?:\.\d{1,6})?) Gbps\b")
-_UINT = re.compile(r"^(0x[0-9a-fA-F]{1,16}|\d{1,20})$")
 _GUID = re.compile(r"^0x[0-9a-fA-F]{1,16}$")
 #: a value libibmad prints for a field it has no name for, or the "none" of extended speeds
 _NO_VALUE = ("No Extended Speed", "Extended speed", "undefined")
 #: the longest node description kept (IBA NodeDescription is 64 bytes)
 DESCRIPTION_MAX = 64
 _BITS_PER_BYTE_GBPS = 125_000_000  # 1 Gb/s = 125,000,000 bytes/s
-
-
-def parse_fields(text: str) -> dict[str, str]:
-    """The first block's ``Field -> value`` pairs (first occurrence wins; values stripped).
-
-    The block ends at the second ``#`` header line, so ``ibportstate``'s local-then-peer
-    output and its Mellanox extended PortInfo (which repeats ``LinkSpeedSupported`` as a
-    hex mask) do not leak into the first block.
-    """
-    out: dict[str, str] = {}
-    headers = 0
-    for line in text.splitlines():
-        if line.startswith("#"):
-            headers += 1
-            if headers > 1 and out:
-                break
-            continue
-        m = _FIELD.match(line[:4096])
-        if m is None:
-            continue
-        out.setdefault(m.group(1), m.group(2).strip())
-    return out
-
-
-def _get(fields: dict[str, str], name: str) -> str:
-    value = fields.get(name)
-    if value is None:
-        raise ValueError(f"no {name} field")
-    return value
-
-
-def parse_uint(text: str) -> int:
-    """``"42"`` or ``"0x2a"`` -> 42 (perfquery prints some selects in hex)."""
-    s = text.strip()
-    if _UINT.match(s) is None:
-        raise ValueError(f"not an unsigned integer: {s[:40]!r}")
-    value = int(s, 16) if s.lower().startswith("0x") else int(s)
-    if value >= 1 << 64:
-        raise ValueError(f"{s[:40]} does not fit in 64 bits")
-    return value
 
 
 def parse_widths(text: str) -> frozenset[int]:
@@ -165,7 +123,7 @@ def parse_portinfo(text: str) -> PortInfo:
         lid=parse_uint(lid) if lid is not None else None,
         link_state=f.get("LinkState") or None,
         phys_state=f.get("PhysLinkState") or None,
-        width_active=parse_width(_get(f, "LinkWidthActive")),
+        width_active=parse_width(get_field(f, "LinkWidthActive")),
         width_enabled=parse_widths(width_enabled) if width_enabled else frozenset(),
         width_supported=parse_widths(width_supported) if width_supported else frozenset(),
         speed_active=_active_speed(f),
@@ -200,12 +158,12 @@ def parse_guid(text: str) -> str:
 
 def parse_nodeinfo(text: str) -> NodeInfo:
     f = parse_fields(text)
-    kind = _get(f, "NodeType")
+    kind = get_field(f, "NodeType")
     return NodeInfo(
-        guid=parse_guid(_get(f, "Guid")),
+        guid=parse_guid(get_field(f, "Guid")),
         node_type=NODE_TYPES.get(kind, "unknown"),
-        num_ports=parse_uint(_get(f, "NumPorts")),
-        local_port=parse_uint(_get(f, "LocalPort")),
+        num_ports=parse_uint(get_field(f, "NumPorts")),
+        local_port=parse_uint(get_field(f, "LocalPort")),
     )
 
 
@@ -219,78 +177,7 @@ def clean_description(text: str) -> str:
 
 def parse_nodedesc(text: str) -> str:
     """``smpquery nodedesc`` -> the neighbour's description, cleaned (may be empty)."""
-    return clean_description(_get(parse_fields(text), "Node Description"))
-
-
-#: perfquery field -> the kernel's counters/ file name for the same PMA counter, so the
-#: neighbour's counters carry the local counters' names, widths and units
-PERFQUERY_NAMES: dict[str, str] = {
-    "SymbolErrorCounter": "symbol_error",
-    "LinkErrorRecoveryCounter": "link_error_recovery",
-    "LinkDownedCounter": "link_downed",
-    "PortRcvErrors": "port_rcv_errors",
-    "PortRcvRemotePhysicalErrors": "port_rcv_remote_physical_errors",
-    "PortRcvSwitchRelayErrors": "port_rcv_switch_relay_errors",
-    "PortXmitDiscards": "port_xmit_discards",
-    "PortXmitConstraintErrors": "port_xmit_constraint_errors",
-    "PortRcvConstraintErrors": "port_rcv_constraint_errors",
-    "LocalLinkIntegrityErrors": "local_link_integrity_errors",
-    "ExcessiveBufferOverrunErrors": "excessive_buffer_overrun_errors",
-    "VL15Dropped": "VL15_dropped",
-    "PortXmitWait": "port_xmit_wait",
-    "PortXmitData": "port_xmit_data",
-    "PortRcvData": "port_rcv_data",
-    "PortXmitPkts": "port_xmit_packets",
-    "PortRcvPkts": "port_rcv_packets",
-    "PortUnicastXmitPkts": "unicast_xmit_packets",
-    "PortUnicastRcvPkts": "unicast_rcv_packets",
-    "PortMulticastXmitPkts": "multicast_xmit_packets",
-    "PortMulticastRcvPkts": "multicast_rcv_packets",
-    "QP1Dropped": "qp1_dropped",
-}
-#: fields that are selectors, not counters
-_NOT_COUNTERS = frozenset({"PortSelect", "CounterSelect", "CounterSelect2"})
-_DATA = frozenset({"port_xmit_data", "port_rcv_data"})
-#: PortCounters (not extended) data and packet counters are 32 bits wide
-_BASIC_32 = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"})
-
-
-@dataclass(frozen=True, slots=True)
-class PerfCounters:
-    """One ``perfquery`` answer: the port it is about and its counters by kernel name,
-    with the width in bits each has in the attribute that carried it."""
-
-    port_select: int
-    extended: bool
-    values: tuple[tuple[str, int, int | None], ...]  # (name, raw, width bits)
-
-
-def parse_perfquery(text: str, *, extended: bool) -> PerfCounters:
-    """``perfquery LID PORT`` (``extended=False``: PortCounters, PMA widths) or
-    ``perfquery -x LID PORT`` (PortCountersExtended: every counter 64 bits, including the
-    error counters newer PMAs append to it). Unknown fields are kept under their perfquery
-    name, lower-cased, width unknown."""
-    f = parse_fields(text)
-    port_select = parse_uint(_get(f, "PortSelect"))
-    values: list[tuple[str, int, int | None]] = []
-    for field, raw in f.items():
-        if field in _NOT_COUNTERS:
-            continue
-        name = PERFQUERY_NAMES.get(field)
-        value = parse_uint(raw)
-        if name is None:
-            values.append((re.sub(r"[^a-z0-9_]", "_", field.lower())[:48], value, None))
-            continue
-        if extended:
-            width: int | None = 64
-        elif name in _BASIC_32:
-            width = 32
-        else:
-            width = PMA_WIDTHS.get(name)
-        values.append((name, value, width))
-    if not any(name in PERFQUERY_NAMES.values() for name, _, _ in values):
-        raise ValueError("no PMA counter in perfquery output")
-    return PerfCounters(port_select, extended, tuple(sorted(values)))
+    return clean_description(get_field(parse_fields(text), "Node Description"))
 
 
 def merge_counters(basic: PerfCounters | None, ext: PerfCounters | None) -> tuple[PortCounter, ...]:
@@ -309,7 +196,7 @@ def merge_counters(basic: PerfCounters | None, ext: PerfCounters | None) -> tupl
             source="counters",
             name=name,
             raw=raw,
-            scale=IB_DATA_UNIT_BYTES if name in _DATA else 1,
+            scale=IB_DATA_UNIT_BYTES if name in DATA_WORDS else 1,
             width=width,
         )
         for name, (raw, width) in sorted(chosen.items())

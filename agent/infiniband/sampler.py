@@ -17,13 +17,15 @@ One unreadable or malformed file (EACCES, EIO, a file vanishing mid-scan, garbag
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from agent.config import ExpectedRate
 from agent.core.errors import NoData
@@ -157,13 +159,19 @@ class PortState:
 
 @dataclass(frozen=True, slots=True)
 class PortCounter:
-    """One counter file of a port.
+    """One counter of a port.
 
     ``source`` is the directory it came from (``counters``, ``counters_ext``,
-    ``hw_counters``) and ``name`` the file name as the kernel spells it. ``raw`` is the number
-    in the file; ``scale`` the bytes per unit it counts in (4 or 8 for data counters, else 1),
-    so ``value`` is in base units. ``width`` is the PMA field width in bits when the kernel
-    defines one (``None`` for hw_counters and files fabricscope does not know).
+    ``hw_counters``) and ``name`` the file name as the kernel spells it; a PMA counter read
+    with perfquery instead (:mod:`agent.infiniband.pma`) keeps the ``counters`` source and
+    name of the file it stands in for. ``raw`` is the number the hardware gave; ``scale``
+    the bytes per unit it counts in (4 or 8 for data counters, else 1), so ``value`` is in
+    base units. ``width`` is the PMA field width in bits when one is defined (``None`` for
+    hw_counters and files fabricscope does not know). ``cleared`` is what the agent counted
+    into this hardware counter and then cleared from it (``--infiniband.reset-saturated``):
+    the exported count is ``cleared + raw``. ``saturated_since`` is the Unix time since when
+    every pass of this agent found the counter at its maximum (``None``: not saturated, or
+    a read without memory).
     """
 
     source: str
@@ -171,19 +179,46 @@ class PortCounter:
     raw: int
     scale: int = 1
     width: int | None = None
+    cleared: int = 0
+    saturated_since: float | None = None
 
     @property
     def value(self) -> int:
-        """The counter in base units (bytes for data counters)."""
-        return self.raw * self.scale
+        """The counter in base units (bytes for data counters), the agent's clears included."""
+        return (self.cleared + self.raw) * self.scale
 
     @property
     def saturated(self) -> bool | None:
-        """True when the counter sits exactly at the maximum of its width (it has stopped
-        counting); ``None`` when its width is unknown."""
+        """True when the hardware counter sat exactly at the maximum of its width when read
+        (it had stopped counting: what it missed since the previous read is lost);
+        ``None`` when its width is unknown."""
         if self.width is None:
             return None
         return self.raw == (1 << self.width) - 1
+
+
+#: where an InfiniBand port's error counters and PortXmitWait came from (``CounterSource``)
+SOURCE_SYSFS = "sysfs"
+SOURCE_EXTENDED = "perfquery_extended"
+SOURCE_CLEARED = "perfquery"
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSource:
+    """Where an InfiniBand port's PMA counters came from in one pass
+    (:mod:`agent.infiniband.pma` decides).
+
+    ``source``: ``sysfs`` (the kernel's ``counters/`` files, 4 to 32 bits wide),
+    ``perfquery_extended`` (the error counters and PortXmitWait from PortCountersExtended,
+    64 bits) or ``perfquery`` (read from PortCounters and cleared near their maximum,
+    ``--infiniband.reset-saturated``). ``reason``: why they are not 64-bit, empty when they
+    are (see :data:`agent.infiniband.pma.REASONS`). ``resets_total``: clears the agent has
+    sent to this port since it started (``None`` when it clears nothing).
+    """
+
+    source: str
+    reason: str = ""
+    resets_total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +265,9 @@ class IbPort:
     peak: LinkRate | None = None
     #: the rate ``--infiniband.expected-rate`` says this port should run at, if any
     expected_rate_bytes_per_second: int | None = None
+    #: where its PMA counters came from; ``None`` where nothing decided (RoCE and iWARP
+    #: ports, a read without the PMA step: ``fabricscope topo``, a snapshot replay)
+    counter_source: CounterSource | None = None
 
     @property
     def link_rate(self) -> LinkRate | None:
@@ -273,6 +311,9 @@ class IbDevice:
 class InfinibandSnapshot:
     devices: tuple[IbDevice, ...] = ()
     issues: tuple[ReadIssue, ...] = ()
+    #: perfquery processes the PMA step ran in this pass and the wall time they took
+    tool_calls: int = 0
+    tool_seconds: float = 0.0
 
 
 # -- pure parsers ----------------------------------------------------------------------
@@ -666,58 +707,131 @@ def _read_netdevs(
     return tuple(matched)
 
 
+class CounterReader(Protocol):
+    """A step that reads a port's PMA counters another way and returns the snapshot with
+    them merged (:class:`agent.infiniband.pma.PmaReader`: perfquery at the port's LID)."""
+
+    def update(self, snap: InfinibandSnapshot) -> InfinibandSnapshot: ...
+
+
+class SaturationClock:
+    """Since when each PMA counter has been found at its maximum: the first pass of the
+    current run of passes that found it there (this agent's memory: after a restart, the
+    restart's first pass)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._since: dict[tuple[str, int, str, str], float] = {}
+
+    def stamp(self, snap: InfinibandSnapshot) -> InfinibandSnapshot:
+        now = self._clock()
+        seen: dict[tuple[str, int, str, str], float] = {}
+        devices = []
+        for dev in snap.devices:
+            ports = []
+            for port in dev.ports:
+                counters = []
+                for c in port.counters:
+                    if not c.saturated:
+                        counters.append(c)
+                        continue
+                    key = (dev.name, port.port, c.source, c.name)
+                    seen[key] = self._since.get(key, now)
+                    counters.append(dataclasses.replace(c, saturated_since=seen[key]))
+                ports.append(dataclasses.replace(port, counters=tuple(counters)))
+            devices.append(dataclasses.replace(dev, ports=tuple(ports)))
+        self._since = seen
+        return dataclasses.replace(snap, devices=tuple(devices))
+
+
 class InfinibandSampler:
     """Samples ``/sys/class/infiniband`` through a :class:`~agent.core.sysfs.SysfsReader`.
 
-    Keeps one memory between passes: each port's fastest rate seen while ACTIVE, and stamps
-    it (with the configured expectation, ``expected_rates``) on the ports it returns, for
-    :mod:`agent.infiniband.capacity` to judge.
+    Keeps memories between passes: each port's fastest rate seen while ACTIVE, stamped (with
+    the configured expectation, ``expected_rates``) on the ports it returns for
+    :mod:`agent.infiniband.capacity` to judge, and since when each saturated counter has
+    been saturated. ``pma``, when given, reads the InfiniBand ports' PMA counters with
+    perfquery after sysfs (64-bit where the HCA keeps them; cleared near their maximum when
+    asked) and merges them in.
     """
 
     name = "infiniband"
 
-    def __init__(self, sys: SysfsReader, expected_rates: Sequence[ExpectedRate] = ()) -> None:
+    def __init__(
+        self,
+        sys: SysfsReader,
+        expected_rates: Sequence[ExpectedRate] = (),
+        pma: CounterReader | None = None,
+    ) -> None:
         from agent.infiniband.capacity import PeakRates
 
         self.sys = sys
         self.expected_rates = tuple(expected_rates)
+        self.pma = pma
         self._peaks = PeakRates()
+        self._saturation = SaturationClock()
 
     def sample(self) -> InfinibandSnapshot:
         from agent.infiniband.capacity import annotate
 
         snap = read_infiniband(self.sys)
+        if self.pma is not None:
+            snap = self.pma.update(snap)
+        snap = self._saturation.stamp(snap)
         return annotate(snap, self._peaks.update(snap), self.expected_rates)
 
 
 # -- analysis --------------------------------------------------------------------------
 
 
+PHYS_STATE_DISABLED = 3
+
+
 def findings(snap: InfinibandSnapshot) -> list[Finding]:
-    """Ports not ACTIVE (``port_down``) and PMA counters stuck at the maximum of their width
-    (``counter_saturated``), sorted. ACTIVE ports below their rate: ``capacity.findings``."""
+    """Ports down (``port_down``: not ACTIVE with a LinkUp physical link, the condition of
+    ``fabricscope_infiniband_port_up == 0`` and of its alert) unless an administrator
+    switched them off (``port_disabled``, info), and PMA counters stuck at the maximum of
+    their width (``counter_saturated``), sorted. ACTIVE ports below their rate:
+    ``capacity.findings``."""
     out: list[Finding] = []
     for dev in snap.devices:
         for port in dev.ports:
             subject = f"{dev.name}/{port.port}"
-            if port.state is not None and port.state.number != PORT_STATE_ACTIVE:
-                phys = f", physical state {port.phys_state.name}" if port.phys_state else ""
+            phys = port.phys_state
+            if phys is not None and phys.number == PHYS_STATE_DISABLED:
                 out.append(
                     Finding(
-                        "port_down",
+                        "port_disabled",
                         subject,
-                        f"{dev.name} port {port.port} is {port.state.name}{phys}, not ACTIVE.",
+                        f"{dev.name} port {port.port} is switched off (physical state "
+                        f"{phys.name}).",
                     )
                 )
+            elif port.up is False and port.state is not None and phys is not None:
+                why = (
+                    f"ACTIVE but its physical state is {phys.name}, not LinkUp"
+                    if port.state.number == PORT_STATE_ACTIVE
+                    else f"{port.state.name}, physical state {phys.name}, not ACTIVE"
+                )
+                out.append(Finding("port_down", subject, f"{dev.name} port {port.port} is {why}."))
             for c in port.counters:
                 if c.saturated:
                     out.append(
-                        Finding(
-                            "counter_saturated",
-                            f"{subject}/{c.name}",
-                            f"{c.source}/{c.name} on {dev.name} port {port.port} sits at "
-                            f"{c.raw}, the maximum of its {c.width}-bit width: it no longer "
-                            "counts until the port counters are reset (perfquery -R).",
-                        )
+                        Finding("counter_saturated", f"{subject}/{c.name}", _stuck(dev, port, c))
                     )
     return sorted(out)
+
+
+def _stuck(dev: IbDevice, port: IbPort, c: PortCounter) -> str:
+    where = f"{c.source}/{c.name} on {dev.name} port {port.port}"
+    src = port.counter_source
+    if src is not None and src.source == SOURCE_CLEARED:
+        return (
+            f"{where} reached {c.raw}, the maximum of its {c.width}-bit width, within one "
+            "pass before the agent cleared it: what it missed is lost (a shorter "
+            "--sampling.interval, or an HCA with 64-bit PortCountersExtended error counters)."
+        )
+    return (
+        f"{where} sits at {c.raw}, the maximum of its {c.width}-bit width: it no longer counts "
+        "until it is cleared (--infiniband.reset-saturated, or perfquery -R)."
+    )
