@@ -1,39 +1,48 @@
-"""The node's own InfiniBand ports' PMA counters, read with ``perfquery`` at their own LID.
+"""The node's own InfiniBand ports' PMA counters beyond sysfs: 64-bit where the PMA keeps
+them, cleared near their maximum where asked. Run by the infiniband sampler after its sysfs
+read, through infiniband-diags' ``perfquery`` at the port's own LID.
 
 The kernel's ``counters/`` files are the port's Performance Management Agent (PMA) counters
-at the widths of the attribute the kernel reads: the error counters 4 to 16 bits and
-PortXmitWait 32 bits (PortCounters, always), the data and packet counters 64 bits where the
-PMA has PortCountersExtended. Narrow counters stop at their maximum; a 32-bit PortXmitWait
-of a congested NDR port gets there within seconds, and from then on every rate computed
-from it reads 0 (see :mod:`agent.infiniband.perfquery` for the attributes and capability
-bits). This step, run by the infiniband sampler after its sysfs read, does two things:
+at the widths of the attribute the kernel reads: error counters 4 to 16 bits and
+PortXmitWait 32 bits (PortCounters), data and packet counters 64 bits where the PMA has
+PortCountersExtended. A narrow counter stops at its maximum; a 32-bit PortXmitWait of a
+congested NDR port gets there within seconds, and every rate computed from it then reads 0
+(:mod:`agent.infiniband.perfquery` has the attributes and their capability bits).
 
-**64-bit counters where the HCA keeps them.** ``perfquery -x LID PORT`` (through the same
-bounded runner as the ibpeer sampler, :mod:`agent.core.tools`) returns PortCountersExtended
-and, in its header, the PMA's ClassPortInfo. Where CapabilityMask2 advertises the
-additional extended counters, the 64-bit error counters and PortXmitWait replace the sysfs
-ones under the same names (so every metric, alert, panel and ``explain`` check reads them
-unchanged); where the kernel's data counters are 32-bit, the 64-bit data counters replace
-them. Where the PMA advertises nothing sysfs lacks, the step stops querying the port and
-looks again once an hour: it costs nothing there.
+**64-bit counters where the PMA keeps them.** ``perfquery -x LID PORT`` (through the bounded
+runner the ibpeer sampler uses, :mod:`agent.core.tools`) returns PortCountersExtended and,
+in its header, the PMA's ClassPortInfo. Where CapabilityMask2 advertises the additional
+extended counters, their 64-bit error counters and PortXmitWait replace the sysfs ones
+under the same names, so every metric, alert, panel and ``explain`` check reads them
+unchanged; where the kernel's data counters are 32-bit, the 64-bit data counters replace
+them. Where the PMA offers nothing sysfs lacks, the step stops asking and asks again once
+an hour: there it costs nothing. (On upstream kernels the mlx5 driver answers a ConnectX
+port's PMA queries itself, ``process_pma_cmd`` in drivers/infiniband/hw/mlx5/mad.c:
+ClassPortInfo CapabilityMask 0x0200 and no CapabilityMask2, so a ConnectX port's error
+counters stay narrow there and only the clearing below helps.)
 
-**Clearing near saturation, when asked** (``--infiniband.reset-saturated``, what OpenSM's
-perfmgr does): the narrow counters are read from PortCounters with perfquery; one at or
-above OpenSM's threshold (three quarters of its maximum; 10 for a 4-bit counter) is read
-and cleared in one call (``perfquery -r LID PORT MASK``, only the counters due), and the
-agent adds what it cleared to what it exports, so the exported counter stays monotonic and
-no increase is lost or counted twice, except those that arrive between the read and the
-clear inside that one perfquery call (two MADs apart). A clear by someone else (an operator's
-``perfquery -R``, OpenSM's perfmgr) shows as the hardware value going down and is added
-too. Every other reader of the same counters (``perfquery``, ``ibqueryerrors``, UFM, OpenSM,
-node_exporter, the kernel's sysfs files) sees them drop to 0 whenever the agent clears them.
+**Clearing near the maximum, when asked** (``--infiniband.reset-saturated``, as OpenSM's
+perfmgr does). The narrow counters are read from sysfs as always; one at or past OpenSM's
+threshold (three quarters of its maximum; 10 for a 4-bit counter) is cleared with
+``perfquery -r LID PORT MASK`` (only the counters due), which prints their values read in
+the same call just before the clear. Its value then is added to what the agent has
+cleared from that counter before, and the exported counter is that sum plus the hardware
+value: monotonic, no increase counted twice. Lost are only the increases between that read
+and the clear (two MADs apart), and, for a counter perfquery does not print (PortXmitWait
+where ClassPortInfo's bit 12 is off, as on mlx5: perfquery prints 0 for it), those between
+the sysfs read just before the call and the clear. A clear is believed only when a sysfs
+read right after it shows the counter below its value before; a clear by someone else (an
+operator's ``perfquery -R``, OpenSM's perfmgr) shows as the value going down and its last
+value is added (what came between is lost). Every other reader of these counters
+(``perfquery``, ``ibqueryerrors``, UFM, OpenSM's perfmgr, node_exporter, the kernel's sysfs
+files) sees them drop to 0 whenever the agent clears them.
 
-Each InfiniBand port's :class:`~agent.infiniband.sampler.CounterSource` says which source its
-error counters came from, and why not 64-bit (:data:`REASONS`). A counter that a 64-bit
-read has supplied is never handed back to its narrow sysfs twin within one run (that would
-show as a counter reset and a spurious jump): while that read fails, the counter is absent.
-A failing port is retried with a growing back-off (1, 2, 4 ... up to 16 passes); a tool
-that hangs ends the step for the pass (the sysfs counters are exported regardless).
+Each InfiniBand port's :class:`~agent.infiniband.sampler.CounterSource` says where its error
+counters came from, and why not 64-bit (:data:`REASONS`). A counter a 64-bit read has
+supplied is never handed back to its narrow sysfs twin within one run (that would show as a
+counter reset and a spurious jump): while that read fails, the counter is absent. A failing
+port skips 0, 1, 3, 7 ... (at most 16) passes between tries; a tool that hangs
+ends the step for the pass. The sysfs counters are exported whatever perfquery does.
 """
 
 from __future__ import annotations
@@ -49,15 +58,17 @@ from dataclasses import dataclass, field, replace
 from agent.core.sysfs import ReadIssue, SysfsReader
 from agent.core.tools import ToolError, ToolTimeout, run_tool
 from agent.infiniband.perfquery import (
-    EXT_DATA,
+    DATA_WORDS,
     RESET_BITS,
     PerfCounters,
     PmaCapabilities,
     near_saturation,
+    parse_header,
     parse_perfquery,
     reset_mask,
 )
 from agent.infiniband.sampler import (
+    CLASS_DIR,
     IB_DATA_UNIT_BYTES,
     PMA_DATA_COUNTERS,
     PMA_EXT_ONLY_COUNTERS,
@@ -71,6 +82,7 @@ from agent.infiniband.sampler import (
     IbPort,
     InfinibandSnapshot,
     PortCounter,
+    parse_counter,
 )
 
 log = logging.getLogger(__name__)
@@ -80,7 +92,7 @@ TOOL = "perfquery"
 #: why a port's error counters are not 64-bit (``CounterSource.reason``)
 REASONS = {
     "off": "--infiniband.perfquery=off",
-    "no_lid": "the port is not ACTIVE with a LID",
+    "no_lid": "the port is not ACTIVE, or has no LID yet",
     "no_tool": "perfquery is not on PATH",
     "no_umad": "no /dev/infiniband/umad device for the port is open to the agent",
     "not_advertised": "the PMA's ClassPortInfo does not advertise 64-bit error counters",
@@ -120,10 +132,10 @@ class _PortState:
     extended: set[str] = field(default_factory=set)
     #: per counter, what the agent has cleared from the hardware counter in all
     cleared: dict[str, int] = field(default_factory=dict)
-    #: per counter, the hardware value at the last PortCounters read (reset mode)
+    #: per counter, the hardware value at the last read (reset mode)
     last: dict[str, int] = field(default_factory=dict)
-    #: counters found at their maximum when they were cleared (warned once per run)
-    overflowing: set[str] = field(default_factory=set)
+    #: counters found at their maximum when cleared, or that would not clear (warned once)
+    warned: set[str] = field(default_factory=set)
     resets: int = 0
     logged: tuple[str, str] = ("", "")
 
@@ -178,23 +190,31 @@ def umad_ports(sys: SysfsReader) -> dict[tuple[str, int], str]:
     return out
 
 
-def clears_due(values: dict[str, tuple[int, int | None]], eligible: frozenset[str]) -> set[str]:
-    """The counters of a PortCounters answer (name -> raw, width) to clear now: those
-    ``eligible`` at or past OpenSM's threshold (:func:`near_saturation`)."""
+def clears_due(counters: dict[str, PortCounter]) -> set[str]:
+    """The narrow counters (name -> counter) to clear now: those PortCounters can clear,
+    at or past OpenSM's threshold (:func:`~agent.infiniband.perfquery.near_saturation`)."""
     return {
         name
-        for name, (raw, width) in values.items()
-        if name in eligible and width is not None and near_saturation(raw, width)
+        for name, c in counters.items()
+        if name in RESET_BITS
+        and c.width is not None
+        and c.width < 64
+        and near_saturation(c.raw, c.width)
     }
+
+
+def _scale(name: str) -> int:
+    return IB_DATA_UNIT_BYTES if name in DATA_WORDS else 1
 
 
 @dataclass(slots=True)
 class PmaReader:
-    """The step (see the module docstring). ``mode``: ``auto`` (ports whose umad device the
-    agent can open), ``on`` (every ACTIVE InfiniBand port: a wrapper, ``sudo -n``, the
+    """The step (see the module docstring). ``mode``: ``auto`` (the ports whose umad device
+    the agent can open), ``on`` (every ACTIVE InfiniBand port: a wrapper, ``sudo -n``, the
     simulator), ``off`` (none: sysfs only). ``reset``: clear narrow counters near their
     maximum. ``prefix``: argv put before perfquery. ``pass_budget``: seconds the step may
-    take in one pass; ``tool_timeout``: one call."""
+    take in one pass; ``tool_timeout``: one call. ``dev_root``: where ``infiniband/umad*``
+    device nodes are looked for."""
 
     sys: SysfsReader
     mode: str = "auto"
@@ -261,60 +281,59 @@ class PmaReader:
         port: IbPort,
     ) -> IbPort:
         st = self._states.setdefault((device, port.port), _PortState())
-        why = self._why_not(umad, device, port)
-        if why:
-            return self._settle(
-                device, port, st, self._fallback(port, st), source=SOURCE_SYSFS, reason=why
-            )
-        if st.lid != port.lid:
-            st.lid, st.caps = port.lid, None
-        if st.skip > 0:
-            st.skip -= 1
-            return self._settle(
-                device, port, st, self._fallback(port, st), source=SOURCE_SYSFS, reason=st.reason
-            )
-        target = (str(port.lid), str(port.port))
-        ca = ("-C", device, "-P", str(port.port), "-t", str(MAD_TIMEOUT_MS))
         sysfs = {c.name: c for c in port.counters if c.source == _COUNTERS}
+        why = self._why_not(umad, device, port)
+        if not why and st.lid != port.lid:
+            st.lid, st.caps = port.lid, None
+        if not why and st.skip > 0:
+            st.skip -= 1
+            why = st.reason
         ext: PerfCounters | None = None
-        basic: dict[str, PortCounter] | None = None
         failed = ""
-        where = f"{device}/{port.port}: perfquery"
-        try:
-            if self._want_extended(st, sysfs):
-                ext = self._query(run, [TOOL, *ca, "-x", *target], port.port, extended=True)
-                st.caps, st.caps_at = ext.caps, self.clock()
-            if self.reset and not (st.caps is not None and st.caps.additional_extended):
-                basic = self._read_and_clear(run, st, ca, target, port=port.port, device=device)
-        except _OutOfTime:
-            failed = "timeout"  # another port's call hung, or the step's time ran out
-        except (ToolTimeout, ToolError, ValueError) as exc:
-            failed = "timeout" if isinstance(exc, ToolTimeout) else "failed"
-            if isinstance(exc, ToolError):
-                reason = exc.reason
-            else:
-                reason = "parse" if isinstance(exc, ValueError) else "io"
-            issues.append(ReadIssue(where, reason, str(exc)))
-            st.failures += 1
-            st.skip = min(2 ** (st.failures - 1) - 1, MAX_BACKOFF_PASSES)
-        if failed:
-            st.reason = failed
-        else:
+        if not why:
+            ca = ("-C", device, "-P", str(port.port), "-t", str(MAD_TIMEOUT_MS))
+            target = (str(port.lid), str(port.port))
+            try:
+                if self._want_extended(st, sysfs):
+                    ext = self._query(run, [TOOL, *ca, "-x", *target], port.port, extended=True)
+                    st.caps, st.caps_at = ext.caps, self.clock()
+            except (_OutOfTime, ToolTimeout, ToolError, ValueError) as exc:
+                failed = self._failure(st, issues, f"{device}/{port.port}: perfquery -x", exc)
+        counters = self._merge(st, sysfs, ext)
+        if self.reset:
+            self._account(st, device, port.port, counters)
+            if not why and not failed:
+                try:
+                    self._clear(run, st, issues, device, port, counters=counters)
+                except (_OutOfTime, ToolTimeout, ToolError, ValueError) as exc:
+                    failed = self._failure(st, issues, f"{device}/{port.port}: perfquery -r", exc)
+        if not failed and not why:
             st.failures = 0
-        counters = self._merge(port, st, sysfs, ext, basic)
-        if ext is None and basic is None and not failed:
-            return self._settle(
-                device, port, st, counters, source=SOURCE_SYSFS, reason="not_advertised"
+        others = [c for c in port.counters if c.source != _COUNTERS]
+        merged = tuple(sorted([*others, *counters.values()], key=lambda c: (c.source, c.name)))
+        reason = why or failed
+        if not reason and st.caps is not None and st.caps.additional_extended and st.extended:
+            source = SOURCE_EXTENDED
+        else:
+            source = SOURCE_CLEARED if self.reset and not why else SOURCE_SYSFS
+            reason = reason or "not_advertised"
+        return self._settle(device, port, st, merged, source=source, reason=reason)
+
+    def _failure(self, st: _PortState, issues: list[ReadIssue], where: str, exc: Exception) -> str:
+        """Record a failed call (a read issue, unless it never ran) and back off; the
+        port's reason."""
+        if isinstance(exc, _OutOfTime):
+            return "timeout"  # another port's call hung, or the step's time ran out
+        if isinstance(exc, ToolError):
+            issues.append(ReadIssue(where, exc.reason, str(exc)))
+        else:
+            issues.append(
+                ReadIssue(where, "parse" if isinstance(exc, ValueError) else "io", str(exc))
             )
-        if st.caps is not None and st.caps.additional_extended and st.extended and not failed:
-            return self._settle(device, port, st, counters, source=SOURCE_EXTENDED, reason="")
-        if basic is not None:
-            return self._settle(
-                device, port, st, counters, source=SOURCE_CLEARED, reason=failed or "not_advertised"
-            )
-        return self._settle(
-            device, port, st, counters, source=SOURCE_SYSFS, reason=failed or "not_advertised"
-        )
+        st.failures += 1
+        st.skip = min(2 ** (st.failures - 1) - 1, MAX_BACKOFF_PASSES)
+        st.reason = "timeout" if isinstance(exc, ToolTimeout) else "failed"
+        return st.reason
 
     def _want_extended(self, st: _PortState, sysfs: dict[str, PortCounter]) -> bool:
         if st.caps is None or self.clock() - st.caps_at >= CAPS_RECHECK_SECONDS:
@@ -327,108 +346,129 @@ class PmaReader:
         return st.caps.extended and narrow_data
 
     def _query(self, run: _Pass, argv: Sequence[str], port: int, *, extended: bool) -> PerfCounters:
-        answer = parse_perfquery(run.run(argv), extended=extended)
+        """One perfquery answer about ``port`` in the attribute asked for, else ValueError."""
+        text = run.run(argv)
+        header = parse_header(text)
+        if header is not None and header[0] != extended:
+            want = "PortCountersExtended" if extended else "PortCounters"
+            raise ValueError(f"perfquery answered with another attribute than {want}")
+        answer = parse_perfquery(text, extended=extended)
         if answer.port_select != port:
             raise ValueError(f"perfquery answered for port {answer.port_select}, not {port}")
         return answer
 
-    def _read_and_clear(
-        self,
-        run: _Pass,
-        st: _PortState,
-        ca: tuple[str, ...],
-        target: tuple[str, str],
-        *,
-        port: int,
-        device: str,
+    def _merge(
+        self, st: _PortState, sysfs: dict[str, PortCounter], ext: PerfCounters | None
     ) -> dict[str, PortCounter]:
-        """PortCounters' narrow counters, the due ones cleared; ``st`` learns what was."""
-        eligible = self._clearable(st)
-        answer = self._query(run, [TOOL, *ca, *target], port, extended=False)
-        values = {n: v for n, v in answer.by_name().items() if n in eligible}
-        for name, (raw, _) in values.items():
-            before = st.last.get(name)
-            if before is not None and raw < before:
+        """The port's ``counters/`` counters: sysfs's, the 64-bit ones of ``ext`` in place
+        of their twins, and none that a 64-bit read supplied before but not now."""
+        chosen = {n: c for n, c in sysfs.items() if n not in st.extended}
+        if ext is not None:
+            for name, raw, width in ext.values:
+                twin = sysfs.get(name)
+                if name not in KERNEL_NAMES or width != 64 or (twin and twin.width == 64):
+                    continue  # sysfs's own 64-bit counter (the kernel reads the same) stays
+                scale = twin.scale if twin is not None else _scale(name)
+                chosen[name] = PortCounter(_COUNTERS, name, raw, scale, 64)
+                st.extended.add(name)
+        return chosen
+
+    # -- reset mode ----------------------------------------------------------------------
+
+    def _account(
+        self, st: _PortState, device: str, port: int, counters: dict[str, PortCounter]
+    ) -> None:
+        """Every pass in reset mode: a narrow counter below its last value was cleared by
+        someone else (its last value is added to what was cleared); each carries what the
+        agent has cleared from it."""
+        for name, c in list(counters.items()):
+            if name not in RESET_BITS or c.width is None or c.width >= 64:
+                continue
+            last = st.last.get(name)
+            if last is not None and c.raw < last:
                 log.warning(
                     "infiniband: %s port %d %s went down from %d to %d: cleared by another "
                     "reader; counting on from there",
                     device,
                     port,
                     name,
-                    before,
-                    raw,
+                    last,
+                    c.raw,
                 )
-                st.cleared[name] = st.cleared.get(name, 0) + before
-        due = clears_due(values, eligible)
-        if due:
-            argv = [TOOL, *ca, "-r", *target, hex(reset_mask(due))]
-            answer = self._query(run, argv, port, extended=False)
-            values.update((n, v) for n, v in answer.by_name().items() if n in eligible)
-            st.resets += 1
-        out: dict[str, PortCounter] = {}
-        for name, (raw, width) in values.items():
-            out[name] = PortCounter(
-                _COUNTERS, name, raw, _scale(name), width, st.cleared.get(name, 0)
-            )
-            st.last[name] = raw
-            if name not in due:
-                continue
-            # cleared after this read: the next read counts from 0
-            st.cleared[name] = st.cleared.get(name, 0) + raw
-            st.last[name] = 0
-            if width is not None and raw == (1 << width) - 1:
-                if name not in st.overflowing:
-                    log.warning(
-                        "infiniband: %s port %d %s was at its maximum when cleared: what it "
-                        "missed since the previous pass is lost (a 64-bit source or a "
-                        "shorter interval keeps it)",
-                        device,
-                        port,
-                        name,
-                    )
-                st.overflowing.add(name)
-            else:
-                st.overflowing.discard(name)
-        return out
+                st.cleared[name] = st.cleared.get(name, 0) + last
+            st.last[name] = c.raw
+            counters[name] = replace(c, cleared=st.cleared.get(name, 0))
 
-    def _clearable(self, st: _PortState) -> frozenset[str]:
-        """Counters reset mode reads from PortCounters and may clear: the error counters and
-        PortXmitWait, and the 32-bit data counters of a PMA without PortCountersExtended
-        (clearing them where it has one can clear the 64-bit ones too, OpenSM notes)."""
-        names = {n for n, bit in RESET_BITS.items() if bit < 12 or bit == 16}
-        if st.caps is not None and not st.caps.extended:
-            names |= EXT_DATA
-        return frozenset(names)
+    def _reread(self, device: str, port: int, name: str) -> int | None:
+        try:
+            text = self.sys.read_text(f"{CLASS_DIR}/{device}/ports/{port}/counters/{name}")
+            return parse_counter(text)
+        except (OSError, ValueError):
+            return None
 
-    def _merge(
+    def _clear(
         self,
-        port: IbPort,
+        run: _Pass,
         st: _PortState,
-        sysfs: dict[str, PortCounter],
-        ext: PerfCounters | None,
-        basic: dict[str, PortCounter] | None,
-    ) -> tuple[PortCounter, ...]:
-        chosen: dict[str, PortCounter] = {}
-        for name, c in sysfs.items():
-            if name in st.extended:
-                continue  # a 64-bit counter whose read failed this pass: absent, not narrow
-            chosen[name] = replace(c, cleared=st.cleared.get(name, 0))
-        if ext is not None:
-            for name, raw, width in ext.values:
-                if name not in KERNEL_NAMES or width != 64:
-                    continue
-                scale = sysfs[name].scale if name in sysfs else _scale(name)
-                chosen[name] = PortCounter(_COUNTERS, name, raw, scale, 64)
-                st.extended.add(name)
-        for name, c in (basic or {}).items():
-            if name not in st.extended:
-                chosen[name] = replace(c, scale=sysfs[name].scale) if name in sysfs else c
-        others = [c for c in port.counters if c.source != _COUNTERS]
-        return tuple(sorted([*others, *chosen.values()], key=lambda c: (c.source, c.name)))
-
-    def _fallback(self, port: IbPort, st: _PortState) -> tuple[PortCounter, ...]:
-        sysfs = {c.name: c for c in port.counters if c.source == _COUNTERS}
-        return self._merge(port, st, sysfs, None, None)
+        issues: list[ReadIssue],
+        device: str,
+        port: IbPort,
+        *,
+        counters: dict[str, PortCounter],
+    ) -> None:
+        """Clear the counters due with ``perfquery -r`` and account for what they held."""
+        due = clears_due(counters)
+        if not due:
+            return
+        p = port.port
+        before = {n: self._reread(device, p, n) for n in due}
+        ca = ("-C", device, "-P", str(p), "-t", str(MAD_TIMEOUT_MS))
+        argv = [TOOL, *ca, "-r", str(port.lid), str(p), hex(reset_mask(due))]
+        printed = self._query(run, argv, p, extended=False).by_name()
+        st.resets += 1
+        for name in sorted(due):
+            c = counters[name]
+            read = [c.raw, before[name] or 0]
+            if name in printed:
+                read.append(printed[name][0])
+            held = max(read)
+            after = self._reread(device, p, name)
+            width = c.width or 64
+            if after is None or after >= held:
+                issues.append(
+                    ReadIssue(
+                        f"{device}/{p}: perfquery -r",
+                        "unsupported",
+                        f"{name} did not clear ({after} after, {held} before)",
+                    )
+                )
+                if name not in st.warned:
+                    log.warning(
+                        "infiniband: %s port %d %s did not clear (%s after the clear, %d "
+                        "before): not counted as cleared",
+                        device,
+                        p,
+                        name,
+                        "unreadable" if after is None else after,
+                        held,
+                    )
+                st.warned.add(name)
+                continue
+            counters[name] = replace(c, raw=held)
+            st.cleared[name] = st.cleared.get(name, 0) + held
+            st.last[name] = after
+            if held == (1 << width) - 1 and name not in st.warned:
+                log.warning(
+                    "infiniband: %s port %d %s reached its maximum before the agent cleared "
+                    "it: what it missed since the previous pass is lost (a 64-bit source or a "
+                    "shorter --sampling.interval keeps it)",
+                    device,
+                    p,
+                    name,
+                )
+                st.warned.add(name)
+            elif held < (1 << width) - 1:
+                st.warned.discard(name)
 
     def _settle(
         self,
@@ -455,7 +495,3 @@ class PmaReader:
         return replace(
             port, counters=counters, counter_source=CounterSource(source, reason, resets)
         )
-
-
-def _scale(name: str) -> int:
-    return IB_DATA_UNIT_BYTES if name in ("port_xmit_data", "port_rcv_data") else 1

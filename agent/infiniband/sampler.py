@@ -200,7 +200,7 @@ class PortCounter:
 #: where an InfiniBand port's error counters and PortXmitWait came from (``CounterSource``)
 SOURCE_SYSFS = "sysfs"
 SOURCE_EXTENDED = "perfquery_extended"
-SOURCE_CLEARED = "perfquery"
+SOURCE_CLEARED = "sysfs_reset"
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,10 +210,10 @@ class CounterSource:
 
     ``source``: ``sysfs`` (the kernel's ``counters/`` files, 4 to 32 bits wide),
     ``perfquery_extended`` (the error counters and PortXmitWait from PortCountersExtended,
-    64 bits) or ``perfquery`` (read from PortCounters and cleared near their maximum,
-    ``--infiniband.reset-saturated``). ``reason``: why they are not 64-bit, empty when they
-    are (see :data:`agent.infiniband.pma.REASONS`). ``resets_total``: clears the agent has
-    sent to this port since it started (``None`` when it clears nothing).
+    64 bits) or ``sysfs_reset`` (the kernel's files, cleared near their maximum by the agent
+    and counted on, ``--infiniband.reset-saturated``). ``reason``: why they are not 64-bit,
+    empty when they are (see :data:`agent.infiniband.pma.REASONS`). ``resets_total``: clears
+    the agent has sent to this port since it started (``None`` when it clears nothing).
     """
 
     source: str

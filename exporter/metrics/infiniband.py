@@ -156,13 +156,12 @@ PMA_SOURCE = MetricSpec(
     "Where an InfiniBand port's error counters and PortXmitWait came from; always 1. source "
     "is sysfs (the kernel's counters/ files: 4 to 16 bits, PortXmitWait 32), "
     "perfquery_extended (PortCountersExtended read with perfquery at the port's LID: 64 "
-    "bits) or perfquery (PortCounters read with perfquery and cleared near their maximum, "
-    "--infiniband.reset-saturated); reason says why they are not 64-bit, empty when they "
-    "are: off (--infiniband.perfquery=off), no_lid (not ACTIVE, or no LID yet), no_tool "
-    "(no perfquery), "
-    "no_umad (no /dev/infiniband/umad device open to the agent), not_advertised (the PMA's "
-    "ClassPortInfo does not offer them), failed or timeout (perfquery did not answer: see "
-    "fabricscope_sampler_read_errors and the log).",
+    "bits) or sysfs_reset (the kernel's files, cleared near their maximum by the agent with "
+    "perfquery and counted on, --infiniband.reset-saturated). reason says why they are not "
+    "64-bit, empty when they are: off (--infiniband.perfquery=off), no_lid (not ACTIVE, or "
+    "no LID yet), no_tool (no perfquery), no_umad (no /dev/infiniband/umad device open to "
+    "the agent), not_advertised (the PMA's ClassPortInfo does not offer them), failed or "
+    "timeout (perfquery did not answer: see fabricscope_sampler_read_errors and the log).",
     ("device", "port", "source", "reason"),
     detail="default",
 )
