@@ -363,3 +363,23 @@ def test_reset_needs_perfquery() -> None:
 
     with pytest.raises(ValueError, match=r"needs --infiniband\.perfquery"):
         InfinibandSettings(perfquery="off", reset_saturated=True)
+
+
+def test_snapshots_never_ask_a_pma(tmp_path: Path) -> None:
+    """A capture is of files and a replay has no PMA to ask: the flags are refused there, and
+    a replay exports every port's counters from the captured files (reason off)."""
+    from agentrun import fabricscope
+
+    root = port_tree(tmp_path / "sys", "mlx5_0", {"symbol_error": 3})
+    shot = tmp_path / "node.tar.gz"
+    took = fabricscope(["snapshot", f"--path.sysfs={root}", "-o", str(shot), "--no-sampler.nvml"])
+    assert took.returncode == 0, took.stderr
+    refused = fabricscope(["agent", "--once", f"--snapshot={shot}", "--infiniband.perfquery=on"])
+    assert refused.returncode != 0
+    assert "--infiniband.perfquery has no effect with --snapshot" in refused.stderr
+    replay = fabricscope(["agent", "--once", f"--snapshot={shot}"])
+    assert replay.returncode == 0, replay.stderr
+    assert (
+        'fabricscope_infiniband_port_pma_source_info{device="mlx5_0",port="1",reason="off",'
+        'source="sysfs"} 1.0' in replay.stdout
+    )

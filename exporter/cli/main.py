@@ -560,6 +560,11 @@ def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:
                     f"{flag} has no effect with --snapshot (a snapshot replays its own sysfs, "
                     "and holds no process state): give one or the other"
                 )
+        for flag in ("--infiniband.perfquery", "--infiniband.reset-saturated"):
+            if _given(argv, flag):
+                raise ConfigError(
+                    f"{flag} has no effect with --snapshot (a snapshot holds no PMA to ask)"
+                )
     if ns.command != "agent" or not ns.once:
         return
     if ns.probe_enabled:
@@ -616,6 +621,8 @@ def cmd_agent(ns: argparse.Namespace) -> int:
             paths=replace(config.paths, sysfs=src.sysfs),
             sampling=replace(config.sampling, enabled=config.sampling.enabled - dropped),
         )
+        if getattr(ns, "snapshot", None):  # a snapshot holds no PMA to ask: sysfs only
+            config = replace(config, infiniband=replace(config.infiniband, perfquery="off"))
         latest = Latest()
         specs = build_specs(
             config,
