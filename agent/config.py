@@ -150,12 +150,37 @@ def parse_expected_rate(text: str) -> ExpectedRate:
     return ExpectedRate(m.group("device"), int(port) if port is not None else None, bps)
 
 
+#: ``--infiniband.perfquery``: which InfiniBand ports' PMA counters are read with perfquery
+PERFQUERY_MODES = ("auto", "on", "off")
+
+
 @dataclass(frozen=True, slots=True)
 class InfinibandSettings:
     """The infiniband sampler. ``expected_rates``: per-node-class expectations of port
-    rates, first match wins (``--infiniband.expected-rate``; empty: no such comparison)."""
+    rates, first match wins (``--infiniband.expected-rate``; empty: no such comparison).
+
+    ``perfquery``: read the InfiniBand ports' PMA counters with perfquery as well as sysfs
+    (64-bit where the HCA keeps them; see ``agent/infiniband/pma.py``): ``auto``, the ports
+    whose ``/dev/infiniband/umad*`` device the agent can open; ``on``, every ACTIVE one (a
+    command prefix such as ``sudo -n`` or the simulator's ``ibsim-run`` opens it); ``off``.
+    ``command_prefix``: argv put before perfquery. ``reset_saturated``: clear narrow PMA
+    counters near their maximum and keep counting (what OpenSM's perfmgr does; every other
+    reader of those counters sees them drop to 0).
+    """
 
     expected_rates: tuple[ExpectedRate, ...] = ()
+    perfquery: str = "auto"
+    command_prefix: tuple[str, ...] = ()
+    reset_saturated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.perfquery not in PERFQUERY_MODES:
+            raise ValueError(f"--infiniband.perfquery must be one of {', '.join(PERFQUERY_MODES)}")
+        if self.reset_saturated and self.perfquery == "off":
+            raise ValueError(
+                "--infiniband.reset-saturated clears counters with perfquery: it needs "
+                "--infiniband.perfquery=auto or on"
+            )
 
 
 #: The probe's rendezvous port when ``--probe.listen-address`` names none (the metrics port

@@ -10,8 +10,10 @@ from agent.config import AgentConfig
 from agent.core.runner import SamplerSpec, SamplerStatus
 from agent.core.sampler import Sampler, Snapshot
 from agent.core.sysfs import SysfsReader
-from agent.ibpeer.sampler import IbPeerSampler, check_tools
+from agent.core.tools import check_tools
+from agent.ibpeer.sampler import TOOLS, IbPeerSampler
 from agent.ibpeer.sampler import isolated_sampler as isolated_ibpeer
+from agent.infiniband.pma import PmaReader
 from agent.infiniband.records import InfinibandSnapshot
 from agent.infiniband.sampler import InfinibandSampler
 from agent.kubernetes.allocation import GpuAllocation
@@ -120,10 +122,21 @@ def build_samplers(
             )
         )
     if "infiniband" in enabled:
-        out.append(InfinibandSampler(sysfs, config.infiniband.expected_rates))
+        ib = config.infiniband
+        if ib.perfquery == "on":
+            check_tools(ib.command_prefix, ("perfquery",), "--infiniband.perfquery=on")
+        pma = PmaReader(
+            sysfs,
+            mode=ib.perfquery,
+            reset=ib.reset_saturated,
+            prefix=ib.command_prefix,
+            # well inside the pass: the sysfs counters are exported whatever perfquery does
+            pass_budget=min(5.0, max(config.sampling.timeout_seconds / 2, 0.5)),
+        )
+        out.append(InfinibandSampler(sysfs, ib.expected_rates, pma))
     if "ibpeer" in enabled:
         ip = config.ibpeer
-        check_tools(ip.command_prefix)
+        check_tools(ip.command_prefix, TOOLS, "--sampler.ibpeer")
         if type(sysfs) is SysfsReader:  # the live tree: the tools run in a supervised child
             out.append(
                 isolated_ibpeer(ip, str(sysfs.root), config.sampling.timeout_seconds, one_shot=once)

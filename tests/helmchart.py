@@ -69,6 +69,7 @@ VALUES: dict[str, Doc] = {
         },
         "capabilities": {"acs": True, "workloadEnviron": True},
         "ibpeer": {"enabled": True},
+        "infiniband": {"umad": True, "resetSaturated": True, "rdmaResourceName": "rdma/ib"},
         "dashboards": {"enabled": True},
         "podMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
         "serviceMonitor": {**TLS["serviceMonitor"], "additionalLabels": {"release": "kps"}},

@@ -58,15 +58,16 @@ VM = Machine(
     frozenset(
         {
             ("pci_link_width_degraded", "0000:cc:00.0"),  # the GPU trained x8 of x16
-            ("port_down", "mlx5_2/1"),  # DOWN / Disabled
+            ("port_disabled", "mlx5_2/1"),  # DOWN / Disabled: switched off, info
         }
     ),
-    # the Disabled port is a finding but not an alert (registry: alert_note of port_down)
+    # the Disabled port is an info finding and no alert, consistently
     frozenset({("FabricscopePcieLinkWidthDegraded", (("pci_bus_id", "0000:cc:00.0"),))}),
 )
 AMD = Machine(
     "amd-genoa-rootports",
-    frozenset({("port_down", "mlx5_3/1")}),  # the root port's ACS redirect is no finding
+    # DOWN / Disabled: info, no alert; the root port's ACS redirect is no finding
+    frozenset({("port_disabled", "mlx5_3/1")}),
     frozenset(),
 )
 DGX = Machine(
@@ -79,18 +80,8 @@ DGX = Machine(
             ("FabricscopeAcsP2pRedirectEnabled", (("pci_bus_id", "0000:b9:01.0"),)),
             ("FabricscopeAcsP2pRedirectEnabled", (("pci_bus_id", "0000:b9:02.0"),)),
             ("FabricscopeInfinibandPortDown", (("device", "mlx5_11"), ("port", "1"))),
-            *(
-                (
-                    "FabricscopeInfinibandCounterSaturated",
-                    (("counter", c), ("device", "mlx5_6"), ("port", "1")),
-                )
-                for c in (
-                    "excessive_buffer_overrun_errors",
-                    "link_downed",
-                    "port_xmit_discards",
-                    "port_xmit_wait",
-                )
-            ),
+            # one alert for the node (its four saturated counters on mlx5_6)
+            ("FabricscopeInfinibandCounterSaturated", ()),
         }
     ),
 )
@@ -202,9 +193,11 @@ def test_topo_shows_every_finding_and_the_down_port(m: Machine) -> None:
     findings_part = table.stdout.split("\nFindings:\n", 1)[1]
     for kind, subject in m.findings:
         assert f" {kind} {subject}: " in findings_part
-    assert findings_part.count("\n  critical ") + findings_part.count("\n  warning ") == len(
-        m.findings
-    )
+    # one severity per fact: the switched-off port is info, never critical
+    assert "\n  info     port_disabled " in findings_part
+    assert "\n  critical " not in findings_part
+    severities = ("critical", "warning", "info")
+    assert sum(findings_part.count(f"\n  {s} ") for s in severities) == len(m.findings)
 
 
 def exposition(m: Machine, detail: str = "default") -> str:
@@ -234,7 +227,8 @@ def test_series_say_unknown_apart_from_healthy_and_count_findings(m: Machine, de
     expected = {k: 0.0 for k in counts}
     for kind, _ in m.findings:
         expected[kind] += 1
-    assert counts == expected and "acs_p2p_redirect" in counts and "port_down" in counts
+    assert counts == expected and "acs_p2p_redirect" in counts and counts["port_down"] == 0
+    assert counts["port_disabled"] == 1
     reported = {
         dict(k)["pci_bus_id"]: v for (n, k), v in s.items() if n == "fabricscope_pci_link_reported"
     }

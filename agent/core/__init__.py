@@ -2,9 +2,10 @@
 
 Owns: the sampler protocol (``sampler``), the runner that schedules, times out and counts
 every sampler (``runner``), supervised child processes for risky work (``isolation``), the
-rooted sysfs seam and its issues-as-data (``sysfs``), the error vocabulary (``errors``), the
-findings registry every source's findings are declared in (``findings``) and logging set-up
-(``logsetup``), and the key per-client limits count a network peer by (``clientaddr``).
+rooted sysfs seam and its issues-as-data (``sysfs``), one bounded run of an external tool
+(``tools``), the error vocabulary (``errors``), the findings registry every source's
+findings are declared in (``findings``), logging set-up (``logsetup``), and the key per-client
+limits count a network peer by (``clientaddr``).
 
 May import: the standard library and third-party libraries only; never a source package
 (``agent.infiniband``, ``agent.nvml`` ...), the composition above them, or ``exporter``.

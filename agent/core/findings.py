@@ -45,19 +45,29 @@ _KINDS: tuple[FindingKind, ...] = (
         "port_down",
         "infiniband",
         "critical",
-        "An RDMA port is not ACTIVE.",
+        "An RDMA port is not up (not ACTIVE, or its physical link not LinkUp) and was not "
+        "switched off by an administrator (physical state Disabled: port_disabled).",
         "fabricscope_infiniband_port_up",
         "FabricscopeInfinibandPortDown",
-        "The alert leaves out ports whose physical state is Disabled (3): switched off by an "
-        "administrator; the finding names them, with their physical state.",
+    ),
+    FindingKind(
+        "port_disabled",
+        "infiniband",
+        "info",
+        "An RDMA port's physical state is Disabled: switched off by an administrator (or "
+        "left so by the firmware's configuration), not a fault. Nothing alerts on it.",
+        "fabricscope_infiniband_port_physical_state",
     ),
     FindingKind(
         "counter_saturated",
         "infiniband",
         "warning",
-        "A PMA port counter sits at the maximum of its width and no longer counts.",
+        "A PMA port counter with no 64-bit source sits at the maximum of its width: what it "
+        "misses is lost (with --infiniband.reset-saturated: it filled its width within one "
+        "pass).",
         "fabricscope_infiniband_port_pma_saturated",
         "FabricscopeInfinibandCounterSaturated",
+        "The alert fires once per node (the number of such counters), after 15 minutes.",
     ),
     FindingKind(
         "ib_peer_errors",

@@ -5,7 +5,7 @@ the name, a colon, dots up to a column and the value; a ``# ...`` header line op
 block. Each parser reads the first block and ignores lines it does not know (capability
 names under ``CapMask``, a header wrapped by a mail client), so output from older or newer
 diags still parses; a field it needs that is absent or malformed raises ``ValueError`` with
-a one-line reason. Input is bounded by the reader (:mod:`agent.ibpeer.tools`) and every
+a one-line reason. Input is bounded by the reader (:mod:`agent.core.tools`) and every
 pattern here is linear, so a hostile tool output costs at most its size.
 
 Units are converted here: lane speeds (``"53.125 Gbps"``) to bytes/second, PMA data counters
@@ -18,60 +18,18 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from agent.infiniband.perfquery import DATA_WORDS, PerfCounters, get_field, parse_fields, parse_uint
 from agent.infiniband.records import PortCounter
-from agent.infiniband.sampler import IB_DATA_UNIT_BYTES, PMA_WIDTHS
+from agent.infiniband.sampler import IB_DATA_UNIT_BYTES
 
-#: longest field name libibmad prints ("McastPkeyTrapSuppressionEnabled", "Node Description")
-_FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9 ]{0,47}):\.*(.*)$")
 _WIDTH = re.compile(r"\b(1|2|4|8|12)X\b")
 _SPEED = re.compile(r"(?:^|\s)(\d{1,4}(?:\.\d{1,6})?) Gbps\b")
-_UINT = re.compile(r"^(0x[0-9a-fA-F]{1,16}|\d{1,20})$")
 _GUID = re.compile(r"^0x[0-9a-fA-F]{1,16}$")
 #: a value libibmad prints for a field it has no name for, or the "none" of extended speeds
 _NO_VALUE = ("No Extended Speed", "Extended speed", "undefined")
 #: the longest node description kept (IBA NodeDescription is 64 bytes)
 DESCRIPTION_MAX = 64
 _BITS_PER_BYTE_GBPS = 125_000_000  # 1 Gb/s = 125,000,000 bytes/s
-
-
-def parse_fields(text: str) -> dict[str, str]:
-    """The first block's ``Field -> value`` pairs (first occurrence wins; values stripped).
-
-    The block ends at the second ``#`` header line, so ``ibportstate``'s local-then-peer
-    output and its Mellanox extended PortInfo (which repeats ``LinkSpeedSupported`` as a
-    hex mask) do not leak into the first block.
-    """
-    out: dict[str, str] = {}
-    headers = 0
-    for line in text.splitlines():
-        if line.startswith("#"):
-            headers += 1
-            if headers > 1 and out:
-                break
-            continue
-        m = _FIELD.match(line[:4096])
-        if m is None:
-            continue
-        out.setdefault(m.group(1), m.group(2).strip())
-    return out
-
-
-def _get(fields: dict[str, str], name: str) -> str:
-    value = fields.get(name)
-    if value is None:
-        raise ValueError(f"no {name} field")
-    return value
-
-
-def parse_uint(text: str) -> int:
-    """``"42"`` or ``"0x2a"`` -> 42 (perfquery prints some selects in hex)."""
-    s = text.strip()
-    if _UINT.match(s) is None:
-        raise ValueError(f"not an unsigned integer: {s[:40]!r}")
-    value = int(s, 16) if s.lower().startswith("0x") else int(s)
-    if value >= 1 << 64:
-        raise ValueError(f"{s[:40]} does not fit in 64 bits")
-    return value
 
 
 def parse_widths(text: str) -> frozenset[int]:
@@ -166,7 +124,7 @@ def parse_portinfo(text: str) -> PortInfo:
         lid=parse_uint(lid) if lid is not None else None,
         link_state=f.get("LinkState") or None,
         phys_state=f.get("PhysLinkState") or None,
-        width_active=parse_width(_get(f, "LinkWidthActive")),
+        width_active=parse_width(get_field(f, "LinkWidthActive")),
         width_enabled=parse_widths(width_enabled) if width_enabled else frozenset(),
         width_supported=parse_widths(width_supported) if width_supported else frozenset(),
         speed_active=_active_speed(f),
@@ -201,12 +159,12 @@ def parse_guid(text: str) -> str:
 
 def parse_nodeinfo(text: str) -> NodeInfo:
     f = parse_fields(text)
-    kind = _get(f, "NodeType")
+    kind = get_field(f, "NodeType")
     return NodeInfo(
-        guid=parse_guid(_get(f, "Guid")),
+        guid=parse_guid(get_field(f, "Guid")),
         node_type=NODE_TYPES.get(kind, "unknown"),
-        num_ports=parse_uint(_get(f, "NumPorts")),
-        local_port=parse_uint(_get(f, "LocalPort")),
+        num_ports=parse_uint(get_field(f, "NumPorts")),
+        local_port=parse_uint(get_field(f, "LocalPort")),
     )
 
 
@@ -220,93 +178,7 @@ def clean_description(text: str) -> str:
 
 def parse_nodedesc(text: str) -> str:
     """``smpquery nodedesc`` -> the neighbour's description, cleaned (may be empty)."""
-    return clean_description(_get(parse_fields(text), "Node Description"))
-
-
-#: perfquery field -> the kernel's counters/ file name for the same PMA counter, so the
-#: neighbour's counters carry the local counters' names, widths and units
-PERFQUERY_NAMES: dict[str, str] = {
-    "SymbolErrorCounter": "symbol_error",
-    "LinkErrorRecoveryCounter": "link_error_recovery",
-    "LinkDownedCounter": "link_downed",
-    "PortRcvErrors": "port_rcv_errors",
-    "PortRcvRemotePhysicalErrors": "port_rcv_remote_physical_errors",
-    "PortRcvSwitchRelayErrors": "port_rcv_switch_relay_errors",
-    "PortXmitDiscards": "port_xmit_discards",
-    "PortXmitConstraintErrors": "port_xmit_constraint_errors",
-    "PortRcvConstraintErrors": "port_rcv_constraint_errors",
-    "LocalLinkIntegrityErrors": "local_link_integrity_errors",
-    "ExcessiveBufferOverrunErrors": "excessive_buffer_overrun_errors",
-    "VL15Dropped": "VL15_dropped",
-    "PortXmitWait": "port_xmit_wait",
-    "PortXmitData": "port_xmit_data",
-    "PortRcvData": "port_rcv_data",
-    "PortXmitPkts": "port_xmit_packets",
-    "PortRcvPkts": "port_rcv_packets",
-    "PortUnicastXmitPkts": "unicast_xmit_packets",
-    "PortUnicastRcvPkts": "unicast_rcv_packets",
-    "PortMulticastXmitPkts": "multicast_xmit_packets",
-    "PortMulticastRcvPkts": "multicast_rcv_packets",
-    "QP1Dropped": "qp1_dropped",
-}
-#: fields that are selectors, not counters
-_NOT_COUNTERS = frozenset({"PortSelect", "CounterSelect", "CounterSelect2"})
-#: fields not in :data:`PERFQUERY_NAMES` kept per answer (each is a series: the tool's
-#: output is as untrusted as a log, and 64 KiB of it can name thousands of fields)
-MAX_UNKNOWN_FIELDS = 16
-_DATA = frozenset({"port_xmit_data", "port_rcv_data"})
-#: PortCounters (not extended) data and packet counters are 32 bits wide
-_BASIC_32 = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"})
-
-
-@dataclass(frozen=True, slots=True)
-class PerfCounters:
-    """One ``perfquery`` answer: the port it is about and its counters by kernel name,
-    with the width in bits each has in the attribute that carried it."""
-
-    port_select: int
-    extended: bool
-    values: tuple[tuple[str, int, int | None], ...]  # (name, raw, width bits)
-    #: fields of no known counter beyond :data:`MAX_UNKNOWN_FIELDS`, left out
-    dropped: int = 0
-
-
-def parse_perfquery(text: str, *, extended: bool) -> PerfCounters:
-    """``perfquery LID PORT`` (``extended=False``: PortCounters, PMA widths) or
-    ``perfquery -x LID PORT`` (PortCountersExtended: every counter 64 bits, including the
-    error counters newer PMAs append to it). Unknown fields are kept under their perfquery
-    name, lower-cased, width unknown: the first :data:`MAX_UNKNOWN_FIELDS` in the order
-    printed, the rest counted in ``dropped``."""
-    f = parse_fields(text)
-    port_select = parse_uint(_get(f, "PortSelect"))
-    values: list[tuple[str, int, int | None]] = []
-    unknown: set[str] = set()
-    dropped = 0
-    for field, raw in f.items():
-        if field in _NOT_COUNTERS:
-            continue
-        name = PERFQUERY_NAMES.get(field)
-        value = parse_uint(raw)
-        if name is None:
-            lowered = re.sub(r"[^a-z0-9_]", "_", field.lower())[:48]
-            if lowered in unknown or lowered in PERFQUERY_NAMES.values():
-                continue  # two fields that spell one name: the first holds
-            if len(unknown) >= MAX_UNKNOWN_FIELDS:
-                dropped += 1
-                continue
-            unknown.add(lowered)
-            values.append((lowered, value, None))
-            continue
-        if extended:
-            width: int | None = 64
-        elif name in _BASIC_32:
-            width = 32
-        else:
-            width = PMA_WIDTHS.get(name)
-        values.append((name, value, width))
-    if not any(name in PERFQUERY_NAMES.values() for name, _, _ in values):
-        raise ValueError("no PMA counter in perfquery output")
-    return PerfCounters(port_select, extended, tuple(sorted(values)), dropped)
+    return clean_description(get_field(parse_fields(text), "Node Description"))
 
 
 def merge_counters(basic: PerfCounters | None, ext: PerfCounters | None) -> tuple[PortCounter, ...]:
@@ -325,7 +197,7 @@ def merge_counters(basic: PerfCounters | None, ext: PerfCounters | None) -> tupl
             source="counters",
             name=name,
             raw=raw,
-            scale=IB_DATA_UNIT_BYTES if name in _DATA else 1,
+            scale=IB_DATA_UNIT_BYTES if name in DATA_WORDS else 1,
             width=width,
         )
         for name, (raw, width) in sorted(chosen.items())

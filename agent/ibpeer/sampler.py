@@ -38,29 +38,26 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from agent.config import IbPeerSettings
-from agent.core.errors import ConfigError, NoData, SamplerFailure
+from agent.core.errors import NoData, SamplerFailure
 from agent.core.findings import Finding
 from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.core.reaper import reap_strays
 from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
+from agent.core.tools import ToolError, ToolTimeout, run_tool
 from agent.ibpeer.parse import (
-    PERFQUERY_NAMES,
     NodeInfo,
-    PerfCounters,
     PortInfo,
     merge_counters,
     parse_nodedesc,
     parse_nodeinfo,
-    parse_perfquery,
     parse_portinfo,
 )
-from agent.ibpeer.tools import ToolError, ToolTimeout, run_tool
+from agent.infiniband.perfquery import PERFQUERY_NAMES, PerfCounters, parse_perfquery
 from agent.infiniband.records import PHYS_STATE_LINK_UP, PortCounter
 from agent.infiniband.sampler import CLASS_DIR, parse_state, parse_text
 
@@ -208,17 +205,6 @@ def local_ib_ports(sys: SysfsReader, issues: Issues) -> list[tuple[str, int]]:
     if not seen_ib and not issues.items:
         raise NoData("no InfiniBand ports (RoCE and iWARP ports have no subnet to query)")
     return out
-
-
-def check_tools(prefix: Sequence[str]) -> None:
-    """Raise ``ConfigError`` when a tool the sampler runs is not installed (checked once, at
-    start, so a missing package is one clear line instead of an error every pass)."""
-    missing = [t for t in (*prefix[:1], *TOOLS) if shutil.which(t) is None]
-    if missing:
-        raise ConfigError(
-            f"--sampler.ibpeer needs {', '.join(missing)} on PATH (Debian/Ubuntu: "
-            "infiniband-diags; RHEL: infiniband-diags from rdma-core)"
-        )
 
 
 @dataclass(slots=True)

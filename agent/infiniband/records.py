@@ -29,13 +29,19 @@ class PortState:
 
 @dataclass(frozen=True, slots=True)
 class PortCounter:
-    """One counter file of a port.
+    """One counter of a port.
 
     ``source`` is the directory it came from (``counters``, ``counters_ext``,
-    ``hw_counters``) and ``name`` the file name as the kernel spells it. ``raw`` is the number
-    in the file; ``scale`` the bytes per unit it counts in (4 or 8 for data counters, else 1),
-    so ``value`` is in base units. ``width`` is the PMA field width in bits when the kernel
-    defines one (``None`` for hw_counters and files fabricscope does not know).
+    ``hw_counters``) and ``name`` the file name as the kernel spells it; a PMA counter read
+    with perfquery instead (:mod:`agent.infiniband.pma`) keeps the ``counters`` source and
+    name of the file it stands in for. ``raw`` is the number the hardware gave; ``scale``
+    the bytes per unit it counts in (4 or 8 for data counters, else 1), so ``value`` is in
+    base units. ``width`` is the PMA field width in bits when one is defined (``None`` for
+    hw_counters and files fabricscope does not know). ``cleared`` is what the agent counted
+    into this hardware counter and then cleared from it (``--infiniband.reset-saturated``):
+    the exported count is ``cleared + raw``. ``saturated_since`` is the Unix time since when
+    every pass of this agent found the counter at its maximum (``None``: not saturated, or
+    a read without memory).
     """
 
     source: str
@@ -43,19 +49,46 @@ class PortCounter:
     raw: int
     scale: int = 1
     width: int | None = None
+    cleared: int = 0
+    saturated_since: float | None = None
 
     @property
     def value(self) -> int:
-        """The counter in base units (bytes for data counters)."""
-        return self.raw * self.scale
+        """The counter in base units (bytes for data counters), the agent's clears included."""
+        return (self.cleared + self.raw) * self.scale
 
     @property
     def saturated(self) -> bool | None:
-        """True when the counter sits exactly at the maximum of its width (it has stopped
-        counting); ``None`` when its width is unknown."""
+        """True when the hardware counter sat exactly at the maximum of its width when read
+        (it had stopped counting: what it missed since the previous read is lost);
+        ``None`` when its width is unknown."""
         if self.width is None:
             return None
         return self.raw == (1 << self.width) - 1
+
+
+#: where an InfiniBand port's error counters and PortXmitWait came from (``CounterSource``)
+SOURCE_SYSFS = "sysfs"
+SOURCE_EXTENDED = "perfquery_extended"
+SOURCE_CLEARED = "sysfs_reset"
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSource:
+    """Where an InfiniBand port's PMA counters came from in one pass
+    (:mod:`agent.infiniband.pma` decides).
+
+    ``source``: ``sysfs`` (the kernel's ``counters/`` files, 4 to 32 bits wide),
+    ``perfquery_extended`` (the error counters and PortXmitWait from PortCountersExtended,
+    64 bits) or ``sysfs_reset`` (the kernel's files, cleared near their maximum by the agent
+    and counted on, ``--infiniband.reset-saturated``). ``reason``: why they are not 64-bit,
+    empty when they are (see :data:`agent.infiniband.pma.REASONS`). ``resets_total``: clears
+    the agent has sent to this port since it started (``None`` when it clears nothing).
+    """
+
+    source: str
+    reason: str = ""
+    resets_total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +135,9 @@ class IbPort:
     peak: LinkRate | None = None
     #: the rate ``--infiniband.expected-rate`` says this port should run at, if any
     expected_rate_bytes_per_second: int | None = None
+    #: where its PMA counters came from; ``None`` where nothing decided (RoCE and iWARP
+    #: ports, a read without the PMA step: ``fabricscope topo``, a snapshot replay)
+    counter_source: CounterSource | None = None
 
     @property
     def link_rate(self) -> LinkRate | None:
@@ -145,3 +181,6 @@ class IbDevice:
 class InfinibandSnapshot:
     devices: tuple[IbDevice, ...] = ()
     issues: tuple[ReadIssue, ...] = ()
+    #: perfquery processes the PMA step ran in this pass and the wall time they took
+    tool_calls: int = 0
+    tool_seconds: float = 0.0

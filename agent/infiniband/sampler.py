@@ -17,12 +17,14 @@ One unreadable or malformed file (EACCES, EIO, a file vanishing mid-scan, garbag
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from agent.config import ExpectedRate
 from agent.core.errors import NoData
@@ -31,6 +33,7 @@ from agent.core.sysfs import Issues, SysfsReader, UnsupportedValue, classify_os_
 from agent.infiniband.capacity import PeakRates, annotate
 from agent.infiniband.records import (
     PORT_STATE_ACTIVE,
+    SOURCE_CLEARED,
     IbDevice,
     IbPort,
     InfinibandSnapshot,
@@ -542,54 +545,127 @@ def _read_netdevs(
     return tuple(matched)
 
 
+class CounterReader(Protocol):
+    """A step that reads a port's PMA counters another way and returns the snapshot with
+    them merged (:class:`agent.infiniband.pma.PmaReader`: perfquery at the port's LID)."""
+
+    def update(self, snap: InfinibandSnapshot) -> InfinibandSnapshot: ...
+
+
+class SaturationClock:
+    """Since when each PMA counter has been found at its maximum: the first pass of the
+    current run of passes that found it there (this agent's memory: after a restart, the
+    restart's first pass)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._since: dict[tuple[str, int, str, str], float] = {}
+
+    def stamp(self, snap: InfinibandSnapshot) -> InfinibandSnapshot:
+        now = self._clock()
+        seen: dict[tuple[str, int, str, str], float] = {}
+        devices = []
+        for dev in snap.devices:
+            ports = []
+            for port in dev.ports:
+                counters = []
+                for c in port.counters:
+                    if not c.saturated:
+                        counters.append(c)
+                        continue
+                    key = (dev.name, port.port, c.source, c.name)
+                    seen[key] = self._since.get(key, now)
+                    counters.append(dataclasses.replace(c, saturated_since=seen[key]))
+                ports.append(dataclasses.replace(port, counters=tuple(counters)))
+            devices.append(dataclasses.replace(dev, ports=tuple(ports)))
+        self._since = seen
+        return dataclasses.replace(snap, devices=tuple(devices))
+
+
 class InfinibandSampler:
     """Samples ``/sys/class/infiniband`` through a :class:`~agent.core.sysfs.SysfsReader`.
 
-    Keeps one memory between passes: each port's fastest rate seen while ACTIVE, and stamps
-    it (with the configured expectation, ``expected_rates``) on the ports it returns, for
-    :mod:`agent.infiniband.capacity` to judge.
+    Keeps memories between passes: each port's fastest rate seen while ACTIVE, stamped (with
+    the configured expectation, ``expected_rates``) on the ports it returns for
+    :mod:`agent.infiniband.capacity` to judge, and since when each saturated counter has
+    been saturated. ``pma``, when given, reads the InfiniBand ports' PMA counters with
+    perfquery after sysfs (64-bit where the HCA keeps them; cleared near their maximum when
+    asked) and merges them in.
     """
 
     name = "infiniband"
 
-    def __init__(self, sys: SysfsReader, expected_rates: Sequence[ExpectedRate] = ()) -> None:
+    def __init__(
+        self,
+        sys: SysfsReader,
+        expected_rates: Sequence[ExpectedRate] = (),
+        pma: CounterReader | None = None,
+    ) -> None:
         self.sys = sys
         self.expected_rates = tuple(expected_rates)
+        self.pma = pma
         self._peaks = PeakRates()
+        self._saturation = SaturationClock()
 
     def sample(self) -> InfinibandSnapshot:
         snap = read_infiniband(self.sys)
+        if self.pma is not None:
+            snap = self.pma.update(snap)
+        snap = self._saturation.stamp(snap)
         return annotate(snap, self._peaks.update(snap), self.expected_rates)
 
 
 # -- analysis --------------------------------------------------------------------------
 
 
+PHYS_STATE_DISABLED = 3
+
+
 def findings(snap: InfinibandSnapshot) -> list[Finding]:
-    """Ports not ACTIVE (``port_down``) and PMA counters stuck at the maximum of their width
-    (``counter_saturated``), sorted. ACTIVE ports below their rate: ``capacity.findings``."""
+    """Ports down (``port_down``: not ACTIVE with a LinkUp physical link, the condition of
+    ``fabricscope_infiniband_port_up == 0`` and of its alert) unless an administrator
+    switched them off (``port_disabled``, info), and PMA counters stuck at the maximum of
+    their width (``counter_saturated``), sorted. ACTIVE ports below their rate:
+    ``capacity.findings``."""
     out: list[Finding] = []
     for dev in snap.devices:
         for port in dev.ports:
             subject = f"{dev.name}/{port.port}"
-            if port.state is not None and port.state.number != PORT_STATE_ACTIVE:
-                phys = f", physical state {port.phys_state.name}" if port.phys_state else ""
+            phys = port.phys_state
+            if phys is not None and phys.number == PHYS_STATE_DISABLED:
                 out.append(
                     Finding(
-                        "port_down",
+                        "port_disabled",
                         subject,
-                        f"{dev.name} port {port.port} is {port.state.name}{phys}, not ACTIVE.",
+                        f"{dev.name} port {port.port} is switched off (physical state "
+                        f"{phys.name}).",
                     )
                 )
+            elif port.up is False and port.state is not None and phys is not None:
+                why = (
+                    f"ACTIVE but its physical state is {phys.name}, not LinkUp"
+                    if port.state.number == PORT_STATE_ACTIVE
+                    else f"{port.state.name}, physical state {phys.name}, not ACTIVE"
+                )
+                out.append(Finding("port_down", subject, f"{dev.name} port {port.port} is {why}."))
             for c in port.counters:
                 if c.saturated:
                     out.append(
-                        Finding(
-                            "counter_saturated",
-                            f"{subject}/{c.name}",
-                            f"{c.source}/{c.name} on {dev.name} port {port.port} sits at "
-                            f"{c.raw}, the maximum of its {c.width}-bit width: it no longer "
-                            "counts until the port counters are reset (perfquery -R).",
-                        )
+                        Finding("counter_saturated", f"{subject}/{c.name}", _stuck(dev, port, c))
                     )
     return sorted(out)
+
+
+def _stuck(dev: IbDevice, port: IbPort, c: PortCounter) -> str:
+    where = f"{c.source}/{c.name} on {dev.name} port {port.port}"
+    src = port.counter_source
+    if src is not None and src.source == SOURCE_CLEARED:
+        return (
+            f"{where} reached {c.raw}, the maximum of its {c.width}-bit width, within one "
+            "pass before the agent cleared it: what it missed is lost (a shorter "
+            "--sampling.interval, or an HCA with 64-bit PortCountersExtended error counters)."
+        )
+    return (
+        f"{where} sits at {c.raw}, the maximum of its {c.width}-bit width: it no longer counts "
+        "until it is cleared (--infiniband.reset-saturated, or perfquery -R)."
+    )

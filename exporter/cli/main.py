@@ -33,6 +33,7 @@ from agent.config import (
     DEFAULT_POD_LOGS,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_SAMPLING_TIMEOUT,
+    PERFQUERY_MODES,
     SAMPLER_NAMES,
     AgentConfig,
     ExpectedRate,
@@ -229,6 +230,34 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
         help="the rate RDMA ports of this node class should run at, e.g. 'mlx5_*=400' "
         "(repeatable; first match wins): an ACTIVE port below it is a port_rate_degraded "
         "finding (comparison=expected), beside its own history and its peers",
+    )
+    g.add_argument(
+        "--infiniband.perfquery",
+        dest="infiniband_perfquery",
+        choices=PERFQUERY_MODES,
+        default="auto",
+        help="also read InfiniBand ports' PMA counters with perfquery: 64-bit error counters "
+        "and PortXmitWait where the HCA advertises them (PortCountersExtended), under the same "
+        "names; auto: the ports whose /dev/infiniband/umad* the agent can open, on: every "
+        "ACTIVE one (a command prefix opens it), off: sysfs only (default: %(default)s)",
+    )
+    g.add_argument(
+        "--infiniband.command-prefix",
+        dest="infiniband_command_prefix",
+        default="",
+        metavar="COMMAND",
+        help="words put before every perfquery the infiniband sampler runs (split like a "
+        "shell: 'sudo -n', a wrapper, 'ibsim-run' for the simulator; default: none)",
+    )
+    g.add_argument(
+        "--infiniband.reset-saturated",
+        dest="infiniband_reset_saturated",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="clear a narrow PMA counter (4-32 bits) near its maximum with perfquery and keep "
+        "counting, as OpenSM's perfmgr does, where no 64-bit copy exists: the exported "
+        "counter stays monotonic; every other reader of the port's counters sees them drop "
+        "to 0 (default: off)",
     )
     g.add_argument(
         "--nvml.link-error-rotation",
@@ -472,7 +501,7 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
         nvml=NvmlSettings(
             ns.nvml_link_error_rotation, ns.nvml_slow_error_rotation, isolate=ns.nvml_isolate
         ),
-        infiniband=InfinibandSettings(tuple(getattr(ns, "infiniband_expected_rates", ()))),
+        infiniband=_infiniband_settings(ns),
         throughput=ThroughputSettings(
             files=tuple(getattr(ns, "throughput_files", ())),
             job=getattr(ns, "throughput_job", None),
@@ -489,6 +518,22 @@ def _config(ns: argparse.Namespace) -> AgentConfig:
             node_name=getattr(ns, "node_name", None) or None,
         ),
     )
+
+
+def _infiniband_settings(ns: argparse.Namespace) -> InfinibandSettings:
+    try:
+        prefix = tuple(shlex.split(getattr(ns, "infiniband_command_prefix", "")))
+    except ValueError as exc:
+        raise ConfigError(f"--infiniband.command-prefix: {exc}") from exc
+    try:
+        return InfinibandSettings(
+            tuple(getattr(ns, "infiniband_expected_rates", ())),
+            perfquery=getattr(ns, "infiniband_perfquery", "auto"),
+            command_prefix=prefix,
+            reset_saturated=getattr(ns, "infiniband_reset_saturated", False),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _ibpeer_settings(ns: argparse.Namespace) -> IbPeerSettings:
@@ -526,6 +571,11 @@ def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:
                 raise ConfigError(
                     f"{flag} has no effect with --snapshot (a snapshot replays its own sysfs, "
                     "and holds no process state): give one or the other"
+                )
+        for flag in ("--infiniband.perfquery", "--infiniband.reset-saturated"):
+            if _given(argv, flag):
+                raise ConfigError(
+                    f"{flag} has no effect with --snapshot (a snapshot holds no PMA to ask)"
                 )
     if ns.command != "agent" or not ns.once:
         return
@@ -583,6 +633,8 @@ def cmd_agent(ns: argparse.Namespace) -> int:
             paths=replace(config.paths, sysfs=src.sysfs),
             sampling=replace(config.sampling, enabled=config.sampling.enabled - dropped),
         )
+        if getattr(ns, "snapshot", None):  # a snapshot holds no PMA to ask: sysfs only
+            config = replace(config, infiniband=replace(config.infiniband, perfquery="off"))
         latest = Latest()
         specs = build_specs(
             config,

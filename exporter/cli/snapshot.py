@@ -136,7 +136,10 @@ def _stopped_by_signals() -> Iterator[None]:
 
 def _take(config: AgentConfig, output: str, partial: str) -> int:
     config = replace(
-        config, sampling=replace(config.sampling, enabled=config.sampling.enabled - NOT_CAPTURED)
+        config,
+        sampling=replace(config.sampling, enabled=config.sampling.enabled - NOT_CAPTURED),
+        # a capture is of files: no MAD is sent, no counter cleared
+        infiniband=replace(config.infiniband, perfquery="off", reset_saturated=False),
     )
     reader = RecordingReader(config.paths.sysfs)
     enabled = config.sampling.enabled

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from agent.ibpeer.parse import PortInfo
 from agent.ibpeer.sampler import IbPeerSnapshot, PeerPort
+from agent.infiniband.perfquery import EXT_DATA, EXT_IETF, PERFQUERY_NAMES
 from agent.infiniband.records import PortCounter
+from agent.infiniband.sampler import PMA_WIDTHS
 from exporter.metrics import infiniband
 from exporter.metrics.spec import Families, MetricSpec
 
@@ -118,13 +120,33 @@ FIELDS_DROPPED = MetricSpec(
 )
 
 
-def _peer_spec(local: MetricSpec) -> MetricSpec:
+#: kernel counter file name -> the perfquery field that carries it
+_FIELDS = {name: field for field, name in PERFQUERY_NAMES.items()}
+
+
+def _peer_help(local: MetricSpec, counter: str) -> str:
+    """The local counter's description (its help before the local source note) with the
+    neighbour's source: the PMA fields perfquery reads at the neighbour's LID."""
+    what = local.help.split(" (", 1)[0]
+    field = _FIELDS.get(counter, counter)
+    if counter in EXT_IETF:
+        source = f"{field}, 64 bits, PortCountersExtended only"
+    else:
+        width = 32 if counter in EXT_DATA else PMA_WIDTHS.get(counter, 32)
+        source = (
+            f"{field}: {width} bits in PortCounters, 64 in PortCountersExtended where the "
+            "neighbour's PMA advertises it"
+        )
+    unit = ", converted to bytes" if local.unit == "bytes" else ""
+    what = what[0].lower() + what[1:]
+    return f"The neighbour port's (the other end of the cable) {what} ({source}{unit})."
+
+
+def _peer_spec(local: MetricSpec, counter: str) -> MetricSpec:
     return MetricSpec(
         _PEER_PREFIX + local.name.removeprefix(_LOCAL_PREFIX),
         local.type,
-        "The neighbour port's (the other end of the cable) "
-        + local.help[0].lower()
-        + local.help[1:],
+        _peer_help(local, counter),
         _PEER,
         local.unit,
     )
@@ -133,7 +155,7 @@ def _peer_spec(local: MetricSpec) -> MetricSpec:
 #: kernel counter file name -> the neighbour's metric, built from the local catalog so the
 #: two cannot drift apart
 _BY_COUNTER: dict[str, MetricSpec] = {
-    name: _peer_spec(local) for name, local in infiniband.pma_specs().items()
+    name: _peer_spec(local, name) for name, local in infiniband.pma_specs().items()
 }
 _PEER_COUNTER_SPECS = tuple(
     sorted({s.name: s for s in _BY_COUNTER.values()}.values(), key=lambda s: s.name)

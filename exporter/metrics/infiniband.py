@@ -41,12 +41,19 @@ PORT_INFO = MetricSpec(
     "network interface (empty when it has none).",
     ("device", "port", "link_layer", "lid", "netdev"),
 )
+#: below full, what an up port's state and physical state are: fabricscope_infiniband_port_up
+#: 1 says both (ACTIVE, LinkUp)
+_UP_FOLD = (
+    "Below full, only on ports that are not up: fabricscope_infiniband_port_up 1 means state "
+    "ACTIVE and physical state LinkUp."
+)
 PORT_STATE = MetricSpec(
     _P + "state",
     "gauge",
     "Logical port state as the kernel numbers it: 0 NOP, 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, "
     "5 ACTIVE_DEFER.",
     _DP,
+    fold=_UP_FOLD,
 )
 PORT_PHYSICAL_STATE = MetricSpec(
     _P + "physical_state",
@@ -54,6 +61,7 @@ PORT_PHYSICAL_STATE = MetricSpec(
     "Physical port state as the kernel numbers it: 1 Sleep, 2 Polling, 3 Disabled, "
     "4 PortConfigurationTraining, 5 LinkUp, 6 LinkErrorRecovery, 7 Phy Test.",
     _DP,
+    fold=_UP_FOLD,
 )
 PORT_UP = MetricSpec(
     _P + "up",
@@ -117,12 +125,24 @@ HW_COUNTERS_LIFESPAN = MetricSpec(
 COUNTER_SATURATED = MetricSpec(
     _P + "pma_saturated",
     "gauge",
-    "1 when a PMA counter of known width narrower than 64 bits sits at its maximum, where "
-    "the hardware stops it instead of wrapping (rates read 0 until the counters are reset); "
-    "widths from the kernel's PORT_PMA_ATTR table.",
+    "1 when a PMA counter narrower than 64 bits sat at its maximum when read, where the "
+    "hardware stops it instead of wrapping: what it missed since the previous read is lost, "
+    "and a rate read from it is not evidence (0 while it stays there). Widths from the "
+    "kernel's PORT_PMA_ATTR table; a counter read 64-bit from PortCountersExtended never "
+    "appears here, and one the agent clears near its maximum "
+    "(--infiniband.reset-saturated) only when it filled its width within one pass.",
     ("device", "port", "counter"),
     fold="Below full, only the saturated counters (value 1), not a 0 for each other counter: "
     "fabricscope_infiniband_port_pma_saturated_counters counts them per port.",
+)
+SATURATED_SINCE = MetricSpec(
+    _P + "pma_saturated_since_timestamp_seconds",
+    "gauge",
+    "For each PMA counter fabricscope_infiniband_port_pma_saturated reports at its maximum: "
+    "the Unix time since when every pass of this agent has found it there (at the latest, "
+    "the agent's first pass after a restart). Its increases since then are unknown.",
+    ("device", "port", "counter"),
+    "seconds",
 )
 SATURATED_COUNTERS = MetricSpec(
     _P + "pma_saturated_counters",
@@ -130,6 +150,30 @@ SATURATED_COUNTERS = MetricSpec(
     "PMA counters of known width narrower than 64 bits sitting at their maximum on this "
     "port (0 when none): the per-port fold of fabricscope_infiniband_port_pma_saturated.",
     _DP,
+)
+PMA_SOURCE = MetricSpec(
+    _P + "pma_source_info",
+    "gauge",
+    "Where an InfiniBand port's error counters and PortXmitWait came from; always 1. source "
+    "is sysfs (the kernel's counters/ files: 4 to 16 bits, PortXmitWait 32), "
+    "perfquery_extended (PortCountersExtended read with perfquery at the port's LID: 64 "
+    "bits) or sysfs_reset (the kernel's files, cleared near their maximum by the agent with "
+    "perfquery and counted on, --infiniband.reset-saturated). reason says why they are not "
+    "64-bit, empty when they are: off (--infiniband.perfquery=off), no_lid (not ACTIVE, or "
+    "no LID yet), no_tool (no perfquery), no_umad (no /dev/infiniband/umad device open to "
+    "the agent), not_advertised (the PMA's ClassPortInfo does not offer them), failed or "
+    "timeout (perfquery did not answer: see fabricscope_sampler_read_errors and the log).",
+    ("device", "port", "source", "reason"),
+    detail="default",
+)
+PMA_RESETS = MetricSpec(
+    _P + "pma_resets_total",
+    "counter",
+    "Times the agent cleared PMA counters of this port near their maximum "
+    "(--infiniband.reset-saturated; every other reader of them saw them drop to 0); absent "
+    "when it clears none.",
+    _DP,
+    detail="default",
 )
 GENERIC_COUNTER = MetricSpec(
     _P + "generic_total",
@@ -166,16 +210,44 @@ def _counter(
     return MetricSpec(_P + what + "_total", "counter", help_, _DP, unit, detail, fold)
 
 
+#: where a PMA counter comes from and how wide it is, for the help of each
+_SOURCE_NOTE = "64-bit where fabricscope_infiniband_port_pma_source_info says perfquery_extended"
+
+
+def _pma(field: str, file: str, width: int) -> str:
+    """`` (FIELD: counters/FILE, WIDTH-bit; 64-bit where ...)``: a PMA counter's origin."""
+    return f"{field}: counters/{file}, {width}-bit in sysfs; {_SOURCE_NOTE}"
+
+
+_DATA_NOTE = (
+    "64-bit in sysfs where the kernel reads PortCountersExtended (the counters/unicast_* "
+    "files are there), else 32-bit and replaced by perfquery's 64-bit one where it can run"
+)
+#: Below full, an error, discard, retry or timeout counter that is 0 is left out: folding
+#: drops zeros, never an error
+_NONZERO_FOLD = "Below full, exported only when non-zero (a 0 is left out, never an error)."
+_ERROR_DEFAULT: dict[str, Detail] = {}
+
+
+def _error(
+    what: str, help_: str, detail: Detail = "default", fold: str = _NONZERO_FOLD
+) -> MetricSpec:
+    """An error, discard, retry or timeout counter: at ``default`` exported when non-zero."""
+    spec = _counter(what, help_, detail=detail, fold=fold)
+    _ERROR_DEFAULT[spec.name] = detail
+    return spec
+
+
 TRANSMITTED_BYTES = _counter(
     "transmitted_bytes",
-    "Data octets transmitted on all VLs (PortXmitData; the kernel's 4-byte words, or hfi1 "
-    "8-byte flits, converted to bytes).",
+    f"Data octets transmitted on all VLs (PortXmitData: counters/port_xmit_data, {_DATA_NOTE}; "
+    "the kernel's 4-byte words, or hfi1 8-byte flits, converted to bytes).",
     "bytes",
 )
 RECEIVED_BYTES = _counter(
     "received_bytes",
-    "Data octets received on all VLs (PortRcvData; the kernel's 4-byte words, or hfi1 8-byte "
-    "flits, converted to bytes).",
+    f"Data octets received on all VLs (PortRcvData: counters/port_rcv_data, {_DATA_NOTE}; the "
+    "kernel's 4-byte words, or hfi1 8-byte flits, converted to bytes).",
     "bytes",
 )
 
@@ -203,7 +275,8 @@ _PMA_SPECS = (
     _known(
         _counter(
             "transmitted_packets",
-            "Packets transmitted on all VLs (PortXmitPkts).",
+            f"Packets transmitted on all VLs (PortXmitPkts: counters/port_xmit_packets, "
+            f"{_DATA_NOTE}).",
             detail="default",
         ),
         (_C, "port_xmit_packets"),
@@ -212,127 +285,177 @@ _PMA_SPECS = (
     _known(
         _counter(
             "received_packets",
-            "Packets received on all VLs, errors included.",
+            f"Packets received on all VLs, errors included (PortRcvPkts: "
+            f"counters/port_rcv_packets, {_DATA_NOTE}).",
             detail="default",
         ),
         (_C, "port_rcv_packets"),
         (_X, "port_rcv_packets_64"),
     ),
     _known(
-        _counter("transmitted_unicast_packets", "Unicast packets transmitted.", detail="full"),
+        _counter(
+            "transmitted_unicast_packets",
+            "Unicast packets transmitted (PortUnicastXmitPkts: counters/unicast_xmit_packets, "
+            "64-bit, PortCountersExtended only).",
+            detail="full",
+        ),
         (_C, "unicast_xmit_packets"),
         (_X, "port_unicast_xmit_packets"),
     ),
     _known(
-        _counter("received_unicast_packets", "Unicast packets received.", detail="full"),
+        _counter(
+            "received_unicast_packets",
+            "Unicast packets received (PortUnicastRcvPkts: counters/unicast_rcv_packets, "
+            "64-bit, PortCountersExtended only).",
+            detail="full",
+        ),
         (_C, "unicast_rcv_packets"),
         (_X, "port_unicast_rcv_packets"),
     ),
     _known(
-        _counter("transmitted_multicast_packets", "Multicast packets transmitted.", detail="full"),
+        _counter(
+            "transmitted_multicast_packets",
+            "Multicast packets transmitted (PortMulticastXmitPkts: "
+            "counters/multicast_xmit_packets, 64-bit, PortCountersExtended only).",
+            detail="full",
+        ),
         (_C, "multicast_xmit_packets"),
         (_X, "port_multicast_xmit_packets"),
     ),
     _known(
-        _counter("received_multicast_packets", "Multicast packets received.", detail="full"),
+        _counter(
+            "received_multicast_packets",
+            "Multicast packets received (PortMulticastRcvPkts: counters/multicast_rcv_packets, "
+            "64-bit, PortCountersExtended only).",
+            detail="full",
+        ),
         (_C, "multicast_rcv_packets"),
         (_X, "port_multicast_rcv_packets"),
     ),
     _known(
-        _counter("symbol_errors", "Minor link errors detected on one or more lanes (16-bit)."),
+        _counter(
+            "symbol_errors",
+            "Minor link errors detected on one or more lanes ("
+            + _pma("SymbolErrorCounter", "symbol_error", 16)
+            + ").",
+        ),
         (_C, "symbol_error"),
     ),
     _known(
         _counter(
             "link_error_recovery",
-            "Times the link completed error recovery successfully (8-bit).",
+            "Times the link completed error recovery successfully ("
+            + _pma("LinkErrorRecoveryCounter", "link_error_recovery", 8)
+            + ").",
         ),
         (_C, "link_error_recovery"),
     ),
     _known(
-        _counter("link_downed", "Times the link failed error recovery and went down (8-bit)."),
+        _counter(
+            "link_downed",
+            "Times the link failed error recovery and went down ("
+            + _pma("LinkDownedCounter", "link_downed", 8)
+            + ").",
+        ),
         (_C, "link_downed"),
     ),
     _known(
-        _counter("receive_errors", "Received packets containing an error (16-bit)."),
+        _counter(
+            "receive_errors",
+            "Received packets containing an error ("
+            + _pma("PortRcvErrors", "port_rcv_errors", 16)
+            + ").",
+        ),
         (_C, "port_rcv_errors"),
     ),
     _known(
         _counter(
             "receive_remote_physical_errors",
-            "Received packets marked with the EBP delimiter (16-bit).",
+            "Received packets marked with the EBP delimiter ("
+            + _pma("PortRcvRemotePhysicalErrors", "port_rcv_remote_physical_errors", 16)
+            + ").",
         ),
         (_C, "port_rcv_remote_physical_errors"),
     ),
     _known(
-        _counter(
+        _error(
             "receive_switch_relay_errors",
-            "Received packets discarded because they could not be forwarded (16-bit; a "
-            "switch's counter, 0 on a host adapter).",
-            detail="full",
+            "Received packets discarded because they could not be forwarded, a switch's "
+            "counter, 0 on a host adapter ("
+            + _pma("PortRcvSwitchRelayErrors", "port_rcv_switch_relay_errors", 16)
+            + ").",
         ),
         (_C, "port_rcv_switch_relay_errors"),
     ),
     _known(
-        _counter(
+        _error(
             "receive_constraint_errors",
-            "Received packets discarded by constraints.",
-            detail="full",
+            "Received packets discarded by constraints (partition key, IP version: "
+            + _pma("PortRcvConstraintErrors", "port_rcv_constraint_errors", 8)
+            + ").",
         ),
         (_C, "port_rcv_constraint_errors"),
     ),
     _known(
-        _counter(
+        _error(
             "receive_discards",
-            "Inbound packets discarded because the port was down or congested.",
-            detail="default",
+            "Inbound packets discarded because the port was down or congested (a "
+            "counters/port_rcv_discards file some drivers add).",
         ),
         (_C, "port_rcv_discards"),
     ),
     _known(
         _counter(
             "transmit_discards",
-            "Outbound packets discarded because the port was down or congested (16-bit).",
+            "Outbound packets discarded because the port was down or congested ("
+            + _pma("PortXmitDiscards", "port_xmit_discards", 16)
+            + ").",
         ),
         (_C, "port_xmit_discards"),
     ),
     _known(
-        _counter(
+        _error(
             "transmit_constraint_errors",
-            "Packets not transmitted because of constraints.",
-            detail="full",
+            "Packets not transmitted because of constraints (partition key, IP version: "
+            + _pma("PortXmitConstraintErrors", "port_xmit_constraint_errors", 8)
+            + ").",
         ),
         (_C, "port_xmit_constraint_errors"),
     ),
     _known(
         _counter(
             "transmit_wait",
-            "Ticks during which the port had data to send but sent none (PortXmitWait, a tick "
-            "count, not seconds; 32-bit).",
+            "Ticks during which the port had data to send but sent none, a tick count, not "
+            "seconds ("
+            + _pma("PortXmitWait", "port_xmit_wait", 32)
+            + ": a congested NDR port fills 32 bits within seconds).",
         ),
         (_C, "port_xmit_wait"),
     ),
     _known(
         _counter(
             "local_link_integrity_errors",
-            "Times local physical errors exceeded the threshold (4-bit: saturates at 15).",
+            "Times local physical errors exceeded the threshold ("
+            + _pma("LocalLinkIntegrityErrors", "local_link_integrity_errors", 4)
+            + ": saturates at 15).",
         ),
         (_C, "local_link_integrity_errors"),
     ),
     _known(
-        _counter(
+        _error(
             "excessive_buffer_overrun_errors",
-            "Times consecutive receive buffer overruns exceeded the threshold (4-bit: "
-            "saturates at 15).",
-            detail="default",
+            "Times consecutive receive buffer overruns exceeded the threshold ("
+            + _pma("ExcessiveBufferOverrunErrors", "excessive_buffer_overrun_errors", 4)
+            + ": saturates at 15).",
         ),
         (_C, "excessive_buffer_overrun_errors"),
     ),
     _known(
-        _counter(
+        _error(
             "vl15_dropped",
-            "Incoming VL15 (subnet management) packets dropped.",
-            detail="full",
+            "Incoming VL15 (subnet management) packets dropped ("
+            + _pma("VL15Dropped", "VL15_dropped", 16)
+            + ").",
         ),
         (_C, "VL15_dropped"),
     ),
@@ -366,7 +489,12 @@ _HW = (
         "implied_nak_sequence_errors",
         "Implied NAK sequence errors (a later response implied a lost one).",
     ),
-    ("duplicate_request", "duplicate_requests", "Duplicate requests received."),
+    (
+        "duplicate_request",
+        "duplicate_requests",
+        "Requests received again that had already been executed: the requester retried (its "
+        "own retries are its local_ack_timeout_errors and packet_sequence_errors).",
+    ),
     ("req_cqe_error", "requester_cqe_errors", "Requester completions with an error."),
     (
         "req_cqe_flush_error",
@@ -419,7 +547,7 @@ _HW = (
     (
         "rx_icrc_encapsulated",
         "received_icrc_encapsulated_packets",
-        "RoCE packets received with ICRC encapsulation.",
+        "RoCE packets received with an ICRC error.",
     ),
 )
 #: the lowest --collector.detail level exporting each (explain, the dashboards and alerts
@@ -436,14 +564,14 @@ _HW_DETAIL: dict[str, Detail] = {
     "rnr_nak_retry_err": "default",
     "implied_nak_seq_err": "default",
     "duplicate_request": "full",
-    "req_cqe_error": "full",
-    "req_cqe_flush_error": "full",
-    "req_remote_access_errors": "full",
-    "req_remote_invalid_request": "full",
-    "resp_cqe_error": "full",
-    "resp_cqe_flush_error": "full",
-    "resp_local_length_error": "full",
-    "resp_remote_access_errors": "full",
+    "req_cqe_error": "default",
+    "req_cqe_flush_error": "default",
+    "req_remote_access_errors": "default",
+    "req_remote_invalid_request": "default",
+    "resp_cqe_error": "default",
+    "resp_cqe_flush_error": "default",
+    "resp_local_length_error": "default",
+    "resp_remote_access_errors": "default",
     "roce_adp_retrans": "default",
     "roce_adp_retrans_to": "default",
     "roce_slow_restart": "full",
@@ -453,14 +581,48 @@ _HW_DETAIL: dict[str, Detail] = {
     "rx_write_requests": "full",
     "rx_atomic_requests": "full",
     "rx_dct_connect": "full",
-    "rx_icrc_encapsulated": "full",
+    "rx_icrc_encapsulated": "default",
 }
+#: hw_counters that count errors, discards, retries or timeouts: below full they are
+#: exported only when non-zero, never left out for their level (those at minimal always)
+_HW_ERRORS = frozenset(
+    {
+        "out_of_buffer",
+        "out_of_sequence",
+        "packet_seq_err",
+        "local_ack_timeout_err",
+        "rnr_nak_retry_err",
+        "implied_nak_seq_err",
+        "req_cqe_error",
+        "req_cqe_flush_error",
+        "req_remote_access_errors",
+        "req_remote_invalid_request",
+        "resp_cqe_error",
+        "resp_cqe_flush_error",
+        "resp_local_length_error",
+        "resp_remote_access_errors",
+        "roce_adp_retrans",
+        "roce_adp_retrans_to",
+        "rx_icrc_encapsulated",
+    }
+)
 
 
 def _hw_spec(name: str, what: str, help_: str) -> MetricSpec:
     detail = _HW_DETAIL[name]
-    fold = _ROCE_FOLD if name in ROCE_ONLY and detail != "full" else ""
-    return _known(_counter(what, help_, detail=detail, fold=fold), (_H, name))
+    help_ = f"{help_.rstrip('.')} (hw_counters/{name}: a driver counter, no PMA width)."
+    roce = name in ROCE_ONLY and detail != "full"
+    if name in _HW_ERRORS and detail == "default":
+        fold = (
+            "Below full, left out on InfiniBand ports (it counts RoCE events only) and "
+            "elsewhere exported only when non-zero."
+            if roce
+            else _NONZERO_FOLD
+        )
+        spec = _error(what, help_, detail, fold)
+    else:
+        spec = _counter(what, help_, detail=detail, fold=_ROCE_FOLD if roce else "")
+    return _known(spec, (_H, name))
 
 
 _HW_SPECS = tuple(_hw_spec(name, what, help_) for name, what, help_ in _HW)
@@ -478,7 +640,10 @@ SPECS: tuple[MetricSpec, ...] = (
     PORT_SM_LID,
     HW_COUNTERS_LIFESPAN,
     COUNTER_SATURATED,
+    SATURATED_SINCE,
     SATURATED_COUNTERS,
+    PMA_SOURCE,
+    PMA_RESETS,
     GENERIC_COUNTER,
     *_PMA_SPECS,
     *_HW_SPECS,
@@ -554,10 +719,10 @@ def render(snap: InfinibandSnapshot, out: Families) -> None:
             )
             ethernet = port.link_layer == "Ethernet"
             infiniband = port.link_layer == "InfiniBand"
-            out.add(PORT_STATE, port.state.number if port.state else None, *labels)
-            out.add(
-                PORT_PHYSICAL_STATE, port.phys_state.number if port.phys_state else None, *labels
-            )
+            if not (folds and port.up):
+                out.add(PORT_STATE, port.state.number if port.state else None, *labels)
+                phys = port.phys_state.number if port.phys_state else None
+                out.add(PORT_PHYSICAL_STATE, phys, *labels)
             out.add(PORT_UP, port.up, *labels)
             out.add(PORT_RATE, port.rate_bytes_per_second, *labels)
             out.add(PORT_LINK_WIDTH, port.width, *labels)
@@ -570,6 +735,8 @@ def render(snap: InfinibandSnapshot, out: Families) -> None:
             for spec, c in dedicated:
                 if folds and infiniband and c.source == _H and c.name in ROCE_ONLY:
                     continue
+                if folds and c.value == 0 and spec.name in _ERROR_DEFAULT:
+                    continue  # below full an error counter is exported when non-zero
                 out.add(spec, c.value, *labels)
             for c in generic:
                 out.add(GENERIC_COUNTER, c.value, *labels, c.source, c.name)
@@ -577,5 +744,11 @@ def render(snap: InfinibandSnapshot, out: Families) -> None:
             for c in narrow:
                 if c.saturated or not folds:
                     out.add(COUNTER_SATURATED, c.saturated, *labels, c.name)
+                if c.saturated:
+                    out.add(SATURATED_SINCE, c.saturated_since, *labels, c.name)
             if narrow:
                 out.add(SATURATED_COUNTERS, sum(1 for c in narrow if c.saturated), *labels)
+            src = port.counter_source
+            if src is not None:
+                out.add(PMA_SOURCE, 1, *labels, src.source, src.reason)
+                out.add(PMA_RESETS, src.resets_total, *labels)

@@ -416,6 +416,12 @@ def test_resources(built: dict[str, list[Doc]]) -> None:
     rdma = agent_container(built["probe-all"])["resources"]
     assert rdma["requests"]["rdma/rdma_shared_device_a"] == "1"
     assert rdma["limits"]["rdma/rdma_shared_device_a"] == "1"
+    # the infiniband sampler's perfquery: umad devices through their own resource, and the
+    # clearing flag only where asked for
+    everything = agent_container(built["everything"])
+    assert everything["resources"]["limits"]["rdma/ib"] == "1"
+    assert "--infiniband.reset-saturated" in everything["args"]
+    assert "--infiniband.reset-saturated" not in agent_container(built["standard"])["args"]
 
 
 def test_scheduling(built: dict[str, list[Doc]]) -> None:

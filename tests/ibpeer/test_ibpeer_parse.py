@@ -11,15 +11,14 @@ from agent.ibpeer.parse import (
     DESCRIPTION_MAX,
     clean_description,
     merge_counters,
-    parse_fields,
     parse_nodedesc,
     parse_nodeinfo,
-    parse_perfquery,
     parse_portinfo,
     parse_speeds,
     parse_width,
     parse_widths,
 )
+from agent.infiniband.perfquery import parse_fields, parse_perfquery
 
 FIX = Path(__file__).parents[1] / "fixtures" / "ibpeer"
 GBPS = 125_000_000

@@ -1,4 +1,4 @@
-"""The bounded tool runner (agent/ibpeer/tools.py) against real processes: a tool that hangs
+"""The bounded tool runner (agent/core/tools.py) against real processes: a tool that hangs
 is killed with everything it started, a flood of output is cut, a failure says why."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.ibpeer.tools import ToolError, ToolTimeout, run_tool
+from agent.core.tools import ToolError, ToolTimeout, run_tool
 
 
 def test_output_and_time() -> None:

@@ -1,12 +1,15 @@
-"""Running one infiniband-diags tool: bounded in time and in output, never left behind.
+"""Running one of the field's own tools (infiniband-diags' ``smpquery``, ``perfquery``):
+bounded in time and in output, never left behind.
 
-Each call starts the tool in its own process group (``--ibpeer.command-prefix`` in front,
-e.g. ``ibsim-run`` for the simulator or a wrapper), reads at most ``max_bytes`` of its
+Each call starts the tool in its own process group (a caller's command prefix in front, e.g.
+``ibsim-run`` for the simulator, a wrapper or ``sudo -n``), reads at most ``max_bytes`` of its
 output, and kills its whole tree at the deadline (every descendant by parent pid, then the
 group): a tool stuck in a MAD layer that stopped answering (libibumad blocks without a
 timeout while it attaches) costs its timeout, never a thread or a process left running. A
 process that left the tree (a double fork whose middle process exited) is the business of
-the subreaper the sampler runs under (:mod:`agent.ibpeer.sampler`).
+the subreaper its caller runs under (the ``ibpeer`` sampler's supervised child). Used by the
+``ibpeer`` sampler (the far end of each cable) and the ``infiniband`` sampler's PMA read
+(:mod:`agent.infiniband.pma`).
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.core.errors import ConfigError
 from agent.core.reaper import kill_tree
 
 #: the most output one tool call may print (a PortInfo dump is ~2 KiB)
@@ -44,6 +49,18 @@ class ToolTimeout(Exception):  # noqa: N818 - an outcome, like agent.core.errors
 class ToolOutput:
     stdout: str
     seconds: float
+
+
+def check_tools(prefix: Sequence[str], tools: Sequence[str], flag: str) -> None:
+    """Raise ``ConfigError`` when a tool ``flag`` runs (or the prefix's command) is not
+    installed: checked once, at start, so a missing package is one clear line instead of an
+    error every pass."""
+    missing = [t for t in (*prefix[:1], *tools) if shutil.which(t) is None]
+    if missing:
+        raise ConfigError(
+            f"{flag} needs {', '.join(missing)} on PATH (Debian/Ubuntu: "
+            "infiniband-diags; RHEL: infiniband-diags from rdma-core)"
+        )
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
