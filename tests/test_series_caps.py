@@ -24,8 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from agentrun import fabricscope
-from promharness import free_port
+from tests.agentrun import fabricscope
+from tests.promharness import free_port
 
 from agent.throughput.nccl import MAX_IB_ERROR_PAIRS, NODE_IB_ERROR_PAIRS
 from agent.workload.sampler import (

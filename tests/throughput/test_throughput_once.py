@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agentrun import throughput_once
+from tests.agentrun import throughput_once
 
 LINES = 400_000
 

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loopnet import inside, private_net
-from slowloris import raise_fd_limit
+from tests.loopnet import inside, private_net
+from tests.slowloris import raise_fd_limit
 
 from agent.probe.rendezvous.client import propose
 from agent.probe.rendezvous.messages import Answer, Offer
@@ -40,7 +40,7 @@ PROPOSALS = 20
 ATTACKERS = 2
 #: a dropped SYN is retried after 1 s: an answer within this shows none was dropped
 PROMPT = 1.0
-SLOWLORIS = Path(__file__).with_name("slowloris.py")
+SLOWLORIS = Path(__file__).resolve().parents[1] / "slowloris.py"
 
 
 @pytest.fixture(autouse=True)

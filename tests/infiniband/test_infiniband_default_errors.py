@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from agentrun import fabricscope
+from tests.agentrun import fabricscope
 from prometheus_client.parser import text_string_to_metric_families
 
 #: the port's error, discard, retry and timeout counters, with their PMA widths (None: a

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from loopnet import inside, private_net
+from tests.loopnet import inside, private_net
 
 from exporter.http.authlimit import AuthLimits
 from exporter.http.server import MetricsServer, serve
@@ -33,7 +33,7 @@ from exporter.http.webconfig import load_web_config
 from exporter.metrics.exposition import ExpositionCache, render_text
 from exporter.metrics.spec import Families, MetricSpec
 
-FLOOD = Path(__file__).with_name("wrongpass.py")
+FLOOD = Path(__file__).resolve().parents[1] / "wrongpass.py"
 ATTACKERS_V4 = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 #: four addresses of one /64: one client to the limits
 ATTACKERS_V6 = ("fd31:0:0:1::2", "fd31:0:0:1::3", "fd31:0:0:1::4", "fd31:0:0:1::5")

@@ -21,7 +21,7 @@ from agent.infiniband.sampler import InfinibandSampler, findings
 from exporter.metrics import infiniband as ib_metrics
 from exporter.metrics.spec import Families
 
-FIX = Path(__file__).parent / "fixtures" / "ibpeer"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ibpeer"
 P = "fabricscope_infiniband_port_"
 U32 = 2**32 - 1
 #: a kernel whose counters/ table is the extended one (64-bit data, unicast files)
@@ -369,7 +369,7 @@ def test_reset_needs_perfquery() -> None:
 def test_snapshots_never_ask_a_pma(tmp_path: Path) -> None:
     """A capture is of files and a replay has no PMA to ask: the flags are refused there, and
     a replay exports every port's counters from the captured files (reason off)."""
-    from agentrun import fabricscope
+    from tests.agentrun import fabricscope
 
     root = port_tree(tmp_path / "sys", "mlx5_0", {"symbol_error": 3})
     shot = tmp_path / "node.tar.gz"

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loopnet import inside, private_net
+from tests.loopnet import inside, private_net
 
 from agent.config import DEFAULT_OFF, SAMPLER_NAMES
 from tests.helmchart import TLS, render

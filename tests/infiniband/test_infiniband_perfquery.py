@@ -17,7 +17,7 @@ from agent.infiniband.perfquery import (
     reset_mask,
 )
 
-FIX = Path(__file__).parent / "fixtures" / "ibpeer"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ibpeer"
 ERRORS = ("symbol_error", "link_downed", "port_rcv_errors", "VL15_dropped", "port_xmit_wait")
 
 

@@ -19,11 +19,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from promharness import free_port
+from tests.promharness import free_port
 
 from agent.config import DEFAULT_OFF, SAMPLER_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OTHERS = [f"--no-sampler.{n}" for n in SAMPLER_NAMES if n != "throughput" and n not in DEFAULT_OFF]
 
 #: the training job: numbered lines, its log renamed every 0.2 s for 6 s

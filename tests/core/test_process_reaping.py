@@ -23,11 +23,11 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
-from promharness import free_port
+from tests.promharness import free_port
 
 from agent.config import DEFAULT_OFF, SAMPLER_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OTHERS = [f"--no-sampler.{n}" for n in SAMPLER_NAMES if n not in DEFAULT_OFF]
 
 
