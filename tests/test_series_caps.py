@@ -24,8 +24,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from tests.agentrun import fabricscope
-from tests.promharness import free_port
 
 from agent.throughput.nccl import MAX_IB_ERROR_PAIRS, NODE_IB_ERROR_PAIRS
 from agent.workload.sampler import (
@@ -36,6 +34,8 @@ from agent.workload.sampler import (
 )
 from exporter.metrics import workload
 from exporter.metrics.spec import Families
+from tests.agentrun import fabricscope
+from tests.promharness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = ROOT / "tests/fixtures/ibpeer/sim"

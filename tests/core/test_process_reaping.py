@@ -23,9 +23,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
-from tests.promharness import free_port
 
 from agent.config import DEFAULT_OFF, SAMPLER_NAMES
+from tests.promharness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHERS = [f"--no-sampler.{n}" for n in SAMPLER_NAMES if n not in DEFAULT_OFF]

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from tests.loopnet import inside, private_net
 
 from exporter.http.authlimit import AuthLimits
 from exporter.http.server import MetricsServer, serve
 from exporter.http.webconfig import load_web_config
 from exporter.metrics.exposition import ExpositionCache, render_text
 from exporter.metrics.spec import Families, MetricSpec
+from tests.loopnet import inside, private_net
 
 FLOOD = Path(__file__).resolve().parents[1] / "wrongpass.py"
 ATTACKERS_V4 = ("127.0.0.2", "127.0.0.3", "127.0.0.4")

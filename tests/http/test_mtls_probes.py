@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.loopnet import inside, private_net
 
 from agent.config import DEFAULT_OFF, SAMPLER_NAMES
 from tests.helmchart import TLS, render
+from tests.loopnet import inside, private_net
 
 #: the node's address (with hostNetwork, also the pod's): where the kubelet probes by default
 NODE_IP = "10.31.0.1"

@@ -11,8 +11,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.agentrun import fabricscope
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.agentrun import fabricscope
 
 #: the port's error, discard, retry and timeout counters, with their PMA widths (None: a
 #: driver's hw_counter), listed here by hand so that the test does not trust the catalog

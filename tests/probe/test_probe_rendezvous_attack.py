@@ -23,14 +23,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.loopnet import inside, private_net
-from tests.slowloris import raise_fd_limit
 
 from agent.probe.rendezvous.client import propose
 from agent.probe.rendezvous.messages import Answer, Offer
 from agent.probe.rendezvous.server import RendezvousServer
 from agent.probe.rendezvous.wire import MSG_CHALLENGE, MSG_ERROR, MSG_HELLO, frame, lp
 from agent.probe.run.guest import RENDEZVOUS_TIMEOUT_SECONDS
+from tests.loopnet import inside, private_net
+from tests.slowloris import raise_fd_limit
 
 SECRET = b"k" * 32
 HOST_ID, GUEST_ID = "node-a", "node-b"

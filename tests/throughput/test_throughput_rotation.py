@@ -19,9 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.promharness import free_port
-
 from agent.config import DEFAULT_OFF, SAMPLER_NAMES
+from tests.promharness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHERS = [f"--no-sampler.{n}" for n in SAMPLER_NAMES if n != "throughput" and n not in DEFAULT_OFF]
