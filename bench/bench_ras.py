@@ -33,9 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from ras_standin import communicator, rank_entry, status_json  # noqa: E402
+from tests.ras_standin import communicator, rank_entry, status_json  # noqa: E402
 
 from agent.ras.parse import parse_status  # noqa: E402
 from agent.ras.track import JobTracker  # noqa: E402
@@ -46,7 +45,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "ras" / "answers.jsonl"
 SERVE = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from ras_standin import RasStandIn
+from tests.ras_standin import RasStandIn
 distinct = [bytes.fromhex(h) for h in json.loads(sys.stdin.readline())]
 count = int(sys.stdin.readline())
 with RasStandIn([distinct[i % len(distinct)] for i in range(count)]) as s:
@@ -105,7 +104,7 @@ def raw(port: int) -> int:
 
 def run_case(name: str, answers: list[bytes], rounds: int) -> dict[str, object]:
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVE, str(ROOT / "tests")],
+        [sys.executable, "-c", SERVE, str(ROOT)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
