@@ -34,11 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.ras_standin import communicator, rank_entry, status_json  # noqa: E402
-
 from agent.ras.parse import parse_status  # noqa: E402
 from agent.ras.track import JobTracker  # noqa: E402
 from agent.ras.wire import query  # noqa: E402
+from tests.ras_standin import communicator, rank_entry, status_json  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "ras" / "answers.jsonl"
 
