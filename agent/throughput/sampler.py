@@ -146,6 +146,7 @@ class NcclSeries:
     process named its GPU. ``hca_numa``: per HCA whose channels could be judged (the NUMA
     node of the HCA and of the channel's GPU both known, :attr:`ThroughputInputs.numa`),
     (HCA, channels judged, channels whose GPU is on another NUMA node than the HCA).
+    ``nvlink_channels``: see :func:`nvlink_channels`.
     """
 
     namespace: str
@@ -163,6 +164,10 @@ class NcclSeries:
     last_init_timestamp_seconds: float | None = None
     gpu_hca_channels: tuple[tuple[str, str, int], ...] = ()
     hca_numa: tuple[tuple[str, int, int], ...] = ()
+    #: (GPU, peer GPU, transport, connections) of channels between two GPUs of this node
+    #: that NVML shows joined by NVLink (:attr:`ThroughputInputs.nvlinks`): the addresses
+    #: sorted within each pair; a transport other than P2P/* does not use the NVLinks
+    nvlink_channels: tuple[tuple[str, str, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +197,9 @@ class ThroughputInputs:
     #: the NUMA node of each GPU (by PCI address) and RDMA device (by name) of the node, from
     #: sysfs (None: not known; a device whose platform reports no node is left out)
     numa: tuple[tuple[str, int], ...] | None = None
+    #: pairs of this node's GPUs (PCI addresses) joined by active NVLinks, with how many, from
+    #: NVML (None: not known)
+    nvlinks: tuple[tuple[str, str, int], ...] | None = None
 
 
 # --- streams -------------------------------------------------------------------------------
@@ -276,6 +284,7 @@ class ThroughputSampler:
         gpu_pods: Callable[[], frozenset[tuple[str, str]] | None] = lambda: None,
         pod_index: Callable[[], PodIndex | None] = lambda: None,
         numa: Callable[[], tuple[tuple[str, int], ...] | None] = lambda: None,
+        nvlinks: Callable[[], tuple[tuple[str, str, int], ...] | None] = lambda: None,
         once: bool = False,
         limits: Limits | None = None,
         clock: Callable[[], float] = time.time,
@@ -293,6 +302,7 @@ class ThroughputSampler:
         self._gpu_pods = gpu_pods
         self._pod_index = pod_index
         self._numa = numa
+        self._nvlinks = nvlinks
         self._clock = clock
         base = limits or (WHOLE_FILE if once else Limits())
         self._limits = Limits(
@@ -314,6 +324,7 @@ class ThroughputSampler:
         self._gpu_pods = lambda: value.gpu_pods
         self._pod_index = lambda: value.index
         self._numa = lambda: value.numa
+        self._nvlinks = lambda: value.nvlinks
 
     # -- the pass --------------------------------------------------------------------------
 
@@ -591,7 +602,7 @@ class ThroughputSampler:
             errors_total=tuple((r, self._counts.get(r, 0)) for r in ERROR_REASONS),
             issues=tuple(issues),
             unread_bytes_total=self._counts.get(UNREAD_BYTES, 0),
-            nccl=nccl_series(self._streams.values(), self._numa()),
+            nccl=nccl_series(self._streams.values(), self._numa(), self._nvlinks()),
         )
 
     def close(self) -> None:
@@ -608,16 +619,23 @@ def _mtime(path: str) -> float | None:
 
 
 def nccl_series(
-    streams: Iterable[_Stream], numa: tuple[tuple[str, int], ...] | None = None
+    streams: Iterable[_Stream],
+    numa: tuple[tuple[str, int], ...] | None = None,
+    nvlinks: tuple[tuple[str, str, int], ...] | None = None,
 ) -> tuple[NcclSeries, ...]:
     """One :class:`NcclSeries` per label set whose streams printed NCCL lines (streams with
     the same labels, a restarted pod's old and new directory, add up), sorted by labels;
-    ``numa`` (:attr:`ThroughputInputs.numa`) judges which HCA each GPU's channels use."""
+    ``numa`` (:attr:`ThroughputInputs.numa`) judges which HCA each GPU's channels use,
+    ``nvlinks`` (:attr:`ThroughputInputs.nvlinks`) which channels join NVLinked GPUs."""
     node_of = dict(numa or ())
     merged: dict[Labels, list[NcclRun]] = {}
+    ranks = RankGpus()
     for st in streams:
+        ranks.add(st.nccl.comm_gpus, local=st.cri)
         if st.nccl.heard:
             merged.setdefault(st.labels, []).append(st.nccl)
+    joined = {(a, b) for a, b, n in nvlinks or () if n > 0}
+    joined |= {(b, a) for a, b in joined}
     out = []
     for labels, runs in sorted(merged.items()):
         channels: Counter[tuple[str, bool]] = Counter()
@@ -647,9 +665,52 @@ def nccl_series(
                 last_init_timestamp_seconds=max(inits) if inits else None,
                 gpu_hca_channels=tuple((g, h, n) for (g, h), n in sorted(pairs.items())),
                 hca_numa=hca_numa(pairs, node_of),
+                nvlink_channels=nvlink_channels(runs, ranks, joined),
             )
         )
     return tuple(out)
+
+
+class RankGpus:
+    """Node-wide: the GPU and host of every (communicator, rank) whose ``Init START`` a log
+    read on this node printed. A pod's log holds only processes of this node, so its ranks
+    are local whatever host name their lines print (each pod has its own); a plain file
+    (``--throughput.file``, a Slurm job's output may hold every node's lines) vouches for a
+    pair only when both ranks' lines name the same host."""
+
+    def __init__(self) -> None:
+        self._where: dict[tuple[str, int], tuple[str, str, bool]] = {}
+
+    def add(self, comm_gpus: Mapping[tuple[str, int], tuple[str, str]], *, local: bool) -> None:
+        for key, (bus, host) in comm_gpus.items():
+            if key not in self._where or local:
+                self._where[key] = (bus, host, local)
+
+    def pair(self, comm: str, a: int, b: int) -> tuple[str, str] | None:
+        """The two ranks' GPU addresses when both are known to be on this node."""
+        wa, wb = self._where.get((comm, a)), self._where.get((comm, b))
+        if wa is None or wb is None:
+            return None
+        if not (wa[2] and wb[2]) and not (wa[1] and wa[1] == wb[1]):
+            return None
+        return wa[0], wb[0]
+
+
+def nvlink_channels(
+    runs: Iterable[NcclRun], ranks: RankGpus, joined: set[tuple[str, str]]
+) -> tuple[tuple[str, str, str, int], ...]:
+    """(GPU, peer GPU, transport, connections) of the runs' channels whose two ranks are on
+    GPUs of this node joined by NVLink (``joined``, both orders), the addresses sorted within
+    each pair, sorted."""
+    out: Counter[tuple[str, str, str]] = Counter()
+    for run in runs:
+        for (comm, a, b, transport), n in run.rank_channels.items():
+            pair = ranks.pair(comm, a, b)
+            if pair is None or pair[0] == pair[1] or pair not in joined:
+                continue
+            lo, hi = sorted(pair)
+            out[(lo, hi, transport)] += n
+    return tuple((a, b, t, n) for (a, b, t), n in sorted(out.items()))
 
 
 def hca_numa(

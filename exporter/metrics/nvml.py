@@ -215,6 +215,24 @@ GPU_NVLINK_ERRORS = MetricSpec(
     "fabricscope_nvlink_errors_total, with its read rotation.",
     ("gpu", "reason"),
 )
+NVLINK_TRANSMITTED_BYTES = MetricSpec(
+    "fabricscope_gpu_nvlink_transmitted_bytes_total",
+    "counter",
+    "Payload bytes the GPU sent over all of its NVLinks since the driver loaded (NVML's "
+    "NVLINK_THROUGHPUT_DATA_TX field over every link, KiB converted to bytes; protocol "
+    "overhead not counted). A job whose GPUs exchange data but move nothing here is not "
+    "using NVLink.",
+    _G,
+    unit="bytes",
+)
+NVLINK_RECEIVED_BYTES = MetricSpec(
+    "fabricscope_gpu_nvlink_received_bytes_total",
+    "counter",
+    "Payload bytes the GPU received over all of its NVLinks since the driver loaded "
+    "(NVLINK_THROUGHPUT_DATA_RX over every link, KiB converted to bytes).",
+    _G,
+    unit="bytes",
+)
 
 SPECS: tuple[MetricSpec, ...] = (
     GPU_INFO,
@@ -243,6 +261,8 @@ SPECS: tuple[MetricSpec, ...] = (
     NVLINK_REMOTE_LINKS,
     NVLINK_ERRORS,
     GPU_NVLINK_ERRORS,
+    NVLINK_TRANSMITTED_BYTES,
+    NVLINK_RECEIVED_BYTES,
 )
 
 
@@ -292,6 +312,8 @@ def _render_gpu(gpu: NvmlGpu, out: Families) -> None:
             out.add(CLOCKS_EVENT_ACTIVE, active, g, reason)
     if gpu.compute_processes is not None:
         out.add(COMPUTE_PROCESSES, len(gpu.compute_processes), g)
+    out.add(NVLINK_TRANSMITTED_BYTES, gpu.nvlink_transmitted_bytes, g)
+    out.add(NVLINK_RECEIVED_BYTES, gpu.nvlink_received_bytes, g)
     if gpu.nvlinks:
         _render_nvlinks(g, gpu.nvlinks, out)
 
