@@ -168,7 +168,7 @@ def test_rank_state_is_bounded() -> None:
         run.feed(parsed, None)
         for peer in range(3):
             ch = parse_nccl_line(
-                f"h:{i}:{i} [0] NCCL INFO Channel 0{peer} : {i}[0] -> {peer}[1] via SHM/direct/direct"
+                f"h:{i}:{i} [0] NCCL INFO Channel 0{peer} : {i}[0] -> {peer}[1] via SHM/direct"
             )
             assert ch is not None
             run.feed(ch, None)
