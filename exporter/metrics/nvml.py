@@ -198,10 +198,15 @@ NVLINK_ERRORS = MetricSpec(
     "fabricscope_nvlink_errors_total",
     "counter",
     "NVLink data-link error counters, by reason: replay, recovery, crc_flit, crc_data, ecc_data. "
-    "NVML spends about 0.85 ms of CPU per link read (H200), so each link's replay, recovery "
-    "and crc_flit are read every 18th pass and crc_data and ecc_data every 72nd (4.5 and 18 min "
-    "at the default 15 s interval; --nvml.*-rotation); between reads the last value is "
-    "exported.",
+    "Sources: replay, recovery and crc_flit from the per-link NVML_FI_DEV_NVLINK_ERROR_DL_* "
+    "fields (161-163, scopeId = link; on H100/H200 what nvidia-smi nvlink -e prints), else "
+    "nvmlDeviceGetNvLinkErrorCounter; crc_data and ecc_data from "
+    "nvmlDeviceGetNvLinkErrorCounter (non-zero on healthy Hopper links). The older per-link "
+    "*_ERROR_COUNT_L<n> fields answer NOT_SUPPORTED on Hopper and the NVLink5 COUNT fields "
+    "exist on Blackwell only. Each nvmlDeviceGetNvLinkErrorCounter call takes milliseconds, "
+    "so each link's replay, recovery and crc_flit are read every 18th pass and crc_data and "
+    "ecc_data every 72nd (4.5 and 18 min at the default 15 s interval; --nvml.*-rotation); "
+    "between reads the last value is exported.",
     ("gpu", "link", "reason"),
     fold="Below full, replay, recovery and crc_flit only on links where they are non-zero, "
     "crc_data and ecc_data (non-zero on healthy links) not per link: "
