@@ -90,11 +90,11 @@ step "NVML pass cost"
 python3 bench/bench_nvml.py --json "$OUT/bench_nvml.json" || rc=1
 
 step "isolation cost (in-process against child process, live NVML)"
-python3 bench/bench_isolation.py --live --json "$OUT/bench_isolation.json" || rc=1
+python3 bench/bench_isolation.py --live --passes 100 --json "$OUT/bench_isolation.json" || rc=1
 # every counter every pass: ~1.8 s a pass on 4 GPUs (NVML's per-link error counter calls), so
 # fewer passes than at the defaults
 python3 bench/bench_isolation.py --live --link-error-rotation 1 --slow-error-rotation 1 \
-  --passes 40 --json "$OUT/bench_isolation_rot1.json" || rc=1
+  --passes 20 --json "$OUT/bench_isolation_rot1.json" || rc=1
 
 SOAK_SECONDS=${SOAK_SECONDS:-60}
 if [ "$SOAK_SECONDS" -gt 0 ]; then
