@@ -1109,6 +1109,9 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
         b.err("nvmlDeviceGetFieldValues", 0, fid, scope, name="NOT_SUPPORTED")
     # link 2: no such link
     b.err("nvmlDeviceGetNvLinkState", 0, 2, name="INVALID_ARGUMENT")
+    # NVLink payload through every link (scopeId UINT_MAX), in KiB: bytes after x 1024
+    b.ok("nvmlDeviceGetFieldValues", 0, 138, 0xFFFFFFFF, value=7864689)
+    b.ok("nvmlDeviceGetFieldValues", 0, 139, 0xFFFFFFFF, value=7864684)
     snap = sample(b.build(), replay_sampler)
     assert snap.issues == ()
     g, up, down = ("0",), ("0", "0"), ("0", "1")
@@ -1138,6 +1141,8 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
         ("fabricscope_gpu_row_remap_failure", g): 0,
         ("fabricscope_gpu_ecc_errors_total", ("0", "correctable")): 5,
         ("fabricscope_gpu_ecc_errors_total", ("0", "uncorrectable")): 0,
+        ("fabricscope_gpu_nvlink_transmitted_bytes_total", g): 7864689 * 1024,
+        ("fabricscope_gpu_nvlink_received_bytes_total", g): 7864684 * 1024,
         ("fabricscope_gpu_clocks_event_active", ("0", "gpu_idle")): 0,
         ("fabricscope_gpu_clocks_event_active", ("0", "applications_clocks_setting")): 0,
         ("fabricscope_gpu_clocks_event_active", ("0", "sw_power_cap")): 0,
@@ -1210,6 +1215,11 @@ def test_every_spec_is_rendered_by_some_fixture(
     seen |= {"fabricscope_gpu_xid_errors_total", "fabricscope_nvlink_speed_bytes_per_second"}
     # rendered in test_render_exact_values (the recording's GPUs run no compute process)
     seen |= {"fabricscope_nvlink_remote_info", "fabricscope_gpu_pcie_link_generation_degraded"}
+    # rendered in test_render_exact_values (the H200 recording predates the traffic fields)
+    seen |= {
+        "fabricscope_gpu_nvlink_transmitted_bytes_total",
+        "fabricscope_gpu_nvlink_received_bytes_total",
+    }
     assert {s.name for s in metrics.SPECS} == seen
     assert len({s.name for s in metrics.SPECS}) == len(metrics.SPECS)
 
