@@ -159,6 +159,7 @@ def main() -> int:
         env = {**os.environ, **NO_MULTICAST, "NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
+            logs = Path(ns.json).parent if ns.json else tmp
             (tmp / "job.py").write_text(JOB)
             n = len(gpus)
             elems = ns.mib << 18  # float32
@@ -167,18 +168,18 @@ def main() -> int:
                 {**env, "ELEMS": str(elems), "ITERS": str(ns.iters)},
                 sampler,
                 tmp,
-                tmp / "allreduce.log",
+                logs / "nvlink_traffic_allreduce.log",
             )
             per_gpu = ns.iters * 2 * (n - 1) * elems * 4 // n
             ok_a, rows_a = judge("all_reduce", a0, a1, dict.fromkeys(gpus, (per_gpu, per_gpu)),
                                  ns.tolerance)  # fmt: skip
-            (tmp / "copy.py").write_text(COPY)
+            (tmp / "peer_copy.py").write_text(COPY)  # not copy.py: that name shadows the stdlib
             b0, b1 = run_traffic(
-                [sys.executable, str(tmp / "copy.py")],
+                [sys.executable, str(tmp / "peer_copy.py")],
                 {**env, "COPIES": str(ns.copies)},
                 sampler,
                 tmp,
-                tmp / "copy.log",
+                logs / "nvlink_traffic_copy.log",
             )
             moved = ns.copies << 30
             want = {g: (0, 0) for g in gpus}

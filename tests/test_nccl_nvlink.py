@@ -174,3 +174,43 @@ def test_rank_state_is_bounded() -> None:
             run.feed(ch, None)
     assert len(run.comm_gpus) == MAX_COMM_RANKS
     assert len(run.rank_channels) <= MAX_RANK_CHANNELS
+
+
+SNAPSHOT = ROOT / "tests" / "fixtures" / "snapshots" / "h100x4.tar.gz"
+
+
+@pytest.mark.parametrize(
+    ("name", "transport", "per_pair", "findings_n"),
+    [
+        ("nccl-2.28.9-h100x4-ddp-shm.log", "SHM", 4, 4),
+        ("nccl-2.28.9-h100x4-ddp-p2p.log", "P2P/CUMEM", 24, 0),
+    ],
+)
+def test_the_agent_on_the_recorded_machine_and_its_recorded_job(
+    tmp_path: Path, name: str, transport: str, per_pair: int, findings_n: int
+) -> None:
+    """``fabricscope agent --once`` replaying the snapshot of the same lent 4x H100 (its sysfs
+    and its NVML recording, taken by ``fabricscope snapshot``) and reading the job's log: the
+    NVLink pairs come from the replayed NVML, the channels from the real lines."""
+    from tests.agentrun import fabricscope
+    from tests.promharness import promtool_check_metrics
+
+    res = fabricscope(
+        [
+            "agent",
+            "--once",
+            f"--snapshot={SNAPSHOT}",
+            f"--throughput.file={NCCL / name}=ddp",
+            "--log.level=error",
+        ]
+    )
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("fabricscope_nccl_nvlink_")]
+    want = sorted(
+        f'fabricscope_nccl_nvlink_peer_channels{{container="",job_name="ddp",namespace="",'
+        f'pci_bus_id="{a}",peer_pci_bus_id="{b}",pod="",transport="{transport}"}} {per_pair}.0'
+        for a, b in RING
+    )
+    assert sorted(lines) == want
+    assert f'fabricscope_findings{{kind="nccl_nvlink_bypassed"}} {findings_n}.0' in res.stdout
+    promtool_check_metrics(res.stdout)
