@@ -9,11 +9,13 @@ serving processes survive, do NVML children crash, does memory stay flat (issue 
 Half the agents (0, 2, ...) read every NVLink error counter every pass (rotations 1/1), the
 others run the defaults (18/72). The default-rotation agents run ``--sampling.interval`` =
 ``--sampling.timeout`` = ``--interval`` (0.2 s); the rotation-1/1 agents ``--full-interval``
-(5 s), because such a pass is slow, not broken: NVML answers each
-``nvmlDeviceGetNvLinkErrorCounter`` in ~8 ms on a lent 4x H100 (360 calls in 3.0 s), and a
-pass reads 2 per link, 144 on 4 GPUs of 18 links: a pass took 1.76 s there (85 passes in
-150 s, ``bench/nvml_bisect.py``), 3.5 s on 8 GPUs. Given 0.2 s, every such pass overran its
-timeout and its child was killed as hung: the 28 restarts of the first 4-GPU soak. netdev,
+(5 s), because such a pass is slow, not broken: on a lent 4x H100 a rotation-1/1 pass took
+206 ms (median; 259 ms at p95) by ``bench/bench_isolation.py --live --link-error-rotation 1
+--slow-error-rotation 1``, just over 0.2 s, so at 0.2 s most passes overran their timeout
+and the child was killed as hung: the restarts of the first 4-GPU soak (29 hung passes, no
+crash counted). A default-rotation pass (16 ms median there) can still overrun 0.2 s while
+another program drives NVML hard beside it (1 of 2,985 passes did, during
+``scripts/gpu_verify.sh``'s own NVML recording); the agent's defaults give it 10 s. netdev,
 workload and attribution are off. ``--in-process`` adds ``--no-nvml.isolate`` (NVML inside
 the serving process).
 

@@ -188,7 +188,15 @@ def _timed_host(
     of the one before (:func:`_phase`), as nccl-tests' blocks follow its barrier. What it
     counts beyond the collectives' GPU time is what nccl-tests counts: the first call's
     launch and the final wait, spread over the block."""
-    _settled(device, timeout_seconds)
+    import torch
+
+    # the stream is idle after the agreement before this block; check it without sleeping:
+    # a 0.2 ms sleep-poll here let ranks start up to 0.2 ms apart, and a sendrecv's first
+    # call waits for its peer (on a lent 4x H100 the 20-call block of a 1 MiB sendrecv read
+    # 27 us a call against nccl-tests' 17)
+    idle = _marker()
+    idle.record(torch.cuda.current_stream(device))
+    wait_event_spinning(idle, timeout_seconds)
     end = _marker()
     began = time.perf_counter()
     _issue_block(issue, iterations)
