@@ -21,13 +21,16 @@ from agent.nvml import findings as nvml_findings
 from agent.nvml.snapshot import NvmlSnapshot
 from agent.pci import topology
 from agent.pci.sampler import PciSnapshot
+from agent.throughput.findings import findings as throughput_findings
+from agent.throughput.records import ThroughputSnapshot
 from agent.workload import findings as workload_findings
 from agent.workload.sampler import WorkloadSnapshot
 
 AREAS: tuple[Area, ...] = ("infiniband", "pci", "nvml", "workload")
-#: areas of opt-in samplers (``--sampler.ibpeer``): counted when their snapshot is there, never
-#: listed as missing (``fabricscope topo`` runs no MAD queries; most nodes never enable them)
-OPT_IN_AREAS: tuple[Area, ...] = ("ibpeer",)
+#: areas counted when their snapshot is there, never listed as missing: opt-in samplers
+#: (``--sampler.ibpeer``: ``fabricscope topo`` runs no MAD queries) and the throughput sampler,
+#: which has nothing to say on a node without training logs
+OPT_IN_AREAS: tuple[Area, ...] = ("ibpeer", "throughput")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,7 @@ def collect(
     gpu: NvmlSnapshot | None = None,
     work: WorkloadSnapshot | None = None,
     peer: IbPeerSnapshot | None = None,
+    tp: ThroughputSnapshot | None = None,
 ) -> NodeFindings:
     """All findings of the snapshots given (``pci`` may be an already analysed topology)."""
     found: list[Finding] = []
@@ -77,4 +81,7 @@ def collect(
     if work is not None:
         found += workload_findings.findings(work)
         checked.append("workload")
+    if tp is not None:
+        found += throughput_findings(tp)
+        checked.append("throughput")
     return NodeFindings(tuple(sorted(found)), tuple(checked))

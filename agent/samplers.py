@@ -23,6 +23,7 @@ from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE
 from agent.nvml.api import NvmlApi
 from agent.nvml.sampler import NvmlSampler, isolated_sampler
 from agent.nvml.snapshot import NvmlSnapshot
+from agent.nvml.topology import nvlinks_by_address
 from agent.pci.sampler import PciSampler, PciSnapshot
 from agent.probe.sampler import build_probe_sampler
 from agent.ras.sampler import RasSampler
@@ -205,12 +206,17 @@ def build_samplers(
             return numa_nodes(pci_snap(), ib_snap())
 
         started = time.time()  # lines written before the agent started are not counted
+        nvml_snap = latest.of("nvml", NvmlSnapshot)
+
+        def nvlinks() -> tuple[tuple[str, str, int], ...] | None:
+            return nvlink_pairs(nvml_snap())
+
         if config.throughput.isolate and not once:  # parsed in a child: never stalls a scrape
             out.append(
                 isolated_throughput(
                     config.throughput,
                     config.sampling.timeout_seconds,
-                    lambda: ThroughputInputs(gpu_pods(pods()), index(), numa()),
+                    lambda: ThroughputInputs(gpu_pods(pods()), index(), numa(), nvlinks()),
                     count_from=started,
                 )
             )
@@ -221,6 +227,7 @@ def build_samplers(
                     gpu_pods=lambda: gpu_pods(pods()),
                     pod_index=index,
                     numa=numa,
+                    nvlinks=nvlinks,
                     once=once,
                     count_from=started,
                     # --once reads whole, and ends before the runner gives up on the pass
@@ -269,6 +276,14 @@ def numa_nodes(
         if dev.numa_node is not None and dev.numa_node >= 0:
             out[dev.name] = dev.numa_node
     return tuple(sorted(out.items()))
+
+
+def nvlink_pairs(snap: NvmlSnapshot | None) -> tuple[tuple[str, str, int], ...] | None:
+    """Pairs of this node's GPUs (PCI addresses, the lower first) joined by active NVLinks and
+    how many (``nvidia-smi topo -m``'s NV#), from NVML's latest snapshot; None without one."""
+    if snap is None:
+        return None
+    return tuple(sorted((a, b, n) for (a, b), n in nvlinks_by_address(snap).items() if a < b))
 
 
 def gpu_pods(snap: AttributionSnapshot | None) -> frozenset[tuple[str, str]] | None:

@@ -228,6 +228,56 @@ def _v_dl_one_link(n: Any, handles: list[Any], deadline: float, counter: list[in
     _loop(deadline, counter, body)
 
 
+def _dl_fields(n: Any, h: Any) -> list[tuple[int, int]]:
+    return [(f, link) for link in _links(n, h) for f in SCOPED] + [(f, 0) for f in GPU_FIELDS]
+
+
+def _v_reinit_loop(n: Any, handles: list[Any], deadline: float, counter: list[int]) -> None:
+    """nvmlInit, every GPU's batched fields with fresh handles, nvmlShutdown, again: NVML's
+    session started and ended over and over (a sampler closed and reopened after errors)."""
+    n.nvmlShutdown()  # _raw's own init
+
+    def body() -> None:
+        n.nvmlInit()
+        for i in range(n.nvmlDeviceGetCount()):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            n.nvmlDeviceGetFieldValues(h, _dl_fields(n, h))
+        n.nvmlShutdown()
+
+    _loop(deadline, counter, body)
+    n.nvmlInit()
+
+
+def _v_reinit_once(n: Any, handles: list[Any], deadline: float, counter: list[int]) -> None:
+    """nvmlInit, nvmlShutdown, nvmlInit, then the batched fields with fresh handles in a loop:
+    the shape of a test process that checked NVML was there (init, shutdown) before its pass."""
+    n.nvmlShutdown()
+    n.nvmlInit()
+    fresh = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+    fields = {id(h): _dl_fields(n, h) for h in fresh}
+
+    def body() -> None:
+        for h in fresh:
+            n.nvmlDeviceGetFieldValues(h, fields[id(h)])
+
+    _loop(deadline, counter, body)
+
+
+def _v_stale_handles(n: Any, handles: list[Any], deadline: float, counter: list[int]) -> None:
+    """Handles fetched in one NVML session used after nvmlShutdown and a new nvmlInit: what a
+    caller keeping handles across sessions would do (fabricscope's adapter drops them at
+    shutdown). Shows whether NVML's handles survive a session."""
+    fields = {id(h): _dl_fields(n, h) for h in handles}
+    n.nvmlShutdown()
+    n.nvmlInit()
+
+    def body() -> None:
+        for h in handles:
+            n.nvmlDeviceGetFieldValues(h, fields[id(h)])
+
+    _loop(deadline, counter, body)
+
+
 #: raw variants beyond the batch_* / forced_* shapes (issue 30's bisection)
 EXTRA: dict[str, Any] = {
     "single_dl": _v_single_dl,
@@ -239,6 +289,9 @@ EXTRA: dict[str, Any] = {
     "state_all": _v_state_all,
     "speed_batch": _v_speed_batch,
     "dl_one_link": _v_dl_one_link,
+    "reinit_loop": _v_reinit_loop,
+    "reinit_once": _v_reinit_once,
+    "stale_handles": _v_stale_handles,
 }
 
 
@@ -266,6 +319,8 @@ def _sampler(variant: str, deadline: float, counter: list[int]) -> None:
     while time.monotonic() < deadline:
         s.sample()
         counter[0] += 1
+        if variant == "sampler_r1_reopen" and counter[0] % 5 == 0:
+            s.close()  # nvmlShutdown; the next pass opens a new NVML session
     stop.set()
 
 
@@ -320,7 +375,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, MALLOC_CHECK_="3", MALLOC_PERTURB_="165", PYTHONFAULTHANDLER="1")
     procs = []
-    plan = PLAN
+    plan: tuple[tuple[str, int], ...] = PLAN
     if args.variants:
         plan = tuple(
             (v.partition(":")[0], int(v.partition(":")[2] or 1)) for v in args.variants.split(",")

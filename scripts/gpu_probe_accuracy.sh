@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The probe against nccl-tests on one 2-GPU machine, in one run (issue #11): builds nccl-tests
-# from a source tarball against torch's pip NCCL, runs all_reduce_perf and sendrecv_perf
-# (-b 8K -e 64M -f 2 -g 2) and all_reduce_perf at 8 B (latency), then the probe at the same
-# sizes (graph and eager timing) and a GPU x GPU heatmap; writes accuracy.md / .json,
-# heatmap.png and the logs to OUTDIR.
+# The probe against nccl-tests on one GPU machine, in one run: builds nccl-tests from a source
+# tarball against torch's pip NCCL, then for every rank count the machine allows (2, 4, 8 ...
+# up to its GPU count, and the GPU count itself) runs all_reduce_perf and sendrecv_perf
+# (-b 8K -e 64M -f 2) with one thread per GPU (-t N -g 1: one rank per thread, as the probe
+# runs one process per GPU; this is the reference) and, for the record, from one thread
+# driving every GPU (-g N), all_reduce_perf at 8 B (latency), then the probe at the same sizes
+# (its default timing, and graph and eager beside it); then a GPU x GPU sendrecv heatmap of
+# every GPU of the machine. Writes ranks-N/accuracy.md / .json per rank count, accuracy.md
+# (all of them), heatmap.png and the logs to OUTDIR.
 # On a machine with one GPU it runs the one-GPU timing check instead (both sides at one rank:
 # all_reduce on one rank, sendrecv to itself), says so, and makes no heatmap: that tests the
 # probe's timing method at every size, not the fabric between GPUs.
@@ -24,12 +28,15 @@ if [ "$NGPU" -lt 1 ]; then
   echo "FAIL: no GPU here"
   exit 2
 fi
-RANKS=2 HEATMAP=--heatmap
+RANK_COUNTS=""
+n=2; while [ "$n" -le "$NGPU" ]; do RANK_COUNTS="$RANK_COUNTS $n"; n=$((n * 2)); done
+case " $RANK_COUNTS " in *" $NGPU "*) ;; *) [ "$NGPU" -ge 2 ] && RANK_COUNTS="$RANK_COUNTS $NGPU";; esac
 if [ "$NGPU" -lt 2 ]; then
-  RANKS=1 HEATMAP=
+  RANK_COUNTS=1
   echo "NOTE: one GPU here: the one-GPU timing check (one rank on both sides), NOT the"
   echo "      comparison over the fabric between two GPUs, which needs 2 GPUs of one machine"
 fi
+echo "$NGPU GPU(s): rank counts$RANK_COUNTS"
 
 if ! python3 -c "import matplotlib" 2>/dev/null && [ -n "$WHEELS" ]; then
   step "matplotlib from $WHEELS"
@@ -54,25 +61,36 @@ BIN="$SRC/build"
 export LD_LIBRARY_PATH="$NCCL_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "built in $(( $(date +%s) - t0 )) s"
 
-step "nccl-tests (one process, $RANKS GPU(s))"
-mkdir -p "$OUT/nccl-tests"
-"$BIN/all_reduce_perf" -b 8K -e 64M -f 2 -g $RANKS | tee "$OUT/nccl-tests/all_reduce_perf.log"
-"$BIN/sendrecv_perf" -b 8K -e 64M -f 2 -g $RANKS | tee "$OUT/nccl-tests/sendrecv_perf.log"
-"$BIN/all_reduce_perf" -b 8 -e 8 -g $RANKS | tee "$OUT/nccl-tests/latency_perf.log"
+rc=0
+: >"$OUT/accuracy.md"
+LAST=$(echo $RANK_COUNTS | awk '{print $NF}')
+for RANKS in $RANK_COUNTS; do
+  step "nccl-tests, $RANKS rank(s): one thread per GPU (the reference) and one thread for all"
+  REF="$OUT/ranks-$RANKS/nccl-tests"; ONE="$OUT/ranks-$RANKS/nccl-tests-one-thread"
+  mkdir -p "$REF" "$ONE"
+  "$BIN/all_reduce_perf" -b 8K -e 64M -f 2 -t $RANKS -g 1 >"$REF/all_reduce_perf.log" 2>&1
+  "$BIN/sendrecv_perf" -b 8K -e 64M -f 2 -t $RANKS -g 1 >"$REF/sendrecv_perf.log" 2>&1
+  "$BIN/all_reduce_perf" -b 8 -e 8 -t $RANKS -g 1 >"$REF/latency_perf.log" 2>&1
+  "$BIN/all_reduce_perf" -b 8K -e 64M -f 2 -g $RANKS >"$ONE/all_reduce_perf.log" 2>&1
+  "$BIN/sendrecv_perf" -b 8K -e 64M -f 2 -g $RANKS >"$ONE/sendrecv_perf.log" 2>&1
+  grep -E '^ +(1048576|67108864) ' "$REF/all_reduce_perf.log" "$REF/sendrecv_perf.log"
 
-step "the probe at the same sizes (graph and eager timing), $RANKS rank(s) ${HEATMAP:+and the heatmap}"
-nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/gpumem.csv" &
-SMI=$!
-python3 bench/probe_accuracy.py --nccl-tests-dir "$OUT/nccl-tests" --out "$OUT" --ranks $RANKS $HEATMAP
-rc=$?
-kill $SMI
-echo "peak GPU memory (MiB) per GPU during the probe: $(python3 -c "
+  HEATMAP=; [ "$RANKS" = "$LAST" ] && [ "$RANKS" -ge 2 ] && HEATMAP=--heatmap
+  step "the probe at the same sizes (its default timing, graph and eager), $RANKS rank(s) ${HEATMAP:+and the heatmap of every GPU}"
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/ranks-$RANKS/gpumem.csv" &
+  SMI=$!
+  python3 bench/probe_accuracy.py --nccl-tests-dir "$REF" --out "$OUT/ranks-$RANKS" --ranks $RANKS $HEATMAP || rc=1
+  kill $SMI
+  { echo "### $RANKS rank(s)"; echo; cat "$OUT/ranks-$RANKS/accuracy.md"; echo; } >>"$OUT/accuracy.md"
+  [ -n "$HEATMAP" ] && cp "$OUT/ranks-$RANKS/heatmap.png" "$OUT/heatmap.png"
+  echo "peak GPU memory (MiB) per GPU during the probe: $(python3 -c "
 import collections; m = collections.defaultdict(int)
-for l in open('$OUT/gpumem.csv'):
+for l in open('$OUT/ranks-$RANKS/gpumem.csv'):
     i, v = l.split(','); m[i.strip()] = max(m[i.strip()], int(v))
 print(dict(m))")"
+done
 
-if [ "$RANKS" -ge 2 ]; then
+if [ "$NGPU" -ge 2 ]; then
   step "the probe CLI at its defaults (sizes 8K..64M)"
   python3 -m exporter.cli probe --collectives all_reduce,sendrecv,latency | tee "$OUT/probe_cli.txt"
 else

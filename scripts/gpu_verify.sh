@@ -3,9 +3,12 @@
 # recording and cross-checks it against this node's nvidia-smi (live against live), runs the
 # NVML tests (they replay the committed fixtures and, where NVML is present, the live
 # library), cross-checks the sampler in-process and a live agent's /metrics (NVML in its
-# child process) against nvidia-smi, measures an NVML pass and what isolation costs, runs a
-# 60 s soak, and takes a fabricscope snapshot. Never writes into the repository: everything
-# goes to OUTDIR.
+# child process) against nvidia-smi, compares every NVML path of the NVLink error counters
+# with nvidia-smi nvlink -e/-ec, checks the NVLink traffic counters against traffic of a known
+# size (two GPUs or more), measures an NVML pass and what isolation costs, runs a soak
+# (SOAK_SECONDS, default 60; 0 when a long soak already runs beside it, see
+# docs/development.md), and takes a fabricscope snapshot. Never writes into the repository:
+# everything goes to OUTDIR.
 #   bash scripts/gpu_verify.sh OUTDIR
 # Needs python3 with the agent's dependencies (PYTHONPATH may point at carried wheels).
 set -uo pipefail
@@ -39,6 +42,15 @@ step "pynvml's structures against this machine's nvml.h (bench/nvml_abi.py)"
 if [ -e "${CUDA_HOME:-/usr/local/cuda}/include/nvml.h" ] && command -v gcc >/dev/null; then
   python3 bench/nvml_abi.py --cuda "${CUDA_HOME:-/usr/local/cuda}" | grep -v '^ok' || rc=1
 else echo "SKIP: no nvml.h or no gcc here"; fi
+
+step "NVLink error counters: every NVML path side by side with nvidia-smi nvlink -e / -ec"
+python3 scripts/gpu_nvlink_errors.py --json "$OUT/nvlink_errors.json" || rc=1
+
+step "NVLink traffic counters against traffic of a known size (all_reduce, peer copy)"
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "$NGPU" -ge 2 ]; then
+  python3 scripts/gpu_nvlink_traffic.py --json "$OUT/nvlink_traffic.json" || rc=1
+else echo "SKIP: one GPU, no NVLink traffic to make"; fi
 
 step "cross-check, in-process"
 python3 scripts/gpu_crosscheck.py || rc=1
@@ -78,12 +90,17 @@ step "NVML pass cost"
 python3 bench/bench_nvml.py --json "$OUT/bench_nvml.json" || rc=1
 
 step "isolation cost (in-process against child process, live NVML)"
-python3 bench/bench_isolation.py --live --json "$OUT/bench_isolation.json" || rc=1
+python3 bench/bench_isolation.py --live --passes 100 --json "$OUT/bench_isolation.json" || rc=1
+# every counter every pass: ~1.8 s a pass on 4 GPUs (NVML's per-link error counter calls), so
+# fewer passes than at the defaults
 python3 bench/bench_isolation.py --live --link-error-rotation 1 --slow-error-rotation 1 \
-  --json "$OUT/bench_isolation_rot1.json" || rc=1
+  --passes 20 --json "$OUT/bench_isolation_rot1.json" || rc=1
 
-step "soak, 60 s (bench/gpu_soak.py; the long one runs detached, see docs/development.md)"
-python3 bench/gpu_soak.py --duration 60 --out "$OUT/soak60" || rc=1
+SOAK_SECONDS=${SOAK_SECONDS:-60}
+if [ "$SOAK_SECONDS" -gt 0 ]; then
+  step "soak, ${SOAK_SECONDS} s (bench/gpu_soak.py; the long one runs detached, see docs/development.md)"
+  python3 bench/gpu_soak.py --duration "$SOAK_SECONDS" --out "$OUT/soak" || rc=1
+else echo; echo "=== soak: SOAK_SECONDS=0 (a long soak runs beside this run)"; fi
 
 step "topo and snapshot"
 python3 -m exporter.cli topo | tee "$OUT/topo.txt"

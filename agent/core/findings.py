@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Severity = Literal["critical", "warning", "info"]
-Area = Literal["infiniband", "ibpeer", "pci", "nvml", "workload"]
+Area = Literal["infiniband", "ibpeer", "pci", "nvml", "workload", "throughput"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +250,15 @@ _KINDS: tuple[FindingKind, ...] = (
         "warning",
         "NCCL_IB_HCA of a GPU process selects no RDMA device on one of its GPUs' NUMA nodes.",
         "fabricscope_workload_finding_processes",
+    ),
+    FindingKind(
+        "nccl_nvlink_bypassed",
+        "throughput",
+        "warning",
+        "A job's NCCL channels between two GPUs of the node that NVML shows joined by NVLink "
+        "go through host memory (SHM) or the network (NET) instead of P2P over the NVLinks.",
+        "fabricscope_nccl_nvlink_peer_channels",
+        "FabricscopeNcclNvlinkBypassed",
     ),
     FindingKind(
         "gpudirect_rdma_unavailable",

@@ -91,6 +91,15 @@ FI_ECC_DBE_VOL_TOTAL = 4  # NVML_FI_DEV_ECC_DBE_VOL_TOTAL: volatile uncorrected 
 FI_PCIE_REPLAY_COUNTER = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
 #: NVML_FI_DEV_REMAPPED_COR, _UNC, _PENDING, _FAILURE: nvmlDeviceGetRemappedRows' four values
 FI_REMAPPED_ROWS = (142, 143, 144, 145)
+#: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX: payload KiB through the GPU's NVLinks since the
+#: driver loaded; asked with scopeId :data:`SCOPE_ALL_LINKS` they answer the sum over every link
+#: (on a lent 4x H100: a 4-rank ring all_reduce moving 7,864,320 KiB per GPU read 7,864,689 KiB,
+#: and the per-link values summed to the same; idle links do not move them, unlike the _RAW_
+#: fields 140/141, which count link-level traffic and moved ~600 KiB in 5 s at idle)
+FI_NVLINK_THROUGHPUT_DATA_TX = 138
+FI_NVLINK_THROUGHPUT_DATA_RX = 139
+#: the scopeId that asks a per-link field for every link at once (UINT_MAX)
+SCOPE_ALL_LINKS = 0xFFFFFFFF
 FI_LEGACY_SPEED = (*range(84, 90), *range(132, 138))  # NVML_FI_DEV_NVLINK_SPEED_MBPS_L0..L11
 FI_NVLINK_SPEED_COMMON = 90  # NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON
 

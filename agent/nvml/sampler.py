@@ -92,6 +92,7 @@ from agent.nvml.state import (
     ERROR_COUNTER_IDS,
     FAST_ERRORS,
     GPU_FIELD_IDS,
+    GPU_FIELD_SCOPES,
     GPU_FIELDS,
     GPU_LEVEL,
     GPU_PATHS,
@@ -376,8 +377,9 @@ class NvmlSampler:
         g = str(gpu)
         for name, fields in GPU_FIELDS:
             if cache.via.get((GPU_LEVEL, name), Via.FIELD) is Via.FIELD:
+                scope = GPU_FIELD_SCOPES.get(name, 0)
                 for i, field_id in enumerate(fields):
-                    batch.ask((GPU_LEVEL, f"{name}/{i}"), field_id, 0)
+                    batch.ask((GPU_LEVEL, f"{name}/{i}"), field_id, scope)
         restate: set[int] = set()  # links whose version, speed and far end are (re)read
         for link, state in states.items():
             known = cache.link_static.get(link)
@@ -415,6 +417,9 @@ class NvmlSampler:
             lambda: (api.total_ecc_errors(gpu, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC),),
         )
         b.ecc_uncorrected_volatile = None if uncorrected is None else uncorrected[0]
+        kib = gp.gpu_value("nvlink_data", f"{g}/nvlink_data", None)
+        if kib is not None:
+            b.nvlink_transmitted_bytes, b.nvlink_received_bytes = kib[0] * 1024, kib[1] * 1024
         b.pcie = PcieLink(
             current_generation=p.get(g, lambda: api.pcie_current_link_generation(gpu)),
             max_generation=cache.identity.max_generation,
@@ -470,9 +475,10 @@ class _GpuPass:
     common_speed: list[int | None] = field(default_factory=list)
 
     def gpu_value(
-        self, name: str, call_where: str, call: Callable[[], tuple[int, ...]]
+        self, name: str, call_where: str, call: Callable[[], tuple[int, ...]] | None
     ) -> tuple[int, ...] | None:
-        """A GPU-level counter from its fields in the batch, else from its own call."""
+        """A GPU-level counter from its fields in the batch, else from its own call (when it
+        has one: ``call`` None means the fields are the only path)."""
         key = (GPU_LEVEL, name)
         n_fields = len(GPU_FIELD_IDS[name])
         first_failed: Via | None = None
@@ -481,6 +487,8 @@ class _GpuPass:
             if via is Via.FIELD:
                 answers = [self.batch[(GPU_LEVEL, f"{name}/{i}")] for i in range(n_fields)]
                 got = combine(self.p, f"{self.gpu}/{name}", answers)
+            elif call is None:
+                got = Miss.UNSUPPORTED
             else:
                 got = self.p.attempt(call_where, call)
             if got is Miss.UNSUPPORTED:

@@ -116,6 +116,10 @@ class NvmlGpu:
     #: ``None`` when NVML did not answer; kept for pod attribution, exported only as a count
     compute_processes: tuple[ComputeProcess, ...] | None = None
     nvlinks: tuple[NvLink, ...] = ()
+    #: payload bytes sent and received through all of the GPU's NVLinks since the driver
+    #: loaded (NVML's throughput data fields over every link, KiB converted to bytes)
+    nvlink_transmitted_bytes: int | None = None
+    nvlink_received_bytes: int | None = None
 
     def active_clocks_event_reasons(self) -> tuple[tuple[str, bool], ...] | None:
         if self.clocks_event_reasons is None:

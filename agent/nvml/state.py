@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from agent.nvml.api import (
     FI_ECC_DBE_VOL_TOTAL,
     FI_ECC_SBE_VOL_TOTAL,
+    FI_NVLINK_THROUGHPUT_DATA_RX,
+    FI_NVLINK_THROUGHPUT_DATA_TX,
     FI_PCIE_REPLAY_COUNTER,
     FI_REMAPPED_ROWS,
     NVLINK_ERROR_COUNTERS,
+    SCOPE_ALL_LINKS,
     UNSUPPORTED,
 )
 from agent.nvml.snapshot import (
@@ -54,8 +57,12 @@ GPU_FIELDS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("remapped_rows", FI_REMAPPED_ROWS),
     ("ecc_corrected", (FI_ECC_SBE_VOL_TOTAL,)),
     ("ecc_uncorrected", (FI_ECC_DBE_VOL_TOTAL,)),
+    # NVLink payload KiB transmitted and received, summed over the GPU's links by NVML
+    ("nvlink_data", (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)),
 )
 GPU_FIELD_IDS = dict(GPU_FIELDS)
+#: the scopeId a GPU-level value's fields are asked with (0 unless named here)
+GPU_FIELD_SCOPES: Mapping[str, int] = {"nvlink_data": SCOPE_ALL_LINKS}
 GPU_LEVEL = -1  # the "link" of a GPU-level value in the per-GPU caches
 
 
@@ -151,6 +158,8 @@ class GpuBuilder:
     clocks_event_reasons: int | None = None
     compute_processes: tuple[ComputeProcess, ...] | None = None
     nvlinks: list[NvLink] = field(default_factory=list)
+    nvlink_transmitted_bytes: int | None = None
+    nvlink_received_bytes: int | None = None
 
     def identify(self, ident: GpuIdentity) -> None:
         self.pci_bus_id = ident.pci_bus_id
@@ -175,4 +184,6 @@ class GpuBuilder:
             clocks_event_reasons=self.clocks_event_reasons,
             compute_processes=self.compute_processes,
             nvlinks=tuple(self.nvlinks),
+            nvlink_transmitted_bytes=self.nvlink_transmitted_bytes,
+            nvlink_received_bytes=self.nvlink_received_bytes,
         )

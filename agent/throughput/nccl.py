@@ -43,6 +43,11 @@ seen; a pair seen past either cap is counted under the one overflow pair
 (:data:`OVERFLOW`, ``other``/``other``), so no error goes uncounted and a counter never
 moves from one series to another. HCA names past :data:`MAX_HCAS` per stream or
 :data:`NODE_HCAS` per node are counted under the HCA name ``other``.
+
+Ranks and communicator ids are kept only inside :class:`NcclRun`, bounded
+(:data:`MAX_COMM_RANKS`, :data:`MAX_RANK_CHANNELS`), to join a channel's two ranks with the
+GPUs their ``Init START`` lines named (:attr:`NcclRun.comm_gpus`, :attr:`NcclRun.rank_channels`):
+what leaves the agent is a pair of this node's GPU addresses, never a rank.
 """
 
 from __future__ import annotations
@@ -77,6 +82,11 @@ NODE_HCAS = 256
 #: the label value(s) of what is counted past a cap
 OTHER = "other"
 OVERFLOW = (OTHER, OTHER)
+#: (communicator, rank) -> GPU entries remembered per stream (a job's view of one node needs
+#: its local ranks: 8 per communicator on an 8-GPU node)
+MAX_COMM_RANKS = 1024
+#: distinct (communicator, rank, rank, transport) channel endpoints counted per stream
+MAX_RANK_CHANNELS = 4096
 
 #: the ``transport`` label: how a channel connection moves data, as NCCL names it
 TRANSPORTS = (
@@ -152,12 +162,15 @@ class IbDevices:
 
 @dataclass(frozen=True, slots=True)
 class Channel:
-    """One channel connection: its transport, GPUDirect RDMA (``/GDRDMA``) and, for a network
-    transport, the index of the NIC in the process's NET list."""
+    """One channel connection: its transport, GPUDirect RDMA (``/GDRDMA``), for a network
+    transport the index of the NIC in the process's NET list, and the ranks it joins
+    (``ranks``: sender, receiver, as the line prints them; None for 2.4's ``Ring`` lines,
+    whose numbers are not always ranks)."""
 
     transport: str
     gdr: bool
     net_index: int | None = None
+    ranks: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,9 +202,16 @@ class Abort:
 class CommDevice:
     """Another line of a communicator that names its GPU (``ncclCommInitRank comm ... cudaDev
     6 nvmlDev 6 busId 90000 ... - Init START``, ``... - Destroy COMPLETE``): which GPU the
-    printing process drives, as a PCI address."""
+    printing process drives, as a PCI address. ``Init START`` (2.17+) also names the
+    communicator (``commId 0x...``, the same on every rank of it) and the process's rank in
+    it: ``comm_id`` and ``rank`` (None on other lines)."""
 
     bus_id: str
+    comm_id: str | None = None
+    rank: int | None = None
+    #: the host name of the line's ``host:pid:tid`` prefix (at most :data:`MAX_NAME`
+    #: characters), on ``Init START`` lines only
+    host: str | None = None
 
 
 Event = Version | IbDevices | Channel | NcclWarning | InitComplete | Abort | CommDevice
@@ -224,8 +244,8 @@ _VERSION_BARE = compile_linear(r"^(\d{1,2}\.\d{1,3}\.\d{1,3})(?:[+.\s]|$)")
 _IB_LIST = compile_linear(r"^NET/IB ?: ?(Using|No device found)")
 _IB_DEV = compile_linear(r"\[(\d{1,3})\]([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):\d{1,3}/(?:IB|RoCE)")
 _CHANNEL = compile_linear(
-    r"^(?:Channel|Ring) \d{1,3}(?:/\d{1,3})? : +\d{1,7}(?:\[[0-9a-fA-Fx]{1,18}\])? -> "
-    r"\d{1,7}(?:\[[0-9a-fA-Fx]{1,18}\])?(?: \[(?:send|receive)\])? via ([^\r\n]{1,96})"
+    r"^(Channel|Ring) \d{1,3}(?:/\d{1,3})? : +(\d{1,7})(?:\[[0-9a-fA-Fx]{1,18}\])? -> "
+    r"(\d{1,7})(?:\[[0-9a-fA-Fx]{1,18}\])?(?: \[(?:send|receive)\])? via ([^\r\n]{1,96})"
 )
 _NET_VIA = compile_linear(
     r"^NET/([A-Za-z][A-Za-z0-9_ ]{0,31}?)/(\d{1,3})(?:\(\d{1,7}\))?((?:/[A-Za-z]{1,16}){0,4})"
@@ -239,6 +259,9 @@ _COMPLETION = compile_linear(
 _IBV_CALL = compile_linear(r"Call to ibv_[a-z_]{1,40} failed")
 #: the GPU of a communicator line: NCCL prints its PCI address packed into hex digits
 _BUS_ID = compile_linear(r" cudaDev \d{1,4} (?:nvmlDev \d{1,4} )?busId ([0-9a-fA-F]{1,12})(?: |$)")
+#: ``Init START`` (2.17+): ``comm 0x.. rank R nranks N cudaDev D [nvmlDev D ]busId B commId 0x..``
+_COMM_RANK = compile_linear(r" rank (\d{1,7}) nranks \d{1,7} cudaDev ")
+_COMM_ID = compile_linear(r" commId (0x[0-9a-fA-F]{1,16}) ")
 
 
 def parse_nccl_line(line: str) -> NcclLine | None:
@@ -262,6 +285,10 @@ def parse_nccl_line(line: str) -> NcclLine | None:
         vm = _VERSION_BARE.search(msg)
         return NcclLine(Version(vm.group(1) or ""), pid, dev) if vm is not None else None
     event = _info(msg) if level == "INFO" else _warning(msg)
+    if isinstance(event, CommDevice) and event.comm_id is not None and pm is not None:
+        words = head[: pm.start()].split()
+        host = words[-1][-MAX_NAME:] if words else ""
+        event = CommDevice(event.bus_id, event.comm_id, event.rank, host)
     return NcclLine(event, pid, dev) if event is not None else None
 
 
@@ -287,13 +314,25 @@ def _info(msg: str) -> Event | None:
         return IbDevices(tuple(devices))
     if msg.startswith(("Channel ", "Ring ")):
         cm = _CHANNEL.search(msg)
-        return _channel(cm.group(1) or "") if cm is not None else None
+        if cm is None:
+            return None
+        channel = _channel(cm.group(4) or "")
+        if cm.group(1) == "Channel":
+            ranks = (int(cm.group(2) or "0"), int(cm.group(3) or "0"))
+            channel = Channel(channel.transport, channel.gdr, channel.net_index, ranks)
+        return channel
     bus = _bus_id(msg) if "busId " in msg else None
     if msg.endswith(("- Init COMPLETE", "- Init COMPLETE\r")):
         return InitComplete(bus)
     if msg.endswith(("- Abort COMPLETE", "- Abort COMPLETE\r")):
         return Abort(bus)
-    return CommDevice(bus) if bus is not None else None
+    if bus is None:
+        return None
+    if msg.endswith(("- Init START", "- Init START\r")):
+        rm, im = _COMM_RANK.search(msg), _COMM_ID.search(msg)
+        if rm is not None and im is not None:
+            return CommDevice(bus, (im.group(1) or "").lower(), int(rm.group(1) or "0"))
+    return CommDevice(bus)
 
 
 def bus_id_address(packed: int) -> str:
@@ -431,6 +470,7 @@ class NcclRun:
     """
 
     __slots__ = (
+        "_comms",
         "_gpus",
         "_hca_admission",
         "_ib_admission",
@@ -439,6 +479,7 @@ class NcclRun:
         "_pending",
         "aborts",
         "channels",
+        "comm_gpus",
         "gpu_hca_channels",
         "hca_channels",
         "heard",
@@ -446,6 +487,7 @@ class NcclRun:
         "inits",
         "last_init_ts",
         "lines",
+        "rank_channels",
         "version",
         "warnings",
     )
@@ -473,6 +515,13 @@ class NcclRun:
         self._last_list: tuple[str, ...] | None = None
         self._gpus: OrderedDict[Process, str] = OrderedDict()
         self._pending: OrderedDict[Process, Counter[str]] = OrderedDict()
+        #: the communicator each process (thread) is setting up: its last ``Init START``
+        self._comms: OrderedDict[Process, str] = OrderedDict()
+        #: (communicator id, rank) -> (the PCI address of that rank's GPU, the host its line
+        #: named), from ``Init START``
+        self.comm_gpus: OrderedDict[tuple[str, int], tuple[str, str]] = OrderedDict()
+        #: channel connections by (communicator id, lower rank, higher rank, transport)
+        self.rank_channels: Counter[tuple[str, int, int, str]] = Counter()
 
     def new_run(self) -> None:
         """The stream's next run began (its container restarted): forget what the previous
@@ -487,6 +536,9 @@ class NcclRun:
         self._last_list = None
         self._gpus.clear()
         self._pending.clear()
+        self._comms.clear()
+        self.comm_gpus.clear()
+        self.rank_channels.clear()
 
     def __getstate__(self) -> dict[str, object]:
         """Pickled without the node's admissions (a replacing child has its own)."""
@@ -535,6 +587,7 @@ class NcclRun:
             self.lines += 1
         if isinstance(ev, Channel):
             self.channels[(ev.transport, ev.gdr)] += 1
+            self._rank_channel(parsed.process, ev)
             if ev.transport == "NET/IB" and ev.net_index is not None:
                 listed = self._list_of(parsed.pid)
                 if listed is not None and ev.net_index < len(listed):
@@ -569,6 +622,34 @@ class NcclRun:
             self._gpu_of(parsed.process, ev.bus_id)
         elif isinstance(ev, CommDevice):
             self._gpu_of(parsed.process, ev.bus_id)
+            if ev.comm_id is not None and ev.rank is not None:
+                self._comm_rank(parsed.process, ev.comm_id, ev.rank, (ev.bus_id, ev.host or ""))
+
+    def _comm_rank(
+        self, proc: Process | None, comm_id: str, rank: int, where: tuple[str, str]
+    ) -> None:
+        """``proc`` sets up ``comm_id`` as ``rank`` on the GPU and host ``where``."""
+        key = (comm_id, rank)
+        if key in self.comm_gpus or len(self.comm_gpus) < MAX_COMM_RANKS:
+            self.comm_gpus[key] = where
+        if proc is not None:
+            self._comms[proc] = comm_id
+            self._comms.move_to_end(proc)
+            while len(self._comms) > MAX_PIDS:
+                self._comms.popitem(last=False)
+
+    def _rank_channel(self, proc: Process | None, ch: Channel) -> None:
+        """Count a channel under the communicator its process is setting up (2.17+: the
+        channels of a communicator follow its ``Init START``)."""
+        if ch.ranks is None or proc is None:
+            return
+        comm = self._comms.get(proc)
+        if comm is None:
+            return
+        a, b = ch.ranks
+        key = (comm, min(a, b), max(a, b), ch.transport)
+        if key in self.rank_channels or len(self.rank_channels) < MAX_RANK_CHANNELS:
+            self.rank_channels[key] += 1
 
     def _init_at(self, ts: float | None) -> None:
         if ts is not None:

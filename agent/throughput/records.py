@@ -67,6 +67,7 @@ class NcclSeries:
     process named its GPU. ``hca_numa``: per HCA whose channels could be judged (the NUMA
     node of the HCA and of the channel's GPU both known, :attr:`ThroughputInputs.numa`),
     (HCA, channels judged, channels whose GPU is on another NUMA node than the HCA).
+    ``nvlink_channels``: see :func:`agent.throughput.sampler.nvlink_channels`.
     """
 
     namespace: str
@@ -84,6 +85,10 @@ class NcclSeries:
     last_init_timestamp_seconds: float | None = None
     gpu_hca_channels: tuple[tuple[str, str, int], ...] = ()
     hca_numa: tuple[tuple[str, int, int], ...] = ()
+    #: (GPU, peer GPU, transport, connections) of channels between two GPUs of this node
+    #: that NVML shows joined by NVLink (:attr:`ThroughputInputs.nvlinks`): the addresses
+    #: sorted within each pair; a transport other than P2P/* does not use the NVLinks
+    nvlink_channels: tuple[tuple[str, str, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,3 +140,6 @@ class ThroughputInputs:
     #: the NUMA node of each GPU (by PCI address) and RDMA device (by name) of the node, from
     #: sysfs (None: not known; a device whose platform reports no node is left out)
     numa: tuple[tuple[str, int], ...] | None = None
+    #: pairs of this node's GPUs (PCI addresses) joined by active NVLinks, with how many, from
+    #: NVML (None: not known)
+    nvlinks: tuple[tuple[str, str, int], ...] | None = None

@@ -61,7 +61,7 @@ import pickle
 import resource
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,11 +80,11 @@ from agent.throughput.linear import Pattern
 from agent.throughput.nccl import (
     NODE_HCAS,
     NODE_IB_ERROR_PAIRS,
-    WARNING_KINDS,
     Admission,
     NcclRun,
     parse_nccl_line,
 )
+from agent.throughput.nccl_join import nccl_series
 from agent.throughput.pods import (
     current_log,
     newest_rotated,
@@ -95,7 +95,6 @@ from agent.throughput.pods import (
 from agent.throughput.records import (
     ERROR_REASONS,
     Labels,
-    NcclSeries,
     StreamResume,
     StreamTime,
     ThroughputInputs,
@@ -247,6 +246,7 @@ class ThroughputSampler:
         gpu_pods: Callable[[], frozenset[tuple[str, str]] | None] = lambda: None,
         pod_index: Callable[[], PodIndex | None] = lambda: None,
         numa: Callable[[], tuple[tuple[str, int], ...] | None] = lambda: None,
+        nvlinks: Callable[[], tuple[tuple[str, str, int], ...] | None] = lambda: None,
         once: bool = False,
         limits: Limits | None = None,
         clock: Callable[[], float] = time.time,
@@ -283,6 +283,7 @@ class ThroughputSampler:
         self._gpu_pods = gpu_pods
         self._pod_index = pod_index
         self._numa = numa
+        self._nvlinks = nvlinks
         self._clock = clock
         base = limits or (WHOLE_FILE if once else Limits())
         self._limits = Limits(
@@ -304,6 +305,7 @@ class ThroughputSampler:
         self._gpu_pods = lambda: value.gpu_pods
         self._pod_index = lambda: value.index
         self._numa = lambda: value.numa
+        self._nvlinks = lambda: value.nvlinks
 
     def accept_resume(self, value: object) -> None:
         """Carry on from the child this one replaces (its last exported pass), in the child
@@ -652,7 +654,11 @@ class ThroughputSampler:
             errors_total=tuple((r, self._counts.get(r, 0)) for r in ERROR_REASONS),
             issues=tuple(issues),
             unread_bytes_total=self._counts.get(UNREAD_BYTES, 0),
-            nccl=nccl_series(self._streams.values(), self._numa()),
+            nccl=nccl_series(
+                ((st.labels, st.cri, st.nccl) for st in self._streams.values()),
+                self._numa(),
+                self._nvlinks(),
+            ),
             resume=self._resume_state() if self._resumable else None,
         )
 
@@ -698,68 +704,6 @@ def _mtime(path: str) -> float | None:
         return os.stat(path).st_mtime
     except OSError:
         return None
-
-
-def nccl_series(
-    streams: Iterable[_Stream], numa: tuple[tuple[str, int], ...] | None = None
-) -> tuple[NcclSeries, ...]:
-    """One :class:`NcclSeries` per label set whose streams printed NCCL lines (streams with
-    the same labels, a restarted pod's old and new directory, add up), sorted by labels;
-    ``numa`` (:attr:`ThroughputInputs.numa`) judges which HCA each GPU's channels use."""
-    node_of = dict(numa or ())
-    merged: dict[Labels, list[NcclRun]] = {}
-    for st in streams:
-        if st.nccl.heard:
-            merged.setdefault(st.labels, []).append(st.nccl)
-    out = []
-    for labels, runs in sorted(merged.items()):
-        channels: Counter[tuple[str, bool]] = Counter()
-        hcas: Counter[str] = Counter()
-        warnings: Counter[str] = Counter()
-        ib_errors: Counter[tuple[str, str]] = Counter()
-        pairs: Counter[tuple[str, str]] = Counter()
-        for run in runs:
-            channels.update(run.channels)
-            hcas.update(run.hca_channels)
-            warnings.update(run.warnings)
-            ib_errors.update(run.ib_errors)
-            pairs.update(run.gpu_hca_channels)
-        inits = [r.last_init_ts for r in runs if r.last_init_ts is not None]
-        versions = [r.version for r in runs if r.version is not None]
-        out.append(
-            NcclSeries(
-                *labels,
-                lines=sum(r.lines for r in runs),
-                version=versions[-1] if versions else None,
-                channels=tuple((t, g, n) for (t, g), n in sorted(channels.items())),
-                hca_channels=tuple(sorted(hcas.items())),
-                warnings=tuple((k, warnings.get(k, 0)) for k in WARNING_KINDS),
-                ib_errors=tuple((st, v, n) for (st, v), n in sorted(ib_errors.items())),
-                inits=sum(r.inits for r in runs),
-                aborts=sum(r.aborts for r in runs),
-                last_init_timestamp_seconds=max(inits) if inits else None,
-                gpu_hca_channels=tuple((g, h, n) for (g, h), n in sorted(pairs.items())),
-                hca_numa=hca_numa(pairs, node_of),
-            )
-        )
-    return tuple(out)
-
-
-def hca_numa(
-    pairs: Mapping[tuple[str, str], int], node_of: Mapping[str, int]
-) -> tuple[tuple[str, int, int], ...]:
-    """(HCA, channels judged, channels whose GPU is on another NUMA node than the HCA) for
-    every HCA with a channel whose GPU and HCA NUMA nodes are both known, sorted by HCA."""
-    judged: Counter[str] = Counter()
-    off: Counter[str] = Counter()
-    for (gpu, hca), n in pairs.items():
-        g, h = node_of.get(gpu), node_of.get(hca)
-        if g is None or h is None:
-            continue
-        judged[hca] += n
-        if g != h:
-            off[hca] += n
-    return tuple((hca, n, off.get(hca, 0)) for hca, n in sorted(judged.items()))
 
 
 def nothing_to_read(settings: ThroughputSettings) -> None:

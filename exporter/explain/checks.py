@@ -78,6 +78,13 @@ CAUSES: dict[str, Cause] = {
             "fabricscope-job",
             0,
         ),
+        Cause(
+            "nccl_nvlink",
+            "NCCL traffic between NVLinked GPUs of a node going through host memory or the "
+            "network instead of NVLink",
+            "fabricscope-job",
+            0,
+        ),
     )
 }
 
@@ -138,6 +145,11 @@ def _or_zero(expr: str) -> str:
     """``expr``, or 0 for a pod that set up network channels but has none of these (its
     series is absent, not 0: a run that stopped using a transport renders no series for it)."""
     return f"({expr} or 0 * {_nccl('channels', _NCCL_NET)})"
+
+
+#: a pod's channel connections between NVLinked GPUs of its node: not over P2P, and all
+_NVLINK_BYPASS = _nccl("nvlink_peer_channels", 'transport!~"P2P/.*"')
+_NVLINK_ALL = _nccl("nvlink_peer_channels", 'transport=~".+"')
 
 
 def _nccl_share(matchers: str) -> str:
@@ -682,6 +694,20 @@ CHECKS: tuple[Check, ...] = (
         _nccl("hca_channels_off_gpu_numa", _ANY_HCA) + " / " + _nccl("hca_channels", _ANY_HCA),
         "rise",
         0.1,
+    ),
+    Check(
+        "nccl_nvlink_bypass_share",
+        "nccl_nvlink",
+        "share of NCCL's channel connections between NVLinked GPUs of a node not over P2P "
+        "(through SHM or NET instead of the NVLinks)",
+        f"({_NVLINK_BYPASS} or 0 * {_NVLINK_ALL}) / {_NVLINK_ALL}",
+        "level",
+        0.25,
+        "pod",
+        ("pod",),
+        scope="pod",
+        unit="%",
+        scale=100.0,
     ),
     Check(
         "nccl_network_warnings",

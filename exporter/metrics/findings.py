@@ -13,6 +13,7 @@ from agent.infiniband.records import InfinibandSnapshot
 from agent.node_findings import collect
 from agent.nvml.snapshot import NvmlSnapshot
 from agent.pci.sampler import PciSnapshot
+from agent.throughput.records import ThroughputSnapshot
 from agent.workload.sampler import WorkloadSnapshot
 from exporter.metrics.spec import Families, MetricSpec
 
@@ -31,7 +32,7 @@ FINDINGS = MetricSpec(
 SPECS: tuple[MetricSpec, ...] = (FINDINGS,)
 
 #: the samplers whose snapshots the findings join: only their updates change the fragment
-SOURCES = frozenset({"pci", "infiniband", "ibpeer", "nvml", "workload"})
+SOURCES = frozenset({"pci", "infiniband", "ibpeer", "nvml", "workload", "throughput"})
 
 
 def _snap(statuses: Mapping[str, SamplerStatus], name: str, kind: type[object]) -> object:
@@ -46,11 +47,13 @@ def render(statuses: Mapping[str, SamplerStatus], out: Families) -> None:
     gpu = _snap(statuses, "nvml", NvmlSnapshot)
     work = _snap(statuses, "workload", WorkloadSnapshot)
     peer = _snap(statuses, "ibpeer", IbPeerSnapshot)
+    tp = _snap(statuses, "throughput", ThroughputSnapshot)
     assert pci is None or isinstance(pci, PciSnapshot)
     assert ib is None or isinstance(ib, InfinibandSnapshot)
     assert gpu is None or isinstance(gpu, NvmlSnapshot)
     assert work is None or isinstance(work, WorkloadSnapshot)
     assert peer is None or isinstance(peer, IbPeerSnapshot)
-    node = collect(pci=pci, ib=ib, gpu=gpu, work=work, peer=peer)
+    assert tp is None or isinstance(tp, ThroughputSnapshot)
+    node = collect(pci=pci, ib=ib, gpu=gpu, work=work, peer=peer, tp=tp)
     for kind, n in node.counts().items():
         out.add(FINDINGS, n, kind)

@@ -61,6 +61,18 @@ HCA_CHANNELS_OFF_GPU_NUMA = MetricSpec(
     "judged (no busId line, or a NUMA node unknown)." + _RUN,
     (*_J, "device"),
 )
+NVLINK_PEER_CHANNELS = MetricSpec(
+    _P + "nvlink_peer_channels",
+    "gauge",
+    "Channel connections between two GPUs of this node that NVML shows joined by NVLink "
+    "(pci_bus_id < peer_pci_bus_id), by the transport NCCL chose: P2P/* moves the data over "
+    "the NVLinks; SHM (through host memory) and NET/* (through a NIC or sockets) do not, "
+    "typically because the two ranks' containers cannot share memory or peer access is off "
+    "(NCCL_P2P_DISABLE). The two ranks of a channel are matched to GPUs through the Init "
+    "START lines (NCCL 2.17+) of any log read on this node, so two containers with one GPU "
+    "each are judged together." + _RUN,
+    (*_J, "pci_bus_id", "peer_pci_bus_id", "transport"),
+)
 WARNINGS = MetricSpec(
     _P + "warnings_total",
     "counter",
@@ -110,6 +122,7 @@ SPECS: tuple[MetricSpec, ...] = (
     CHANNELS,
     HCA_CHANNELS,
     HCA_CHANNELS_OFF_GPU_NUMA,
+    NVLINK_PEER_CHANNELS,
     WARNINGS,
     IB_COMPLETION_ERRORS,
     INITS,
@@ -130,6 +143,8 @@ def render(series: Sequence[NcclSeries], out: Families) -> None:
             out.add(HCA_CHANNELS, n, *j, device)
         for device, _judged, off in s.hca_numa:
             out.add(HCA_CHANNELS_OFF_GPU_NUMA, off, *j, device)
+        for gpu, peer, transport, n in s.nvlink_channels:
+            out.add(NVLINK_PEER_CHANNELS, n, *j, gpu, peer, transport)
         warned = dict(s.warnings)
         for kind in WARNING_KINDS:
             out.add(WARNINGS, warned.get(kind, 0), *j, kind)

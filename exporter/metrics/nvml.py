@@ -198,10 +198,15 @@ NVLINK_ERRORS = MetricSpec(
     "fabricscope_nvlink_errors_total",
     "counter",
     "NVLink data-link error counters, by reason: replay, recovery, crc_flit, crc_data, ecc_data. "
-    "NVML spends about 0.85 ms of CPU per link read (H200), so each link's replay, recovery "
-    "and crc_flit are read every 18th pass and crc_data and ecc_data every 72nd (4.5 and 18 min "
-    "at the default 15 s interval; --nvml.*-rotation); between reads the last value is "
-    "exported.",
+    "Sources: replay, recovery and crc_flit from the per-link NVML_FI_DEV_NVLINK_ERROR_DL_* "
+    "fields (161-163, scopeId = link; on H100/H200 what nvidia-smi nvlink -e prints), else "
+    "nvmlDeviceGetNvLinkErrorCounter; crc_data and ecc_data from "
+    "nvmlDeviceGetNvLinkErrorCounter (non-zero on healthy Hopper links). The older per-link "
+    "*_ERROR_COUNT_L<n> fields answer NOT_SUPPORTED on Hopper and the NVLink5 COUNT fields "
+    "exist on Blackwell only. Each nvmlDeviceGetNvLinkErrorCounter call takes milliseconds, "
+    "so each link's replay, recovery and crc_flit are read every 18th pass and crc_data and "
+    "ecc_data every 72nd (4.5 and 18 min at the default 15 s interval; --nvml.*-rotation); "
+    "between reads the last value is exported.",
     ("gpu", "link", "reason"),
     fold="Below full, replay, recovery and crc_flit only on links where they are non-zero, "
     "crc_data and ecc_data (non-zero on healthy links) not per link: "
@@ -214,6 +219,24 @@ GPU_NVLINK_ERRORS = MetricSpec(
     "recovery, crc_flit, crc_data, ecc_data): the per-GPU fold of "
     "fabricscope_nvlink_errors_total, with its read rotation.",
     ("gpu", "reason"),
+)
+NVLINK_TRANSMITTED_BYTES = MetricSpec(
+    "fabricscope_gpu_nvlink_transmitted_bytes_total",
+    "counter",
+    "Payload bytes the GPU sent over all of its NVLinks since the driver loaded (NVML's "
+    "NVLINK_THROUGHPUT_DATA_TX field over every link, KiB converted to bytes; protocol "
+    "overhead not counted). A job whose GPUs exchange data but move nothing here is not "
+    "using NVLink.",
+    _G,
+    unit="bytes",
+)
+NVLINK_RECEIVED_BYTES = MetricSpec(
+    "fabricscope_gpu_nvlink_received_bytes_total",
+    "counter",
+    "Payload bytes the GPU received over all of its NVLinks since the driver loaded "
+    "(NVLINK_THROUGHPUT_DATA_RX over every link, KiB converted to bytes).",
+    _G,
+    unit="bytes",
 )
 
 SPECS: tuple[MetricSpec, ...] = (
@@ -243,6 +266,8 @@ SPECS: tuple[MetricSpec, ...] = (
     NVLINK_REMOTE_LINKS,
     NVLINK_ERRORS,
     GPU_NVLINK_ERRORS,
+    NVLINK_TRANSMITTED_BYTES,
+    NVLINK_RECEIVED_BYTES,
 )
 
 
@@ -292,6 +317,8 @@ def _render_gpu(gpu: NvmlGpu, out: Families) -> None:
             out.add(CLOCKS_EVENT_ACTIVE, active, g, reason)
     if gpu.compute_processes is not None:
         out.add(COMPUTE_PROCESSES, len(gpu.compute_processes), g)
+    out.add(NVLINK_TRANSMITTED_BYTES, gpu.nvlink_transmitted_bytes, g)
+    out.add(NVLINK_RECEIVED_BYTES, gpu.nvlink_received_bytes, g)
     if gpu.nvlinks:
         _render_nvlinks(g, gpu.nvlinks, out)
 

@@ -42,6 +42,7 @@ LABELS: dict[str, str] = {
     "vendor": "PCI vendor id (0x10de)",
     "model": "PCI device id or model name",
     "parent_pci_bus_id": "PCI address of the upstream bridge",
+    "peer_pci_bus_id": "PCI address of the other GPU of a pair (0000:07:00.0)",
     "path_type": "nvidia-smi topo -m path type: PIX, PXB, PHB, NODE, SYS",
     "port_type": "PCIe port type from config space: root_port, upstream_port, downstream_port",
     "kind": "a finding's (or an NCCL warning's) kind, from a fixed vocabulary",

@@ -40,6 +40,7 @@ def raised_kinds() -> set[str]:
         "nvml/sampler",
         "nvml/findings",
         "workload/findings",
+        "throughput/findings",
     ):
         text = (ROOT / "agent" / f"{name}.py").read_text()
         kinds |= set(re.findall(r'Finding\(\s*"([a-z0-9_]+)"', text))

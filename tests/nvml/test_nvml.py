@@ -9,6 +9,7 @@ import time
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -26,7 +27,7 @@ from agent.nvml.api import (
     error_name,
 )
 from agent.nvml.findings import findings
-from agent.nvml.record import RecordingError, RecordingNvml, ReplayNvml
+from agent.nvml.record import RecordingError, RecordingNvml, ReplayNvml, load
 from agent.nvml.sampler import NvmlSampler, normalize_pci_bus_id
 from agent.nvml.snapshot import NvLink, NvLinkErrorCounts, NvmlGpu, NvmlSnapshot, XidCount
 from agent.nvml.topology import nvlink_matrix
@@ -1109,6 +1110,9 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
         b.err("nvmlDeviceGetFieldValues", 0, fid, scope, name="NOT_SUPPORTED")
     # link 2: no such link
     b.err("nvmlDeviceGetNvLinkState", 0, 2, name="INVALID_ARGUMENT")
+    # NVLink payload through every link (scopeId UINT_MAX), in KiB: bytes after x 1024
+    b.ok("nvmlDeviceGetFieldValues", 0, 138, 0xFFFFFFFF, value=7864689)
+    b.ok("nvmlDeviceGetFieldValues", 0, 139, 0xFFFFFFFF, value=7864684)
     snap = sample(b.build(), replay_sampler)
     assert snap.issues == ()
     g, up, down = ("0",), ("0", "0"), ("0", "1")
@@ -1138,6 +1142,8 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
         ("fabricscope_gpu_row_remap_failure", g): 0,
         ("fabricscope_gpu_ecc_errors_total", ("0", "correctable")): 5,
         ("fabricscope_gpu_ecc_errors_total", ("0", "uncorrectable")): 0,
+        ("fabricscope_gpu_nvlink_transmitted_bytes_total", g): 7864689 * 1024,
+        ("fabricscope_gpu_nvlink_received_bytes_total", g): 7864684 * 1024,
         ("fabricscope_gpu_clocks_event_active", ("0", "gpu_idle")): 0,
         ("fabricscope_gpu_clocks_event_active", ("0", "applications_clocks_setting")): 0,
         ("fabricscope_gpu_clocks_event_active", ("0", "sw_power_cap")): 0,
@@ -1202,6 +1208,20 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
     ]
 
 
+H100X4 = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "h100x4.recording.json"
+
+
+def test_the_4x_h100_recording_gives_each_gpus_nvlink_traffic(
+    replay_sampler: list[NvmlSampler],
+) -> None:
+    """Recorded on a lent 4x H100 after the probe and traffic checks had run: NVML's payload
+    KiB through every link (field 138/139, scopeId UINT_MAX), exported in bytes."""
+    got = rendered(sample(load(H100X4), replay_sampler))
+    assert got[("fabricscope_gpu_nvlink_transmitted_bytes_total", ("0",))] == 2207520926 * 1024
+    assert got[("fabricscope_gpu_nvlink_received_bytes_total", ("3",))] == 1987360837 * 1024
+    assert sum(1 for name, _ in got if name == "fabricscope_nvlink_up") == 72
+
+
 def test_every_spec_is_rendered_by_some_fixture(
     recorded_nvml: Recording, replay_sampler: list[NvmlSampler]
 ) -> None:
@@ -1210,6 +1230,8 @@ def test_every_spec_is_rendered_by_some_fixture(
     seen |= {"fabricscope_gpu_xid_errors_total", "fabricscope_nvlink_speed_bytes_per_second"}
     # rendered in test_render_exact_values (the recording's GPUs run no compute process)
     seen |= {"fabricscope_nvlink_remote_info", "fabricscope_gpu_pcie_link_generation_degraded"}
+    # the 4x H100 recording (NVSwitch) answers the NVLink traffic fields the H200's predates
+    seen |= {name for name, _ in rendered(sample(load(H100X4), replay_sampler))}
     assert {s.name for s in metrics.SPECS} == seen
     assert len({s.name for s in metrics.SPECS}) == len(metrics.SPECS)
 

@@ -284,7 +284,7 @@ def test_parse_spec_rejects_malformed_text(text: str, message: str) -> None:
         ({"warmup": -1}, "warmup"),
         ({"timeout_seconds": 0.0}, "timeout_seconds"),
         ({"max_memory_bytes": 0}, "max_memory_bytes"),
-        ({"timing": "cuda"}, "timing 'cuda' is not one of auto, graph, eager"),
+        ({"timing": "cuda"}, "timing 'cuda' is not one of auto, host, graph, eager"),
         ({"max_seconds_per_size": -1.0}, "max_seconds_per_size"),
         ({"max_seconds_per_size": float("inf")}, "max_seconds_per_size"),
     ],

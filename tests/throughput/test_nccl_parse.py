@@ -66,7 +66,7 @@ LINES: list[tuple[str, NcclLine | None]] = [
     (
         "10-90-43-152:120890:121560 [0] NCCL INFO Channel 01 : 2[c7000] -> 0[87000] [receive] "
         "via NET/IB/5/GDRDMA",
-        NcclLine(Channel("NET/IB", True, 5), 120890),
+        NcclLine(Channel("NET/IB", True, 5, (2, 0)), 120890),
     ),
     # 2.13.4: a list of four with [RO]
     (
@@ -77,11 +77,11 @@ LINES: list[tuple[str, NcclLine | None]] = [
     # 2.18.3: sockets and SHM
     (
         "ubuntu:9621:9692 [7] NCCL INFO Channel 14/0 : 15[7] -> 0[0] [send] via NET/Socket/0",
-        NcclLine(Channel("NET/Socket", False, 0), 9621),
+        NcclLine(Channel("NET/Socket", False, 0, (15, 0)), 9621),
     ),
     (
         "ubuntu:39964:40050 [6] NCCL INFO Channel 09 : 6[6] -> 7[7] via SHM/direct/direct",
-        NcclLine(Channel("SHM", False), 39964),
+        NcclLine(Channel("SHM", False, None, (6, 7)), 39964),
     ),
     # 2.18.x: the IB completion error of the 2.7-2.19 format (status 4, vendor err 81)
     (
@@ -144,7 +144,7 @@ LINES: list[tuple[str, NcclLine | None]] = [
     (
         "job-3bb823c0-6d27-4312-8094-1c5910bf9b51-worker-0:5663:5809 [0] NCCL INFO Channel "
         "04/0 : 0[0] -> 7[7] via P2P/CUMEM",
-        NcclLine(Channel("P2P/CUMEM", False), 5663),
+        NcclLine(Channel("P2P/CUMEM", False, None, (0, 7)), 5663),
     ),
     # 2.23.4: an abort
     (
@@ -156,7 +156,7 @@ LINES: list[tuple[str, NcclLine | None]] = [
     (
         "hostname-test:984:1257 [4] NCCL INFO Channel 06/0 : 36[4] -> 20[4] [send] via "
         "NET/IBext_v8/3",
-        NcclLine(Channel("NET/IB", False, 3), 984),
+        NcclLine(Channel("NET/IB", False, 3, (36, 20)), 984),
     ),
     (
         "hostname-test:984:1357 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from "
@@ -172,7 +172,7 @@ LINES: list[tuple[str, NcclLine | None]] = [
     (  # sglang#4289 (2.21.5's form): the GPU of the process before its channels
         "node17-2:36754:36754 [6] NCCL INFO ncclCommInitRank comm 0xa624cf0 rank 6 nranks 8 "
         "cudaDev 6 nvmlDev 6 busId 90000 commId 0x551d06754c6bacf2 - Init START",
-        NcclLine(CommDevice("0000:90:00.0"), 36754),
+        NcclLine(CommDevice("0000:90:00.0", "0x551d06754c6bacf2", 6, "node17-2"), 36754),
     ),
     (  # 2.28.9 on the lent H100 (a VM: the GPU at 0000:00:06.0)
         "vm:483:483 [0] NCCL INFO comm 0xf0b0be0 rank 0 nranks 1 cudaDev 0 busId 60 - Destroy "
@@ -181,11 +181,11 @@ LINES: list[tuple[str, NcclLine | None]] = [
     ),
     (
         "hw14:798:813 [3] NCCL INFO Channel 02/0 : 3[3] -> 4[4] via P2P/direct pointer",
-        NcclLine(Channel("P2P/direct", False), 798),
+        NcclLine(Channel("P2P/direct", False, None, (3, 4)), 798),
     ),
     (
         "<cluster_name>:919:1150 [0] NCCL INFO Channel 01/0 : 8[0] -> 15[7] via P2P/IPC/read",
-        NcclLine(Channel("P2P/IPC", False), 919),
+        NcclLine(Channel("P2P/IPC", False, None, (8, 15)), 919),
     ),
     (
         "<cluster_name>:922:1158 [3] proxy.cc:1519 NCCL WARN [Proxy Service 11] Failed to "

@@ -234,7 +234,7 @@ def test_the_numa_map_comes_from_the_pci_and_infiniband_samplers(dgx_sys_root: P
     from agent.infiniband.sampler import InfinibandSampler
     from agent.pci.sampler import PciSampler
     from agent.samplers import numa_nodes
-    from agent.throughput.sampler import hca_numa
+    from agent.throughput.nccl_join import hca_numa
 
     pci = PciSampler(SysfsReader(dgx_sys_root)).sample()
     ib = InfinibandSampler(SysfsReader(dgx_sys_root)).sample()

@@ -56,7 +56,7 @@ class Group:
     flag: torch.Tensor  # two float64 on the device, for agreement all_reduces
     corrupt: bool
     policy: TimingPolicy
-    timing: str  # "graph", "eager", or "auto" (eager over ``nccl``, else both, the faster)
+    timing: str  # "host", "graph", "eager", or "auto" (host over ``nccl``, else both, the faster)
     nccl: Nccl | None = None  # NCCL called directly on torch's communicator (GPUs)
     timeout_seconds: float = 120.0  # the spec's: bounds every wait for the GPU
 
@@ -64,7 +64,7 @@ class Group:
 @dataclass(frozen=True, slots=True)
 class Timing:
     """One size's timing: mean seconds of one iteration, the iterations behind it, every
-    other iteration run for the size, and how (``graph`` or ``eager``)."""
+    other iteration run for the size, and how (``host``, ``graph`` or ``eager``)."""
 
     seconds: float
     iterations: int
@@ -163,6 +163,48 @@ def _timed(issue: Issue, iterations: int, device: torch.device, timeout_seconds:
     return (time.perf_counter() - began) / iterations
 
 
+#: a completed block is waited for by spinning on its event this long before sleeping between
+#: looks: the host clock stops when the wait ends, so a 0.2 ms sleep would add up to 0.2 ms to
+#: a 20-call block of ~15 us calls (nccl-tests' cudaStreamSynchronize spins too)
+SPIN_SECONDS = 0.05
+
+
+def wait_event_spinning(event: Pollable, timeout_seconds: float) -> None:
+    """:func:`wait_event`, spinning first (:data:`SPIN_SECONDS`) so the wait ends as soon as
+    the GPU passes ``event``."""
+    spin_until = time.monotonic() + min(SPIN_SECONDS, timeout_seconds)
+    while time.monotonic() < spin_until:
+        if event.query():
+            return
+    wait_event(event, max(0.0, timeout_seconds - SPIN_SECONDS))
+
+
+def _timed_host(
+    issue: Issue, iterations: int, device: torch.device, timeout_seconds: float
+) -> float:
+    """nccl-tests' own measurement: the host clock from just before the first of
+    ``iterations`` back-to-back calls to the moment the GPU has finished the last, over
+    ``iterations``. The ranks start together: every block follows the agreement all_reduce
+    of the one before (:func:`_phase`), as nccl-tests' blocks follow its barrier. What it
+    counts beyond the collectives' GPU time is what nccl-tests counts: the first call's
+    launch and the final wait, spread over the block."""
+    import torch
+
+    # the stream is idle after the agreement before this block; check it without sleeping:
+    # a 0.2 ms sleep-poll here let ranks start up to 0.2 ms apart, and a sendrecv's first
+    # call waits for its peer (on a lent 4x H100 the 20-call block of a 1 MiB sendrecv read
+    # 27 us a call against nccl-tests' 17)
+    idle = _marker()
+    idle.record(torch.cuda.current_stream(device))
+    wait_event_spinning(idle, timeout_seconds)
+    end = _marker()
+    began = time.perf_counter()
+    _issue_block(issue, iterations)
+    end.record()
+    wait_event_spinning(end, timeout_seconds)
+    return (time.perf_counter() - began) / iterations
+
+
 def _timed_graph(
     graph: torch.cuda.CUDAGraph, iterations: int, device: torch.device, timeout_seconds: float
 ) -> float:
@@ -227,14 +269,28 @@ def _phase(group: Group, policy: TimingPolicy, k: int, block: Callable[[], float
             return blocks
 
 
+#: host-clock blocks are short (20 calls of a small size last ~0.2 ms) and jitter more than
+#: the GPU's own clock: their result is the median of the last 5, stopping early when those
+#: agree within 5 %
+HOST_STABLE_BLOCKS = 5
+HOST_TOLERANCE = 0.05
+
+
+def _host_timed(group: Group) -> bool:
+    """``host`` asked for, or ``auto`` over NCCL called directly (nccl-tests' calls)."""
+    return group.timing == "host" or (group.timing == "auto" and group.nccl is not None)
+
+
 def bench(group: Group, issue: Issue) -> Timing:
     """Warm up and time ``issue`` (one iteration of the collective) by the group's policy.
 
-    On a GPU under adaptive timing, ``graph`` times captured blocks and ``eager`` blocks
-    called from Python. ``auto`` is eager when NCCL is called directly (nccl-tests'
-    method); over torch's calls it times both (each with half the time cap) and reports
-    the faster (:func:`agent.probe.measure.timing.fastest` says why), eager alone when the
-    capture fails."""
+    On a GPU under adaptive timing, ``host`` times blocks of the spec's iterations by the
+    host clock (:func:`_timed_host`, nccl-tests' method), ``graph`` times captured blocks
+    and ``eager`` blocks called from Python, both between CUDA events. ``auto`` is ``host``
+    when NCCL is called directly, so the probe reads what nccl-tests reads for the same GPUs
+    (measured side by side by ``bench/probe_accuracy.py``); over torch's calls it times
+    graph and eager (each with half the time cap) and reports the faster
+    (:func:`agent.probe.measure.timing.fastest` says why), eager alone when the capture fails."""
     policy = group.policy
     device = group.device
     for _ in range(policy.warmup):
@@ -247,6 +303,19 @@ def bench(group: Group, issue: Issue) -> Timing:
             group, _timed(issue, estimate_ops, device, group.timeout_seconds), 0.0
         )
     k = policy.block_ops(estimate)
+    if device.type == "cuda" and policy.adaptive and _host_timed(group):
+        # nccl-tests' method and amounts: blocks of the spec's iterations (its -n), each
+        # timed by the host clock, repeated until they agree or the cap
+        host = replace(policy, stable_blocks=HOST_STABLE_BLOCKS, tolerance=HOST_TOLERANCE)
+        blocks = _phase(
+            group,
+            host,
+            policy.iterations,
+            lambda: _timed_host(issue, policy.iterations, device, group.timeout_seconds),
+        )
+        timed = blocks.timed_iterations()
+        run = policy.warmup + estimate_ops + blocks.run_iterations()
+        return Timing(blocks.result(), timed, run - timed, "host")
     graph = None
     # NCCL called directly times best as nccl-tests does, eagerly: in a run on one H200,
     # eager sendrecvs below 16 MiB took 10-11.5 us alone but 12-20 us after a capture of

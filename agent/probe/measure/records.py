@@ -24,11 +24,13 @@ from typing import TypeAlias
 
 SCHEMA = "fabricscope-probe/1"
 KINDS = ("all_reduce", "sendrecv", "latency")
-#: how a worker times: ``graph`` captures a block of iterations in one CUDA graph and replays
-#: it (no per-call launch overhead, what small sizes need), ``eager`` calls the collective
-#: from Python in a loop, ``auto`` is eager over NCCL called directly (nccl-tests' method),
-#: both and the faster over torch.distributed's NCCL calls, and eager on CPU
-TIMINGS = ("auto", "graph", "eager")
+#: how a worker times: ``host`` is nccl-tests' method (the host clock over a block of
+#: back-to-back calls and their completion, blocks of the spec's iterations), ``graph``
+#: captures a block of iterations in one CUDA graph and replays it between CUDA events (no
+#: per-call launch overhead), ``eager`` calls the collective from Python in a loop between
+#: CUDA events; ``auto`` is host over NCCL called directly, both graph and eager and the
+#: faster over torch.distributed's NCCL calls, and the eager loop on CPU
+TIMINGS = ("auto", "host", "graph", "eager")
 BACKENDS = ("nccl", "gloo")
 SPEC_BACKENDS = ("auto", *BACKENDS)
 REASONS = (
