@@ -23,6 +23,11 @@ def add_parser(sub: Any) -> None:
         help="rank the fabric causes of a job's slowdown, from Prometheus",
         description="Find when a job's throughput dropped and rank the node, port, link or "
         "misplacement behind it, from the metrics a Prometheus server holds.",
+        epilog="Exit codes: 0 judged (causes found, or no fabric cause found); 1 could not "
+        "judge (fewer than 5 checks compared data of the baseline and the slow period on at "
+        "least half the job's nodes, or the job's data in the window holds no baseline or "
+        "slow period: the output says what is missing); 2 could not run (bad flags, "
+        "Prometheus unreachable or refusing, no such job).",
     )
     g = p.add_argument_group("Prometheus")
     g.add_argument("--prometheus.url", dest="prom_url", required=True, metavar="URL")

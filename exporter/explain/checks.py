@@ -7,11 +7,25 @@ significant)``: 1.0 means "the change reached the significance level", and a cha
 times that level scores about 3.2, so one huge counter cannot dwarf the table's scale.
 
 Templates take ``{sel}`` (the label matchers scoping the query to the job's instances or
-pods) and ``{d}`` (a range: the period's length for scoring, a few steps for display).
+pods, or to one device), ``{d}`` (a range: the period's length for scoring, a tile of it
+for the noise, a few steps for display) and, where a device is compared with its node's
+other devices, ``{peers}`` (the matchers of those: the job's instances when the whole job
+is asked, the device's node when one device's figure is printed, so the printed query
+never compares a device with itself alone).
+
+Every check gets the same statistics from the framework, whatever its template: its figures
+are taken over the part of each period its series covers, its change is held to the spread
+of its own baseline (and, for event counters, to counting noise: :mod:`exporter.explain.
+noise`), and a PMA counter it reads that saturated makes it "evidence unavailable"
+(:mod:`exporter.explain.blind`). What the framework prints for a figure (:meth:`Check.shown`)
+is the PromQL that returns it, in the check's unit.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -100,8 +114,11 @@ class Check:
     placement or settings, reported even when it did not change). Every mode but ``level``
     compares with the baseline: a device with no baseline value scores 0 and is reported as
     "no baseline", never as a change from nothing. ``scale`` and ``unit``
-    only format numbers (x60 for "per minute"). ``identity`` names the labels that make a
-    device, besides ``instance``.
+    only format numbers (x60 for "per minute"), and the printed PromQL carries the scale, so
+    it returns the printed figure. ``identity`` names the labels that make a device, besides
+    ``instance``. ``counts``: the template is a rate or an increase of events, whose
+    counting noise is Poisson (default: the ``rate`` and ``events`` modes). ``axis``: what
+    a plot's y axis says (default: the unit).
     """
 
     name: str
@@ -115,6 +132,61 @@ class Check:
     scope: Scope = "instance"
     unit: str = ""
     scale: float = 1.0
+    counts: bool | None = None
+    axis: str = ""
+
+    @property
+    def counting(self) -> bool:
+        """Event counts, with Poisson counting noise."""
+        return self.mode in ("rate", "events") if self.counts is None else self.counts
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metric names the template reads, in order of appearance."""
+        return tuple(dict.fromkeys(_METRIC.findall(self.template)))
+
+    @property
+    def axis_label(self) -> str:
+        return self.axis or self.unit.strip() or "ratio"
+
+    def expr(self, sel: str, d: str, peers: str | None = None) -> str:
+        """The template for selector ``sel`` over range ``d``, in the series' own units."""
+        return self.template.format(sel=sel, d=d, peers=sel if peers is None else peers)
+
+    def shown(self, sel: str, d: str, peers: str | None = None) -> str:
+        """:meth:`expr` as printed: in the unit of the figures (events as whole numbers)."""
+        raw = self.expr(sel, d, peers)
+        if self.mode == "events":
+            return f"round({raw})"
+        if self.scale != 1.0:
+            return f"{self.scale:g} * ({raw})"
+        return raw
+
+    def display(self, value: float) -> float:
+        """A figure in the series' units as printed (events: whole numbers)."""
+        if self.mode == "events":
+            return float(math.floor(value + 0.5))
+        return value * self.scale
+
+    def device_selector(self, labels: Mapping[str, str]) -> str:
+        """The matchers of one device: its instance and identity (a pod: namespace, pod
+        and GPU when it has one)."""
+        names = ("namespace", "pod", "gpu") if self.scope == "pod" else ("instance", *self.identity)
+        return ",".join(f'{n}="{_escape(labels.get(n, ""))}"' for n in names if n in labels)
+
+    def peer_selector(self, labels: Mapping[str, str]) -> str:
+        """The matchers of the device's peers for ``{peers}``: its node (its pod's namespace
+        for a pod-scoped check)."""
+        if self.scope == "pod":
+            return f'namespace="{_escape(labels.get("namespace", ""))}"'
+        return f'instance="{_escape(labels.get("instance", ""))}"'
+
+
+_METRIC = re.compile(r"\bfabricscope_[a-z0-9_]+")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _ib(counter: str) -> str:
@@ -266,7 +338,7 @@ CHECKS: tuple[Check, ...] = (
         0.05,
         "port",
         PORT,
-        unit="",
+        axis="share of time up",
     ),
     # --- capacity: up, but slower ------------------------------------------------------
     Check(
@@ -290,6 +362,7 @@ CHECKS: tuple[Check, ...] = (
         0.125,
         "port",
         PORT,
+        axis="lanes",
     ),
     Check(
         "port_lane_speed",
@@ -316,20 +389,25 @@ CHECKS: tuple[Check, ...] = (
         0.25,
         "port",
         PORT,
+        axis="share of time",
     ),
     Check(
         "rail_share",
         "rail_share",
-        "data moved, as a share of the node's median port (tx + rx)",
+        "data moved, as a share of the node's median port carrying data (tx + rx)",
+        # the median over the node's ports ({peers}: the node, also when one port's figure
+        # is printed) that moved data: a port standing DOWN moves none and does not count
         "(rate(fabricscope_infiniband_port_transmitted_bytes_total{{{sel}}}[{d}]) + "
         "rate(fabricscope_infiniband_port_received_bytes_total{{{sel}}}[{d}])) "
         "/ on (instance) group_left quantile by (instance) (0.5, "
-        "rate(fabricscope_infiniband_port_transmitted_bytes_total{{{sel}}}[{d}]) + "
-        "rate(fabricscope_infiniband_port_received_bytes_total{{{sel}}}[{d}]))",
+        "(rate(fabricscope_infiniband_port_transmitted_bytes_total{{{peers}}}[{d}]) + "
+        "rate(fabricscope_infiniband_port_received_bytes_total{{{peers}}}[{d}])) > 0)",
         "drop",
         0.25,
         "port",
         PORT,
+        counts=False,
+        axis="share of the node's median port",
     ),
     # --- congestion -------------------------------------------------------------------
     Check(
@@ -343,7 +421,7 @@ CHECKS: tuple[Check, ...] = (
         0.05,
         "port",
         PORT,
-        unit="",
+        axis="share of ticks waiting",
     ),
     Check(
         "pfc_rx_share",
@@ -355,6 +433,7 @@ CHECKS: tuple[Check, ...] = (
         0.01,
         "netdev",
         ("netdev",),
+        axis="share of time paused",
     ),
     Check(
         "pfc_tx_share",
@@ -366,6 +445,7 @@ CHECKS: tuple[Check, ...] = (
         0.01,
         "netdev",
         ("netdev",),
+        axis="share of time paused",
     ),
     Check(
         "cnp_sent",
@@ -467,6 +547,7 @@ CHECKS: tuple[Check, ...] = (
         0.125,
         "pci",
         ("pci_bus_id",),
+        axis="lanes",
     ),
     Check(
         "pci_width_degraded",
@@ -477,6 +558,7 @@ CHECKS: tuple[Check, ...] = (
         0.5,
         "pci",
         ("pci_bus_id",),
+        axis="0/1",
     ),
     Check(
         "nic_pci_speed",
@@ -500,6 +582,7 @@ CHECKS: tuple[Check, ...] = (
         0.5,
         "pci",
         ("pci_bus_id",),
+        axis="0/1",
     ),
     Check(
         "gpu_pcie_generation_busy",
@@ -510,6 +593,7 @@ CHECKS: tuple[Check, ...] = (
         0.25,
         "gpu",
         ("gpu",),
+        axis="share of time",
     ),
     Check(
         "gpu_pcie_width",
@@ -520,6 +604,7 @@ CHECKS: tuple[Check, ...] = (
         0.125,
         "gpu",
         ("gpu",),
+        axis="lanes",
     ),
     Check(
         "gpu_pcie_replays",
@@ -545,6 +630,7 @@ CHECKS: tuple[Check, ...] = (
         0.02,
         "gpu",
         ("gpu",),
+        axis="NVLinks up",
     ),
     Check(
         "nvlink_errors",
@@ -581,6 +667,7 @@ CHECKS: tuple[Check, ...] = (
         0.5,
         "gpu",
         ("gpu",),
+        axis="0/1",
     ),
     Check(
         "throttle",
@@ -593,17 +680,19 @@ CHECKS: tuple[Check, ...] = (
         0.25,
         "gpu",
         ("gpu",),
+        axis="share of time",
     ),
     # --- probes -----------------------------------------------------------------------
     Check(
         "probe_busbw",
         "probe",
-        "probe bus bandwidth (GB/s)",
+        "probe bus bandwidth",
         "avg_over_time(fabricscope_probe_busbw_bytes_per_second{{{sel}}}[{d}])",
         "drop",
         0.2,
         "probe",
         ("peer", "gpu", "peer_gpu", "collective", "size_bytes"),
+        unit=" GB/s",
         scale=1e-9,
     ),
     # --- the job's own placement and settings -----------------------------------------
@@ -617,6 +706,7 @@ CHECKS: tuple[Check, ...] = (
         "pod",
         ("pod", "gpu"),
         scope="pod",
+        axis="share of CPUs",
     ),
     Check(
         "cpu_nic_numa",
@@ -628,6 +718,7 @@ CHECKS: tuple[Check, ...] = (
         "pod",
         ("pod", "gpu"),
         scope="pod",
+        axis="share of CPUs",
     ),
     Check(
         "nccl_findings",
@@ -642,6 +733,7 @@ CHECKS: tuple[Check, ...] = (
         "pod",
         ("pod", "gpu"),
         scope="pod",
+        axis="processes",
     ),
     # --- what NCCL itself chose and suffered (its own lines in the pods' logs) --------
     _nccl_share_check(
@@ -661,6 +753,7 @@ CHECKS: tuple[Check, ...] = (
         "pod",
         ("pod",),
         scope="pod",
+        axis="connections",
     ),
     _nccl_share_check(
         "nccl_ib_without_gdr_share",
@@ -686,6 +779,7 @@ CHECKS: tuple[Check, ...] = (
         "pod",
         ("pod",),
         scope="pod",
+        axis="HCAs",
     ),
     _nccl_share_check(
         "nccl_hca_off_numa_share",

@@ -2,6 +2,10 @@
 
     fabricscope explain --prometheus.url http://prometheus:9090 --namespace training \\
         --job llm --window 6h [--format json] [--plot explain.png]
+
+Exit codes (also in ``--help``): 0 judged (causes found, or no fabric cause found), 1 could
+not judge (too few checks had data of both periods, or the job's data holds no baseline or
+slow period), 2 could not run (bad flags, Prometheus unreachable or refusing, no such job).
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ log = logging.getLogger(__name__)
 def cmd_explain(ns: argparse.Namespace) -> int:
     try:
         return _run(ns)
-    except (PrometheusError, ExplainError, discover.JobNotFoundError) as exc:
+    except ExplainError as exc:
+        print(f"fabricscope explain: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except (PrometheusError, discover.JobNotFoundError) as exc:
         print(f"fabricscope explain: {exc}", file=sys.stderr)
         return 2
 
@@ -71,6 +78,8 @@ def _run(ns: argparse.Namespace) -> int:
     )
     if report.warning:
         print(f"fabricscope explain: {report.warning}", file=sys.stderr)
+    if report.verdict == "could not judge":
+        print(f"fabricscope explain: could not judge: {report.reason}", file=sys.stderr)
     if ns.plot:
         from exporter.explain.plot import PlotUnavailableError, plot
 
@@ -88,4 +97,4 @@ def _run(ns: argparse.Namespace) -> int:
         ledger.body_bytes / 1e6,
         ledger.elapsed(),
     )
-    return 0
+    return report.exit_code

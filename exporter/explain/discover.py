@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from exporter.explain.checks import Check
+from exporter.explain.checks import Check, _escape
 from exporter.explain.client import PrometheusClient, PrometheusError, Sample, Series
-from exporter.explain.evidence import _alternation, _escape
+from exporter.explain.evidence import _alternation
 from exporter.explain.plan import MAX_NAMES_PER_QUERY, groups
 
 #: throughput metrics in order of preference; step_seconds is inverted to steps per second

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from exporter.explain.checks import CHECKS, Check
+from exporter.explain import noise
+from exporter.explain.checks import CHECKS, THRESHOLD, Check, _escape
 from exporter.explain.client import PrometheusClient, Sample
 from exporter.explain.plan import MAX_NAMES_PER_QUERY, groups
 
@@ -61,6 +62,10 @@ class Scope:
         """One selector for the whole job (small jobs, and tests)."""
         return self.selectors(check, len(self.pods) + len(self.instances) + 1)[0]
 
+    def instance_selectors(self) -> list[str]:
+        """The job's instances, one selector per group of at most ``max_names``."""
+        return [f'instance=~"{_alternation(g)}"' for g in groups(self.instances, self.max_names)]
+
     def selectors(self, check: Check, max_names: int | None = None) -> list[str]:
         """The job's selector for ``check``, one per group of at most ``max_names`` names."""
         size = self.max_names if max_names is None else max_names
@@ -68,10 +73,6 @@ class Scope:
             ns = _escape(self.namespace)
             return [f'namespace="{ns}",pod=~"{_alternation(g)}"' for g in groups(self.pods, size)]
         return [f'instance=~"{_alternation(g)}"' for g in groups(self.instances, size)]
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _alternation(names: Sequence[str]) -> str:
@@ -82,9 +83,30 @@ def _alternation(names: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Window:
+    """Where a figure was taken: the range ``seconds`` of the check's expression, evaluated
+    at unix time ``at`` (the printed PromQL over that range, run at that time, returns
+    the figure)."""
+
+    seconds: float
+    at: float
+
+    @property
+    def range(self) -> str:
+        return f"{max(1, round(self.seconds))}s"
+
+
+@dataclass(frozen=True, slots=True)
 class Measurement:
     """One check on one device: baseline and slow figures (in the check's display unit),
-    the change that was scored and the score."""
+    the change that was scored and the score.
+
+    ``base``/``slow_window``: where each figure was taken (the whole period, or the part
+    of it the series covers). ``noise``: the standard deviation of the change the baseline's
+    own spread (and counting) allows, in the display unit (``None``: not measured, the
+    score stayed below the floor where noise is looked at). ``unavailable``: why the
+    evidence is blind (a saturated or reset counter), not scored; ``thin``: why a period
+    holds too little of the series to score it."""
 
     check: Check
     labels: Mapping[str, str]
@@ -94,6 +116,13 @@ class Measurement:
     #: the baseline is the job's: a pod-scoped check's new pod (a restarted job's pods may
     #: take new names) is held to the median of the job's pods in the baseline
     job_baseline: bool = False
+    base_window: Window | None = None
+    slow_window: Window | None = None
+    noise: float | None = None
+    #: the score the change would have had against its significance level alone
+    naive_score: float = 0.0
+    unavailable: str = ""
+    thin: str = ""
 
     @property
     def no_baseline(self) -> bool:
@@ -102,14 +131,60 @@ class Measurement:
         return self.check.mode != "level" and self.baseline is None and self.slow is not None
 
     @property
+    def judged(self) -> bool:
+        """Scored on data of both periods (or, for ``level``, of the slow period)."""
+        if self.unavailable or self.thin or self.slow is None:
+            return False
+        return self.check.mode == "level" or self.baseline is not None
+
+    @property
+    def within_noise(self) -> bool:
+        """The change would have stood out against its significance level alone, and its
+        baseline's noise holds it below the threshold."""
+        return self.naive_score >= THRESHOLD > self.score
+
+    @property
     def text(self) -> str:
         c = self.check
         gpu = self.labels.get("gpu", "")
         on = f" (GPU {gpu})" if c.key == "pod" and gpu else ""
+        if self.unavailable:
+            return f"{c.what}{on}: evidence unavailable ({self.unavailable})"
         tail = " (no baseline: not scored)" if self.no_baseline else ""
         if self.job_baseline:
             tail = " (baseline: the job's pods before)"
+        if self.thin:
+            tail = f" ({self.thin}: not scored)"
+        elif self.within_noise and self.noise is not None:
+            tail += f" (within its baseline's noise: +-{_fmt(noise.Z * self.noise)}{c.unit})"
         return f"{c.what}{on}: {_fmt(self.baseline)} -> {_fmt(self.slow)}{c.unit}{tail}"
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """PromQL that returns a printed figure when evaluated (an instant query) at ``at``."""
+
+    promql: str
+    at: float
+
+
+def queries(m: Measurement, job_selector: str = "") -> tuple[Query | None, Query | None]:
+    """The PromQL of ``m``'s baseline and slow figures, scoped to its device (its node for
+    ``{peers}``), over the windows the figures were taken in; a baseline borrowed from the
+    job's pods is their median (``job_selector``: the job's pods)."""
+    c = m.check
+    sel, peers = c.device_selector(m.labels), c.peer_selector(m.labels)
+    base = slow = None
+    if m.baseline is not None and m.base_window is not None:
+        w = m.base_window
+        expr = c.shown(sel, w.range, peers)
+        if m.job_baseline and job_selector:
+            expr = f"quantile(0.5, {c.shown(job_selector, w.range, job_selector)})"
+        base = Query(expr, w.at)
+    if m.slow is not None and m.slow_window is not None:
+        w = m.slow_window
+        slow = Query(c.shown(sel, w.range, peers), w.at)
+    return base, slow
 
 
 def _fmt(value: float | None) -> str:
@@ -119,39 +194,44 @@ def _fmt(value: float | None) -> str:
         return "0"
     if abs(value) >= 100:
         return f"{value:,.0f}"
+    if float(value).is_integer():
+        return f"{value:.0f}"
     if abs(value) >= 1:
         return f"{value:.3g}"
     return f"{value:.2g}"
 
 
-def score(check: Check, base: float | None, slow: float | None, ratio: float) -> float:
-    """``log2(1 + change / significant)`` for the change the check's mode defines; 0 when it
-    did not get worse. ``ratio`` is the slow period's length over the baseline's.
+def change(check: Check, base: float | None, slow: float | None, ratio: float) -> float | None:
+    """The change the check's mode scores, in its series' units (``drop``: relative); None
+    when there is nothing to compare (no slow figure, or no baseline outside ``level``)."""
+    if slow is None or not math.isfinite(slow):
+        return None
+    b = base if base is not None and math.isfinite(base) else None
+    if check.mode == "level":
+        return slow
+    if b is None:
+        return None
+    if check.mode == "events":
+        return slow - b * ratio
+    if check.mode == "drop":
+        return (b - slow) / b if b > 0 else None
+    return slow - b  # rate, rise
+
+
+def score(
+    check: Check, base: float | None, slow: float | None, ratio: float, sigma: float = 0.0
+) -> float:
+    """``log2(1 + change / bar)`` for the change the check's mode defines, where the bar is
+    the check's significance level or ``noise.Z`` times ``sigma`` (the change's noise, in
+    the change's own terms), whichever is larger; 0 when it did not get worse. ``ratio``
+    is the slow period's length over the baseline's.
 
     A change needs a baseline: every mode but ``level`` scores 0 when the baseline holds no
     value (the window began before the agents' data, or the series appeared later), and the
     measurement says "no baseline" (:attr:`Measurement.no_baseline`). A standing x8 link
     seen only in the slow period is not today's cause."""
-    if slow is None or not math.isfinite(slow):
-        return 0.0
-    b = base if base is not None and math.isfinite(base) else None
-    if check.mode == "level":
-        change = slow
-    elif b is None:
-        return 0.0
-    elif check.mode == "rate":
-        change = slow - b
-    elif check.mode == "events":
-        change = slow - b * ratio
-    elif check.mode == "rise":
-        change = slow - b
-    else:  # drop: relative fall against the baseline
-        if b <= 0:
-            return 0.0
-        change = (b - slow) / b
-    if change <= 0:
-        return 0.0
-    return math.log2(1.0 + change / check.significant)
+    c = change(check, base, slow, ratio)
+    return 0.0 if c is None else noise.score(c, check.significant, sigma)
 
 
 @dataclass(slots=True)
@@ -165,8 +245,21 @@ class CheckResult:
         """Devices with a value in the slow period and none in the baseline."""
         return sum(1 for m in self.measurements if m.no_baseline)
 
+    @property
+    def unavailable(self) -> int:
+        return sum(1 for m in self.measurements if m.unavailable)
 
-def _key(check: Check, labels: Mapping[str, str]) -> tuple[str, ...]:
+    @property
+    def thin(self) -> int:
+        return sum(1 for m in self.measurements if m.thin)
+
+    @property
+    def judged(self) -> int:
+        return sum(1 for m in self.measurements if m.judged)
+
+
+def key(check: Check, labels: Mapping[str, str]) -> tuple[str, ...]:
+    """A device's identity for ``check``: its instance and identity labels."""
     return (labels.get("instance", ""), *(labels.get(k, "") for k in check.identity))
 
 
@@ -180,18 +273,13 @@ def evaluate(
 ) -> list[CheckResult]:
     """Run every check (two instant queries each, ``workers`` at a time)."""
 
-    seconds = {
-        c.name: periods.events_seconds if c.mode == "events" else periods.slow_seconds
-        for c in checks
-    }
+    seconds = {c.name: period_seconds(c, periods) for c in checks}
 
     def run(job: tuple[Check, str]) -> tuple[list[Sample], list[Sample]]:
         check, sel = job
-        base = client.query(
-            check.template.format(sel=sel, d=f"{periods.base_seconds}s"), periods.base_end
-        )
+        base = client.query(check.expr(sel, f"{periods.base_seconds}s"), periods.base_end)
         d = f"{seconds[check.name]}s"
-        slow = client.query(check.template.format(sel=sel, d=d), periods.slow_end)
+        slow = client.query(check.expr(sel, d), periods.slow_end)
         return base, slow
 
     planned = [c for c in checks if not (c.scope == "pod" and not scope.pods)]
@@ -204,40 +292,87 @@ def evaluate(
         base_of[check.name] += base
         slow_of[check.name] += slow
     return [
-        compare(c, base_of[c.name], slow_of[c.name], seconds[c.name] / periods.base_seconds)
+        compare(
+            c,
+            base_of[c.name],
+            slow_of[c.name],
+            seconds[c.name] / periods.base_seconds,
+            base_window=Window(periods.base_seconds, periods.base_end),
+            slow_window=Window(seconds[c.name], periods.slow_end),
+        )
         if c in planned
         else CheckResult(c)
         for c in checks
     ]
 
 
+def period_seconds(check: Check, periods: Periods) -> int:
+    """The slow period's range for ``check`` (events reach back over the guard step)."""
+    return periods.events_seconds if check.mode == "events" else periods.slow_seconds
+
+
 def compare(
-    check: Check, base: Sequence[Sample], slow: Sequence[Sample], ratio: float
+    check: Check,
+    base: Sequence[Sample],
+    slow: Sequence[Sample],
+    ratio: float,
+    *,
+    base_window: Window | None = None,
+    slow_window: Window | None = None,
 ) -> CheckResult:
-    """Join baseline and slow samples per device and score them."""
+    """Join baseline and slow samples per device and score them (against the significance
+    level; :mod:`exporter.explain.judge` then holds the changes that come near it to their
+    coverage and noise)."""
     by_key: dict[tuple[str, ...], list[Sample | None]] = defaultdict(lambda: [None, None])
     for i, samples in enumerate((base, slow)):
         for s in samples:
-            by_key[_key(check, s.labels)][i] = s
+            by_key[key(check, s.labels)][i] = s
     result = CheckResult(check, series=len(by_key))
     # a pod-scoped check's baseline is the job's when a pod has none of its own (a restarted
-    # job's new pods): the median of the job's pods then; a device-scoped check never borrows
+    # job's new pods): the median of the job's pods then, its noise their spread; a
+    # device-scoped check never borrows
     before = [v for v in (_finite(s) for s in base) if v is not None]
+    if check.mode == "events":
+        before = [check.display(v) for v in before]
     job = statistics.median(before) if check.scope == "pod" and before else None
+    job_sigma = noise.values_spread(before)
     for base_sample, slow_sample in by_key.values():
         bv = _finite(base_sample)
         sv = _finite(slow_sample)
+        if check.mode == "events":  # whole events, as printed (round() in the PromQL)
+            bv = None if bv is None else check.display(bv)
+            sv = None if sv is None else check.display(sv)
         borrowed = bv is None and sv is not None and job is not None
         if borrowed:
             bv = job
         present = slow_sample if slow_sample is not None else base_sample
         labels = present.labels if present is not None else {}
-        sc = score(check, bv, sv, ratio)
+        naive = score(check, bv, sv, ratio)
+        sigma = _relative(check, bv, job_sigma) if borrowed else 0.0
+        sc = score(check, bv, sv, ratio, sigma) if borrowed else naive
         result.measurements.append(
-            Measurement(check, labels, _scaled(check, bv), _scaled(check, sv), sc, borrowed)
+            Measurement(
+                check,
+                labels,
+                _scaled(check, bv),
+                _scaled(check, sv),
+                sc,
+                borrowed,
+                base_window,
+                slow_window,
+                noise=_scaled(check, job_sigma) if borrowed else None,
+                naive_score=naive,
+            )
         )
     result.measurements.sort(key=lambda m: -m.score)
     return result
+
+
+def _relative(check: Check, base: float | None, sigma: float) -> float:
+    """``sigma`` in the terms of the check's change (``drop``: relative to the baseline)."""
+    if check.mode == "drop":
+        return sigma / base if base else 0.0
+    return sigma
 
 
 def _finite(sample: Sample | None) -> float | None:

@@ -1,4 +1,11 @@
-"""``--plot FILE.png``: the throughput and the top causes' series on one time axis.
+"""``--plot FILE.png``: the throughput and the top causes' evidence on one time axis.
+
+Each cause's panel draws the series its strongest evidence line names: the same PromQL the
+table prints (the device's own expression, in the line's unit, its ``{peers}`` the node),
+over a range of a few steps (never under four scrape intervals) instead of the period, with
+the baseline and slow figures of the line drawn over their periods as dashed segments. The
+y axis says the unit (the check's ``axis``). :func:`panels` gathers what is drawn (tests
+read it), :func:`plot` draws it.
 
 matplotlib is an optional dependency (``pip install fabricscope[explain]``), imported only
 when a plot is asked for.
@@ -7,9 +14,13 @@ when a plot is asked for.
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from exporter.explain.client import PrometheusClient, Series
+from exporter.explain.evidence import Measurement, Window, _fmt
+from exporter.explain.judge import scrape_interval
 from exporter.explain.rank import Finding
 from exporter.explain.report import Report
 
@@ -18,6 +29,49 @@ TOP = 3
 
 class PlotUnavailableError(Exception):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Panel:
+    """One cause's row: the strongest evidence line, the PromQL drawn and its series."""
+
+    finding: Finding
+    measurement: Measurement | None
+    promql: str
+    seconds: int  # the range of the drawn expression
+    series: tuple[Series, ...]
+
+    @property
+    def ylabel(self) -> str:
+        if self.measurement is None:
+            return "value"
+        check = self.measurement.check
+        if check.mode == "events":
+            return f"{check.axis_label} per {_span(self.seconds)}"
+        return check.axis_label
+
+
+def _span(seconds: int) -> str:
+    return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+
+
+def panels(client: PrometheusClient, report: Report) -> list[Panel]:
+    """What :func:`plot` draws for the top causes: one range query each."""
+    out = []
+    for f in report.causes[:TOP]:
+        m = next((m for m in f.measurements if not m.unavailable and m.slow is not None), None)
+        if m is None:
+            series = client.query_range(f.promql, report.start, report.end, report.step)
+            out.append(Panel(f, None, f.promql, 0, tuple(series[:6])))
+            continue
+        check = m.check
+        sel = check.device_selector(m.labels)
+        interval = scrape_interval(client, check, sel, report.periods)
+        seconds = int(max(60, 4 * report.step, math.ceil(4 * interval)))
+        expr = check.shown(sel, f"{seconds}s", check.peer_selector(m.labels))
+        series = client.query_range(expr, report.start, report.end, report.step)
+        out.append(Panel(f, m, expr, seconds, tuple(series[:6])))
+    return out
 
 
 def _dates(times: Sequence[float]) -> list[datetime.datetime]:
@@ -35,11 +89,8 @@ def plot(client: PrometheusClient, report: Report, path: str) -> None:
         raise PlotUnavailableError(
             "--plot needs matplotlib: pip install 'fabricscope[explain]'"
         ) from exc
-    top: list[Finding] = report.causes[:TOP]
-    series: list[list[Series]] = [
-        client.query_range(f.promql, report.start, report.end, report.step) for f in top
-    ]
-    rows = 1 + len(top)
+    rows_data = panels(client, report)
+    rows = 1 + len(rows_data)
     fig, axes = plt.subplots(
         rows, 1, sharex=True, figsize=(11, 2.3 + 2.1 * rows), squeeze=False, layout="constrained"
     )
@@ -55,20 +106,26 @@ def plot(client: PrometheusClient, report: Report, path: str) -> None:
     if report.shift is not None:
         title += f", {-100 * report.shift.drop_ratio:+.1f}% from {slow0:%H:%M} UTC"
     ax.set_title(title, loc="left", fontsize=11)
-    for i, (finding, result) in enumerate(zip(top, series, strict=True), 1):
+    for i, panel in enumerate(rows_data, 1):
         a = axes[i][0]
-        for s in result[:6]:
+        f = panel.finding
+        for s in panel.series:
             a.plot(_dates(s.times), s.values, lw=1.2)
-        a.set_title(
-            f"#{i} {finding.title}: {finding.device} (score {finding.score:.2f})",
-            loc="left",
-            fontsize=10,
-        )
-        a.set_ylabel(_ylabel(finding))
+        m = panel.measurement
+        if m is not None and m.check.mode != "events":  # events: counts per range drawn
+            unit = m.check.unit
+            for value, window, name in (
+                (m.baseline, m.base_window, "baseline"),
+                (m.slow, m.slow_window, "slow"),
+            ):
+                _figure(a, value, window, f"{name}: {_fmt(value)}{unit}")
+        a.set_title(f"#{i} {f.title}: {f.device} (score {f.score:.2f})", loc="left", fontsize=10)
+        a.set_ylabel(panel.ylabel)
+        a.ticklabel_format(axis="y", style="plain", useOffset=False)
         a.text(
             0.005,
             0.96,
-            finding.evidence[0],
+            f.evidence[0],
             transform=a.transAxes,
             ha="left",
             va="top",
@@ -80,20 +137,20 @@ def plot(client: PrometheusClient, report: Report, path: str) -> None:
         a.axvspan(slow0, slow1, color="tab:red", alpha=0.08, lw=0)
         a.axvline(slow0, color="tab:red", lw=1, ls="--")
         a.grid(alpha=0.3)
-    if not top:
-        axes[0][0].text(
-            0.5, 0.05, "no fabric cause found", transform=axes[0][0].transAxes, ha="center"
-        )
+    if not rows_data:
+        axes[0][0].text(0.5, 0.05, report.verdict, transform=axes[0][0].transAxes, ha="center")
     axes[-1][0].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
-    axes[-1][0].set_xlabel("time (UTC); shaded: slow period")
+    axes[-1][0].set_xlabel("time (UTC); shaded: slow period; dashed: the printed figures")
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _ylabel(finding: Finding) -> str:
-    expr = finding.promql
-    if expr.startswith("rate(") or "(rate(" in expr:
-        return "per second"
-    if expr.startswith("increase("):
-        return "events"
-    return "value"
+def _figure(ax: object, value: float | None, window: Window | None, label: str) -> None:
+    """A printed figure as a dashed segment over the window it was taken in."""
+    if value is None or window is None:
+        return
+    x = _dates([window.at - window.seconds, window.at])
+    ax.plot(x, [value, value], color="tab:gray", lw=1.2, ls="--")  # type: ignore[attr-defined]
+    ax.annotate(  # type: ignore[attr-defined]
+        label, (x[1], value), xytext=(-4, 3), textcoords="offset points", ha="right", fontsize=7
+    )

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from exporter.explain.checks import CAUSES, THRESHOLD, Check
+from exporter.explain.checks import CAUSES, THRESHOLD, Check, _escape
 from exporter.explain.discover import Inventory, JobSpec
 from exporter.explain.evidence import (
     NCCL_ENV_DIFF_SCORE,
@@ -15,7 +15,7 @@ from exporter.explain.evidence import (
     EnvDifference,
     Measurement,
     Periods,
-    _escape,
+    queries,
 )
 
 
@@ -26,10 +26,15 @@ class Finding:
     device: str
     instance: str
     score: float
-    evidence: tuple[str, ...]  # strongest first, with numbers
-    promql: str  # shows the strongest evidence over time for this device
+    evidence: tuple[str, ...]  # strongest first, with numbers; blind evidence last
+    #: the strongest evidence's slow figure: this PromQL, evaluated at ``promql_at``,
+    #: returns it (its baseline's: :func:`exporter.explain.evidence.queries`)
+    promql: str
     link: str  # the dashboard panel ("" without --grafana.url)
     peer: str = ""  # probe findings: the pair's other node
+    #: what each evidence line says, in the same order (job-wide findings: none)
+    measurements: tuple[Measurement, ...] = ()
+    promql_at: float = 0.0
 
 
 def display_range(step: float) -> str:
@@ -38,8 +43,7 @@ def display_range(step: float) -> str:
 
 
 def device_selector(check: Check, labels: Mapping[str, str]) -> str:
-    names = ("namespace", "pod", "gpu") if check.scope == "pod" else ("instance", *check.identity)
-    return ",".join(f'{n}="{_escape(labels.get(n, ""))}"' for n in names if n in labels)
+    return check.device_selector(labels)
 
 
 def panel_link(grafana: str, cause: str, node: str, periods: Periods, job: JobSpec) -> str:
@@ -63,6 +67,19 @@ def panel_link(grafana: str, cause: str, node: str, periods: Periods, job: JobSp
     return f"{grafana.rstrip('/')}/d/{c.dashboard}/?{urllib.parse.urlencode(params)}"
 
 
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """A device's evidence that went blind, where the device has no finding to carry it."""
+
+    device: str
+    instance: str
+    measurement: Measurement
+
+    @property
+    def text(self) -> str:
+        return f"{self.device}: {self.measurement.text}"
+
+
 def rank(
     results: Sequence[CheckResult],
     env_differences: Sequence[EnvDifference],
@@ -73,20 +90,24 @@ def rank(
     step: float,
     job: JobSpec,
     grafana: str = "",
-) -> list[Finding]:
-    """Every (cause, device) with a positive score, best first."""
+) -> tuple[list[Finding], list[Unavailable]]:
+    """Every (cause, device) with a positive score, best first; and the blind evidence of
+    devices without one (blind evidence of a device with findings is their last lines)."""
     groups: dict[tuple[str, str], list[Measurement]] = defaultdict(list)
+    blind: dict[str, list[Measurement]] = defaultdict(list)
     for result in results:
         for m in result.measurements:
-            if m.score > 0:
+            if m.unavailable:
+                blind[inventory.name(m.check, m.labels)].append(m)
+            elif m.score > 0:
                 groups[(m.check.cause, inventory.name(m.check, m.labels))].append(m)
-    rng = display_range(step)
     out = []
     for (cause, device), ms in groups.items():
         ms.sort(key=lambda m: -m.score)
         top = ms[0]
-        expr = top.check.template.format(sel=device_selector(top.check, top.labels), d=rng)
+        lines = [*ms, *blind.get(device, [])]
         inst = top.labels.get("instance", "")
+        _, slow = queries(top, env_sel)
         out.append(
             Finding(
                 cause,
@@ -94,12 +115,21 @@ def rank(
                 device,
                 inst,
                 round(top.score, 2),
-                tuple(m.text for m in ms),
-                expr,
+                tuple(m.text for m in lines),
+                slow.promql if slow else "",
                 panel_link(grafana, cause, inst, periods, job),
                 peer=top.labels.get("peer", "") if top.check.key == "probe" else "",
+                measurements=tuple(lines),
+                promql_at=slow.at if slow else periods.slow_end,
             )
         )
+    carried = {device for _, device in groups}
+    alone = [
+        Unavailable(device, m.labels.get("instance", ""), m)
+        for device, ms in sorted(blind.items())
+        if device not in carried
+        for m in ms
+    ]
     for diff in env_differences:
         parts = [f"{diff.variable}={value} on {_pods(pods)}" for value, pods in diff.values.items()]
         out.append(
@@ -113,11 +143,12 @@ def rank(
                 f"fabricscope_workload_nccl_env_info{{{env_sel},"
                 f'variable="{_escape(diff.variable)}"}}',
                 panel_link(grafana, "nccl_config", "", periods, job),
+                promql_at=periods.slow_end,
             )
         )
     out = join_node_evidence(corroborate(out))
     out.sort(key=lambda f: (-f.score, f.cause, "(bridge" in f.device, f.device))
-    return out
+    return out, alone
 
 
 #: added to a hardware finding that a probe's bandwidth drop on its node corroborates
@@ -152,10 +183,15 @@ def corroborate(findings: Sequence[Finding]) -> list[Finding]:
         drops.sort(key=lambda p: -p.score)
         line = (
             f"probe bus bandwidth fell on {len(drops)} pair(s) with this node, worst "
-            f"{drops[0].device}: {drops[0].evidence[0].split(': ', 1)[-1]} GB/s"
+            f"{drops[0].device}: {drops[0].evidence[0].split(': ', 1)[-1]}"
         )
         out.append(
-            replace(f, score=round(f.score + CORROBORATION_BONUS, 2), evidence=(*f.evidence, line))
+            replace(
+                f,
+                score=round(f.score + CORROBORATION_BONUS, 2),
+                evidence=(*f.evidence, line),
+                measurements=(*f.measurements, *drops[0].measurements[:1]),
+            )
         )
     return out
 

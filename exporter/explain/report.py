@@ -1,11 +1,17 @@
 """``explain()``: from a job and a window to ranked findings.
 
-1. the job's throughput over the window (range query at a step chosen from the window);
+1. the job's throughput over the window (range query at a step chosen from the window); where
+   it covers only part of the window, the part it covers is the window (and the report
+   says so);
 2. the drop: ``changepoint.find_drop`` or the ``change_at`` the user gave; the baseline is
    the window before it (less one step of guard), the slow period from it to the end;
 3. the job's footprint (pods, nodes, GPUs, HCAs) from the attribution series;
 4. every check over both periods, scoped to that footprint; NCCL settings across pods;
-5. findings ranked by score; those at or above ``checks.THRESHOLD`` stand out.
+   evidence that went blind (:mod:`blind`); the changes near the threshold held to their
+   coverage and noise (:mod:`judge`);
+5. findings ranked by score; those at or above ``checks.THRESHOLD`` stand out;
+6. the verdict: causes found, no fabric cause found (only when enough checks judged data
+   of enough of the job's nodes), or could not judge (:data:`MIN_JUDGED_CHECKS`).
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
-from exporter.explain import changepoint, discover, evidence, rank
+from exporter.explain import blind, changepoint, discover, evidence, judge, rank
 from exporter.explain.checks import CHECKS, THRESHOLD
 from exporter.explain.client import PrometheusClient
 from exporter.explain.plan import MAX_NAMES_PER_QUERY
@@ -25,8 +32,30 @@ NICE_STEPS = (15, 30, 60, 120, 300, 600, 900, 1800, 3600)
 MAX_POINTS = 720
 
 
+#: "no fabric cause found" needs at least this many checks that compared data of both
+#: periods (fewer: "could not judge")
+MIN_JUDGED_CHECKS = 5
+#: ... on at least this share of the job's nodes
+MIN_JUDGED_NODES = 0.5
+#: below this share of the window covered by the job's data, the report says so
+WINDOW_NOTE = 0.9
+
+Verdict = Literal["causes found", "no fabric cause found", "could not judge"]
+#: the exit code of each verdict (errors before any verdict: 2)
+EXIT_CODES: dict[str, int] = {"causes found": 0, "no fabric cause found": 0, "could not judge": 1}
+
+
 class ExplainError(Exception):
-    """Explain cannot answer (window too short, job not found); one line."""
+    """Explain cannot answer (window too short, job not found); one line; exit 2."""
+
+    exit_code = 2
+
+
+class CannotJudgeError(ExplainError):
+    """The data does not hold enough to compare (no baseline before the given change, too
+    little of the job's data in the window); one line; exit 1, as "could not judge"."""
+
+    exit_code = 1
 
 
 def choose_step(seconds: float) -> int:
@@ -44,6 +73,9 @@ class Checked:
     devices: int  # devices with data for it
     worst: float  # highest score among them
     no_baseline: int = 0  # devices with a slow-period value and no baseline (not scored)
+    judged: int = 0  # devices whose data of both periods (or the slow one, level) it scored
+    unavailable: int = 0  # devices whose evidence went blind (saturated or reset counter)
+    thin: int = 0  # devices whose series cover too little of a period to score
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +96,26 @@ class Report:
     threshold: float = THRESHOLD
     #: one line naming --nodes and pods without fabricscope series ("" when none)
     warning: str = ""
+    #: blind evidence of devices without a finding to carry it
+    unavailable: tuple[rank.Unavailable, ...] = ()
+    #: how much of the window the job's data covers, when not (nearly) all of it
+    data_note: str = ""
+    judged_nodes: int = 0
+    verdict: Verdict = "no fabric cause found"
+    #: why "could not judge" ("" otherwise)
+    reason: str = ""
 
     @property
     def causes(self) -> list[rank.Finding]:
         return rank.standing_out(self.findings)
+
+    @property
+    def judged_checks(self) -> int:
+        return sum(1 for c in self.checked if c.judged)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
 
 
 def explain(
@@ -94,6 +142,7 @@ def explain(
             f"{_iso(start)} and {_iso(end)} (looked for {names}); "
             "give --change-at to compare before and after a time instead"
         )
+    lo, hi, note = _data_window(tp, start, end, step)
     shift = None
     if change_at is None and tp.series is not None:
         shift = changepoint.find_drop(tp.series.times, tp.series.values)
@@ -102,25 +151,32 @@ def explain(
     elif shift is not None:
         split = shift.at
     else:  # no drop: compare the window's halves, so "nothing changed" is checked, not assumed
-        split = start + (end - start) / 2
-    if not start + 2 * step <= split <= end - 2 * step:
-        raise ExplainError(
+        split = lo + (hi - lo) / 2
+    if not lo + 2 * step <= split <= hi - 2 * step:
+        where = "the job's data" if note else "the window"
+        error = CannotJudgeError if note or change_at is None else ExplainError
+        raise error(
             f"the change at {_iso(split)} leaves less than two steps ({step}s each) of "
-            f"baseline or slow period in {_iso(start)} .. {_iso(end)}"
+            f"baseline or slow period in {where}, {_iso(lo)} .. {_iso(hi)}"
+            + (f" ({note})" if note else "")
         )
-    periods = evidence.Periods(start, split - step, split, end)
+    periods = evidence.Periods(lo, split - step, split, hi)
     fp = discover.footprint(client, job, tp, start, end)
     scope = evidence.Scope(fp.instances, job.namespace, fp.pods, max_names)
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         inv_future = pool.submit(
             discover.inventory, client, fp.instances, start, end, max_names=max_names
         )
         env_future = pool.submit(evidence.query_nccl_env, client, scope, periods)
+        blind_future = pool.submit(blind.find, client, scope, periods, step)
         results = evidence.evaluate(client, scope, periods)
         inv = inv_future.result()
         env_sel, env_samples = env_future.result()
+        blinds = blind_future.result()
+    results = blind.apply(results, blinds)
+    results = judge.judge(client, scope, periods, results)
     diffs = evidence.nccl_env_differences(env_samples)
-    findings = rank.rank(
+    findings, unavailable = rank.rank(
         results,
         diffs,
         env_sel,
@@ -139,6 +195,9 @@ def explain(
                 r.series,
                 max((m.score for m in r.measurements), default=0.0),
                 r.no_baseline,
+                r.judged,
+                r.unavailable,
+                r.thin,
             )
             for r in results
         ),
@@ -148,8 +207,12 @@ def explain(
             "NCCL environment variables identical on every pod",
             len({s.labels.get("pod") for s in env_samples}),
             evidence.NCCL_ENV_DIFF_SCORE if diffs else 0.0,
+            judged=len({s.labels.get("pod") for s in env_samples}),
         ),
     )
+    nodes = {m.labels.get("instance", "") for r in results for m in r.measurements if m.judged}
+    nodes &= set(fp.instances)
+    verdict, reason = _verdict(findings, checked, len(nodes), len(fp.instances), note)
     return Report(
         job,
         start,
@@ -165,7 +228,68 @@ def explain(
         checked,
         time.monotonic() - t0,
         warning=discover.unknown_warning(job, tp, inv),
+        unavailable=tuple(unavailable),
+        data_note=note,
+        judged_nodes=len(nodes),
+        verdict=verdict,
+        reason=reason,
     )
+
+
+def _data_window(
+    tp: discover.Throughput, start: float, end: float, step: int
+) -> tuple[float, float, str]:
+    """The part of [start, end] the job's throughput covers (its first and last points),
+    and a note when that is less than :data:`WINDOW_NOTE` of the window ("" otherwise;
+    the window as given when there is no throughput series)."""
+    if tp.series is None:
+        return start, end, ""
+    times = [t for t, v in zip(tp.series.times, tp.series.values, strict=True) if math.isfinite(v)]
+    if not times:
+        return start, end, ""
+    lo, hi = max(start, times[0]), min(end, times[-1])
+    if hi - lo >= WINDOW_NOTE * (end - start):
+        return start, end, ""
+    note = (
+        f"the job's data covers only {_duration(hi - lo + step)} of the "
+        f"{_duration(end - start)} window, {_hms(lo)}-{_hms(hi)}"
+    )
+    return lo, hi, note
+
+
+def _verdict(
+    findings: list[rank.Finding],
+    checked: tuple[Checked, ...],
+    judged_nodes: int,
+    nodes: int,
+    note: str,
+) -> tuple[Verdict, str]:
+    if rank.standing_out(findings):
+        return "causes found", ""
+    judged = sum(1 for c in checked if c.judged)
+    if judged >= MIN_JUDGED_CHECKS and judged_nodes >= MIN_JUDGED_NODES * nodes:
+        return "no fabric cause found", ""
+    reason = (
+        f"only {judged} of {len(checked)} checks compared data of the baseline and the slow "
+        f"period, on {judged_nodes} of {nodes} nodes (a verdict needs "
+        f"{MIN_JUDGED_CHECKS} checks on at least half the job's nodes)"
+    )
+    return "could not judge", reason + (f"; {note}" if note else "")
+
+
+def _duration(seconds: float) -> str:
+    s = max(0, round(seconds))
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    if h:
+        return f"{h}h" + (f"{m:02d}m" if m else "")
+    if m:
+        return f"{m}m" + (f"{sec:02d}s" if sec else "")
+    return f"{sec}s"
+
+
+def _hms(t: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 
 
 def _iso(t: float) -> str:
@@ -174,4 +298,12 @@ def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-__all__ = ["CHECKS", "ExplainError", "Report", "choose_step", "explain"]
+__all__ = [
+    "CHECKS",
+    "EXIT_CODES",
+    "CannotJudgeError",
+    "ExplainError",
+    "Report",
+    "choose_step",
+    "explain",
+]

@@ -196,6 +196,30 @@ def test_real_prometheus_wrong_path_prefix(prom: Prometheus) -> None:
     assert "HTTP 404" in _error(prom.url + "/prometheus")
 
 
+def test_an_empty_prometheus_is_could_not_judge_not_all_clear(prom: Prometheus) -> None:
+    """The issue: against an empty Prometheus, ``--job llm --change-at 30m --nodes
+    node-00`` printed "no fabric cause found" and exited 0 with every check "[no data]".
+    Now it says it could not judge, why, on stdout (table and JSON) and stderr, exit 1."""
+    args = ["--job", "llm", "--change-at", "30m", "--nodes", "node-00", "--window", "1h"]
+    base = ["explain", "--prometheus.url", prom.url, *args]
+    out = fabricscope(base, timeout=60)
+    assert out.returncode == 1, out
+    assert "no fabric cause found" not in out.stdout
+    assert "could not judge: only 0 of 47 checks compared data" in out.stdout
+    assert "[no data]" in out.stdout and "Traceback" not in out.stderr
+    assert "fabricscope explain: could not judge: only 0 of 47 checks" in out.stderr
+    js = fabricscope([*base, "--format", "json"], timeout=60)
+    assert js.returncode == 1
+    doc = json.loads(js.stdout)
+    assert (doc["verdict"], doc["exit_code"]) == ("could not judge", 1)
+    assert doc["judged"] == {"checks": 0, "of_checks": 47, "nodes": 0, "of_nodes": 1}
+    helped = fabricscope(["explain", "--help"], timeout=60)
+    assert helped.returncode == 0
+    flat = " ".join(helped.stdout.split())
+    assert "Exit codes: 0 judged (causes found, or no fabric cause found); 1 could not" in flat
+    assert "2 could not run" in flat
+
+
 def test_real_prometheus_with_tls_and_basic_auth(tmp_path: Path) -> None:
     pki = write_test_pki(tmp_path / "pki")
     hashed = bcrypt.hashpw(b"pa55word", bcrypt.gensalt(rounds=4)).decode()

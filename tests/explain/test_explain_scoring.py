@@ -151,3 +151,126 @@ def test_events_are_counted_back_over_the_guard_step() -> None:
     slow = {expr.split("(")[1].split("{")[0]: expr for expr, at in asked if at == 2000.0}
     assert slow["fabricscope_infiniband_port_link_downed_total"].endswith("[1030s])")
     assert slow["fabricscope_infiniband_port_symbol_errors_total"].endswith("[1000s])")
+
+
+# --- the noise model, coverage and blind evidence (pure parts) -----------------------------
+
+
+def test_an_unchanged_series_never_stands_out_whatever_its_level() -> None:
+    """The issue's port: a steady 600 symbol errors/min read 595 -> 604/min across the
+    halves of a period where nothing changed and scored 3.23 against the check's 1/min.
+    Held to its own baseline's spread and to counting noise it stays below 1; a new error
+    rate of the same size on a clean link still scores as before."""
+    from exporter.explain import noise
+
+    check = CHECKS_BY_NAME["symbol_errors"]
+    base, slow = 595 / 60, 604 / 60
+    assert score(check, base, slow, 1.0) == pytest.approx(math.log2(1 + 9), rel=1e-6)
+    # one-minute tiles of a 10/s Poisson process spread by about sqrt(600)/60 per second
+    sigma = noise.combine(math.sqrt(600) / 60, noise.poisson_rate_sigma(base, 540, 540))
+    assert score(check, base, slow, 1.0, sigma) < 1
+    clean = noise.combine(0.0, noise.poisson_rate_sigma(0.0, 540, 540))
+    assert score(check, 0.0, 9 / 60, 1.0, clean) == pytest.approx(math.log2(10))
+
+
+@pytest.mark.parametrize(
+    ("period", "interval", "expected"),
+    [(1080.0, 60.0, 150.0), (7200.0, 15.0, 600.0), (80.0, 1.0, 7.0), (30.0, 30.0, 75.0)],
+)
+def test_tile_length(period: float, interval: float, expected: float) -> None:
+    from exporter.explain.noise import tile_seconds
+
+    assert tile_seconds(period, interval) == expected
+
+
+def test_tiles_coverage_span_and_spread() -> None:
+    from exporter.explain.noise import Tiles
+
+    t = Tiles(60.0, ((60.0, None), (120.0, None), (180.0, 2.0), (240.0, 4.0)))
+    assert t.coverage == 0.5 and t.span == (120.0, 240.0)
+    assert t.spread == pytest.approx(math.sqrt(2))
+    assert Tiles(60.0, ()).coverage == 0.0 and Tiles(60.0, ((60.0, None),)).span is None
+
+
+def test_poisson_sigmas() -> None:
+    from exporter.explain import noise
+
+    # 10 events/s over 100 s in each period: counts 1000 +- 31.6, rates +- 0.316 each
+    assert noise.poisson_rate_sigma(10.0, 100, 100) == pytest.approx(math.sqrt(0.2))
+    # 4 events in the baseline, the slow period twice as long: expected 8 +- sqrt(8 + 16)
+    assert noise.poisson_events_sigma(4.0, 2.0) == pytest.approx(math.sqrt(24))
+    assert noise.bar(1.0, 0.1) == 1.0 and noise.bar(1.0, 1.0) == noise.Z
+
+
+def test_covered_part_of_a_period_and_thin_periods() -> None:
+    """A baseline whose series begins inside it is taken over the part it covers; one
+    covered under MIN_COVERAGE is not scored and says so."""
+    from exporter.explain.evidence import Measurement, Periods, Window
+    from exporter.explain.judge import _covered
+    from exporter.explain.noise import Tiles
+
+    periods = Periods(0.0, 1200.0, 1260.0, 2460.0)
+    check = CHECKS_BY_NAME["symbol_errors"]
+    m = Measurement(
+        check, {"instance": "n"}, 1.0, 2.0, 3.0, False, Window(1200, 1200), Window(1200, 2460)
+    )
+    full = Tiles(100.0, tuple((1260.0 + 100 * k, 1.0) for k in range(1, 13)))
+    late = Tiles(100.0, tuple((100.0 * k, 1.0 if k > 4 else None) for k in range(1, 13)))
+    out = _covered(m, late, full, periods)
+    assert out.base_window == Window(800.0, 1200.0) and out.slow_window == m.slow_window
+    thin = Tiles(100.0, tuple((100.0 * k, 1.0 if k > 10 else None) for k in range(1, 13)))
+    out = _covered(m, thin, full, periods)
+    assert out.score == 0 and not out.judged
+    assert out.thin == "baseline covers 17% of its period (its series from 00:16:40 UTC)"
+    assert out.text.endswith(
+        "(baseline covers 17% of its period (its series from 00:16:40 UTC): not scored)"
+    )
+
+
+def test_printed_promql_carries_the_unit_and_whole_events() -> None:
+    labels = {"instance": "node-01", "device": "mlx5_4", "port": "1"}
+    sym = CHECKS_BY_NAME["symbol_errors"]
+    assert sym.shown(sym.device_selector(labels), "1620s").startswith("60 * (rate(")
+    down = CHECKS_BY_NAME["link_downed"]
+    assert down.shown(down.device_selector(labels), "60s").startswith("round(increase(")
+    assert down.display(3.01) == 3.0 and down.display(2.5) == 3.0
+    rate = CHECKS_BY_NAME["port_rate"]
+    assert rate.shown("x", "60s").startswith("8e-09 * (") and rate.display(50e9) == 400
+
+
+def test_the_rail_share_of_one_port_divides_by_its_nodes_median() -> None:
+    """The issue: the printed rail-share PromQL kept the port's own matchers inside the
+    median and divided the port by itself (1.0 where the evidence said 0.38)."""
+    check = CHECKS_BY_NAME["rail_share"]
+    labels = {"instance": "node-01", "device": "mlx5_5", "port": "1"}
+    expr = check.shown(check.device_selector(labels), "60s", check.peer_selector(labels))
+    own, median = expr.split("quantile by (instance)")
+    assert 'device="mlx5_5"' in own and 'device="mlx5_5"' not in median
+    assert 'instance="node-01"' in median and median.rstrip(")").endswith("> 0")
+
+
+def test_saturated_counters_make_their_checks_blind_and_the_rest_still_rank() -> None:
+    from exporter.explain.blind import Blind, apply, pma_counters
+    from exporter.explain.evidence import compare
+
+    assert pma_counters(CHECKS_BY_NAME["xmit_wait_share"])[0] == "port_xmit_wait"
+    assert pma_counters(CHECKS_BY_NAME["symbol_errors"]) == ("symbol_error",)
+    assert pma_counters(CHECKS_BY_NAME["cnp_sent"]) == ()
+    port = {"instance": "n1", "device": "mlx5_9", "port": "1"}
+    other = {"instance": "n1", "device": "mlx5_0", "port": "1"}
+    wait = compare(
+        CHECKS_BY_NAME["xmit_wait_share"],
+        [Sample(port, 0.0), Sample(other, 0.0)],
+        [Sample(port, 0.5), Sample(other, 0.5)],
+        1.0,
+    )
+    share = compare(CHECKS_BY_NAME["rail_share"], [Sample(port, 1.0)], [Sample(port, 0.4)], 1.0)
+    blind = Blind("n1", "mlx5_9", "1", "port_xmit_wait", 1795500000.0, None)
+    out = apply([wait, share], [blind])
+    by_device = {m.labels["device"]: m for m in out[0].measurements}
+    assert by_device["mlx5_9"].score == 0 and not by_device["mlx5_9"].judged
+    assert by_device["mlx5_9"].text.endswith(
+        "evidence unavailable (port_xmit_wait saturated since 06:00:00 UTC)"
+    )
+    assert by_device["mlx5_0"].score > 1 and out[0].unavailable == 1
+    assert out[1].measurements[0].score > 1  # the port's other evidence still ranks

@@ -295,7 +295,7 @@ class LabNode:
         self.batch = 0
         self.lister: Lister | None = None  # its kubelet's answer, once the cluster serves it
         #: RDMA devices whose link is held DOWN from the next step on (live mode's faults)
-        self.held_down: set[str] = set()
+        self.held_down: set[str] = {d for n, d in scenario.down if n == self.name}
         #: live mode's "up but slower" faults: RDMA devices whose link retrained at 1X NDR,
         #: and RDMA devices whose NIC's PCIe link retrained at 8 GT/s, from the next step on
         self.rate_dropped: set[str] = set()
@@ -319,6 +319,9 @@ class LabNode:
             # the fixture's counters come from another host's idle port: start from zero errors
             for name in WIDTHS:
                 port.counters[name] = 0
+            headroom = self.scenario.xmit_wait_headroom
+            if headroom is not None and headroom[0] == dev_dir.name:
+                port.counters["port_xmit_wait"] = (1 << WIDTHS["port_xmit_wait"]) - 1 - headroom[1]
             port.hw = {name: 0 for name in ROCE_HW}
             port.ethtool = {name: 0 for name in ETHTOOL_NAMES}
             port.stats64 = {name: 0 for name in STATS64}
@@ -435,6 +438,10 @@ class LabNode:
             # healthy links: a few symbol errors an hour, on some ports
             if port.rail and rng.random() < 2.0 * dt / 3600.0 * (0.5 + port_bias(port)):
                 self._add(c, "symbol_error", 1)
+            for noisy in sc.noisy:  # a marginal link: a steady rate, counted (Poisson-like)
+                if (noisy.node, noisy.device) == (self.name, port.device):
+                    mean = noisy.per_second * dt
+                    self._add(c, "symbol_error", max(0.0, rng.gauss(mean, math.sqrt(mean))))
             wait_rate = 1.5e3 * share / RAIL_LOAD
             cnp_np = cnp_rp = 20.0 * share / RAIL_LOAD
             pause_tx = pause_rx = 0.0

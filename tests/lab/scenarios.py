@@ -49,6 +49,16 @@ class Cause:
 
 
 @dataclass(frozen=True, slots=True)
+class Noisy:
+    """A link that counts symbol errors at a steady rate from the start of the run (a
+    marginal link its FEC corrects): unchanged, so not a cause of anything."""
+
+    node: str
+    device: str
+    per_second: float
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
     summary: str
@@ -56,6 +66,13 @@ class Scenario:
     throughput_ratio: float = 1.0
     nodes: int = 4
     start_fraction: float = 0.4
+    #: links with a steady symbol error rate from the start, whatever the cause
+    noisy: tuple[Noisy, ...] = ()
+    #: (RDMA device, ticks): that device's 32-bit port_xmit_wait starts this far below its
+    #: maximum on every node (it saturates when its port starts waiting hard)
+    xmit_wait_headroom: tuple[str, int] | None = None
+    #: (node, RDMA device) whose link stands DOWN from the start (no traffic, no change)
+    down: tuple[tuple[str, str], ...] = ()
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -102,7 +119,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "roce_incast",
             "incast onto node-02's rail mlx5_9: it sends PFC pause and CNPs, senders are "
-            "paused; the job slows 15 %",
+            "paused; the job slows 15 %; the rail's 32-bit port_xmit_wait counters, long "
+            "unreset, saturate on every node within a minute of the incast (that evidence "
+            "goes blind)",
             Cause(
                 "roce_incast",
                 "node-02",
@@ -113,13 +132,16 @@ SCENARIOS: dict[str, Scenario] = {
                 gpu="5",
             ),
             throughput_ratio=0.85,
+            xmit_wait_headroom=("mlx5_9", 2_000_000),
         ),
         Scenario(
             "nvlink_errors",
             "NVLink replay, recovery and CRC-flit errors on GPU 5 of node-03 (NVML replay); "
-            "the job slows 6 %",
+            "the job slows 6 %; node-00's rail mlx5_0 counts 10 symbol errors a second "
+            "from the start to the end (a marginal link its FEC corrects: not the cause)",
             Cause("nvlink_errors", "node-03", "nvlink_errors", gpu="5"),
             throughput_ratio=0.94,
+            noisy=(Noisy("node-00", "mlx5_0", 10.0),),
         ),
         Scenario(
             "pcie_x8_nic",
@@ -161,7 +183,8 @@ SCENARIOS: dict[str, Scenario] = {
             "ib_rate_drop",
             "node-01's rail mlx5_5 (GPU 3) retrains from 400 Gb/sec (4X NDR) to 100 Gb/sec "
             "(1X NDR): the port stays ACTIVE, every error counter flat, its data counters "
-            "grow at a quarter of their rate; the job slows 34 %",
+            "grow at a quarter of their rate; the job slows 34 %; node-01's rail mlx5_11 "
+            "stands DOWN from the start (a cable pulled before the run: no traffic, no change)",
             Cause(
                 "ib_rate_drop",
                 "node-01",
@@ -172,6 +195,7 @@ SCENARIOS: dict[str, Scenario] = {
                 gpu="3",
             ),
             throughput_ratio=0.66,
+            down=(("node-01", "mlx5_11"),),
         ),
         Scenario(
             "pcie_speed_nic",
