@@ -48,6 +48,8 @@ class Panel:
         check = self.measurement.check
         if check.mode == "events":
             return f"{check.axis_label} per {_span(self.seconds)}"
+        if check.axis_label.startswith("/"):  # a rate: name what it counts
+            return f"{check.name.replace('_', ' ')} {check.axis_label}"
         return check.axis_label
 
 
@@ -121,6 +123,8 @@ def plot(client: PrometheusClient, report: Report, path: str) -> None:
                 _figure(a, value, window, f"{name}: {_fmt(value)}{unit}")
         a.set_title(f"#{i} {f.title}: {f.device} (score {f.score:.2f})", loc="left", fontsize=10)
         a.set_ylabel(panel.ylabel)
+        if _unit_interval(panel):  # a share or a 0/1 flag: its whole range, not a zoom
+            a.set_ylim(-0.05, 1.1)
         a.ticklabel_format(axis="y", style="plain", useOffset=False)
         a.text(
             0.005,
@@ -143,6 +147,14 @@ def plot(client: PrometheusClient, report: Report, path: str) -> None:
     axes[-1][0].set_xlabel("time (UTC); shaded: slow period; dashed: the printed figures")
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _unit_interval(panel: Panel) -> bool:
+    label = panel.ylabel
+    if "share" not in label and label != "0/1":
+        return False
+    values = [v for s in panel.series for v in s.values if math.isfinite(v)]
+    return bool(values) and all(0.0 <= v <= 1.0 for v in values)
 
 
 def _figure(ax: object, value: float | None, window: Window | None, label: str) -> None:

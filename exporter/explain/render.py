@@ -85,8 +85,7 @@ def text(report: Report) -> str:
         thin = [f"{c.what} ({c.thin})" for c in r.checked if c.thin]
         lines.append("")
         lines.append(
-            f"{len(r.checked)} checks over {len(fp.instances)} nodes ({judged}); {below} "
-            f"candidates changed but stayed below {r.threshold:g}"
+            f"{judged}; {below} candidates changed but stayed below {r.threshold:g}"
             + (f"; no data for: {', '.join(nodata)}" if nodata else "")
             + (f"; no baseline (not scored) for: {', '.join(nobase)}" if nobase else "")
             + (

@@ -159,9 +159,17 @@ def test_cli_table_json_and_plot(lab: Lab, tmp_path: Path) -> None:
     top = doc["findings"][0]
     assert (top["cause"], top["instance"], top["stands_out"]) == ("ib_link", "node-02", True)
     assert doc["throughput"]["metric"] == "fabricscope_throughput_tokens_per_second"
-    # the PromQL a finding shows is valid and shows the evidence: run it
-    shown = lab.client().query(top["promql"], slot.end)
-    assert len(shown) == 1 and shown[0].value * 60 > 100
+    # the PromQL a finding shows returns its strongest line's slow figure, at its time
+    shown = lab.client().query(top["promql"], top["promql_at"])
+    first = top["measurements"][0]
+    assert len(shown) == 1 and shown[0].value == pytest.approx(first["slow"], rel=0.05)
+    assert first["slow_query"]["promql"] == top["promql"] and first["unit"] == "/min"
+    # the table carries the JSON's evidence lines, and whole events
+    for line in top["evidence"]:
+        assert line[:70] in " ".join(table.stdout.split()), line
+    events = [m for m in top["measurements"] if m["check"] == "link_error_recovery"]
+    assert events and float(events[0]["slow"]).is_integer(), events
+    assert events[0]["slow_query"]["promql"].startswith("round(increase(")
 
 
 def test_cli_healthy_says_no_fabric_cause(lab: Lab) -> None:
@@ -182,7 +190,9 @@ def test_cli_healthy_says_no_fabric_cause(lab: Lab) -> None:
         ]
     )
     assert out.returncode == 0, out.stderr
-    assert "no fabric cause found." in out.stdout
+    assert "no fabric cause found: 31 of 47 checks compared data of both periods, on 4 of 4 " in (
+        out.stdout
+    )
     assert "symbol errors [48 devices; max 0.00]" in out.stdout
 
 
@@ -244,19 +254,45 @@ def test_bare_metal_nodes_and_a_given_change(lab: Lab) -> None:
     assert report.causes[0].cause == "pcie" and report.causes[0].instance == "node-01"
 
 
-def test_a_window_before_the_data_reports_no_baseline_instead_of_a_new_cause(lab: Lab) -> None:
+def test_a_window_before_the_data_is_cut_to_the_jobs_data(lab: Lab) -> None:
     """The issue's run: the window began before the agents' data, no drop was found, the
     halves were compared and the baseline half held nothing; the DGX tree's standing x8
-    switch uplink (0000:38:00.0) scored "none -> 1", 1.58, as a new cause."""
+    switch uplink (0000:38:00.0) scored "none -> 1", 1.58, as a new cause. The window is
+    now the part the job's data covers (and the report says so): its halves are compared,
+    both hold data, nothing stands out."""
     slot = lab.slots["healthy"]
-    start = slot.start - 8000  # the halves split before the first sample
+    start = slot.start - 8000  # the window's halves would split before the first sample
     report = explain(lab.client(), JobSpec("llm", "training"), start, slot.end)
-    assert report.shift is None and report.periods.base_end < slot.start
-    assert report.causes == []
+    assert report.shift is None and report.periods.base_start >= slot.start
+    assert report.data_note.startswith("the job's data covers only 2h of the 4h13m window")
+    assert report.causes == [] and report.verdict == "no fabric cause found"
+    checked = {c.check: c for c in report.checked}
+    assert checked["pci_width_degraded"].no_baseline == 0 and checked["pci_width"].judged >= 4
+    assert all(c.worst < THRESHOLD for c in report.checked)
+
+
+def test_a_change_before_the_data_could_not_judge(lab: Lab) -> None:
+    """A change given where the job's data holds no baseline: one line, exit 1 ("could not
+    judge"), not a verdict. A job printing no throughput, its nodes given, has no window
+    of its own to cut: every device that has data only after the change is "no baseline",
+    none scores, and with nothing compared the verdict is "could not judge"."""
+    slot = lab.slots["healthy"]
+    start = slot.start - 8000
+    args = ["explain", "--prometheus.url", lab.prom.url, "--namespace", "training"]
+    args += ["--job", "llm", "--since", f"{start:.0f}", "--until", f"{slot.end:.0f}"]
+    out = fabricscope([*args, "--change-at", f"{slot.start - 3600:.0f}"])
+    assert out.returncode == 1 and out.stdout == "", out
+    assert out.stderr.count("\n") == 1 and "leaves less than two steps" in out.stderr
+    assert "the job's data covers only 2h of the 4h13m window" in out.stderr
+    nodes = ("node-00", "node-01", "node-02", "node-03")
+    job = JobSpec("no-such-job", "", None, nodes)
+    report = explain(lab.client(), job, start, slot.end, change_at=start + 4000)
+    assert report.periods.base_end < slot.start and report.causes == []
     checked = {c.check: c for c in report.checked}
     assert checked["pci_width_degraded"].no_baseline >= 4  # the x8 uplink on every node
     assert checked["pci_width_degraded"].worst == 0.0
-    assert all(c.worst < THRESHOLD for c in report.checked)
+    assert report.verdict == "could not judge" and report.exit_code == 1
+    assert report.reason.startswith("only 0 of 47 checks compared data"), report.reason
 
 
 def test_unknown_nodes_are_named_in_one_warning_line(lab: Lab) -> None:

@@ -379,7 +379,7 @@ def test_the_plot_draws_each_causes_evidence_in_its_unit(
     for panel in drawn:
         m = panel.measurement
         assert m is not None and len(panel.series) == 1, panel
-        assert panel.ylabel.startswith(m.check.axis_label)
+        assert m.check.axis_label in panel.ylabel
         if m.check.mode == "events":
             continue
         for figure, window in ((m.baseline, m.base_window), (m.slow, m.slow_window)):
