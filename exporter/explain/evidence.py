@@ -240,22 +240,38 @@ class CheckResult:
     series: int = 0  # devices the check found data for
     measurements: list[Measurement] = field(default_factory=list)
 
+    def counts(self) -> Counts:
+        """How its devices fared, in one pass."""
+        out = Counts()
+        for m in self.measurements:
+            if m.unavailable:
+                out.unavailable += 1
+            elif m.thin:
+                out.thin += 1
+            elif m.slow is None:
+                continue
+            elif m.baseline is not None or m.check.mode == "level":
+                out.judged += 1
+                out.instances.add(m.labels.get("instance", ""))
+            else:
+                out.no_baseline += 1
+        return out
+
     @property
     def no_baseline(self) -> int:
         """Devices with a value in the slow period and none in the baseline."""
-        return sum(1 for m in self.measurements if m.no_baseline)
+        return self.counts().no_baseline
 
-    @property
-    def unavailable(self) -> int:
-        return sum(1 for m in self.measurements if m.unavailable)
 
-    @property
-    def thin(self) -> int:
-        return sum(1 for m in self.measurements if m.thin)
+@dataclass(slots=True)
+class Counts:
+    """A check's devices: judged (and their instances), without baseline, blind, thin."""
 
-    @property
-    def judged(self) -> int:
-        return sum(1 for m in self.measurements if m.judged)
+    judged: int = 0
+    no_baseline: int = 0
+    unavailable: int = 0
+    thin: int = 0
+    instances: set[str] = field(default_factory=set)
 
 
 def key(check: Check, labels: Mapping[str, str]) -> tuple[str, ...]:
@@ -335,7 +351,7 @@ def compare(
     if check.mode == "events":
         before = [check.display(v) for v in before]
     job = statistics.median(before) if check.scope == "pod" and before else None
-    job_sigma = noise.values_spread(before)
+    job_sigma = noise.values_spread(before) if job is not None else 0.0
     for base_sample, slow_sample in by_key.values():
         bv = _finite(base_sample)
         sv = _finite(slow_sample)

@@ -104,11 +104,11 @@ def judge(
     interval: float | None = None,
 ) -> list[CheckResult]:
     """``results`` with every change at or above ``floor`` held to coverage and noise."""
-    todo = {
-        r.check.name: [m for m in r.measurements if _candidate(m, floor)]
-        for r in results
-        if any(_candidate(m, floor) for m in r.measurements)
-    }
+    todo = {}
+    for r in results:
+        ms = [m for m in r.measurements if m.score >= floor and _candidate(m, floor)]
+        if ms:
+            todo[r.check.name] = ms
     if not todo:
         return list(results)
     checks = {r.check.name: r.check for r in results}

@@ -186,6 +186,7 @@ def explain(
         grafana=grafana,
         job=job,
     )
+    counts = [r.counts() for r in results]
     checked = (
         *(
             Checked(
@@ -193,13 +194,13 @@ def explain(
                 r.check.cause,
                 r.check.what,
                 r.series,
-                max((m.score for m in r.measurements), default=0.0),
-                r.no_baseline,
-                r.judged,
-                r.unavailable,
-                r.thin,
+                r.measurements[0].score if r.measurements else 0.0,
+                n.no_baseline,
+                n.judged,
+                n.unavailable,
+                n.thin,
             )
-            for r in results
+            for r, n in zip(results, counts, strict=True)
         ),
         Checked(
             "nccl_env",
@@ -210,8 +211,10 @@ def explain(
             judged=len({s.labels.get("pod") for s in env_samples}),
         ),
     )
-    nodes = {m.labels.get("instance", "") for r in results for m in r.measurements if m.judged}
-    nodes &= set(fp.instances)
+    judged: set[str] = set()
+    for n in counts:
+        judged |= n.instances
+    nodes = judged & set(fp.instances)
     verdict, reason = _verdict(findings, checked, len(nodes), len(fp.instances), note)
     return Report(
         job,
