@@ -243,6 +243,7 @@ def _nccl_share_check(name: str, what: str, template: str, mode: Mode, significa
         scope="pod",
         unit="%",
         scale=100.0,
+        axis="% of network channel connections",
     )
 
 

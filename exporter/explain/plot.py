@@ -111,9 +111,10 @@ def plot(client: PrometheusClient, report: Report, path: str) -> None:
     for i, panel in enumerate(rows_data, 1):
         a = axes[i][0]
         f = panel.finding
-        for s in panel.series:
-            a.plot(_dates(s.times), s.values, lw=1.2)
         m = panel.measurement
+        line = m.text if m is not None else f.evidence[0]
+        for k, s in enumerate(panel.series):
+            a.plot(_dates(s.times), s.values, lw=1.2, label=line if k == 0 else None)
         if m is not None and m.check.mode != "events":  # events: counts per range drawn
             unit = m.check.unit
             for value, window, name in (
@@ -126,16 +127,8 @@ def plot(client: PrometheusClient, report: Report, path: str) -> None:
         if _unit_interval(panel):  # a share or a 0/1 flag: its whole range, not a zoom
             a.set_ylim(-0.05, 1.1)
         a.ticklabel_format(axis="y", style="plain", useOffset=False)
-        a.text(
-            0.005,
-            0.96,
-            f.evidence[0],
-            transform=a.transAxes,
-            ha="left",
-            va="top",
-            fontsize=8,
-            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
-        )
+        if panel.series:  # the evidence line, where it hides the least of the series
+            a.legend(loc="best", fontsize=8, framealpha=0.85)
     for row in axes:
         a = row[0]
         a.axvspan(slow0, slow1, color="tab:red", alpha=0.08, lw=0)
