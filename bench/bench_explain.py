@@ -16,6 +16,12 @@ summary: received gzip'd, and uncompressed), Prometheus's user+system CPU during
 
     python bench/bench_explain.py [--nodes 64,256,1024] [--hours 1,6] [--runs 3]
         [--workdir /tmp/fabricscope-bench-explain] [--plot docs/explain-ib_link_bad.png]
+        [--against /path/to/another/checkout]
+
+``--against`` runs another checkout's explain (its own ``exporter``) against the same
+Prometheus in the same session, the two taking turns run by run (who goes first alternates),
+so a change is measured side by side with what it changes, under the same load; each
+measure is printed for both and as a ratio (this checkout over the other).
 
 Each TSDB is built once per --workdir and reused (about 2-3 minutes for 64 nodes x 6 h on
 2 cores; the build grows with nodes x hours).
@@ -41,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from exporter.explain.client import ClientSettings, PrometheusClient  # noqa: E402
 from tests import explain_lab  # noqa: E402
-from tests.promharness import start_prometheus  # noqa: E402
+from tests.promharness import Prometheus, start_prometheus  # noqa: E402
 
 
 def _proc_cpu(pid: int) -> float:
@@ -51,11 +57,12 @@ def _proc_cpu(pid: int) -> float:
 
 
 def _run_measured(
-    cmd: list[str], env: dict[str, str]
+    cmd: list[str], env: dict[str, str], cwd: Path = ROOT
 ) -> tuple[subprocess.CompletedProcess[str], resource.struct_rusage]:
-    """Run ``cmd``; its own CPU and peak RSS (wait4 on that child alone)."""
+    """Run ``cmd`` in ``cwd`` (``-m`` imports from there first); its own CPU and peak RSS
+    (wait4 on that child alone)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -88,8 +95,16 @@ def _build(workdir: Path, nodes: int, hours: float, step: float) -> tuple[Path, 
 
 
 def measure(
-    workdir: Path, nodes: int, hours: float, step: float, *, runs: int, plot: Path | None
-) -> dict[str, object]:
+    workdir: Path,
+    nodes: int,
+    hours: float,
+    step: float,
+    *,
+    runs: int,
+    plot: Path | None,
+    against: Path | None = None,
+) -> list[dict[str, object]]:
+    """One result per checkout: this one, then ``against`` when given."""
     build, slot = _build(workdir, nodes, hours, step)
     shutil.rmtree(workdir / "prom", ignore_errors=True)
     with start_prometheus(workdir / "prom", [], tsdb_path=build / "tsdb") as prom:
@@ -120,51 +135,71 @@ def measure(
             "--log.level",
             "info",
         ]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        rows: list[dict[str, float]] = []
+        checkouts = [ROOT] + ([against.resolve()] if against is not None else [])
+        rows: dict[Path, list[dict[str, float]]] = {c: [] for c in checkouts}
         transcript = ""
         for i in range(runs):
-            extra = ["--plot", str(plot)] if plot and i == 0 else []
-            prom_before = _proc_cpu(prom.process.pid)
-            t0 = time.perf_counter()
-            out, usage = _run_measured([*args, *extra], env)
-            wall = time.perf_counter() - t0
-            if out.returncode != 0:
-                print(out.stderr, file=sys.stderr)
-                raise SystemExit(1)
-            summary = re.search(
-                r"answered with (\d+) queries, ([\d.]+) MB received \(([\d.]+) MB", out.stderr
-            )
-            if summary is None:
-                raise SystemExit(f"no summary line in explain's stderr:\n{out.stderr}")
-            rows.append(
-                {
-                    "wall_s": wall,
-                    "cpu_s": usage.ru_utime + usage.ru_stime,
-                    "rss_mib": usage.ru_maxrss / 1024,
-                    "queries": float(summary.group(1)),
-                    "mb_received": float(summary.group(2)),
-                    "mb_uncompressed": float(summary.group(3)),
-                    "prometheus_cpu_s": _proc_cpu(prom.process.pid) - prom_before,
-                }
-            )
-            transcript = transcript or out.stdout
+            for code in checkouts if i % 2 == 0 else checkouts[::-1]:
+                row, out = _one(prom, args, code, plot if i == 0 and code == ROOT else None)
+                rows[code].append(row)
+                if code == ROOT:
+                    transcript = transcript or out
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
         js = subprocess.run(
-            [*args, "--format", "json"], capture_output=True, text=True, env=env, check=True
+            [*args, "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            check=False,
         )
         top = json.loads(js.stdout)["findings"][0]
     print(transcript, file=sys.stderr)
-    result: dict[str, object] = {
-        "nodes": nodes,
-        "hours": hours,
-        "series": series,
-        "samples_millions": round(series * (hours * 3600 / step + 1) / 1e6, 1),
-        "top": f"{top['cause']} {top['device']} ({top['score']})",
+    results = []
+    for code, got in rows.items():
+        result: dict[str, object] = {
+            "checkout": "this" if code == ROOT else str(code),
+            "nodes": nodes,
+            "hours": hours,
+            "series": series,
+            "samples_millions": round(series * (hours * 3600 / step + 1) / 1e6, 1),
+            "top": f"{top['cause']} {top['device']} ({top['score']})" if code == ROOT else "",
+        }
+        for k in got[0]:
+            result[k] = statistics.median(r[k] for r in got)
+        result["wall_max_s"] = max(r["wall_s"] for r in got)
+        results.append(result)
+    return results
+
+
+def _one(
+    prom: Prometheus, args: list[str], code: Path, plot: Path | None
+) -> tuple[dict[str, float], str]:
+    """One whole explain command of checkout ``code``: its measures and its table."""
+    extra = ["--plot", str(plot)] if plot else []
+    env = dict(os.environ, PYTHONPATH=str(code))
+    prom_before = _proc_cpu(prom.process.pid)
+    t0 = time.perf_counter()
+    out, usage = _run_measured([*args, *extra], env, code)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        print(out.stderr, file=sys.stderr)
+        raise SystemExit(1)
+    summary = re.search(
+        r"answered with (\d+) queries, ([\d.]+) MB received \(([\d.]+) MB", out.stderr
+    )
+    if summary is None:
+        raise SystemExit(f"no summary line in explain's stderr:\n{out.stderr}")
+    row = {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "rss_mib": usage.ru_maxrss / 1024,
+        "queries": float(summary.group(1)),
+        "mb_received": float(summary.group(2)),
+        "mb_uncompressed": float(summary.group(3)),
+        "prometheus_cpu_s": _proc_cpu(prom.process.pid) - prom_before,
     }
-    for k in rows[0]:
-        result[k] = statistics.median(r[k] for r in rows)
-    result["wall_max_s"] = max(r["wall_s"] for r in rows)
-    return result
+    return row, out.stdout
 
 
 def main() -> int:
@@ -176,24 +211,44 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/fabricscope-bench-explain"))
     ap.add_argument("--plot", type=Path, default=None, help="also write the plot of one run")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="another checkout whose explain takes turns with this one's (side by side)",
+    )
     ns = ap.parse_args()
     results = []
     print(
-        "| nodes | window | series / samples in the TSDB | wall, median (max) | explain CPU "
-        "| explain RSS | queries | received (uncompressed) | Prometheus CPU | top finding |"
+        "| nodes | window | checkout | series / samples in the TSDB | wall, median (max) "
+        "| explain CPU | explain RSS | queries | received (uncompressed) | Prometheus CPU "
+        "| top finding |"
     )
-    print("|" + " --- |" * 10)
+    print("|" + " --- |" * 11)
     for nodes in (int(n) for n in ns.nodes.split(",")):
         for hours in (float(h) for h in ns.hours.split(",")):
-            r = measure(ns.workdir, nodes, hours, ns.step, runs=ns.runs, plot=ns.plot)
-            results.append(r)
-            print(
-                f"| {nodes} | {hours:g} h | {r['series']:,} / {r['samples_millions']}M "
-                f"| {r['wall_s']:.1f} s ({r['wall_max_s']:.1f} s) | {r['cpu_s']:.1f} s "
-                f"| {r['rss_mib']:.0f} MiB | {r['queries']:.0f} | {r['mb_received']:.1f} MB "
-                f"({r['mb_uncompressed']:.1f} MB) | {r['prometheus_cpu_s']:.1f} s | {r['top']} |",
-                flush=True,
+            both = measure(
+                ns.workdir, nodes, hours, ns.step, runs=ns.runs, plot=ns.plot, against=ns.against
             )
+            results += both
+            for r in both:
+                print(
+                    f"| {nodes} | {hours:g} h | {r['checkout']} "
+                    f"| {r['series']:,} / {r['samples_millions']}M "
+                    f"| {r['wall_s']:.1f} s ({r['wall_max_s']:.1f} s) | {r['cpu_s']:.1f} s "
+                    f"| {r['rss_mib']:.0f} MiB | {r['queries']:.0f} | {r['mb_received']:.1f} MB "
+                    f"({r['mb_uncompressed']:.1f} MB) | {r['prometheus_cpu_s']:.1f} s "
+                    f"| {r['top']} |",
+                    flush=True,
+                )
+            if len(both) == 2:
+                this, other = both
+                ratios = ", ".join(
+                    f"{k} {float(this[k]) / float(other[k]):.2f}"  # type: ignore[arg-type]
+                    for k in ("wall_s", "cpu_s", "rss_mib", "queries", "prometheus_cpu_s")
+                    if float(other[k])  # type: ignore[arg-type]
+                )
+                print(f"this checkout over {other['checkout']}: {ratios}", flush=True)
     if ns.json:
         ns.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -118,7 +118,10 @@ class Check:
     it returns the printed figure. ``identity`` names the labels that make a device, besides
     ``instance``. ``counts``: the template is a rate or an increase of events, whose
     counting noise is Poisson (default: the ``rate`` and ``events`` modes). ``axis``: what
-    a plot's y axis says (default: the unit).
+    a plot's y axis says (default: the unit). ``whole_job``: the series come from another
+    node than the device's (NCCL's RAS answers from the node of rank 0, and the template
+    moves each rank to its own node): asked for the whole job at once, never in groups of
+    nodes, and printed over the whole job, the device being one row of the answer.
     """
 
     name: str
@@ -134,6 +137,7 @@ class Check:
     scale: float = 1.0
     counts: bool | None = None
     axis: str = ""
+    whole_job: bool = False
 
     @property
     def counting(self) -> bool:
@@ -828,6 +832,8 @@ CHECKS: tuple[Check, ...] = (
         0.5,
         "gpu",
         ("gpu",),
+        axis="0/1",
+        whole_job=True,
     ),
 )
 

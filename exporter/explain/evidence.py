@@ -69,6 +69,8 @@ class Scope:
     def selectors(self, check: Check, max_names: int | None = None) -> list[str]:
         """The job's selector for ``check``, one per group of at most ``max_names`` names."""
         size = self.max_names if max_names is None else max_names
+        if check.whole_job:  # one question for the whole job (see Check.whole_job)
+            size = len(self.pods) + len(self.instances) + 1
         if check.scope == "pod":
             ns = _escape(self.namespace)
             return [f'namespace="{ns}",pod=~"{_alternation(g)}"' for g in groups(self.pods, size)]
@@ -123,6 +125,9 @@ class Measurement:
     naive_score: float = 0.0
     unavailable: str = ""
     thin: str = ""
+    #: a ``whole_job`` check's selector (the whole job's): its printed PromQL's, the device
+    #: one row of the answer
+    job_selector: str = ""
 
     @property
     def no_baseline(self) -> bool:
@@ -174,6 +179,8 @@ def queries(m: Measurement, job_selector: str = "") -> tuple[Query | None, Query
     job's pods is their median (``job_selector``: the job's pods)."""
     c = m.check
     sel, peers = c.device_selector(m.labels), c.peer_selector(m.labels)
+    if m.job_selector:
+        sel = peers = m.job_selector
     base = slow = None
     if m.baseline is not None and m.base_window is not None:
         w = m.base_window
@@ -315,6 +322,7 @@ def evaluate(
             seconds[c.name] / periods.base_seconds,
             base_window=Window(periods.base_seconds, periods.base_end),
             slow_window=Window(seconds[c.name], periods.slow_end),
+            job_selector=scope.selectors(c)[0] if c.whole_job else "",
         )
         if c in planned
         else CheckResult(c)
@@ -335,6 +343,7 @@ def compare(
     *,
     base_window: Window | None = None,
     slow_window: Window | None = None,
+    job_selector: str = "",
 ) -> CheckResult:
     """Join baseline and slow samples per device and score them (against the significance
     level; :mod:`exporter.explain.judge` then holds the changes that come near it to their
@@ -378,6 +387,7 @@ def compare(
                 slow_window,
                 noise=_scaled(check, job_sigma) if borrowed else None,
                 naive_score=naive,
+                job_selector=job_selector,
             )
         )
     result.measurements.sort(key=lambda m: -m.score)

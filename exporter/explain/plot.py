@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exporter.explain.client import PrometheusClient, Series
-from exporter.explain.evidence import Measurement, Window, _fmt
+from exporter.explain.evidence import Measurement, Window, _fmt, key
 from exporter.explain.judge import scrape_interval
 from exporter.explain.rank import Finding
 from exporter.explain.report import Report
@@ -67,11 +67,15 @@ def panels(client: PrometheusClient, report: Report) -> list[Panel]:
             out.append(Panel(f, None, f.promql, 0, tuple(series[:6])))
             continue
         check = m.check
-        sel = check.device_selector(m.labels)
+        sel, peers = check.device_selector(m.labels), check.peer_selector(m.labels)
+        if m.job_selector:  # the whole job's answer, the device one row of it
+            sel = peers = m.job_selector
         interval = scrape_interval(client, check, sel, report.periods)
         seconds = int(max(60, 4 * report.step, math.ceil(4 * interval)))
-        expr = check.shown(sel, f"{seconds}s", check.peer_selector(m.labels))
+        expr = check.shown(sel, f"{seconds}s", peers)
         series = client.query_range(expr, report.start, report.end, report.step)
+        if m.job_selector:
+            series = [s for s in series if key(check, s.labels) == key(check, m.labels)]
         out.append(Panel(f, m, expr, seconds, tuple(series[:6])))
     return out
 

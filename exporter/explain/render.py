@@ -152,9 +152,10 @@ def _promql(f: Finding) -> list[str]:
     if slow is None:
         return [f"           promql: {f.promql}"]
     unit = m.check.unit
+    row = f" in its row ({m.check.device_selector(m.labels)})" if m.job_selector else ""
     out = [
         f"           promql: {slow.promql}",
-        f"                   returns {_fig(m.slow)}{unit} at {_hms(slow.at)}",
+        f"                   returns {_fig(m.slow)}{unit}{row} at {_hms(slow.at)}",
     ]
     if base is not None:
         same = base.promql.replace(_range(base.promql), "") == slow.promql.replace(

@@ -24,7 +24,7 @@ from exporter.explain import plot, render
 from exporter.explain.checks import THRESHOLD
 from exporter.explain.client import ClientSettings, PrometheusClient
 from exporter.explain.discover import JobSpec
-from exporter.explain.evidence import queries
+from exporter.explain.evidence import key, queries
 from exporter.explain.plan import RunLedger
 from exporter.explain.report import Report, explain
 from tests.lab.backfill import TEST_HOURS, TEST_STEP, ScenarioCache, ServedScenario
@@ -347,10 +347,12 @@ def test_every_evidence_line_of_every_cause_reproduces(
         for m in f.measurements:
             if m.unavailable:
                 continue
+            k = key(m.check, m.labels)
             for q, figure in zip(queries(m), (m.baseline, m.slow), strict=True):
                 if q is None or figure is None:
                     continue
-                got = client.query(q.promql, q.at)
+                # the device's row (a whole-job check answers for every device)
+                got = [s for s in client.query(q.promql, q.at) if key(m.check, s.labels) == k]
                 assert len(got) == 1, (q.promql, got)
                 assert got[0].value == pytest.approx(figure, rel=0.05, abs=1e-9), (q, m.text)
                 checked += 1
