@@ -140,6 +140,18 @@ class Check:
     whole_job: bool = False
 
     @property
+    def job_named(self) -> bool:
+        """A pod-scoped check whose series all come from the job's own logs and carry its
+        ``job_name`` label (NCCL's): on bare metal, with no pods, it selects the job's
+        nodes and that label instead."""
+        names = set(_METRIC.findall(self.template))
+        return (
+            self.scope == "pod"
+            and bool(names)
+            and all(n.startswith("fabricscope_nccl_") for n in names)
+        )
+
+    @property
     def counting(self) -> bool:
         """Event counts, with Poisson counting noise."""
         return self.mode in ("rate", "events") if self.counts is None else self.counts
@@ -175,13 +187,15 @@ class Check:
     def device_selector(self, labels: Mapping[str, str]) -> str:
         """The matchers of one device: its instance and identity (a pod: namespace, pod
         and GPU when it has one)."""
-        names = ("namespace", "pod", "gpu") if self.scope == "pod" else ("instance", *self.identity)
+        names: tuple[str, ...] = ("instance", *self.identity)
+        if self.scope == "pod":
+            names = ("namespace", "pod", "gpu") if labels.get("pod") else ("instance", "job_name")
         return ",".join(f'{n}="{_escape(labels.get(n, ""))}"' for n in names if n in labels)
 
     def peer_selector(self, labels: Mapping[str, str]) -> str:
         """The matchers of the device's peers for ``{peers}``: its node (its pod's namespace
         for a pod-scoped check)."""
-        if self.scope == "pod":
+        if self.scope == "pod" and labels.get("pod"):
             return f'namespace="{_escape(labels.get("namespace", ""))}"'
         return f'instance="{_escape(labels.get("instance", ""))}"'
 
@@ -205,7 +219,8 @@ PORT = ("device", "port")
 
 #: NCCL's network transports (agent/throughput/nccl.py NET_TRANSPORTS)
 _NCCL_NET = 'transport=~"NET/.+"'
-_BY_POD = "instance, namespace, pod"
+#: a pod-scoped row: its pod, or on bare metal (no pod) the job on its node
+_BY_POD = "instance, namespace, pod, job_name"
 _ANY_HCA = 'device=~".+"'
 
 

@@ -182,6 +182,8 @@ class Inventory:
                 f"{inst} GPU {labels.get('gpu', '')} <-> {labels.get('peer', '')} GPU "
                 f"{labels.get('peer_gpu', '')} ({collective})"
             )
+        if not labels.get("pod"):  # bare metal: the job's own series on the node
+            return f"job {labels.get('job_name', '')} on {inst}"
         return f"{labels.get('pod', '')} on {inst}"
 
 

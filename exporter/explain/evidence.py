@@ -57,6 +57,8 @@ class Scope:
     namespace: str
     pods: tuple[str, ...]
     max_names: int = MAX_NAMES_PER_QUERY
+    #: the throughput series' job_name: a bare-metal job's NCCL series carry it (no pods)
+    job_name: str = ""
 
     def selector(self, check: Check) -> str:
         """One selector for the whole job (small jobs, and tests)."""
@@ -71,9 +73,14 @@ class Scope:
         size = self.max_names if max_names is None else max_names
         if check.whole_job:  # one question for the whole job (see Check.whole_job)
             size = len(self.pods) + len(self.instances) + 1
-        if check.scope == "pod":
+        if check.scope == "pod" and self.pods:
             ns = _escape(self.namespace)
             return [f'namespace="{ns}",pod=~"{_alternation(g)}"' for g in groups(self.pods, size)]
+        if check.scope == "pod":  # bare metal: the job's own series on its nodes, or none
+            if not (check.job_named and self.job_name):
+                return []
+            job = f'job_name="{_escape(self.job_name)}"'
+            return [f'instance=~"{_alternation(g)}",{job}' for g in groups(self.instances, size)]
         return [f'instance=~"{_alternation(g)}"' for g in groups(self.instances, size)]
 
 
@@ -305,7 +312,7 @@ def evaluate(
         slow = client.query(check.expr(sel, d), periods.slow_end)
         return base, slow
 
-    planned = [c for c in checks if not (c.scope == "pod" and not scope.pods)]
+    planned = [c for c in checks if scope.selectors(c)]
     jobs = [(c, sel) for c in planned for sel in scope.selectors(c)]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         answers = list(pool.map(run, jobs))

@@ -207,8 +207,8 @@ def _scope_of(check: Check, ms: Sequence[Measurement], scope: Scope) -> Scope:
     instances = tuple(sorted({m.labels.get("instance", "") for m in ms} - {""}))
     pods = tuple(sorted({m.labels.get("pod", "") for m in ms} - {""}))
     if check.scope == "pod":
-        return Scope(scope.instances, scope.namespace, pods, scope.max_names)
-    return Scope(instances, scope.namespace, scope.pods, scope.max_names)
+        return replace(scope, pods=pods)
+    return replace(scope, instances=instances)
 
 
 def _tiles(series: Sequence[Series], seconds: float, ends: Sequence[float]) -> noise.Tiles:

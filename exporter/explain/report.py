@@ -162,7 +162,7 @@ def explain(
         )
     periods = evidence.Periods(lo, split - step, split, hi)
     fp = discover.footprint(client, job, tp, start, end)
-    scope = evidence.Scope(fp.instances, job.namespace, fp.pods, max_names)
+    scope = evidence.Scope(fp.instances, job.namespace, fp.pods, max_names, job.job)
     with ThreadPoolExecutor(max_workers=3) as pool:
         inv_future = pool.submit(
             discover.inventory, client, fp.instances, start, end, max_names=max_names
