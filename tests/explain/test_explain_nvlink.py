@@ -110,7 +110,7 @@ def test_explain_names_the_nvlink_bypass_without_a_p2p_baseline(
     assert isinstance(findings, list) and findings, report
     top = findings[0]
     assert isinstance(top, dict)
-    assert top["cause"] == "nccl_nvlink", [f["cause"] for f in findings]  # type: ignore[index]
+    assert top["cause"] == "nccl_nvlink", [f["cause"] for f in findings]
     assert top["stands_out"], top
     assert any(m.get("check") == "nccl_nvlink_bypass_share" for m in top["measurements"]), top
 
