@@ -9,7 +9,7 @@ from agent.config import AgentConfig
 from agent.core.runner import SamplerSpec
 from agent.core.sampler import Sampler, Snapshot
 from agent.core.sysfs import SysfsReader
-from agent.ibpeer.sampler import IbPeerSampler, check_tools
+from agent.ibpeer.sampler import IbPeerSampler
 from agent.infiniband.sampler import InfinibandSampler, InfinibandSnapshot
 from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, allocated_gpus
 from agent.kubernetes.podwatch import PodIndex
@@ -106,7 +106,6 @@ def build_samplers(
         out.append(InfinibandSampler(sysfs, config.infiniband.expected_rates))
     if "ibpeer" in enabled:
         ip = config.ibpeer
-        check_tools(ip.command_prefix)
         out.append(
             IbPeerSampler(
                 sysfs,
@@ -114,7 +113,11 @@ def build_samplers(
                 tool_timeout=ip.tool_timeout_seconds,
                 # the sampler's own deadline, inside the runner's: its verdict is the one
                 # counted, and the last tool is killed before the runner gives up on the call
-                pass_budget=max(config.sampling.timeout_seconds - 1.0, 0.5),
+                pass_budget=max(ibpeer_timeout(config) - 1.0, 0.5),
+                topology_interval=ip.topology_interval_seconds,
+                uplinks_max=ip.uplinks_max,
+                # one pass is all --once has: every leaf's table in it
+                tables_per_pass=64 if once else 1,
             )
         )
     if "netdev" in enabled:
@@ -238,12 +241,21 @@ def build_specs(
         once=once,
         pod_index=pod_index,
     )
-    # a RAS query is a gather across the whole job: it keeps its own, longer, interval
-    return [
-        SamplerSpec(
-            sampler,
-            config.ras.interval_seconds if sampler.name == "ras" else s.interval_seconds,
-            s.timeout_seconds,
-        )
-        for sampler in samplers
-    ]
+    # a RAS query is a gather across the whole job, the ibpeer sampler asks the fabric: each
+    # keeps its own, longer, interval
+    return [_spec(config, sampler) for sampler in samplers]
+
+
+def _spec(config: AgentConfig, sampler: Sampler) -> SamplerSpec:
+    s = config.sampling
+    if sampler.name == "ibpeer":
+        return SamplerSpec(sampler, config.ibpeer.interval_seconds, ibpeer_timeout(config))
+    if sampler.name == "ras":
+        return SamplerSpec(sampler, config.ras.interval_seconds, s.timeout_seconds)
+    return SamplerSpec(sampler, s.interval_seconds, s.timeout_seconds)
+
+
+def ibpeer_timeout(config: AgentConfig) -> float:
+    """The ibpeer sampler's pass timeout: the sampling timeout, or its own interval when that
+    is shorter (a pass ends before the next starts)."""
+    return min(config.sampling.timeout_seconds, config.ibpeer.interval_seconds)

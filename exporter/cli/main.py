@@ -51,7 +51,13 @@ from agent.config import (
 from agent.core.errors import ConfigError, NoData
 from agent.core.logsetup import LEVELS, setup_logging
 from exporter.cli import explain_flags, probe_flags, ras_flags
-from exporter.cli.argtypes import Parser, count, parse_known, positive_duration
+from exporter.cli.argtypes import (
+    Parser,
+    count,
+    count_or_zero,
+    parse_known,
+    positive_duration,
+)
 from exporter.metrics.spec import DETAILS
 
 if TYPE_CHECKING:
@@ -290,6 +296,32 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
         "(default: 2s)",
     )
     g.add_argument(
+        "--ibpeer.interval",
+        dest="ibpeer_interval",
+        type=positive_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="time between two ibpeer passes; each reads the switch ports' counters (default: 1m)",
+    )
+    g.add_argument(
+        "--ibpeer.topology-interval",
+        dest="ibpeer_topology_interval",
+        type=positive_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="time between two reads of who is cabled where: each port's neighbour, the "
+        "uplinks' far ends (default: 5m)",
+    )
+    g.add_argument(
+        "--ibpeer.uplinks-max",
+        dest="ibpeer_uplinks_max",
+        type=count_or_zero,
+        default=8,
+        metavar="N",
+        help="the most leaf-switch uplinks this node reads, its share of its leaves' uplinks "
+        "(0: none; default: 8)",
+    )
+    g.add_argument(
         "--sampling.interval",
         dest="sampling_interval",
         type=positive_duration,
@@ -485,7 +517,13 @@ def _ibpeer_settings(ns: argparse.Namespace) -> IbPeerSettings:
         prefix = tuple(shlex.split(getattr(ns, "ibpeer_command_prefix", "")))
     except ValueError as exc:
         raise ConfigError(f"--ibpeer.command-prefix: {exc}") from exc
-    return IbPeerSettings(prefix, getattr(ns, "ibpeer_tool_timeout", 2.0))
+    return IbPeerSettings(
+        prefix,
+        getattr(ns, "ibpeer_tool_timeout", 2.0),
+        getattr(ns, "ibpeer_interval", 60.0),
+        getattr(ns, "ibpeer_topology_interval", 300.0),
+        getattr(ns, "ibpeer_uplinks_max", 8),
+    )
 
 
 #: flags of the HTTP server: nothing is served with --once, so none of them may be given
