@@ -359,7 +359,8 @@ class IbPeerSettings:
     pass). ``topology_interval_seconds``: time between two reads of who is cabled where (each
     local port's neighbour, the uplinks' far ends). ``uplinks_max``: the most leaf uplinks
     this node reads (its share of its leaves' uplinks, see ``agent/ibpeer/fabric.py``; 0:
-    none).
+    none). ``extended_counters``: read PortCountersExtended too (the 64-bit data and packet
+    counters only ``--collector.detail=full`` exports): a second query per switch.
     """
 
     command_prefix: tuple[str, ...] = ()
@@ -367,6 +368,7 @@ class IbPeerSettings:
     interval_seconds: float = 60.0
     topology_interval_seconds: float = 300.0
     uplinks_max: int = 8
+    extended_counters: bool = False
 
     def __post_init__(self) -> None:
         if not self.tool_timeout_seconds > 0:

@@ -116,8 +116,10 @@ def build_samplers(
                 pass_budget=max(ibpeer_timeout(config) - 1.0, 0.5),
                 topology_interval=ip.topology_interval_seconds,
                 uplinks_max=ip.uplinks_max,
+                extended=ip.extended_counters,
                 # one pass is all --once has: every leaf's table in it
                 tables_per_pass=64 if once else 1,
+                spread=not once,
             )
         )
     if "netdev" in enabled:

@@ -8,12 +8,13 @@ P's cable (its leaf), ``0,P,k`` whatever is cabled to the leaf's port ``k``. PMA
 (``perfquery``) go by LID, several ports of one switch in one call (``-l LID k1,k2``).
 
 - :func:`read_neighbour`: the local PortInfo and the far end of the cable (NodeInfo,
-  NodeDescription, its port's PortInfo, its LID): 4 or 5 processes.
+  NodeDescription, its port's PortInfo, its LID): 4 or 5 processes, 3 when the far end is
+  the one already known.
 - :func:`read_table`: a leaf's port table: ``portinfo 0,P k`` for each of its ports, then
   ``nodeinfo 0,P,k`` for each port whose link is up: at most 2 per port of that one switch.
 - :func:`read_far_end`: the description and LID of the switch at the far end of an uplink
   (``nodedesc 0,P,k``, ``portinfo 0,P,k 0``): 2 processes.
-- :func:`read_counters`: PortCounters and PortCountersExtended of a switch's ports: 2.
+- :func:`read_counters`: PortCounters (and PortCountersExtended) of a switch's ports: 1 (2).
 """
 
 from __future__ import annotations
@@ -125,9 +126,13 @@ def _lid(info: PortInfo | None) -> int | None:
     return info.lid if info is not None and info.lid else None
 
 
-def read_neighbour(run: Pass, issues: Issues, device: str, port: int) -> PeerPort:
+def read_neighbour(
+    run: Pass, issues: Issues, device: str, port: int, known: PeerPort | None = None
+) -> PeerPort:
     """Local PortInfo and the far end of local port ``device``/``port``'s cable (no
-    counters). Raises ``NoData`` when the tool cannot open the umad device at all."""
+    counters). When the far end is still ``known``'s (same node GUID and port), its
+    description and LID are ``known``'s, not asked again. Raises ``NoData`` when the tool
+    cannot open the umad device at all."""
     ca = ca_args(device, port)
     hop = f"0,{port}"
     s = Steps(run, issues, f"{device}/{port}")
@@ -140,8 +145,19 @@ def read_neighbour(run: Pass, issues: Issues, device: str, port: int) -> PeerPor
     lid: int | None = None
     if local is not None:
         node = s.get("peer nodeinfo", ["smpquery", *ca, "-D", "nodeinfo", hop], parse_nodeinfo)
+    same = (
+        known is not None
+        and node is not None
+        and known.peer == node
+        and known.peer_description is not None
+        and known.peer_lid is not None
+    )
     if node is not None:
-        desc = s.get("peer nodedesc", ["smpquery", *ca, "-D", "nodedesc", hop], parse_nodedesc)
+        desc = (
+            known.peer_description
+            if same and known is not None
+            else s.get("peer nodedesc", ["smpquery", *ca, "-D", "nodedesc", hop], parse_nodedesc)
+        )
     if node is not None and desc is not None:
         link = s.get(
             "peer portinfo",
@@ -150,7 +166,9 @@ def read_neighbour(run: Pass, issues: Issues, device: str, port: int) -> PeerPor
         )
         lid = _lid(link)
     answered = link is not None
-    if node is not None and link is not None and node.node_type == "switch":
+    if same and known is not None and link is not None:
+        lid = known.peer_lid
+    elif node is not None and link is not None and node.node_type == "switch":
         port0 = s.get(
             "peer port 0 portinfo", ["smpquery", *ca, "-D", "portinfo", hop, "0"], parse_portinfo
         )
@@ -228,10 +246,17 @@ def read_far_end(
 
 
 def read_counters(
-    run: Pass, issues: Issues, via: tuple[str, int], lid: int, ports: Sequence[int]
+    run: Pass,
+    issues: Issues,
+    via: tuple[str, int],
+    lid: int,
+    ports: Sequence[int],
+    *,
+    extended: bool = True,
 ) -> dict[int, tuple[PortCounter, ...]]:
-    """PortCounters and PortCountersExtended of ``ports`` of the node at ``lid``, two calls
-    for all of them; a port missing from the answer is left out (one issue)."""
+    """PortCounters (and PortCountersExtended when ``extended``: 64-bit data and packet
+    counters) of ``ports`` of the node at ``lid``, one call each for all of them; a port
+    missing from the answer is left out (one issue)."""
     device, port = via
     ca = ca_args(device, port)
     wanted = sorted(set(ports))
@@ -244,10 +269,14 @@ def read_counters(
     )
     if basic is None:
         return {}
-    ext = s.get(
-        "perfquery -x",
-        ["perfquery", *ca, "-x", "-l", *target],
-        lambda t: parse_perfquery_ports(t, extended=True),
+    ext = (
+        s.get(
+            "perfquery -x",
+            ["perfquery", *ca, "-x", "-l", *target],
+            lambda t: parse_perfquery_ports(t, extended=True),
+        )
+        if extended
+        else None
     )
     out = {}
     for k in wanted:

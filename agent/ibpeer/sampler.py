@@ -11,10 +11,10 @@ the pass:
   each). A leaf's port table (:func:`~agent.ibpeer.query.read_table`: at most 2 processes
   per port of the leaf), which says which uplinks this node reads
   (:mod:`agent.ibpeer.fabric`), is read when the leaf is first seen and then every
-  ``table_interval`` (an hour), ``tables_per_pass`` at a time (one), so a node cabled to
-  eight leaves spreads them over eight passes.
+  ``table_interval`` (an hour), ``tables_per_pass`` at a time (one) and never in a pass that
+  re-read the neighbours, so a node cabled to eight leaves spreads them over eight passes.
 - **counters**, every pass: each watched switch's ports (the far ends of the local cables,
-  the uplinks' two ends) in two ``perfquery -l`` calls per switch
+  the uplinks' two ends) in one ``perfquery -l`` call per switch (two with ``extended``)
   (:func:`~agent.ibpeer.query.read_counters`).
 
 A step that fails (the tool exits non-zero, its output does not parse) costs what depends on
@@ -164,7 +164,12 @@ class IbPeerSampler:
     topology_interval: float = 300.0
     table_interval: float = 3600.0
     tables_per_pass: int = 1
+    #: read no table in a pass that re-read the neighbours (off for ``--once``: one pass)
+    spread: bool = True
     uplinks_max: int = 8
+    #: read PortCountersExtended too (64-bit data and packet counters; ``--collector.detail=
+    #: full`` exports them): a second perfquery per switch
+    extended: bool = False
     #: runs one tool (a replay of recorded answers in the series budget)
     tool: ToolRunner = run_tool
     _topo: _Topology | None = None
@@ -193,7 +198,13 @@ class IbPeerSampler:
         topo_read = False
         downed = _downed(self.sys, ports)
         if self._topology_due(ports, downed, now):
-            peers = tuple(self._remember(read_neighbour(run, issues, d, p), now) for d, p in ports)
+            # after a failed counter query nothing known is trusted (a LID may have moved)
+            t = self._topo
+            known = {(p.device, p.port): p for p in t.peers} if t and not self._stale else {}
+            peers = tuple(
+                self._remember(read_neighbour(run, issues, d, p, known.get((d, p))), now)
+                for d, p in ports
+            )
             self._topo = _Topology(tuple(ports), peers, now, downed)
             self._stale = False
             topo_read = True
@@ -201,9 +212,12 @@ class IbPeerSampler:
         peers = self._topo.peers
         leaves = _leaves(peers)
         self._tables = {g: t for g, t in self._tables.items() if g in leaves}
-        tables_read = self._read_due_tables(run, issues, leaves, now)
+        # a pass that re-read the neighbours leaves the tables to the next (spread the cost)
+        tables_read = (not topo_read or not self.spread) and self._read_due_tables(
+            run, issues, leaves, now
+        )
         if topo_read or tables_read:
-            self._uplinks = self._read_uplinks(run, issues, leaves, refresh=topo_read)
+            self._uplinks = self._read_uplinks(run, issues, leaves)
         got = self._read_counters(run, issues, peers, self._uplinks)
         ports_out = tuple(
             replace(self._held(p, now), peer_counters=_at(got, p.peer_lid, p.peer.local_port))
@@ -275,10 +289,11 @@ class IbPeerSampler:
         return bool(due[: max(self.tables_per_pass, 0)])
 
     def _read_uplinks(
-        self, run: Pass, issues: Issues, leaves: Mapping[str, _Leaf], *, refresh: bool
+        self, run: Pass, issues: Issues, leaves: Mapping[str, _Leaf]
     ) -> tuple[Uplink, ...]:
-        """The uplinks this node reads, their far ends re-read on a topology read (``refresh``)
-        and otherwise only when new."""
+        """The uplinks this node reads; a far end's description and LID are read when the
+        uplink is new to it (or its LID was not learnt), and again after a counter query
+        failed (``_stale`` clears them)."""
         out: list[Uplink] = []
         far: dict[tuple[str, int, str, int], tuple[str | None, int | None]] = {}
         for guid in sorted(leaves):
@@ -290,7 +305,7 @@ class IbPeerSampler:
             for link in assigned_uplinks(table, own, self.uplinks_max - len(out)):
                 key = (guid, link.port, link.peer_guid, link.peer_port)
                 known = self._far.get(key)
-                if refresh or known is None or known[1] is None:
+                if known is None or known[1] is None:
                     known = read_far_end(run, issues, leaf.via, link)
                 far[key] = known
                 out.append(
@@ -327,9 +342,11 @@ class IbPeerSampler:
             want(u.peer_lid, u.via, u.peer_port)
         out: dict[int, dict[int, tuple[PortCounter, ...]]] = {}
         for lid, (via, ports) in sorted(targets.items()):
-            got = read_counters(run, issues, via, lid, sorted(ports))
+            got = read_counters(run, issues, via, lid, sorted(ports), extended=self.extended)
             if len(got) < len(ports):
-                self._stale = True  # a LID moved, a port vanished: re-read the topology
+                # a LID moved, a port vanished: re-read the topology and the far ends
+                self._stale = True
+                self._far = {}
             out[lid] = got
         return out
 

@@ -523,6 +523,8 @@ def _ibpeer_settings(ns: argparse.Namespace) -> IbPeerSettings:
         getattr(ns, "ibpeer_interval", 60.0),
         getattr(ns, "ibpeer_topology_interval", 300.0),
         getattr(ns, "ibpeer_uplinks_max", 8),
+        # the neighbours' 64-bit data counters are exported at full detail only
+        extended_counters=getattr(ns, "collector_detail", "default") == "full",
     )
 
 

@@ -38,8 +38,8 @@ _SWITCH_PREFIX = "fabricscope_infiniband_switch_port_"
 #: the neighbour's counters below full detail: what the alerts, boards and explain read (a
 #: link's downed and recovery events are counted alike at both ends: the local ones suffice)
 _PEER_MINIMAL = frozenset({"symbol_error", "port_rcv_errors", "port_xmit_discards"})
-#: an uplink end's counters below full detail
-_SWITCH_MINIMAL = _PEER_MINIMAL | {"port_xmit_wait"}
+#: an uplink end's counters below full detail (wait and data: its xmit_wait share)
+_SWITCH_MINIMAL = _PEER_MINIMAL | {"port_xmit_wait", "port_xmit_data"}
 #: an uplink end's counters at all (the rest of a switch port's PMA is not read into series)
 _SWITCH_COUNTERS = _SWITCH_MINIMAL | {
     "link_downed",
