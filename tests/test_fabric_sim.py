@@ -274,4 +274,3 @@ def test_explain_finds_nothing_in_the_healthy_part(fabric: Served) -> None:
     assert healthy.causes == [], [(f.cause, f.device, f.score) for f in healthy.causes]
     # the background was there, and below the threshold
     assert max(c.worst for c in healthy.checked) < THRESHOLD
-
