@@ -23,8 +23,9 @@ per watched port (``perfquery LID PORT``, ``perfquery -x LID PORT``), against th
 
     python bench/bench_ibpeer.py [--passes 5] [--json FILE] [--record FILE]
 
-``--record`` writes every tool call's command line and output (the fixture the series
-budget replays: ``tests/fixtures/ibpeer-sim-dgx/recording.json``).
+``--record`` writes the command line and output of every tool call one ``--once`` pass of a
+new agent makes, at both detail levels' queries (the fixture the series budget replays:
+``tests/fixtures/ibpeer-sim-dgx/recording.json``).
 """
 
 from __future__ import annotations
@@ -138,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
             prefix = (str(host / "ibsim-wrap"),)
             env = {**os.environ, "IBSIM_SOCKNAME": lab.sockname}
             clock = Clock()
-            recorder = Recorder(len(prefix))
             sampler = IbPeerSampler(
                 SysfsReader(str(host / "sys")),
                 prefix=prefix,
@@ -146,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
                 clock=clock,
                 pass_budget=60.0,
                 tool_timeout=10.0,
-                tool=recorder,
             )
             rows = [measure("first", sampler.sample)]
             for _ in range(len(DEVICES)):
@@ -159,8 +158,20 @@ def main(argv: list[str] | None = None) -> int:
             clock.now += 300
             topology = measure("topology", sampler.sample)
             last = sampler.sample()
-            sampler.extended = True  # the recording holds the full-detail queries too
-            sampler.sample()
+            # the recording: what one pass of a new agent with --once asks, at every detail
+            recorder = Recorder(len(prefix))
+            for extended in (False, True):
+                IbPeerSampler(
+                    SysfsReader(str(host / "sys")),
+                    prefix=prefix,
+                    env=env,
+                    pass_budget=120.0,
+                    tool_timeout=10.0,
+                    tables_per_pass=64,
+                    spread=False,
+                    extended=extended,
+                    tool=recorder,
+                ).sample()
             previous_runs = [
                 measure(
                     "previous design: perfquery per port",

@@ -9,9 +9,10 @@ up): ``2 x ports`` small queries to that one switch, never a walk beyond its nei
 
 Every host under a leaf sees the same uplinks. Reading all of them from every host would
 cost each uplink one reader per host, in queries and in series, for the same numbers; so
-each uplink has one reader, chosen by rendezvous hashing among the CA GUIDs the leaf's table
-lists (:func:`reader`): every host computes the same answer from the same table, the uplinks
-spread evenly over the hosts, and a host added or removed moves only its own share. An
+each uplink has one reader (:func:`reader`): the leaf's CAs are ranked by a hash of (leaf
+GUID, CA GUID) and the uplinks, in port order, are dealt to them in turn. Every host computes
+the same answer from the same table, and the uplinks spread evenly: each CA reads the
+ceiling or the floor of uplinks / CAs of its leaf (one, in a non-blocking fat tree). An
 uplink whose reader runs no agent is read by nobody (said in the docs); a host reads at most
 ``limit`` uplinks (:func:`assigned_uplinks`), so its share stays bounded whatever the fabric.
 
@@ -62,25 +63,32 @@ class SwitchTable:
         return None
 
 
-def _score(switch_guid: str, port: int, host_guid: str) -> int:
-    digest = hashlib.sha256(f"{switch_guid}/{port}/{host_guid}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
+def _rank(switch_guid: str, host_guid: str) -> bytes:
+    return hashlib.sha256(f"{switch_guid}/{host_guid}".encode()).digest()
+
+
+def readers(table: SwitchTable) -> dict[int, str]:
+    """Uplink port -> the CA GUID that reads it (see the module docstring); empty when no
+    CA is cabled to the switch."""
+    hosts = sorted(table.hosts, key=lambda h: (_rank(table.guid, h), h))
+    if not hosts:
+        return {}
+    ups = sorted(u.port for u in table.uplinks)
+    return {port: hosts[i % len(hosts)] for i, port in enumerate(ups)}
 
 
 def reader(table: SwitchTable, port: int) -> str | None:
-    """The CA GUID that reads uplink ``port`` of ``table``'s switch: the highest rendezvous
-    score among the switch's CAs (ties, which need a SHA-256 collision, go to the lower
-    GUID); None when no CA is cabled to it."""
-    hosts = sorted(table.hosts)
-    if not hosts:
-        return None
-    return max(hosts, key=lambda h: (_score(table.guid, port, h), h))
+    """The CA GUID that reads uplink ``port`` of ``table``'s switch, or None."""
+    return readers(table).get(port)
 
 
-def assigned_uplinks(table: SwitchTable, own: frozenset[str], limit: int) -> tuple[SwitchLink, ...]:
+def assigned_uplinks(
+    table: SwitchTable, own: frozenset[str], limit: int
+) -> tuple[SwitchLink, ...]:
     """The uplinks of ``table`` whose reader is one of ``own`` (this node's CA GUIDs on that
     switch), lowest port first, at most ``limit``."""
     if limit <= 0 or not own & table.hosts:
         return ()
-    mine = [u for u in table.uplinks if reader(table, u.port) in own]
+    by = readers(table)
+    mine = [u for u in table.uplinks if by.get(u.port) in own]
     return tuple(sorted(mine, key=lambda u: u.port)[:limit])

@@ -125,10 +125,14 @@ def _ib(counter: str) -> str:
 
 def _peer(counter: str) -> str:
     """The switch end of a port's cable (the ibpeer sampler), per local port: a cable moved
-    within the period has two far ends; the worse counts."""
+    within the period has two far ends; the worse counts. Below full detail a healthy
+    cable's counter is not exported until it counts: 0 then, for every port whose far end
+    is known."""
     return (
         "max by (instance, device, port) "
-        f"(rate(fabricscope_infiniband_peer_port_{counter}_total{{{{{{sel}}}}}}[{{d}}]))"
+        f"(rate(fabricscope_infiniband_peer_port_{counter}_total{{{{{{sel}}}}}}[{{d}}])) "
+        "or 0 * max by (instance, device, port) "
+        "(last_over_time(fabricscope_infiniband_peer_info{{{sel}}}[{d}]))"
     )
 
 

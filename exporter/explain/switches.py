@@ -252,6 +252,19 @@ def evaluate_uplinks(
     for (check, _), (base, slow) in zip(jobs, answers, strict=True):
         base_of[check.name] += base
         slow_of[check.name] += slow
+    # below full detail an uplink end's error counter is exported once non-zero: an end the
+    # topology knows, absent from the baseline, counted 0 there
+    ends = {e for near, far in topo.uplinks.items() for e in (near, far)}
+    for c in checks:
+        if c.mode != "rate":
+            continue
+        have = {
+            (s.labels.get("switch_guid", ""), s.labels.get("switch_port", ""))
+            for s in base_of[c.name]
+        }
+        base_of[c.name] += [
+            Sample({"switch_guid": g, "switch_port": p}, 0.0) for g, p in sorted(ends - have)
+        ]
     ratio = periods.slow_seconds / periods.base_seconds
     return [compare(c, base_of[c.name], slow_of[c.name], ratio) for c in checks]
 

@@ -15,8 +15,9 @@ labelled by the switch and port they were read at. Each uplink has one reader am
 hosts under its leaf (``agent/ibpeer/fabric.py``), so these series come from one node each.
 
 Below ``full`` only what the shipped alerts, boards and ``explain`` read is exported: the
-far ends' identities, their error, discard (and, for uplinks, wait) counters and the links
-trained below both ends' best (see each spec's ``detail``/``fold``).
+far ends' identities, their error and discard counters once non-zero, an uplink's wait and
+data at its leaf end (its xmit_wait share), and the links trained below both ends' best
+(see each spec's ``detail``/``fold``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from agent.ibpeer.parse import PortInfo
 from agent.ibpeer.sampler import IbPeerSnapshot, PeerPort, Uplink
 from agent.infiniband.sampler import PortCounter
 from exporter.metrics import infiniband
-from exporter.metrics.spec import Detail, Families, MetricSpec
+from exporter.metrics.spec import Families, MetricSpec
 
 _DP = ("device", "port")
 _DPE = ("device", "port", "end")
@@ -36,17 +37,16 @@ _PEER_PREFIX = "fabricscope_infiniband_peer_port_"
 _SWITCH_PREFIX = "fabricscope_infiniband_switch_port_"
 
 #: the neighbour's counters below full detail: what the alerts, boards and explain read (a
-#: link's downed and recovery events are counted alike at both ends: the local ones suffice)
+#: link's downed and recovery events are counted alike at both ends: the local ones suffice),
+#: each only once it is non-zero (a healthy cable's switch end counts none of them)
 _PEER_MINIMAL = frozenset({"symbol_error", "port_rcv_errors", "port_xmit_discards"})
-#: an uplink end's counters below full detail (wait and data: its xmit_wait share)
-_SWITCH_MINIMAL = _PEER_MINIMAL | {"port_xmit_wait", "port_xmit_data"}
+#: an uplink's leaf end below full detail: its wait and data (the xmit_wait share) always
+_SWITCH_LOAD = frozenset({"port_xmit_wait", "port_xmit_data"})
+_SWITCH_MINIMAL = _PEER_MINIMAL | _SWITCH_LOAD
 #: an uplink end's counters at all (the rest of a switch port's PMA is not read into series)
-_SWITCH_COUNTERS = _SWITCH_MINIMAL | {
-    "link_downed",
-    "link_error_recovery",
-    "port_xmit_data",
-    "port_rcv_data",
-}
+_SWITCH_COUNTERS = _SWITCH_MINIMAL | {"link_downed", "link_error_recovery", "port_rcv_data"}
+_ERRORS_FOLD = "Below full, only once non-zero (explain reads an absent one as 0)."
+_LOAD_FOLD = "Below full, only at an uplink's leaf end (the far end's at full)."
 
 PEER_INFO = MetricSpec(
     "fabricscope_infiniband_peer_info",
@@ -164,7 +164,8 @@ SWITCH_LINK_INFO = MetricSpec(
 )
 
 
-def _peer_spec(local: MetricSpec, detail: Detail) -> MetricSpec:
+def _peer_spec(name: str, local: MetricSpec) -> MetricSpec:
+    shown = name in _PEER_MINIMAL
     return MetricSpec(
         _PEER_PREFIX + local.name.removeprefix(_LOCAL_PREFIX),
         local.type,
@@ -173,11 +174,13 @@ def _peer_spec(local: MetricSpec, detail: Detail) -> MetricSpec:
         + local.help[1:],
         _PEER,
         local.unit,
-        detail=detail,
+        detail="minimal" if shown else "full",
+        fold=_ERRORS_FOLD if shown else "",
     )
 
 
-def _switch_spec(local: MetricSpec, detail: Detail) -> MetricSpec:
+def _switch_spec(name: str, local: MetricSpec) -> MetricSpec:
+    shown = name in _SWITCH_MINIMAL
     return MetricSpec(
         _SWITCH_PREFIX + local.name.removeprefix(_LOCAL_PREFIX),
         local.type,
@@ -186,7 +189,8 @@ def _switch_spec(local: MetricSpec, detail: Detail) -> MetricSpec:
         + local.help[1:],
         _SWITCH,
         local.unit,
-        detail=detail,
+        detail="minimal" if shown else "full",
+        fold=(_LOAD_FOLD if name in _SWITCH_LOAD else _ERRORS_FOLD) if shown else "",
     )
 
 
@@ -194,14 +198,11 @@ _LOCAL = infiniband.pma_specs()
 #: kernel counter file name -> the neighbour's metric, built from the local catalog so the
 #: two cannot drift apart
 _BY_COUNTER: dict[str, MetricSpec] = {
-    name: _peer_spec(local, "minimal" if name in _PEER_MINIMAL else "full")
-    for name, local in _LOCAL.items()
+    name: _peer_spec(name, local) for name, local in _LOCAL.items()
 }
 #: the same for an uplink end's counters
 _SWITCH_BY_COUNTER: dict[str, MetricSpec] = {
-    name: _switch_spec(local, "minimal" if name in _SWITCH_MINIMAL else "full")
-    for name, local in _LOCAL.items()
-    if name in _SWITCH_COUNTERS
+    name: _switch_spec(name, local) for name, local in _LOCAL.items() if name in _SWITCH_COUNTERS
 }
 
 
@@ -253,7 +254,8 @@ def _counters(out: Families, counters: tuple[PortCounter, ...], *labels: str) ->
     for c in counters:
         spec = _BY_COUNTER.get(c.name)
         if spec is not None:
-            out.add(spec, c.value, *labels)
+            if c.raw or not out.folds:
+                out.add(spec, c.value, *labels)
         else:
             out.add(PEER_GENERIC, c.value, *labels, c.name)
         if c.width is not None and c.width < 64:
@@ -293,14 +295,19 @@ def render_uplink(u: Uplink, out: Families) -> None:
         str(u.peer_port),
         u.peer_description or "",
     )
-    for guid, port, counters in (
-        (u.switch_guid, u.switch_port, u.counters),
-        (u.peer_guid, u.peer_port, u.peer_counters),
+    for guid, port, counters, leaf_end in (
+        (u.switch_guid, u.switch_port, u.counters, True),
+        (u.peer_guid, u.peer_port, u.peer_counters, False),
     ):
         for c in counters:
             spec = _SWITCH_BY_COUNTER.get(c.name)
-            if spec is not None:
-                out.add(spec, c.value, guid, str(port))
+            if spec is None:
+                continue
+            if out.folds:
+                load = c.name in _SWITCH_LOAD
+                if (load and not leaf_end) or (not load and not c.raw):
+                    continue
+            out.add(spec, c.value, guid, str(port))
 
 
 def render(snap: IbPeerSnapshot, out: Families) -> None:
