@@ -26,8 +26,9 @@ THRESHOLD = 1.0
 #: for its data rate beside its rail peers'
 PANEL_PORT_RATE = 4
 PANEL_PORT_DATA = 1
-#: the Fleet dashboard's by-switch table (dashboards/boards/fleet_switches.py)
-PANEL_BY_SWITCH = 0
+#: the Fleet dashboard's switches ranked by faulty ports under them (dashboards/boards/
+#: switches.py, the first panel of the by-switch row)
+PANEL_BY_SWITCH = 11
 
 
 @dataclass(frozen=True, slots=True)
