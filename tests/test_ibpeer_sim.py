@@ -11,6 +11,7 @@ One lab for the module (one ibsim per control socket); tests put back what they 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -382,3 +383,35 @@ def _runs_in_lab(proc: Path, lab: IbsimLab) -> bool:
         return False
     tool = any(c.endswith((b"smpquery", b"perfquery")) for c in cmd)
     return tool and f"IBSIM_SOCKNAME={lab.sockname}".encode() in environ
+
+
+def test_topo_prints_the_far_end_of_each_cable(lab: IbsimLab, node: Path) -> None:
+    lab.command('PerformanceSet "leaf1"[1] PortCounters.SymbolErrorCounter=9', "has been set")
+    env_sock = os.environ.get("IBSIM_SOCKNAME")
+    os.environ["IBSIM_SOCKNAME"] = lab.sockname
+    try:
+        args = ["topo", f"--path.sysfs={node / 'sys'}"]
+        table = fabricscope([*args, f"--ibpeer.command-prefix={node / 'ibsim-wrap'}"])
+        doc = fabricscope(
+            [*args, "--format=json", f"--ibpeer.command-prefix={node / 'ibsim-wrap'}"]
+        )
+        absent = fabricscope([*args, "--ibpeer.command-prefix=/nonexistent/wrapper"])
+    finally:
+        lab.command('PerformanceSet "leaf1"[1] PortCounters.SymbolErrorCounter=0', "has been set")
+        if env_sock is None:
+            os.environ.pop("IBSIM_SOCKNAME", None)
+        else:
+            os.environ["IBSIM_SOCKNAME"] = env_sock
+    assert table.returncode == 0, table.stderr
+    assert f"-> leaf1 ({LEAF_GUID}) port 1, switch; there: symbol_error 9" in table.stdout
+    assert f"-> leaf1 ({LEAF_GUID}) port 2, switch; there: no errors" in table.stdout
+    ports = {p["device"]: p["peer"] for p in json.loads(doc.stdout)["rdma_ports"]}
+    assert ports["mlx5_0"]["guid"] == LEAF_GUID and ports["mlx5_0"]["port"] == 1
+    assert ports["mlx5_0"]["counters"]["symbol_error"] == 9
+    assert ports["mlx5_1"]["counters"]["symbol_error"] == 0
+    # the far end's errors are a finding of the node, as in the agent
+    assert "ib_peer_errors mlx5_0/1" in table.stdout
+    # without the tools: the ports as before, and why no far end
+    assert absent.returncode == 0, absent.stderr
+    assert "->" not in absent.stdout
+    assert "far ends of the InfiniBand cables: not read (/nonexistent/wrapper" in absent.stdout

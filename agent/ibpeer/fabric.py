@@ -82,9 +82,7 @@ def reader(table: SwitchTable, port: int) -> str | None:
     return readers(table).get(port)
 
 
-def assigned_uplinks(
-    table: SwitchTable, own: frozenset[str], limit: int
-) -> tuple[SwitchLink, ...]:
+def assigned_uplinks(table: SwitchTable, own: frozenset[str], limit: int) -> tuple[SwitchLink, ...]:
     """The uplinks of ``table`` whose reader is one of ``own`` (this node's CA GUIDs on that
     switch), lowest port first, at most ``limit``."""
     if limit <= 0 or not own & table.hosts:

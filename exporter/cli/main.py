@@ -464,6 +464,21 @@ def build_parser() -> Parser:
         metavar="FILE.tar.gz",
         help="read sysfs from a snapshot instead of the host",
     )
+    topo.add_argument(
+        "--peers",
+        dest="peers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="print each InfiniBand port's far end (switch, port, its error counters), asked "
+        "with infiniband-diags when installed (default: on)",
+    )
+    topo.add_argument(
+        "--ibpeer.command-prefix",
+        dest="ibpeer_command_prefix",
+        default="",
+        metavar="COMMAND",
+        help="words put before every smpquery/perfquery (as for the agent; default: none)",
+    )
 
     snap = sub.add_parser("snapshot", help="capture the sysfs files the samplers read")
     _add_common(snap)
