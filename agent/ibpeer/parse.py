@@ -199,13 +199,20 @@ def parse_guid(text: str) -> str:
 
 
 def parse_nodeinfo(text: str) -> NodeInfo:
+    """``smpquery nodeinfo`` -> :class:`NodeInfo`; NumPorts and LocalPort are 8-bit fields
+    of the MAD, a larger number is malformed output (``ValueError``)."""
     f = parse_fields(text)
     kind = _get(f, "NodeType")
+    num_ports = parse_uint(_get(f, "NumPorts"))
+    local_port = parse_uint(_get(f, "LocalPort"))
+    for name, value in (("NumPorts", num_ports), ("LocalPort", local_port)):
+        if value > 255:
+            raise ValueError(f"{name} {value} is not an 8-bit value")
     return NodeInfo(
         guid=parse_guid(_get(f, "Guid")),
         node_type=NODE_TYPES.get(kind, "unknown"),
-        num_ports=parse_uint(_get(f, "NumPorts")),
-        local_port=parse_uint(_get(f, "LocalPort")),
+        num_ports=num_ports,
+        local_port=local_port,
     )
 
 

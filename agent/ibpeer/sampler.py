@@ -11,8 +11,9 @@ the pass:
   each). A leaf's port table (:func:`~agent.ibpeer.query.read_table`: at most 2 processes
   per port of the leaf), which says which uplinks this node reads
   (:mod:`agent.ibpeer.fabric`), is read when the leaf is first seen and then every
-  ``table_interval`` (an hour), ``tables_per_pass`` at a time (one) and never in a pass that
-  re-read the neighbours, so a node cabled to eight leaves spreads them over eight passes.
+  ``table_interval`` (an hour), ``tables_per_pass`` at a time (one) and not in a pass that
+  re-read the neighbours (unless the pass before did too), so a node cabled to eight leaves
+  spreads them over eight passes.
 - **counters**, every pass: each watched switch's ports (the far ends of the local cables,
   the uplinks' two ends) in one ``perfquery -l`` call per switch (two with ``extended``)
   (:func:`~agent.ibpeer.query.read_counters`).
@@ -181,6 +182,7 @@ class IbPeerSampler:
     )
     _uplinks: tuple[Uplink, ...] = ()
     _missing: list[str] | None = None
+    _deferred: bool = False
     _last: dict[tuple[str, int], PeerId] = field(default_factory=dict)
     _changed: dict[tuple[str, int], tuple[PeerId, float]] = field(default_factory=dict)
     _changes: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -212,10 +214,11 @@ class IbPeerSampler:
         peers = self._topo.peers
         leaves = _leaves(peers)
         self._tables = {g: t for g, t in self._tables.items() if g in leaves}
-        # a pass that re-read the neighbours leaves the tables to the next (spread the cost)
-        tables_read = (not topo_read or not self.spread) and self._read_due_tables(
-            run, issues, leaves, now
-        )
+        # a pass that re-read the neighbours leaves the tables to the next (spread the cost),
+        # but never two in a row: a topology re-read every pass must not starve them
+        defer = topo_read and self.spread and not self._deferred
+        self._deferred = defer
+        tables_read = not defer and self._read_due_tables(run, issues, leaves, now)
         if topo_read or tables_read:
             self._uplinks = self._read_uplinks(run, issues, leaves)
         got = self._read_counters(run, issues, peers, self._uplinks)
