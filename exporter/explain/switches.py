@@ -71,6 +71,8 @@ KIND = {
     "rail_share": "a lower data share",
 }
 _SWITCH_KEY = ("switch_guid", "switch_port")
+#: the title of a single uplink's finding (a cable, not its switches)
+UPLINK_CABLE_TITLE = "an uplink cable (switch to switch) errs, drops or congests"
 
 Port = tuple[str, str, str]  # (instance, device, port)
 SwitchPort = tuple[str, str]  # (switch GUID, port)
@@ -483,7 +485,7 @@ def _group_uplinks(
         extra.append(
             Finding(
                 "switch",
-                CAUSES["switch"].title,
+                UPLINK_CABLE_TITLE,
                 f"uplink cable {topo.short(u[0])} port {u[1]} <-> {topo.short(far[0])} "
                 f"port {far[1]}",
                 "",
