@@ -232,7 +232,6 @@ def build_specs(
     once: bool = False,
     pod_index: Callable[[], PodIndex | None] | None = None,
 ) -> list[SamplerSpec]:
-    s = config.sampling
     samplers = build_samplers(
         config,
         sysfs,
