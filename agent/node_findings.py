@@ -25,8 +25,8 @@ from agent.workload import findings as workload_findings
 from agent.workload.sampler import WorkloadSnapshot
 
 AREAS: tuple[Area, ...] = ("infiniband", "pci", "nvml", "workload")
-#: areas of opt-in samplers (``--sampler.ibpeer``): counted when their snapshot is there, never
-#: listed as missing (``fabricscope topo`` runs no MAD queries; most nodes never enable them)
+#: areas of samplers that need more than sysfs (ibpeer: infiniband-diags and the umad device):
+#: counted when their snapshot is there, never listed as missing (most nodes lack them)
 OPT_IN_AREAS: tuple[Area, ...] = ("ibpeer",)
 
 

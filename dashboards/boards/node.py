@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from boards.model import RI, Board, N, Panel, Show
+from boards.switches import CABLES
 
 NODE_BOARD = Board(
     "fabricscope-node",
@@ -300,6 +301,7 @@ NODE_BOARD = Board(
             "node, NCCL_IB_HCA on another node, IB disabled).",
             shows=(Show(("wrong_numa",), ()),),
         ),
+        *CABLES,
     ),
     single_node=True,
 )

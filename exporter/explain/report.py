@@ -4,8 +4,11 @@
 2. the drop: ``changepoint.find_drop`` or the ``change_at`` the user gave; the baseline is
    the window before it (less one step of guard), the slow period from it to the end;
 3. the job's footprint (pods, nodes, GPUs, HCAs) from the attribution series;
-4. every check over both periods, scoped to that footprint; NCCL settings across pods;
-5. findings ranked by score; those at or above ``checks.THRESHOLD`` stand out.
+4. every check over both periods, scoped to that footprint; NCCL settings across pods; the
+   leaf switches under the job's ports and their uplinks (``switches``);
+5. the switches several of the job's nodes' evidence crowds onto, named as one finding each
+   (``switches.group``);
+6. findings ranked by score; those at or above ``checks.THRESHOLD`` stand out.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from exporter.explain import changepoint, discover, evidence, rank
+from exporter.explain import changepoint, discover, evidence, rank, switches
 from exporter.explain.checks import CHECKS, THRESHOLD
 from exporter.explain.client import PrometheusClient
 from exporter.explain.plan import MAX_NAMES_PER_QUERY
@@ -111,24 +114,40 @@ def explain(
     periods = evidence.Periods(start, split - step, split, end)
     fp = discover.footprint(client, job, tp, start, end)
     scope = evidence.Scope(fp.instances, job.namespace, fp.pods, max_names)
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         inv_future = pool.submit(
             discover.inventory, client, fp.instances, start, end, max_names=max_names
         )
         env_future = pool.submit(evidence.query_nccl_env, client, scope, periods)
+        topo_future = pool.submit(
+            switches.topology, client, fp.instances, start, end, max_names=max_names
+        )
         results = evidence.evaluate(client, scope, periods)
-        inv = inv_future.result()
+        topo = topo_future.result()
+        uplink_results = switches.evaluate_uplinks(client, topo, periods, max_names=max_names)
+        inv = replace(inv_future.result(), cables=topo.cable_names())
         env_sel, env_samples = env_future.result()
     diffs = evidence.nccl_env_differences(env_samples)
-    findings = rank.rank(
+    grouping = switches.group(
         results,
-        diffs,
-        env_sel,
-        inv,
+        uplink_results,
+        topo,
         periods=periods,
         step=step,
-        grafana=grafana,
-        job=job,
+        link=rank.panel_link(grafana, "switch", "", periods, job),
+    )
+    findings = rank.merged(
+        rank.rank(
+            switches.without(results, grouping.folded),
+            diffs,
+            env_sel,
+            inv,
+            periods=periods,
+            step=step,
+            grafana=grafana,
+            job=job,
+        ),
+        grouping.findings,
     )
     checked = (
         *(
@@ -140,7 +159,7 @@ def explain(
                 max((m.score for m in r.measurements), default=0.0),
                 r.no_baseline,
             )
-            for r in results
+            for r in (*results, *uplink_results)
         ),
         Checked(
             "nccl_env",
