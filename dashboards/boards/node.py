@@ -115,7 +115,8 @@ NODE_BOARD = Board(
             "bool_yes_no",
             "1: an ACTIVE port below its own fastest rate since the agent started (history), "
             "the rate most ports of its HCA model here run at (peers), or the node class's "
-            "expected rate (expected).",
+            "expected rate (expected). Below --collector.detail=full only the ports below "
+            "one are listed (empty: none is).",
             w=6,
             shows=(Show(("ib_rate_drop",), (("device", "device"),)),),
         ),
@@ -183,8 +184,9 @@ NODE_BOARD = Board(
             "bargauge",
             (
                 (
+                    # below full detail a port without one exports no count: 0 from port_up
                     "sort_desc(sum by (device) (fabricscope_infiniband_port_pma_saturated_counters"
-                    f"{{{N}}}))",
+                    f"{{{N}}}) or sum by (device) (0 * fabricscope_infiniband_port_up{{{N}}}))",
                     "{{device}}",
                 ),
             ),

@@ -358,8 +358,14 @@ CHECKS: tuple[Check, ...] = (
         "port_rate_degraded",
         "port_rate",
         "below its rate by the agent's own judgement (history, peers or expected; share of time)",
+        # below full detail a comparison is exported only while the port runs below it: the
+        # samples it was below, over the port's samples (0 for a port never below)
         "max by (instance, device, port) "
-        "(avg_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}]))",
+        "(sum_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}])) "
+        "/ on (instance, device, port) max by (instance, device, port) "
+        "(count_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])) "
+        "or 0 * max by (instance, device, port) "
+        "(last_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}]))",
         "rise",
         0.25,
         "port",
