@@ -107,16 +107,19 @@ NODE_BOARD = Board(
             "bargauge",
             (
                 (
+                    # below full detail only the comparisons a port runs below are exported:
+                    # every other port reads "none", 0, from port_up
                     "sort_desc(max by (device, comparison) ("
-                    f"fabricscope_infiniband_port_rate_degraded{{{N}}}))",
+                    f"fabricscope_infiniband_port_rate_degraded{{{N}}}) or on (device) "
+                    "label_replace(max by (device) (0 * fabricscope_infiniband_port_up"
+                    f'{{{N}}}), "comparison", "none", "", ""))',
                     "{{device}} ({{comparison}})",
                 ),
             ),
             "bool_yes_no",
             "1: an ACTIVE port below its own fastest rate since the agent started (history), "
             "the rate most ports of its HCA model here run at (peers), or the node class's "
-            "expected rate (expected). Below --collector.detail=full only the ports below "
-            "one are listed (empty: none is).",
+            "expected rate (expected); (none): below no comparison.",
             w=6,
             shows=(Show(("ib_rate_drop",), (("device", "device"),)),),
         ),
