@@ -11,8 +11,8 @@ from agent.core.runner import SamplerSpec, SamplerStatus
 from agent.core.sampler import Sampler, Snapshot
 from agent.core.sysfs import SysfsReader
 from agent.core.tools import check_tools
+from agent.ibpeer.child import isolated_sampler as isolated_ibpeer
 from agent.ibpeer.sampler import IbPeerSampler
-from agent.ibpeer.sampler import isolated_sampler as isolated_ibpeer
 from agent.infiniband.pma import PmaReader
 from agent.infiniband.records import InfinibandSnapshot
 from agent.infiniband.sampler import InfinibandSampler

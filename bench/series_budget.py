@@ -225,7 +225,7 @@ def count(tree: Path, detail: Detail) -> dict[str, int]:
         replace(s, sampler=InChild(s.sampler)) if s.sampler.name == "nvml" else s for s in specs
     ]
     specs.append(SamplerSpec(ModelNetdev(netdev_model(tree)), 15.0, 10.0))  # type: ignore[arg-type]
-    # ... and ibpeer too (agent.ibpeer.sampler.isolated_sampler), here on recorded answers
+    # ... and ibpeer too (agent.ibpeer.child.isolated_sampler), here on recorded answers
     ibpeer = IbPeerSampler(
         SysfsReader(str(tree)),
         tool=ReplayTools(IBPEER_RECORDING),

@@ -2,7 +2,7 @@
 per query (:mod:`agent.core.tools`), every query of a pass held to one deadline
 (:class:`Pass`). Each function reads one thing and returns it, or ``None`` with an issue.
 In the agent the pass runs in a supervised child that is the subreaper of the tools
-(:func:`agent.ibpeer.sampler.isolated_sampler`): with ``reap`` on, :class:`Pass` kills and
+(:func:`agent.ibpeer.child.isolated_sampler`): with ``reap`` on, :class:`Pass` kills and
 reaps whatever each call left behind (a ``--ibpeer.command-prefix`` that ran ``setsid`` or
 double-forked), whether the call answered, failed or timed out.
 

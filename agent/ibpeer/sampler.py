@@ -18,7 +18,7 @@ the pass:
   the uplinks' two ends) in one ``perfquery -l`` call per switch (two with ``extended``)
   (:func:`~agent.ibpeer.query.read_counters`).
 
-In the agent the sampler runs in a supervised child process (:func:`isolated_sampler`) that
+In the agent the sampler runs in a supervised child process (:mod:`agent.ibpeer.child`) that
 is the subreaper of everything the tools start: after every tool call it kills and reaps
 whatever the call left (a prefix that ran ``setsid`` or double-forked cannot slip out), and
 when the agent stops, the child and any tool still running go with it. Its state (the
@@ -49,17 +49,14 @@ port) is a moved cable, counted and held as ``changed_from`` for
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from agent.config import IbPeerSettings
 from agent.core.errors import NoData
 from agent.core.findings import Finding
-from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.core.sysfs import Issues, SysfsReader, classify_os_error
 from agent.core.tools import run_tool
 from agent.ibpeer.fabric import SwitchTable, assigned_uplinks
@@ -84,11 +81,10 @@ __all__ = [
     "PeerId",
     "PeerPort",
     "Uplink",
-    "child_sampler",
     "findings",
-    "isolated_sampler",
     "local_ib_ports",
     "missing_tools",
+    "warn_missing",
 ]
 
 log = logging.getLogger(__name__)
@@ -140,7 +136,7 @@ def missing_tools(prefix: Sequence[str]) -> list[str]:
     return [t for t in (*prefix[:1], *TOOLS) if shutil.which(t) is None]
 
 
-def _warn_missing(missing: Sequence[str]) -> None:
+def warn_missing(missing: Sequence[str]) -> None:
     if missing:
         log.warning(
             "ibpeer: %s not on PATH: the far ends of this node's InfiniBand cables are not "
@@ -295,7 +291,7 @@ class IbPeerSampler:
         if self._missing is None:
             # a replay of recorded answers runs no tool
             self._missing = missing_tools(self.prefix) if self.tool is run_tool else []
-            _warn_missing(self._missing)
+            warn_missing(self._missing)
         if self._missing:
             raise NoData(f"{', '.join(self._missing)} not on PATH")
 
@@ -492,77 +488,6 @@ class _UnknownCap:
         if dropped:
             self.dropped[via] = self.dropped.get(via, 0) + dropped
         return tuple(kept)
-
-
-def child_sampler(
-    *,
-    sysfs: str,
-    prefix: str,
-    tool_timeout: float,
-    pass_budget: float,
-    topology_interval: float,
-    uplinks_max: int,
-    extended: bool,
-    once: bool,
-) -> IbPeerSampler:
-    """The sampler as its supervised child builds it (``prefix``: a JSON list)."""
-    return IbPeerSampler(
-        SysfsReader(sysfs),
-        prefix=tuple(str(w) for w in json.loads(prefix)),
-        tool_timeout=tool_timeout,
-        pass_budget=pass_budget,
-        topology_interval=topology_interval,
-        uplinks_max=uplinks_max,
-        extended=extended,
-        # one pass is all --once has: every leaf's table in it
-        tables_per_pass=64 if once else 1,
-        spread=not once,
-        reap=True,
-    )
-
-
-def _precheck(sysfs: str, prefix: Sequence[str]) -> Callable[[], None]:
-    """What the agent checks before it starts (or keeps) a child: InfiniBand ports and the
-    tools, so a node with neither keeps no second process."""
-    reader = SysfsReader(sysfs)
-    missing: list[list[str]] = []  # looked up once, as the sampler does
-
-    def check() -> None:
-        local_ib_ports(reader, Issues(reader))
-        if not missing:
-            missing.append(missing_tools(prefix))
-            _warn_missing(missing[0])
-        if missing[0]:
-            raise NoData(f"{', '.join(missing[0])} not on PATH")
-
-    return check
-
-
-def isolated_sampler(
-    settings: IbPeerSettings, sysfs: str, timeout_seconds: float, *, one_shot: bool = False
-) -> IsolatedSampler:
-    """The ibpeer sampler in a supervised child process that is the subreaper of the tools
-    (see the module docstring); its pass ends a second before ``timeout_seconds``.
-    ``one_shot``: ``--once``, one pass that reads every leaf's table."""
-    return IsolatedSampler(
-        "ibpeer",
-        ChildSpec(
-            "agent.ibpeer.sampler:child_sampler",
-            {
-                "sysfs": sysfs,
-                "prefix": json.dumps(list(settings.command_prefix)),
-                "tool_timeout": settings.tool_timeout_seconds,
-                "pass_budget": max(timeout_seconds - 1.0, 0.5),
-                "topology_interval": settings.topology_interval_seconds,
-                "uplinks_max": settings.uplinks_max,
-                "extended": settings.extended_counters,
-                "once": one_shot,
-            },
-        ),
-        timeout_seconds=timeout_seconds,
-        one_shot=one_shot,
-        precheck=_precheck(sysfs, settings.command_prefix),
-    )
 
 
 # -- analysis --------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from agent.config import IbPeerSettings
 from agent.core.runner import Runner, SamplerSpec
 from agent.core.sampler import Sampler
 from agent.core.sysfs import SysfsReader
+from agent.ibpeer.child import isolated_sampler as isolated_ibpeer
 from agent.ibpeer.sampler import IbPeerSnapshot, missing_tools
-from agent.ibpeer.sampler import isolated_sampler as isolated_ibpeer
 from agent.infiniband.records import InfinibandSnapshot
 from agent.infiniband.sampler import InfinibandSampler
 from agent.node_findings import collect
