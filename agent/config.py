@@ -59,9 +59,9 @@ SAMPLER_NAMES = (
     "throughput",
     "workload",
 )
-#: Samplers that run only when asked for (``--sampler.ibpeer``): they need a device or a
-#: privilege the default deployment does not give
-DEFAULT_OFF = frozenset({"ibpeer"})
+#: Samplers that run only when asked for (none today: ibpeer, which needs infiniband-diags and
+#: the umad device, has no data without them and runs by default)
+DEFAULT_OFF: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,14 +381,28 @@ class IbPeerSettings:
     ``command_prefix``: argv put in front of every tool (``ibsim-run`` for the simulator, a
     wrapper, ``sudo -n``); empty: the tools are run directly. ``tool_timeout_seconds``: one
     tool call running longer is killed with its process group and fails the pass.
+    ``interval_seconds``: time between two passes (the switch ports' counters are read every
+    pass). ``topology_interval_seconds``: time between two reads of who is cabled where (each
+    local port's neighbour, the uplinks' far ends). ``uplinks_max``: the most leaf uplinks
+    this node reads (its share of its leaves' uplinks, see ``agent/ibpeer/fabric.py``; 0:
+    none). ``extended_counters``: read PortCountersExtended too (the 64-bit data and packet
+    counters only ``--collector.detail=full`` exports): a second query per switch.
     """
 
     command_prefix: tuple[str, ...] = ()
     tool_timeout_seconds: float = 2.0
+    interval_seconds: float = 60.0
+    topology_interval_seconds: float = 300.0
+    uplinks_max: int = 8
+    extended_counters: bool = False
 
     def __post_init__(self) -> None:
         if not self.tool_timeout_seconds > 0:
             raise ValueError("ibpeer tool timeout must be positive")
+        if not self.interval_seconds > 0 or not self.topology_interval_seconds > 0:
+            raise ValueError("ibpeer intervals must be positive")
+        if self.uplinks_max < 0:
+            raise ValueError("ibpeer uplinks-max must be >= 0")
 
 
 RAS_LEADER_POLICIES = ("rank0", "always")

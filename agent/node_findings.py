@@ -27,9 +27,9 @@ from agent.workload import findings as workload_findings
 from agent.workload.sampler import WorkloadSnapshot
 
 AREAS: tuple[Area, ...] = ("infiniband", "pci", "nvml", "workload")
-#: areas counted when their snapshot is there, never listed as missing: opt-in samplers
-#: (``--sampler.ibpeer``: ``fabricscope topo`` runs no MAD queries) and the throughput sampler,
-#: which has nothing to say on a node without training logs
+#: areas counted when their snapshot is there, never listed as missing: the ibpeer sampler
+#: needs more than sysfs (infiniband-diags and the umad device, which most nodes lack), and
+#: the throughput sampler has nothing to say on a node without training logs
 OPT_IN_AREAS: tuple[Area, ...] = ("ibpeer", "throughput")
 
 

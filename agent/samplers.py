@@ -11,8 +11,8 @@ from agent.core.runner import SamplerSpec, SamplerStatus
 from agent.core.sampler import Sampler, Snapshot
 from agent.core.sysfs import SysfsReader
 from agent.core.tools import check_tools
-from agent.ibpeer.sampler import TOOLS, IbPeerSampler
-from agent.ibpeer.sampler import isolated_sampler as isolated_ibpeer
+from agent.ibpeer.child import isolated_sampler as isolated_ibpeer
+from agent.ibpeer.sampler import IbPeerSampler
 from agent.infiniband.pma import PmaReader
 from agent.infiniband.records import InfinibandSnapshot
 from agent.infiniband.sampler import InfinibandSampler
@@ -137,11 +137,10 @@ def build_samplers(
         out.append(InfinibandSampler(sysfs, ib.expected_rates, pma))
     if "ibpeer" in enabled:
         ip = config.ibpeer
-        check_tools(ip.command_prefix, TOOLS, "--sampler.ibpeer")
+        # on by default: without InfiniBand ports or infiniband-diags it has no data (checked
+        # in the agent, before a child is started), never a configuration error
         if type(sysfs) is SysfsReader:  # the live tree: the tools run in a supervised child
-            out.append(
-                isolated_ibpeer(ip, str(sysfs.root), config.sampling.timeout_seconds, one_shot=once)
-            )
+            out.append(isolated_ibpeer(ip, str(sysfs.root), ibpeer_timeout(config), one_shot=once))
         else:  # a recording reader (fabricscope snapshot) records what it reads, here
             out.append(
                 IbPeerSampler(
@@ -150,7 +149,13 @@ def build_samplers(
                     tool_timeout=ip.tool_timeout_seconds,
                     # the sampler's own deadline, inside the runner's: its verdict is the
                     # one counted, and the last tool is killed before the runner gives up
-                    pass_budget=max(config.sampling.timeout_seconds - 1.0, 0.5),
+                    pass_budget=max(ibpeer_timeout(config) - 1.0, 0.5),
+                    topology_interval=ip.topology_interval_seconds,
+                    uplinks_max=ip.uplinks_max,
+                    extended=ip.extended_counters,
+                    # one pass is all --once has: every leaf's table in it
+                    tables_per_pass=64 if once else 1,
+                    spread=not once,
                 )
             )
     if "netdev" in enabled:
@@ -304,7 +309,6 @@ def build_specs(
     once: bool = False,
     pod_index: Callable[[], PodIndex | None] | None = None,
 ) -> list[SamplerSpec]:
-    s = config.sampling
     samplers = build_samplers(
         config,
         sysfs,
@@ -315,12 +319,21 @@ def build_specs(
         once=once,
         pod_index=pod_index,
     )
-    # a RAS query is a gather across the whole job: it keeps its own, longer, interval
-    return [
-        SamplerSpec(
-            sampler,
-            config.ras.interval_seconds if sampler.name == "ras" else s.interval_seconds,
-            s.timeout_seconds,
-        )
-        for sampler in samplers
-    ]
+    # a RAS query is a gather across the whole job, the ibpeer sampler asks the fabric: each
+    # keeps its own, longer, interval
+    return [_spec(config, sampler) for sampler in samplers]
+
+
+def _spec(config: AgentConfig, sampler: Sampler) -> SamplerSpec:
+    s = config.sampling
+    if sampler.name == "ibpeer":
+        return SamplerSpec(sampler, config.ibpeer.interval_seconds, ibpeer_timeout(config))
+    if sampler.name == "ras":
+        return SamplerSpec(sampler, config.ras.interval_seconds, s.timeout_seconds)
+    return SamplerSpec(sampler, s.interval_seconds, s.timeout_seconds)
+
+
+def ibpeer_timeout(config: AgentConfig) -> float:
+    """The ibpeer sampler's pass timeout: the sampling timeout, or its own interval when that
+    is shorter (a pass ends before the next starts)."""
+    return min(config.sampling.timeout_seconds, config.ibpeer.interval_seconds)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from agent.core.findings import KINDS
+from agent.ibpeer.records import IbPeerSnapshot, PeerPort
 from agent.infiniband.records import InfinibandSnapshot
 from agent.node_findings import NodeFindings
 from agent.pci.sampler import PciDevice, format_cpulist
@@ -103,10 +104,35 @@ def _acs(topo: Topology) -> list[str]:
     return lines if topo.acs else [*lines, "  none"]
 
 
-def _ports(ib: InfinibandSnapshot | None) -> list[str]:
+#: the far end's counters ``fabricscope topo`` prints beside each cable
+PEER_COUNTERS = ("symbol_error", "port_rcv_errors", "port_xmit_discards")
+
+
+def _peer_errors(p: PeerPort) -> dict[str, int]:
+    return {c.name: c.raw for c in p.peer_counters if c.name in PEER_COUNTERS}
+
+
+def _peer_text(p: PeerPort) -> str:
+    if p.peer is None:
+        return "far end not read (see the log)"
+    desc = f"{p.peer_description} " if p.peer_description else ""
+    text = f"-> {desc}({p.peer.guid}) port {p.peer.local_port}, {p.peer.node_type}"
+    errors = _peer_errors(p)
+    counted = {k: v for k, v in errors.items() if v}
+    if counted:
+        text += "; there: " + ", ".join(f"{k} {v}" for k, v in sorted(counted.items()))
+    elif errors:
+        text += "; there: no errors"
+    return text
+
+
+def _ports(
+    ib: InfinibandSnapshot | None, peer: IbPeerSnapshot | None, peers_note: str
+) -> list[str]:
     lines = ["", "RDMA ports:", ""]
     if ib is None:
         return [*lines, "  not read (no InfiniBand sampler data)"]
+    far = {(p.device, p.port): p for p in peer.ports} if peer is not None else {}
     for dev in ib.devices:
         for p in dev.ports:
             state = p.state.name if p.state else "unknown"
@@ -116,7 +142,12 @@ def _ports(ib: InfinibandSnapshot | None) -> list[str]:
                 f"  {dev.name}/{p.port} ({dev.pci_bus_id or '?'}, {p.link_layer or '?'}, "
                 f"{nets}): {state} / {phys}"
             )
-    return lines if len(lines) > 3 else [*lines, "  none"]
+            cable = far.get((dev.name, p.port))
+            if cable is not None:
+                lines.append(f"      {_peer_text(cable)}")
+    if len(lines) == 3:
+        return [*lines, "  none"]
+    return [*lines, f"  far ends of the InfiniBand cables: {peers_note}"] if peers_note else lines
 
 
 def format_table(
@@ -127,9 +158,12 @@ def format_table(
     failed: Collection[str] = (),
     *,
     unavailable: str = "no PCI data",
+    peer: IbPeerSnapshot | None = None,
+    peers_note: str = "",
 ) -> str:
     """An ``nvidia-smi topo -m``-like matrix (GPUs in PCI bus order; a GPU pair joined by
-    NVLink shows ``NV#``), then links, ACS, RDMA ports and every finding of the node.
+    NVLink shows ``NV#``), then links, ACS, RDMA ports (each InfiniBand port's far end from
+    ``peer``, when read; ``peers_note`` says why not) and every finding of the node.
     ``failed``: areas whose sampler failed (crashed, hung, raised) rather than found no
     hardware; they are listed apart from the ones with no data. Without a topology (no PCI
     data: ``unavailable`` says why) the matrix, links and ACS are said to be unavailable and
@@ -138,7 +172,7 @@ def format_table(
         lines = [f"GPU/NIC matrix, PCIe links and ACS: unavailable ({unavailable})"]
     else:
         lines = _matrix(topo, nvlinks or {}) + _links(topo) + _acs(topo)
-    lines += _ports(ib)
+    lines += _ports(ib, peer, peers_note)
     lines += ["", "Findings:", ""]
     lines += [f"  {f.severity:<8} {f.kind} {f.subject}: {f.detail}" for f in node.findings] or [
         "  none"
@@ -173,6 +207,7 @@ def to_json(
     nvlinks: NvlinkCounts | None = None,
     *,
     unavailable: str = "no PCI data",
+    peer: IbPeerSnapshot | None = None,
 ) -> dict[str, object]:
     """A JSON-serialisable view with stable keys (``fabricscope topo --format json``).
     Without a topology the PCI keys are null and ``pci_unavailable`` says why (else null)."""
@@ -186,7 +221,7 @@ def to_json(
     return {
         **pci,
         "pci_unavailable": unavailable if topo is None else None,
-        "rdma_ports": _ports_json(ib),
+        "rdma_ports": _ports_json(ib, peer),
         "findings": [
             {
                 "kind": f.kind,
@@ -251,7 +286,23 @@ def _pci_json(topo: Topology, nv: NvlinkCounts) -> dict[str, object]:
     }
 
 
-def _ports_json(ib: InfinibandSnapshot | None) -> list[dict[str, object]] | None:
+def _peer_json(p: PeerPort | None) -> dict[str, object] | None:
+    if p is None or p.peer is None:
+        return None
+    return {
+        "guid": p.peer.guid,
+        "port": p.peer.local_port,
+        "node_type": p.peer.node_type,
+        "description": p.peer_description,
+        "lid": p.peer_lid,
+        "counters": _peer_errors(p),
+    }
+
+
+def _ports_json(
+    ib: InfinibandSnapshot | None, peer: IbPeerSnapshot | None = None
+) -> list[dict[str, object]] | None:
+    far = {(p.device, p.port): p for p in peer.ports} if peer is not None else {}
     return (
         None
         if ib is None
@@ -264,6 +315,7 @@ def _ports_json(ib: InfinibandSnapshot | None) -> list[dict[str, object]] | None
                 "netdevs": list(p.netdevs),
                 "state": p.state.name if p.state else None,
                 "physical_state": p.phys_state.name if p.phys_state else None,
+                "peer": _peer_json(far.get((dev.name, p.port))),
             }
             for dev in ib.devices
             for p in dev.ports

@@ -21,6 +21,14 @@ served through the same ``AgentApp`` as ``fabricscope agent``) exports for an 8-
   with the kernel's 64-bit link counters and no ethtool statistic the default include
   matches. Every value 0 (a healthy, idle node; the folds below full depend on values:
   a counter that is non-zero adds its series).
+- ibpeer (the far ends of the node's InfiniBand cables and its share of its leaves' uplinks):
+  the real sampler replaying the tool answers ``bench/bench_ibpeer.py --record`` took from a
+  simulated rail-optimised fat tree (``tests/fixtures/ibpeer-sim-dgx``: this node's 8
+  InfiniBand HCAs on 8 leaves with 3 other hosts each and 4 spines; it reads 8 of the leaves'
+  uplinks, both ends). The ``roce`` node has no InfiniBand port: ibpeer has no data there.
+- The NVML and ibpeer samplers run in process here, as the agent runs them in supervised
+  children (:class:`InChild`): the agent's series of a child (its restarts, its crashed,
+  hung and backoff errors) are counted.
 
 Not counted: attribution, throughput and the probe, whose series grow with pods and jobs
 (about 3 per GPU for attribution, a few per job; the probe's are bounded, see docs/performance.md).
@@ -28,7 +36,7 @@ Not counted: attribution, throughput and the probe, whose series grow with pods 
     python bench/series_budget.py [--budget 1200] [--json FILE]
 
 Exits 1 when the ``ib`` node at ``--collector.detail=default`` exports more than
-``--budget`` series (CI runs it through tests/test_series_budget.py).
+``--budget`` series (1,200; CI runs it through tests/test_series_budget.py).
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ import shutil
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +58,10 @@ if str(ROOT) not in sys.path:
 
 from agent.config import AgentConfig, NvmlSettings, Paths, Sampling  # noqa: E402
 from agent.core.runner import SamplerSpec  # noqa: E402
+from agent.core.sampler import Sampler, Snapshot  # noqa: E402
 from agent.core.sysfs import SysfsReader  # noqa: E402
+from agent.core.tools import ToolError, ToolOutput  # noqa: E402
+from agent.ibpeer.sampler import IbPeerSampler  # noqa: E402
 from agent.netdev.stats import (  # noqa: E402
     DEFAULT_ETHTOOL_INCLUDE,
     LinkStats64,
@@ -66,6 +79,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 TREE = FIXTURES / "dgx-h100" / "sys"
 RECORDING = FIXTURES / "nvml" / "h200x2.recording.json"
 MLX5_NAMES = FIXTURES / "netdev-mlx5-counters" / "counters-rst-names.txt"
+IBPEER_RECORDING = FIXTURES / "ibpeer-sim-dgx" / "recording.json"
 GPUS = 8
 BUDGET = 1200
 #: the priority a RoCE fabric runs lossless (PFC on); NVIDIA's RoCE guides use 3
@@ -95,6 +109,40 @@ class ModelNetdev:
 
     def sample(self) -> NetdevSnapshot:
         return self._snapshot
+
+
+class InChild:
+    """A sampler the agent runs in a supervised child (``agent.core.isolation``), run here
+    in process: the runner sees a child with no restarts, and exports what it exports for
+    one (``fabricscope_sampler_child_restarts_total``, the child's failure reasons)."""
+
+    restarts_total = 0
+
+    def __init__(self, sampler: Sampler) -> None:
+        self._sampler = sampler
+
+    @property
+    def name(self) -> str:
+        return self._sampler.name
+
+    def sample(self) -> Snapshot:
+        return self._sampler.sample()
+
+
+class ReplayTools:
+    """The ibpeer sampler's tool runner, answering from a recording (command -> output)."""
+
+    def __init__(self, path: Path) -> None:
+        doc = json.loads(path.read_text())
+        self._answers = {tuple(c["argv"]): c["stdout"] for c in doc["calls"]}
+
+    def __call__(
+        self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
+    ) -> ToolOutput:
+        out = self._answers.get(tuple(argv))
+        if out is None:
+            raise ToolError("io", f"not in the recording: {' '.join(argv)}")
+        return ToolOutput(out, 0.0)
 
 
 def mlx5_statistics() -> list[tuple[str, int]]:
@@ -172,7 +220,20 @@ def count(tree: Path, detail: Detail) -> dict[str, int]:
         latest=latest,
         once=True,
     )
+    # the agent runs NVML in a supervised child (NvmlSettings.isolate, on by default)
+    specs = [
+        replace(s, sampler=InChild(s.sampler)) if s.sampler.name == "nvml" else s for s in specs
+    ]
     specs.append(SamplerSpec(ModelNetdev(netdev_model(tree)), 15.0, 10.0))  # type: ignore[arg-type]
+    # ... and ibpeer too (agent.ibpeer.child.isolated_sampler), here on recorded answers
+    ibpeer = IbPeerSampler(
+        SysfsReader(str(tree)),
+        tool=ReplayTools(IBPEER_RECORDING),
+        tables_per_pass=64,
+        spread=False,
+        extended=detail == "full",
+    )
+    specs.append(SamplerSpec(InChild(ibpeer), 60.0, 10.0))
     app = AgentApp(sorted(specs, key=lambda s: s.sampler.name), latest, detail=detail)
     body = app.run_once().decode()
     nvml_names = {s.name for s in nvml_metrics.SPECS}
@@ -197,6 +258,9 @@ def count(tree: Path, detail: Detail) -> dict[str, int]:
 
 def _area(name: str) -> str:
     for prefix, area in (
+        ("fabricscope_infiniband_peer_", "ibpeer"),
+        ("fabricscope_infiniband_switch_", "ibpeer"),
+        ("fabricscope_infiniband_link_", "ibpeer"),
         ("fabricscope_infiniband_", "infiniband"),
         ("fabricscope_netdev_", "netdev"),
         ("fabricscope_pci_", "pci"),

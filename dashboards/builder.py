@@ -82,6 +82,8 @@ def _panel(p: Panel, pid: int, x: int, y: int) -> object:
     )
     for i, (expr, legend) in enumerate(p.targets):
         b = b.with_target(_target(expr, legend, chr(ord("A") + i), instant))
+    if p.link:
+        b = b.data_links([dashboard.DashboardLink("Open").url(p.link)])
     return b
 
 
@@ -147,7 +149,7 @@ def build(board: Board) -> dict[str, object]:
         d = d.with_variable(v)  # type: ignore[arg-type]
     x = y = row_h = 0
     for pid, p in enumerate(board.panels, start=1):
-        if x + p.w > 24:
+        if x + p.w > 24 or (p.new_row and x):
             x, y, row_h = 0, y + row_h, 0
         d = d.with_panel(_panel(p, pid, x, y))  # type: ignore[arg-type]
         x += p.w

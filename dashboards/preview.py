@@ -2,6 +2,7 @@
 against a real Prometheus holding a backfilled lab scenario (tests/lab).
 
     PYTHONPATH=. python dashboards/preview.py ib_link_bad dashboards/previews
+    PYTHONPATH=. python dashboards/preview.py fabric dashboards/previews   # *-fabric.png
 
 Panels are laid out by their gridPos; a timeseries is drawn from a range query with every
 series named in a legend below it, a bar gauge from an instant query (one bar per series, in
@@ -264,9 +265,19 @@ def draw(fig: Figure, d: Drawn, box: tuple[float, float, float, float], height: 
         bar.ax.tick_params(labelsize=FONT)
 
 
-def render_board(board: generate.Board, url: str, span: Span, node: str, out: Path) -> Path:
+def render_board(
+    board: generate.Board,
+    url: str,
+    span: Span,
+    node: str,
+    out: Path,
+    *,
+    source: str = "lab scenario",
+    suffix: str = "",
+) -> Path:
     """Every panel's data first, then the layout: each row of the dashboard's grid as tall
-    as its tallest panel needs (its legend naming every series, every bar drawn)."""
+    as its tallest panel needs (its legend naming every series, every bar drawn). Written
+    to ``out/<board><suffix>.png``."""
     bands: dict[int, list[Drawn]] = {}
     for p, y, x in _positions(board):
         exprs = [(_subst(e, board, node), lg) for e, lg in p.targets]
@@ -281,7 +292,7 @@ def render_board(board: generate.Board, url: str, span: Span, node: str, out: Pa
     fig.text(
         8 / WIDTH_PX,
         1 - 10 / height,
-        f"{board.title}   (lab scenario; node={node if board.single_node else 'All'})",
+        f"{board.title}   ({source}; node={node if board.single_node else 'All'})",
         fontsize=14,
         va="top",
     )
@@ -291,7 +302,7 @@ def render_board(board: generate.Board, url: str, span: Span, node: str, out: Pa
             box = (d.x / 24 * WIDTH_PX + PAD, top, d.panel.w / 24 * WIDTH_PX - 2 * PAD, heights[y])
             draw(fig, d, box, height)
         top += heights[y] + PAD
-    path = out / f"{generate.path_of(board).stem}.png"
+    path = out / f"{generate.path_of(board).stem}{suffix}.png"
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -302,7 +313,7 @@ def _positions(board: generate.Board) -> list[tuple[generate.Panel, int, int]]:
     out = []
     x = y = row_h = 0
     for p in board.panels:
-        if x + p.w > 24:
+        if x + p.w > 24 or (p.new_row and x):
             x, y, row_h = 0, y + row_h, 0
         out.append((p, y, x))
         x += p.w
@@ -323,11 +334,41 @@ def _subst(expr: str, board: generate.Board, node: str) -> str:
     return expr
 
 
+def fabric(out: Path) -> int:
+    """The Fleet and Node boards on the simulated fat tree (tests/fabric_lab.py): 30 healthy
+    minutes, then 30 with a leaf's host ports erring at the switch end, another leaf's uplinks
+    erring and waiting, one cable erring; the Node board of host5 (the bad cable)."""
+    from tests.fabric_lab import fabric_run
+    from tests.lab.cluster import scratch_dir
+
+    with (
+        scratch_dir("fslab-fabric-") as work,
+        fabric_run(work, healthy=30, faulty=30, step=60.0) as served,
+    ):
+        span = (served.start, served.end, served.step)
+        for board in (generate.FLEET, generate.NODE_BOARD):
+            path = render_board(
+                board,
+                served.url,
+                span,
+                "host5",
+                out,
+                source="simulated fat tree",
+                suffix="-fabric",
+            )
+            print(path)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     from tests.lab.backfill import build_tsdb, read_timeline, start_prometheus
     from tests.lab.cluster import scratch_dir
     from tests.lab.scenarios import SCENARIOS
 
+    if argv[0] == "fabric":
+        out = Path(argv[1])
+        out.mkdir(parents=True, exist_ok=True)
+        return fabric(out)
     scenario = SCENARIOS[argv[0]]
     out = Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,7 @@ class AgentApp:
     def _self_families(self) -> Families:
         with self._lock:
             errors = dict(self._render_errors)
-        return render_self(self.runner.statuses(), errors)
+        return render_self(self.runner.statuses(), errors, self.detail)
 
     def _on_update(self, name: str) -> None:
         try:

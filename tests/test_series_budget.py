@@ -1,7 +1,8 @@
 """The series budget in CI: bench/series_budget.py counts what the real agent exports for an
 8-GPU, 8-NIC node (the DGX fixture tree, the 2x H200 NVML recording, modelled netdevs) and
-fails when the InfiniBand node's default detail costs more than 1,200 series. The counts the
-docs quote (docs/performance.md, docs/install.md, the README) are the ones the script writes."""
+fails when the InfiniBand node's default detail costs more than 1,200 series, the ibpeer
+sampler's fabric map included. The counts the docs quote (docs/performance.md,
+docs/install.md, the README) are the ones the script writes."""
 
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def test_default_detail_is_within_the_budget_and_full_keeps_everything(
         for detail, c in by_detail.items()
     }
     assert totals[("ib", "default")] <= 1200
+    # the fabric map: 7 cables' far ends and 7 uplinks read (the 8th port is down)
+    assert counts["ib"]["default"]["ibpeer"] == 28  # type: ignore[index]
     for node in ("ib", "roce"):
         assert totals[(node, "minimal")] <= totals[(node, "default")] < totals[(node, "full")]
     # the model is whole: at full the node costs what was measured before the folds
@@ -69,6 +72,7 @@ def test_the_script_fails_above_the_budget(tmp_path: Path) -> None:
 DOC_ROWS = {
     "InfiniBand / RDMA ports": ("infiniband",),
     "netdev": ("netdev",),
+    "ibpeer (7 cables' far ends, 7 uplinks)": ("ibpeer",),
     "NVML (8 GPUs)": ("nvml (node)", "nvml (per GPU x 8)"),
     "PCI + topology": ("pci", "topology"),
     "agent, findings, workload": ("agent", "other"),

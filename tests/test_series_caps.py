@@ -219,6 +219,8 @@ def test_a_tool_inventing_counter_fields_gets_sixteen_series_an_answer(tmp_path:
             "--sampler.ibpeer",
             *(f"--no-sampler.{n}" for n in others),
             f"--ibpeer.command-prefix={wrapper}",
+            # fields of no known counter are series at full detail only (and -x is read)
+            "--collector.detail=full",
         ]
     )
     assert done.returncode == 0, done.stderr

@@ -17,7 +17,8 @@ from tests.agentrun import fabricscope, normalise
 
 
 def _once(*args: str) -> str:
-    # attribution and workload read live process/Kubernetes state, never part of a snapshot
+    # attribution and workload read live process/Kubernetes state and ibpeer asks the
+    # fabric: never part of a snapshot
     proc = fabricscope(
         [
             "agent",
@@ -25,6 +26,7 @@ def _once(*args: str) -> str:
             "--no-sampler.netdev",
             "--no-sampler.attribution",
             "--no-sampler.workload",
+            "--no-sampler.ibpeer",
             "--log.level=error",
             *args,
         ]

@@ -158,13 +158,20 @@ def parse_guid(text: str) -> str:
 
 
 def parse_nodeinfo(text: str) -> NodeInfo:
+    """``smpquery nodeinfo`` -> :class:`NodeInfo`; NumPorts and LocalPort are 8-bit fields
+    of the MAD, a larger number is malformed output (``ValueError``)."""
     f = parse_fields(text)
     kind = get_field(f, "NodeType")
+    num_ports = parse_uint(get_field(f, "NumPorts"))
+    local_port = parse_uint(get_field(f, "LocalPort"))
+    for name, value in (("NumPorts", num_ports), ("LocalPort", local_port)):
+        if value > 255:
+            raise ValueError(f"{name} {value} is not an 8-bit value")
     return NodeInfo(
         guid=parse_guid(get_field(f, "Guid")),
         node_type=NODE_TYPES.get(kind, "unknown"),
-        num_ports=parse_uint(get_field(f, "NumPorts")),
-        local_port=parse_uint(get_field(f, "LocalPort")),
+        num_ports=num_ports,
+        local_port=local_port,
     )
 
 

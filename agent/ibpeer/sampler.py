@@ -1,177 +1,101 @@
-"""The ``ibpeer`` sampler: for each active local InfiniBand port, one query set per pass.
+"""The ``ibpeer`` sampler: the other end of every local InfiniBand cable, the leaf switches
+those cables land on, and the leaf uplinks this node reads; never a sweep of the fabric.
 
-For local port ``P`` of device ``D`` (from ``class/infiniband`` under ``--path.sysfs``), with
-``-C D -P P`` so the tools leave by that port:
+The runner calls it every ``--ibpeer.interval`` (1 minute by default). Two schedules share
+the pass:
 
-1. ``smpquery -D portinfo 0 P``: the local PortInfo (width and speed supported/enabled/active).
-2. ``smpquery -D nodeinfo 0,P``: who is at the other end (directed route one hop out of
-   ``P``; IBA C14-9:1 wants the first hop to name the sending port): its node GUID, type and
-   ``LocalPort``, the port the query entered it by, i.e. the neighbour's end of the cable.
-3. ``smpquery -D nodedesc 0,P``: its description.
-4. ``smpquery -D portinfo 0,P N``: the neighbour port's PortInfo.
-5. ``smpquery -D portinfo 0,P 0`` when the neighbour is a switch: its LID (port 0's).
-6. ``perfquery LID N`` and ``perfquery -x LID N``: its PortCounters and PortCountersExtended.
+- **topology**, every ``topology_interval`` (5 minutes by default), and at once when a port
+  appears, a neighbour could not be read or a counter query failed: each local port's
+  neighbour (:func:`~agent.ibpeer.query.read_neighbour`: 4 or 5 processes per port) and the
+  far end of each uplink this node reads (:func:`~agent.ibpeer.query.read_far_end`: 2
+  each). A leaf's port table (:func:`~agent.ibpeer.query.read_table`: at most 2 processes
+  per port of the leaf), which says which uplinks this node reads
+  (:mod:`agent.ibpeer.fabric`), is read when the leaf is first seen and then every
+  ``table_interval`` (an hour), ``tables_per_pass`` at a time (one) and not in a pass that
+  re-read the neighbours (unless the pass before did too), so a node cabled to eight leaves
+  spreads them over eight passes.
+- **counters**, every pass: each watched switch's ports (the far ends of the local cables,
+  the uplinks' two ends) in one ``perfquery -l`` call per switch (two with ``extended``)
+  (:func:`~agent.ibpeer.query.read_counters`).
 
-That is 6 or 7 short-lived processes per port, never a sweep of the fabric. In the agent the
-sampler runs in a supervised child process (:func:`isolated_sampler`) that is the subreaper of
-everything the tools start: after every tool call it kills whatever the call left (a prefix
-that ran ``setsid`` or double-forked cannot slip out), and when the agent stops, the child
-and any tool still running go with it. A step that fails
-(the tool exits non-zero, its output does not parse) costs the rest of that port's steps and
-one :class:`~agent.core.sysfs.ReadIssue`; other ports carry on. A tool that does not finish in
-``tool_timeout`` (the MAD layer stopped answering) is killed with its process group and
-fails the whole pass with reason ``timeout``: the runner counts it, the scrape never waits.
+In the agent the sampler runs in a supervised child process (:mod:`agent.ibpeer.child`) that
+is the subreaper of everything the tools start: after every tool call it kills and reaps
+whatever the call left (a prefix that ran ``setsid`` or double-forked cannot slip out), and
+when the agent stops, the child and any tool still running go with it. Its state (the
+topology, the tables, the moved cables) lives in that child; a child that is replaced reads
+the topology again. A step that fails (the tool exits non-zero, its output does not parse)
+costs what depends on it and one :class:`~agent.core.sysfs.ReadIssue`; the rest carries on.
+A tool that does not finish in ``tool_timeout`` (the MAD layer stopped answering) is killed
+with its whole tree and fails the whole pass with reason ``timeout``: the runner counts it,
+the scrape never waits. Without InfiniBand ports, without infiniband-diags on ``PATH`` or
+without access to the umad device the sampler has no data (``NoData``), which is why it can
+be on by default (the first two are checked in the agent, before any child is started).
 
 Bounded series: the tools' output is untrusted (a wrapper in ``--ibpeer.command-prefix``, a
-MAD answer from another node's PMA). perfquery fields of no known counter are exported
-under their own names, at most :data:`~agent.ibpeer.parse.MAX_UNKNOWN_FIELDS` per answer and
-:data:`NODE_UNKNOWN_FIELDS` per node; the rest are left out and counted per port
-(``fields_dropped_total``). Every other label value is a bounded identifier (a GUID, a port
-number, a node type) or the node description, cleaned and cut to 64 characters.
+MAD answer from a switch's PMA). perfquery fields of no known counter at the far end of a
+local cable are exported under their own names, at most
+:data:`~agent.infiniband.perfquery.MAX_UNKNOWN_FIELDS` per port's answer and
+:data:`NODE_UNKNOWN_FIELDS` per node and pass (first ports first); the rest are left out and
+counted per local port (``fields_dropped``, ``fields_dropped_total``). An uplink end's keep
+only the known counters (no series carries the others). Every other label value is a
+bounded identifier (a GUID, a port number, a node type) or a node description, cleaned and
+cut to 64 characters.
 
-The sampler remembers each port's neighbour between passes: a different (GUID, port) is a
-moved cable, counted and held as ``changed_from`` for :data:`CHANGE_HOLD_SECONDS`.
+The sampler remembers each port's neighbour between topology reads: a different (GUID,
+port) is a moved cable, counted and held as ``changed_from`` for
+:data:`CHANGE_HOLD_SECONDS`.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from agent.config import IbPeerSettings
-from agent.core.errors import NoData, SamplerFailure
+from agent.core.errors import NoData
 from agent.core.findings import Finding
-from agent.core.isolation import ChildSpec, IsolatedSampler
-from agent.core.reaper import reap_strays
-from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
-from agent.core.tools import ToolError, ToolTimeout, run_tool
-from agent.ibpeer.parse import (
-    NodeInfo,
-    PortInfo,
-    merge_counters,
-    parse_nodedesc,
-    parse_nodeinfo,
-    parse_portinfo,
+from agent.core.sysfs import Issues, SysfsReader, classify_os_error
+from agent.core.tools import run_tool
+from agent.ibpeer.fabric import SwitchTable, assigned_uplinks
+from agent.ibpeer.parse import NodeInfo
+from agent.ibpeer.query import (
+    Pass,
+    SwitchPortCounters,
+    ToolRunner,
+    read_counters,
+    read_far_end,
+    read_neighbour,
+    read_table,
 )
-from agent.infiniband.perfquery import PERFQUERY_NAMES, PerfCounters, parse_perfquery
+from agent.ibpeer.records import IbPeerSnapshot, PeerId, PeerPort, Uplink, best_common
+from agent.infiniband.perfquery import PERFQUERY_NAMES
 from agent.infiniband.records import PHYS_STATE_LINK_UP, PortCounter
-from agent.infiniband.sampler import CLASS_DIR, parse_state, parse_text
+from agent.infiniband.sampler import CLASS_DIR, parse_counter, parse_state, parse_text
+
+__all__ = [
+    "IbPeerSampler",
+    "IbPeerSnapshot",
+    "PeerId",
+    "PeerPort",
+    "Uplink",
+    "findings",
+    "local_ib_ports",
+    "missing_tools",
+    "warn_missing",
+]
 
 log = logging.getLogger(__name__)
 
 #: how long a neighbour change stays on the snapshot (and in ``fabricscope topo``)
 CHANGE_HOLD_SECONDS = 3600.0
-#: libibmad's per-MAD timeout given to each tool (``-t``, ms); it retries 3 times. A switch
-#: answers an SMP or PMA query in well under a millisecond: this only bounds a dead peer.
-MAD_TIMEOUT_MS = 250
 TOOLS = ("smpquery", "perfquery")
-#: perfquery fields of no known counter exported per node (over all ports, first ports first)
+#: perfquery fields of no known counter exported per node and pass (over all the switch
+#: ports read, the local ports' far ends first)
 NODE_UNKNOWN_FIELDS = 256
 _KNOWN_COUNTERS = frozenset(PERFQUERY_NAMES.values())
-
-
-@dataclass(frozen=True, slots=True)
-class PeerId:
-    """A cable's far end: the neighbour's node GUID and port number."""
-
-    guid: str
-    port: int
-
-
-@dataclass(frozen=True, slots=True)
-class PeerPort:
-    """One local port and what was learnt about the other end of its cable this pass.
-
-    ``None`` means not learnt (a step failed; the pass's issues say which), never 0.
-    ``changed_from`` is the previous neighbour when it changed within the hold time;
-    ``changes_total`` counts changes since the agent started.
-    """
-
-    device: str
-    port: int
-    local: PortInfo | None
-    peer: NodeInfo | None
-    peer_description: str | None
-    peer_link: PortInfo | None
-    peer_lid: int | None
-    peer_counters: tuple[PortCounter, ...]
-    changed_from: PeerId | None = None
-    changes_total: int = 0
-    #: perfquery fields of no known counter left out this pass (over the caps)
-    fields_dropped: int = 0
-    #: the same, since the agent started
-    fields_dropped_total: int = 0
-
-    @property
-    def peer_id(self) -> PeerId | None:
-        return PeerId(self.peer.guid, self.peer.local_port) if self.peer is not None else None
-
-    @property
-    def width_degraded(self) -> bool | None:
-        """Active width below the widest both ends support; None when unknown."""
-        best = _best_common(self.local, self.peer_link, "width_supported")
-        if best is None or self.local is None or self.local.width_active is None:
-            return None
-        return self.local.width_active < best
-
-    @property
-    def speed_degraded(self) -> bool | None:
-        """Active lane speed below the fastest both ends support; None when unknown."""
-        best = _best_common(self.local, self.peer_link, "speed_supported")
-        if best is None or self.local is None or self.local.speed_active is None:
-            return None
-        return self.local.speed_active < best
-
-
-def _best_common(a: PortInfo | None, b: PortInfo | None, attr: str) -> int | None:
-    if a is None or b is None:
-        return None
-    common: frozenset[int] = getattr(a, attr) & getattr(b, attr)
-    return max(common) if common else None
-
-
-@dataclass(frozen=True, slots=True)
-class IbPeerSnapshot:
-    ports: tuple[PeerPort, ...] = ()
-    issues: tuple[ReadIssue, ...] = ()
-    #: tool processes run in this pass and the wall time they took
-    tool_calls: int = 0
-    tool_seconds: float = 0.0
-
-
-@dataclass(slots=True)
-class _Pass:
-    """One pass's tool calls against a deadline."""
-
-    prefix: tuple[str, ...]
-    tool_timeout: float
-    deadline: float
-    env: Mapping[str, str] | None
-    reap: bool = False
-    calls: int = 0
-    seconds: float = 0.0
-
-    def run(self, argv: Sequence[str]) -> str:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise SamplerFailure("timeout", "ibpeer pass ran out of time before its last query")
-        limit = min(self.tool_timeout, left)
-        self.calls += 1
-        try:
-            out = run_tool([*self.prefix, *argv], timeout=limit, env=self.env)
-        except ToolTimeout as exc:
-            raise SamplerFailure(
-                "timeout", f"{' '.join(argv)} did not answer in {limit:.1f}s"
-            ) from exc
-        finally:
-            if self.reap:  # whatever the call left running, whatever session it is in
-                reap_strays()
-        self.seconds += out.seconds
-        return out.stdout
 
 
 def local_ib_ports(sys: SysfsReader, issues: Issues) -> list[tuple[str, int]]:
@@ -207,9 +131,56 @@ def local_ib_ports(sys: SysfsReader, issues: Issues) -> list[tuple[str, int]]:
     return out
 
 
+def missing_tools(prefix: Sequence[str]) -> list[str]:
+    """The tools the sampler runs (and the prefix's program) that are not on ``PATH``."""
+    return [t for t in (*prefix[:1], *TOOLS) if shutil.which(t) is None]
+
+
+def warn_missing(missing: Sequence[str]) -> None:
+    if missing:
+        log.warning(
+            "ibpeer: %s not on PATH: the far ends of this node's InfiniBand cables are not "
+            "read (Debian/Ubuntu: infiniband-diags; RHEL: infiniband-diags from rdma-core)",
+            ", ".join(missing),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Leaf:
+    """A switch at the far end of a local port: how to reach it and its LID."""
+
+    node: NodeInfo
+    description: str
+    lid: int
+    via: tuple[str, int]
+    #: the leaf's ports this node's cables land on
+    ports: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Topology:
+    ports: tuple[tuple[str, int], ...]
+    peers: tuple[PeerPort, ...]
+    read_at: float
+    #: each port's link_downed counter at the read: a cable moved to another switch port
+    #: went down first, so a change re-reads the topology at once
+    downed: tuple[int | None, ...]
+
+
+def _downed(sys: SysfsReader, ports: Sequence[tuple[str, int]]) -> tuple[int | None, ...]:
+    """Each local port's ``counters/link_downed`` (None when unreadable: no issue, it only
+    hurries a topology read)."""
+    quiet = Issues(sys)
+    return tuple(
+        quiet.read_optional(f"{CLASS_DIR}/{d}/ports/{p}/counters/link_downed", parse_counter)
+        for d, p in ports
+    )
+
+
 @dataclass(slots=True)
 class IbPeerSampler:
-    """Samples the far end of every local InfiniBand cable. See the module docstring."""
+    """Samples the far end of every local InfiniBand cable and the uplinks of the leaves they
+    land on. See the module docstring; times in seconds of ``clock``."""
 
     sys: SysfsReader
     prefix: tuple[str, ...] = ()
@@ -217,9 +188,30 @@ class IbPeerSampler:
     pass_budget: float = 8.0
     env: Mapping[str, str] | None = None
     clock: Callable[[], float] = time.monotonic
+    topology_interval: float = 300.0
+    table_interval: float = 3600.0
+    tables_per_pass: int = 1
+    #: read no table in a pass that re-read the neighbours (off for ``--once``: one pass)
+    spread: bool = True
+    uplinks_max: int = 8
+    #: read PortCountersExtended too (64-bit data and packet counters; ``--collector.detail=
+    #: full`` exports them): a second perfquery per switch
+    extended: bool = False
+    #: runs one tool (a replay of recorded answers in the series budget)
+    tool: ToolRunner = run_tool
     #: kill and reap every descendant after each tool call (in a supervised child only: it
     #: owns no other child process)
     reap: bool = False
+    _topo: _Topology | None = None
+    _stale: bool = False
+    _tables: dict[str, SwitchTable] = field(default_factory=dict)
+    #: (leaf GUID, leaf port, far GUID, far port) -> the far switch's description and LID
+    _far: dict[tuple[str, int, str, int], tuple[str | None, int | None]] = field(
+        default_factory=dict
+    )
+    _uplinks: tuple[Uplink, ...] = ()
+    _missing: list[str] | None = None
+    _deferred: bool = False
     _last: dict[tuple[str, int], PeerId] = field(default_factory=dict)
     _changed: dict[tuple[str, int], tuple[PeerId, float]] = field(default_factory=dict)
     _changes: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -230,20 +222,175 @@ class IbPeerSampler:
     def sample(self) -> IbPeerSnapshot:
         issues = Issues(self.sys)
         ports = local_ib_ports(self.sys, issues)
-        run = _Pass(
+        self._need_tools()
+        run = Pass(
             self.prefix,
             self.tool_timeout,
             time.monotonic() + self.pass_budget,
             self.env,
+            self.tool,
             reap=self.reap,
         )
-        read = _cap_unknown([self._read_port(run, issues, d, p) for d, p in ports])
-        out = [self._remember(p) for p in read]
-        return IbPeerSnapshot(tuple(out), issues.freeze(), run.calls, run.seconds)
-
-    def _remember(self, port: PeerPort) -> PeerPort:
-        key = (port.device, port.port)
         now = self.clock()
+        topo_read = False
+        downed = _downed(self.sys, ports)
+        if self._topology_due(ports, downed, now):
+            # after a failed counter query nothing known is trusted (a LID may have moved)
+            t = self._topo
+            known = {(p.device, p.port): p for p in t.peers} if t and not self._stale else {}
+            peers = tuple(
+                self._remember(read_neighbour(run, issues, d, p, known.get((d, p))), now)
+                for d, p in ports
+            )
+            self._topo = _Topology(tuple(ports), peers, now, downed)
+            self._stale = False
+            topo_read = True
+        assert self._topo is not None
+        peers = self._topo.peers
+        leaves = _leaves(peers)
+        self._tables = {g: t for g, t in self._tables.items() if g in leaves}
+        # a pass that re-read the neighbours leaves the tables to the next (spread the cost),
+        # but never two in a row: a topology re-read every pass must not starve them
+        defer = topo_read and self.spread and not self._deferred
+        self._deferred = defer
+        tables_read = not defer and self._read_due_tables(run, issues, leaves, now)
+        if topo_read or tables_read:
+            self._uplinks = self._read_uplinks(run, issues, leaves)
+        got = self._read_counters(run, issues, peers, self._uplinks)
+        cap = _UnknownCap(NODE_UNKNOWN_FIELDS)
+        held = [
+            replace(
+                self._held(p, now),
+                peer_counters=cap.take((p.device, p.port), _at(got, p.peer_lid, p.peer.local_port)),
+            )
+            if p.peer is not None
+            else self._held(p, now)
+            for p in peers
+        ]
+        uplinks_out = tuple(
+            replace(
+                u,
+                counters=_known(_at(got, u.switch_lid, u.switch_port)),
+                peer_counters=_known(_at(got, u.peer_lid, u.peer_port)),
+            )
+            for u in self._uplinks
+        )
+        ports_out = tuple(
+            self._count_dropped(p, cap.dropped.get((p.device, p.port), 0)) for p in held
+        )
+        return IbPeerSnapshot(
+            ports_out,
+            issues.freeze(),
+            run.calls,
+            run.seconds,
+            uplinks=uplinks_out,
+            topology_read=topo_read or tables_read,
+        )
+
+    def _need_tools(self) -> None:
+        if self._missing is None:
+            # a replay of recorded answers runs no tool
+            self._missing = missing_tools(self.prefix) if self.tool is run_tool else []
+            warn_missing(self._missing)
+        if self._missing:
+            raise NoData(f"{', '.join(self._missing)} not on PATH")
+
+    def _topology_due(
+        self, ports: Sequence[tuple[str, int]], downed: tuple[int | None, ...], now: float
+    ) -> bool:
+        t = self._topo
+        return (
+            t is None
+            or self._stale
+            or t.ports != tuple(ports)
+            or t.downed != downed
+            or now - t.read_at >= self.topology_interval
+            or any(p.peer is None or p.peer_lid is None for p in t.peers)
+        )
+
+    def _read_due_tables(
+        self, run: Pass, issues: Issues, leaves: Mapping[str, _Leaf], now: float
+    ) -> bool:
+        def age(guid: str) -> float:
+            table = self._tables.get(guid)
+            return float("inf") if table is None else now - table.read_at
+
+        if self.uplinks_max <= 0:  # a table only says which uplinks to read
+            return False
+        due = sorted(
+            (g for g in leaves if age(g) >= self.table_interval), key=lambda g: (-age(g), g)
+        )
+        for guid in due[: max(self.tables_per_pass, 0)]:
+            leaf = leaves[guid]
+            table = read_table(run, issues, leaf.via, leaf.node, now)
+            if table is not None:
+                self._tables[guid] = table
+        return bool(due[: max(self.tables_per_pass, 0)])
+
+    def _read_uplinks(
+        self, run: Pass, issues: Issues, leaves: Mapping[str, _Leaf]
+    ) -> tuple[Uplink, ...]:
+        """The uplinks this node reads; a far end's description and LID are read when the
+        uplink is new to it (or its LID was not learnt), and again after a counter query
+        failed (``_stale`` clears them)."""
+        out: list[Uplink] = []
+        far: dict[tuple[str, int, str, int], tuple[str | None, int | None]] = {}
+        for guid in sorted(leaves):
+            leaf = leaves[guid]
+            table = self._tables.get(guid)
+            if table is None:
+                continue
+            own = frozenset(link.peer_guid for k in leaf.ports if (link := table.at(k)) is not None)
+            for link in assigned_uplinks(table, own, self.uplinks_max - len(out)):
+                key = (guid, link.port, link.peer_guid, link.peer_port)
+                known = self._far.get(key)
+                if known is None or known[1] is None:
+                    known = read_far_end(run, issues, leaf.via, link)
+                far[key] = known
+                out.append(
+                    Uplink(
+                        switch_guid=guid,
+                        switch_description=leaf.description,
+                        switch_lid=leaf.lid,
+                        switch_port=link.port,
+                        peer_guid=link.peer_guid,
+                        peer_port=link.peer_port,
+                        peer_description=known[0],
+                        peer_lid=known[1],
+                        via=leaf.via,
+                    )
+                )
+        self._far = far
+        return tuple(out)
+
+    def _read_counters(
+        self, run: Pass, issues: Issues, peers: Sequence[PeerPort], uplinks: Sequence[Uplink]
+    ) -> dict[int, dict[int, SwitchPortCounters]]:
+        """Every watched switch port's counters, by LID and port: two calls per LID."""
+        targets: dict[int, tuple[tuple[str, int], set[int]]] = {}
+
+        def want(lid: int | None, via: tuple[str, int], port: int) -> None:
+            if lid:
+                targets.setdefault(lid, (via, set()))[1].add(port)
+
+        for p in peers:
+            if p.peer is not None:
+                want(p.peer_lid, (p.device, p.port), p.peer.local_port)
+        for u in uplinks:
+            want(u.switch_lid, u.via, u.switch_port)
+            want(u.peer_lid, u.via, u.peer_port)
+        out: dict[int, dict[int, SwitchPortCounters]] = {}
+        for lid, (via, ports) in sorted(targets.items()):
+            got = read_counters(run, issues, via, lid, sorted(ports), extended=self.extended)
+            if len(got) < len(ports):
+                # a LID moved, a port vanished: re-read the topology and the far ends
+                self._stale = True
+                self._far = {}
+            out[lid] = got
+        return out
+
+    def _remember(self, port: PeerPort, now: float) -> PeerPort:
+        key = (port.device, port.port)
         current = port.peer_id
         previous = self._last.get(key)
         if current is not None:
@@ -260,165 +407,87 @@ class IbPeerSampler:
                     previous.port,
                 )
             self._last[key] = current
+        return port
+
+    def _count_dropped(self, port: PeerPort, dropped: int) -> PeerPort:
+        key = (port.device, port.port)
+        total = self._dropped.get(key, 0) + dropped
+        self._dropped[key] = total
+        if dropped:
+            log.debug("ibpeer: %d perfquery fields read through %s/%d left out", dropped, *key)
+        return replace(port, fields_dropped=dropped, fields_dropped_total=total)
+
+    def _held(self, port: PeerPort, now: float) -> PeerPort:
+        key = (port.device, port.port)
         held = self._changed.get(key)
         if held is not None and now - held[1] > CHANGE_HOLD_SECONDS:
             del self._changed[key]
             held = None
-        self._dropped[key] = self._dropped.get(key, 0) + port.fields_dropped
-        return PeerPort(
-            device=port.device,
-            port=port.port,
-            local=port.local,
-            peer=port.peer,
-            peer_description=port.peer_description,
-            peer_link=port.peer_link,
-            peer_lid=port.peer_lid,
-            peer_counters=port.peer_counters,
+        return replace(
+            port,
             changed_from=held[0] if held is not None else None,
             changes_total=self._changes.get(key, 0),
-            fields_dropped=port.fields_dropped,
-            fields_dropped_total=self._dropped[key],
-        )
-
-    def _read_port(self, run: _Pass, issues: Issues, device: str, port: int) -> PeerPort:
-        ca = ("-C", device, "-P", str(port), "-t", str(MAD_TIMEOUT_MS))
-        hop = f"0,{port}"
-        subject = f"{device}/{port}"
-        got: dict[str, object] = {}
-
-        def step(what: str, argv: Sequence[str], parse: Callable[[str], object]) -> bool:
-            try:
-                got[what] = parse(run.run(argv))
-            except ToolError as exc:
-                issues.add(f"{subject}: {what}", exc.reason, str(exc))
-                return False
-            except ValueError as exc:
-                issues.add(f"{subject}: {what}", "parse", str(exc))
-                return False
-            return True
-
-        def perf(extended: bool) -> Callable[[str], PerfCounters]:
-            return lambda text: parse_perfquery(text, extended=extended)
-
-        ok = step(
-            "local portinfo", ["smpquery", *ca, "-D", "portinfo", "0", str(port)], parse_portinfo
-        )
-        ok = ok and step("peer nodeinfo", ["smpquery", *ca, "-D", "nodeinfo", hop], parse_nodeinfo)
-        node = got.get("peer nodeinfo")
-        if ok and isinstance(node, NodeInfo):
-            ok = step("peer nodedesc", ["smpquery", *ca, "-D", "nodedesc", hop], parse_nodedesc)
-            ok = ok and step(
-                "peer portinfo",
-                ["smpquery", *ca, "-D", "portinfo", hop, str(node.local_port)],
-                parse_portinfo,
-            )
-            if ok and node.node_type == "switch":
-                ok = step(
-                    "peer port 0 portinfo",
-                    ["smpquery", *ca, "-D", "portinfo", hop, "0"],
-                    parse_portinfo,
-                )
-        lid = _peer_lid(got)
-        basic = ext = None
-        if ok and isinstance(node, NodeInfo) and lid is not None:
-            target = (str(lid), str(node.local_port))
-            if step("peer perfquery", ["perfquery", *ca, *target], perf(False)):
-                basic = got["peer perfquery"]
-                if step("peer perfquery -x", ["perfquery", *ca, "-x", *target], perf(True)):
-                    ext = got["peer perfquery -x"]
-            for answer, what in ((basic, "peer perfquery"), (ext, "peer perfquery -x")):
-                if isinstance(answer, PerfCounters) and answer.port_select != node.local_port:
-                    issues.add(
-                        f"{subject}: {what}",
-                        "parse",
-                        f"answered for port {answer.port_select}, not {node.local_port}",
-                    )
-                    basic = ext = None
-        elif ok and lid is None:
-            issues.add(f"{subject}: peer lid", "unsupported", "the neighbour has no LID yet")
-        local = got.get("local portinfo")
-        peer_link = got.get("peer portinfo")
-        desc = got.get("peer nodedesc")
-        return PeerPort(
-            device=device,
-            port=port,
-            local=local if isinstance(local, PortInfo) else None,
-            peer=node if isinstance(node, NodeInfo) else None,
-            peer_description=desc if isinstance(desc, str) else None,
-            peer_link=peer_link if isinstance(peer_link, PortInfo) else None,
-            peer_lid=lid,
-            peer_counters=merge_counters(
-                basic if isinstance(basic, PerfCounters) else None,
-                ext if isinstance(ext, PerfCounters) else None,
-            ),
-            fields_dropped=sum(a.dropped for a in (basic, ext) if isinstance(a, PerfCounters)),
         )
 
 
-def _cap_unknown(ports: list[PeerPort]) -> list[PeerPort]:
-    """Leave out the perfquery fields of no known counter past :data:`NODE_UNKNOWN_FIELDS`
-    over all ports (in port order), counted in each port's ``fields_dropped``."""
-    room = NODE_UNKNOWN_FIELDS
-    out = []
-    for p in ports:
-        kept: list[PortCounter] = []
-        dropped = 0
-        for c in p.peer_counters:
-            if c.name not in _KNOWN_COUNTERS:
-                if room <= 0:
-                    dropped += 1
-                    continue
-                room -= 1
-            kept.append(c)
-        out.append(
-            replace(p, peer_counters=tuple(kept), fields_dropped=p.fields_dropped + dropped)
-            if dropped
-            else p
+def _leaves(peers: Sequence[PeerPort]) -> dict[str, _Leaf]:
+    """The switches at the far ends of the local cables, by GUID (reached by the first local
+    port cabled to each)."""
+    out: dict[str, _Leaf] = {}
+    for p in peers:
+        if not p.on_switch or p.peer is None or p.peer_lid is None:
+            continue
+        known = out.get(p.peer.guid)
+        ports = frozenset({p.peer.local_port}) | (known.ports if known else frozenset())
+        out[p.peer.guid] = _Leaf(
+            known.node if known else p.peer,
+            known.description if known else p.peer_description or "",
+            known.lid if known else p.peer_lid,
+            known.via if known else (p.device, p.port),
+            ports,
         )
     return out
 
 
-def child_sampler(
-    *, sysfs: str, prefix: str, tool_timeout: float, pass_budget: float
-) -> IbPeerSampler:
-    """The sampler as its supervised child builds it (``prefix``: a JSON list)."""
-    return IbPeerSampler(
-        SysfsReader(sysfs),
-        prefix=tuple(str(w) for w in json.loads(prefix)),
-        tool_timeout=tool_timeout,
-        pass_budget=pass_budget,
-        reap=True,
-    )
+_NONE = SwitchPortCounters(())
 
 
-def isolated_sampler(
-    settings: IbPeerSettings, sysfs: str, timeout_seconds: float, *, one_shot: bool = False
-) -> IsolatedSampler:
-    """The ibpeer sampler in a supervised child process that is the subreaper of the tools
-    (see the module docstring); its pass ends a second before ``timeout_seconds``."""
-    return IsolatedSampler(
-        "ibpeer",
-        ChildSpec(
-            "agent.ibpeer.sampler:child_sampler",
-            {
-                "sysfs": sysfs,
-                "prefix": json.dumps(list(settings.command_prefix)),
-                "tool_timeout": settings.tool_timeout_seconds,
-                "pass_budget": max(timeout_seconds - 1.0, 0.5),
-            },
-        ),
-        timeout_seconds=timeout_seconds,
-        one_shot=one_shot,
-    )
+def _at(
+    got: Mapping[int, Mapping[int, SwitchPortCounters]], lid: int | None, port: int
+) -> SwitchPortCounters:
+    if lid is None:
+        return _NONE
+    return got.get(lid, {}).get(port, _NONE)
 
 
-def _peer_lid(got: Mapping[str, object]) -> int | None:
-    """The neighbour's LID: switch port 0's, else the neighbour port's own; 0 is no LID."""
-    for key in ("peer port 0 portinfo", "peer portinfo"):
-        info = got.get(key)
-        if isinstance(info, PortInfo):
-            return info.lid if info.lid else None
-    return None
+def _known(got: SwitchPortCounters) -> tuple[PortCounter, ...]:
+    """An uplink end's counters: no series carries a switch port's field of no known
+    counter, so none is kept."""
+    return tuple(c for c in got.counters if c.name in _KNOWN_COUNTERS)
+
+
+@dataclass(slots=True)
+class _UnknownCap:
+    """A pass's perfquery fields of no known counter at the local cables' far ends, kept up
+    to :data:`NODE_UNKNOWN_FIELDS` in the order taken; what is left out (here, or already by
+    the per-answer cap) is counted by local port."""
+
+    room: int
+    dropped: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def take(self, via: tuple[str, int], got: SwitchPortCounters) -> tuple[PortCounter, ...]:
+        kept: list[PortCounter] = []
+        dropped = got.dropped
+        for c in got.counters:
+            if c.name not in _KNOWN_COUNTERS:
+                if self.room <= 0:
+                    dropped += 1
+                    continue
+                self.room -= 1
+            kept.append(c)
+        if dropped:
+            self.dropped[via] = self.dropped.get(via, 0) + dropped
+        return tuple(kept)
 
 
 # -- analysis --------------------------------------------------------------------------
@@ -457,7 +526,7 @@ def findings(snap: IbPeerSnapshot) -> list[Finding]:
                 )
             )
         if p.width_degraded and p.local is not None and p.peer_link is not None:
-            best = _best_common(p.local, p.peer_link, "width_supported")
+            best = best_common(p.local, p.peer_link, "width_supported")
             enabled = p.local.width_enabled & p.peer_link.width_enabled
             why = (
                 f"; enabled {_lanes(enabled)} on both ends"
@@ -473,7 +542,7 @@ def findings(snap: IbPeerSnapshot) -> list[Finding]:
                 )
             )
         if p.speed_degraded and p.local is not None and p.local.speed_active is not None:
-            best = _best_common(p.local, p.peer_link, "speed_supported")
+            best = best_common(p.local, p.peer_link, "speed_supported")
             assert best is not None
             out.append(
                 Finding(

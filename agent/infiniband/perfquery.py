@@ -289,6 +289,39 @@ def parse_perfquery(text: str, *, extended: bool) -> PerfCounters:
     return PerfCounters(port_select, extended, tuple(sorted(values)), caps, dropped)
 
 
+def split_blocks(text: str, *, limit: int = 256) -> list[str]:
+    """The ``# ...``-headed blocks of a tool's output, in order (``perfquery -l LID 1,5``
+    prints one block per port, each under its own header); text before the first header is
+    dropped. At most ``limit`` blocks (a switch has at most 254 ports): more is malformed
+    output, ``ValueError``."""
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            if len(blocks) == limit:
+                raise ValueError(f"more than {limit} blocks in the output")
+            blocks.append([line])
+        elif blocks:
+            blocks[-1].append(line)
+    return ["\n".join(b) for b in blocks]
+
+
+def parse_perfquery_ports(text: str, *, extended: bool) -> dict[int, PerfCounters]:
+    """``perfquery [-x] -l LID P1,P2,...`` -> each port's counters by port number (the
+    answer's own ``PortSelect``, never the order asked), each block parsed as
+    :func:`parse_perfquery` parses one answer (its own capabilities, its own cap on unknown
+    fields). A block that does not parse raises ``ValueError``; so does a port answered
+    twice."""
+    out: dict[int, PerfCounters] = {}
+    for block in split_blocks(text):
+        counters = parse_perfquery(block, extended=extended)
+        if counters.port_select in out:
+            raise ValueError(f"port {counters.port_select} answered twice")
+        out[counters.port_select] = counters
+    if not out:
+        raise ValueError("no perfquery block in the output")
+    return out
+
+
 def reset_mask(names: set[str] | frozenset[str]) -> int:
     """perfquery's reset mask (``perfquery -R LID PORT MASK``) that clears exactly ``names``
     in PortCounters; raises ``ValueError`` for a counter PortCounters cannot clear."""

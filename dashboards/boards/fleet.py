@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from boards.model import NODE, NODE_PORT, PROBE_SIZE, RI, Board, N, Panel, Show
+from boards.switches import BY_SWITCH
 
 FINDINGS = (
     f"(fabricscope_infiniband_port_up{{{N}}} == 0)"
@@ -184,5 +185,6 @@ FLEET = Board(
             "none",
             "Samplers whose latest pass failed, per node (0: all healthy).",
         ),
+        *BY_SWITCH,
     ),
 )

@@ -35,6 +35,10 @@ class Panel:
     may_be_empty: str = ""
     matrix: tuple[str, str] = ("", "")  # matrix: (row label, column label)
     stack: bool = False
+    #: a data link on every value (Grafana's ${__field.labels.X} names a series' label)
+    link: str = ""
+    #: start a new row of the grid (a group of panels kept together)
+    new_row: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from boards.model import RI, Board, N, Panel, Show
+from boards.switches import CABLES
 
 NODE_BOARD = Board(
     "fabricscope-node",
@@ -106,15 +107,19 @@ NODE_BOARD = Board(
             "bargauge",
             (
                 (
+                    # below full detail only the comparisons a port runs below are exported:
+                    # every other port reads "none", 0, from port_up
                     "sort_desc(max by (device, comparison) ("
-                    f"fabricscope_infiniband_port_rate_degraded{{{N}}}))",
+                    f"fabricscope_infiniband_port_rate_degraded{{{N}}}) or on (device) "
+                    "label_replace(max by (device) (0 * fabricscope_infiniband_port_up"
+                    f'{{{N}}}), "comparison", "none", "", ""))',
                     "{{device}} ({{comparison}})",
                 ),
             ),
             "bool_yes_no",
             "1: an ACTIVE port below its own fastest rate since the agent started (history), "
             "the rate most ports of its HCA model here run at (peers), or the node class's "
-            "expected rate (expected).",
+            "expected rate (expected); (none): below no comparison.",
             w=6,
             shows=(Show(("ib_rate_drop",), (("device", "device"),)),),
         ),
@@ -182,8 +187,9 @@ NODE_BOARD = Board(
             "bargauge",
             (
                 (
+                    # below full detail a port without one exports no count: 0 from port_up
                     "sort_desc(sum by (device) (fabricscope_infiniband_port_pma_saturated_counters"
-                    f"{{{N}}}))",
+                    f"{{{N}}}) or sum by (device) (0 * fabricscope_infiniband_port_up{{{N}}}))",
                     "{{device}}",
                 ),
             ),
@@ -300,6 +306,7 @@ NODE_BOARD = Board(
             "node, NCCL_IB_HCA on another node, IB disabled).",
             shows=(Show(("wrong_numa",), ()),),
         ),
+        *CABLES,
     ),
     single_node=True,
 )

@@ -99,6 +99,17 @@ def count(text: str) -> int:
     return _at_least_one(text, "an integer", "")
 
 
+def count_or_zero(text: str) -> int:
+    """A whole number >= 0 (0 switches something off)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return value
+
+
 def byte_count(text: str) -> int:
     return _at_least_one(text, "a number of bytes", " byte")
 

@@ -53,7 +53,13 @@ from agent.core.errors import ConfigError, NoData
 from agent.core.logsetup import LEVELS, setup_logging
 from agent.core.reaper import serve_as_init
 from exporter.cli import explain_flags, probe_flags, ras_flags
-from exporter.cli.argtypes import Parser, count, parse_known, positive_duration
+from exporter.cli.argtypes import (
+    Parser,
+    count,
+    count_or_zero,
+    parse_known,
+    positive_duration,
+)
 from exporter.metrics.spec import DETAILS
 
 if TYPE_CHECKING:
@@ -322,6 +328,32 @@ def _add_samplers(p: argparse.ArgumentParser) -> None:
         "(default: 2s)",
     )
     g.add_argument(
+        "--ibpeer.interval",
+        dest="ibpeer_interval",
+        type=positive_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="time between two ibpeer passes; each reads the switch ports' counters (default: 1m)",
+    )
+    g.add_argument(
+        "--ibpeer.topology-interval",
+        dest="ibpeer_topology_interval",
+        type=positive_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="time between two reads of who is cabled where: each port's neighbour, the "
+        "uplinks' far ends (default: 5m)",
+    )
+    g.add_argument(
+        "--ibpeer.uplinks-max",
+        dest="ibpeer_uplinks_max",
+        type=count_or_zero,
+        default=8,
+        metavar="N",
+        help="the most leaf-switch uplinks this node reads, its share of its leaves' uplinks "
+        "(0: none; default: 8)",
+    )
+    g.add_argument(
         "--sampling.interval",
         dest="sampling_interval",
         type=positive_duration,
@@ -472,6 +504,21 @@ def build_parser() -> Parser:
         metavar="FILE.tar.gz",
         help="read sysfs from a snapshot instead of the host",
     )
+    topo.add_argument(
+        "--peers",
+        dest="peers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="print each InfiniBand port's far end (switch, port, its error counters), asked "
+        "with infiniband-diags when installed (default: on)",
+    )
+    topo.add_argument(
+        "--ibpeer.command-prefix",
+        dest="ibpeer_command_prefix",
+        default="",
+        metavar="COMMAND",
+        help="words put before every smpquery/perfquery (as for the agent; default: none)",
+    )
 
     snap = sub.add_parser("snapshot", help="capture the sysfs files the samplers read")
     _add_common(snap)
@@ -541,7 +588,15 @@ def _ibpeer_settings(ns: argparse.Namespace) -> IbPeerSettings:
         prefix = tuple(shlex.split(getattr(ns, "ibpeer_command_prefix", "")))
     except ValueError as exc:
         raise ConfigError(f"--ibpeer.command-prefix: {exc}") from exc
-    return IbPeerSettings(prefix, getattr(ns, "ibpeer_tool_timeout", 2.0))
+    return IbPeerSettings(
+        prefix,
+        getattr(ns, "ibpeer_tool_timeout", 2.0),
+        getattr(ns, "ibpeer_interval", 60.0),
+        getattr(ns, "ibpeer_topology_interval", 300.0),
+        getattr(ns, "ibpeer_uplinks_max", 8),
+        # the neighbours' 64-bit data counters are exported at full detail only
+        extended_counters=getattr(ns, "collector_detail", "default") == "full",
+    )
 
 
 #: flags of the HTTP server: nothing is served with --once, so none of them may be given

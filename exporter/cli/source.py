@@ -15,8 +15,9 @@ from agent.nvml.api import NvmlApi
 from agent.nvml.record import RecordingError, ReplayNvml, load
 from agent.snapshot import NVML_RECORDING, SnapshotError, extract
 
-#: samplers whose source is not a file tree, so a snapshot cannot replay them
-NOT_REPLAYABLE = frozenset({"netdev", "attribution", "workload"})
+#: samplers whose source is not a file tree, so a snapshot cannot replay them (ibpeer asks
+#: the fabric: replaying a snapshot must not query the host's switches)
+NOT_REPLAYABLE = frozenset({"netdev", "attribution", "workload", "ibpeer"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,9 @@ THRESHOLD = 1.0
 #: for its data rate beside its rail peers'
 PANEL_PORT_RATE = 4
 PANEL_PORT_DATA = 1
+#: the Fleet dashboard's switches ranked by faulty ports under them (dashboards/boards/
+#: switches.py, the first panel of the by-switch row)
+PANEL_BY_SWITCH = 11
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,13 @@ CAUSES: dict[str, Cause] = {
             "network instead of NVLink",
             "fabricscope-job",
             0,
+        ),
+        Cause(
+            "switch",
+            "a switch: ports of several of the job's nodes under it, or its uplinks, show "
+            "the same fault",
+            "fabricscope-fleet",
+            PANEL_BY_SWITCH,
         ),
     )
 }
@@ -209,6 +219,19 @@ def _escape(value: str) -> str:
 
 def _ib(counter: str) -> str:
     return f"rate(fabricscope_infiniband_port_{counter}_total{{{{{{sel}}}}}}[{{d}}])"
+
+
+def _peer(counter: str) -> str:
+    """The switch end of a port's cable (the ibpeer sampler), per local port: a cable moved
+    within the period has two far ends; the worse counts. Below full detail a healthy
+    cable's counter is not exported until it counts: 0 then, for every port whose far end
+    is known."""
+    return (
+        "max by (instance, device, port) "
+        f"(rate(fabricscope_infiniband_peer_port_{counter}_total{{{{{{sel}}}}}}[{{d}}])) "
+        "or 0 * max by (instance, device, port) "
+        "(last_over_time(fabricscope_infiniband_peer_info{{{sel}}}[{d}]))"
+    )
 
 
 def _ib_inc(counter: str) -> str:
@@ -360,6 +383,43 @@ CHECKS: tuple[Check, ...] = (
         PORT,
         axis="share of time up",
     ),
+    # --- the switch end of each cable (the ibpeer sampler): errors in what this port sends
+    Check(
+        "peer_symbol_errors",
+        "ib_link",
+        "symbol errors at the switch end of the cable",
+        _peer("symbol_errors"),
+        "rate",
+        1 / 60,
+        "port",
+        PORT,
+        unit="/min",
+        scale=60.0,
+    ),
+    Check(
+        "peer_receive_errors",
+        "ib_link",
+        "receive errors at the switch end of the cable",
+        _peer("receive_errors"),
+        "rate",
+        1 / 60,
+        "port",
+        PORT,
+        unit="/min",
+        scale=60.0,
+    ),
+    Check(
+        "peer_transmit_discards",
+        "drops",
+        "packets the switch discarded instead of sending down the cable",
+        _peer("transmit_discards"),
+        "rate",
+        1 / 60,
+        "port",
+        PORT,
+        unit="/min",
+        scale=60.0,
+    ),
     # --- capacity: up, but slower ------------------------------------------------------
     Check(
         "port_rate",
@@ -403,8 +463,14 @@ CHECKS: tuple[Check, ...] = (
         "port_rate_degraded",
         "port_rate",
         "below its rate by the agent's own judgement (history, peers or expected; share of time)",
+        # below full detail a comparison is exported only while the port runs below it: the
+        # samples it was below, over the port's samples (0 for a port never below)
         "max by (instance, device, port) "
-        "(avg_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}]))",
+        "(sum_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}])) "
+        "/ on (instance, device, port) max by (instance, device, port) "
+        "(count_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])) "
+        "or 0 * max by (instance, device, port) "
+        "(last_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}]))",
         "rise",
         0.25,
         "port",

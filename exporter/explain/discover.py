@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exporter.explain.checks import Check, _escape
 from exporter.explain.client import PrometheusClient, PrometheusError, Sample, Series
@@ -155,13 +155,21 @@ class Inventory:
     port_count: int
     #: instances with any hardware identity series (ports, PCI devices, HCAs, GPUs)
     instances: frozenset[str] = frozenset()
+    #: (instance, device, port) -> the switch port its cable lands on (``leaf3 port 2``),
+    #: where the agents' ibpeer sampler says (exporter.explain.switches.topology)
+    cables: Mapping[tuple[str, str, str], str] = field(default_factory=dict)
 
     def name(self, check: Check, labels: Mapping[str, str]) -> str:
         inst = labels.get("instance", "")
         if check.key == "port":
             dev, port = labels.get("device", ""), labels.get("port", "")
             nd = self.netdevs.get((inst, dev, port))
-            return f"{inst} {dev}/{port}" + (f" ({nd})" if nd else "")
+            cable = self.cables.get((inst, dev, port))
+            return (
+                f"{inst} {dev}/{port}"
+                + (f" ({nd})" if nd else "")
+                + (f", cable to {cable}" if cable else "")
+            )
         if check.key == "netdev":
             nd = labels.get("netdev", "")
             mapped = self.ports.get((inst, nd))

@@ -147,8 +147,19 @@ def rank(
             )
         )
     out = join_node_evidence(corroborate(out))
-    out.sort(key=lambda f: (-f.score, f.cause, "(bridge" in f.device, f.device))
+    out.sort(key=order)
     return out, alone
+
+
+def order(f: Finding) -> tuple[float, str, bool, str]:
+    """Best first; equal scores by cause, an endpoint before the bridge above it, device."""
+    return (-f.score, f.cause, "(bridge" in f.device, f.device)
+
+
+def merged(findings: Sequence[Finding], extra: Sequence[Finding]) -> list[Finding]:
+    """``findings`` and ``extra`` (findings made outside :func:`rank`, the switches') in one
+    ranking."""
+    return sorted([*findings, *extra], key=order)
 
 
 #: added to a hardware finding that a probe's bandwidth drop on its node corroborates

@@ -6,11 +6,14 @@
 2. the drop: ``changepoint.find_drop`` or the ``change_at`` the user gave; the baseline is
    the window before it (less one step of guard), the slow period from it to the end;
 3. the job's footprint (pods, nodes, GPUs, HCAs) from the attribution series;
-4. every check over both periods, scoped to that footprint; NCCL settings across pods;
-   evidence that went blind (:mod:`blind`); the changes near the threshold held to their
-   coverage and noise (:mod:`judge`);
-5. findings ranked by score; those at or above ``checks.THRESHOLD`` stand out;
-6. the verdict: causes found, no fabric cause found (only when enough checks judged data
+4. every check over both periods, scoped to that footprint; NCCL settings across pods; the
+   leaf switches under the job's ports and their uplinks (``switches``); evidence that went
+   blind (:mod:`blind`); the changes near the threshold held to their coverage and noise
+   (:mod:`judge`);
+5. the switches several of the job's nodes' evidence crowds onto, named as one finding each
+   (``switches.group``);
+6. findings ranked by score; those at or above ``checks.THRESHOLD`` stand out;
+7. the verdict: causes found, no fabric cause found (only when enough checks judged data
    of enough of the job's nodes), or could not judge (:data:`MIN_JUDGED_CHECKS`).
 """
 
@@ -19,10 +22,10 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from exporter.explain import blind, changepoint, discover, evidence, judge, rank
+from exporter.explain import blind, changepoint, discover, evidence, judge, rank, switches
 from exporter.explain.checks import CHECKS, THRESHOLD
 from exporter.explain.client import PrometheusClient
 from exporter.explain.plan import MAX_NAMES_PER_QUERY
@@ -163,21 +166,34 @@ def explain(
     periods = evidence.Periods(lo, split - step, split, hi)
     fp = discover.footprint(client, job, tp, start, end)
     scope = evidence.Scope(fp.instances, job.namespace, fp.pods, max_names, job.job)
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=4) as pool:
         inv_future = pool.submit(
             discover.inventory, client, fp.instances, start, end, max_names=max_names
         )
         env_future = pool.submit(evidence.query_nccl_env, client, scope, periods)
         blind_future = pool.submit(blind.find, client, scope, periods, step)
+        topo_future = pool.submit(
+            switches.topology, client, fp.instances, start, end, max_names=max_names
+        )
         results = evidence.evaluate(client, scope, periods)
-        inv = inv_future.result()
+        topo = topo_future.result()
+        uplink_results = switches.evaluate_uplinks(client, topo, periods, max_names=max_names)
+        inv = replace(inv_future.result(), cables=topo.cable_names())
         env_sel, env_samples = env_future.result()
         blinds = blind_future.result()
     results = blind.apply(results, blinds)
     results = judge.judge(client, scope, periods, results)
     diffs = evidence.nccl_env_differences(env_samples)
-    findings, unavailable = rank.rank(
+    grouping = switches.group(
         results,
+        uplink_results,
+        topo,
+        periods=periods,
+        step=step,
+        link=rank.panel_link(grafana, "switch", "", periods, job),
+    )
+    ranked, unavailable = rank.rank(
+        switches.without(results, grouping.folded),
         diffs,
         env_sel,
         inv,
@@ -186,7 +202,9 @@ def explain(
         grafana=grafana,
         job=job,
     )
-    counts = [r.counts() for r in results]
+    findings = rank.merged(ranked, grouping.findings)
+    every = (*results, *uplink_results)
+    counts = [r.counts() for r in every]
     checked = (
         *(
             Checked(
@@ -194,13 +212,13 @@ def explain(
                 r.check.cause,
                 r.check.what,
                 r.series,
-                r.measurements[0].score if r.measurements else 0.0,
+                max((m.score for m in r.measurements), default=0.0),
                 n.no_baseline,
                 n.judged,
                 n.unavailable,
                 n.thin,
             )
-            for r, n in zip(results, counts, strict=True)
+            for r, n in zip(every, counts, strict=True)
         ),
         Checked(
             "nccl_env",

@@ -79,8 +79,10 @@ def render_sampler(status: SamplerStatus, detail: Detail) -> Families:
 
 
 def render_self(
-    statuses: Mapping[str, SamplerStatus], render_errors: Mapping[str, int] | None = None
+    statuses: Mapping[str, SamplerStatus],
+    render_errors: Mapping[str, int] | None = None,
+    detail: Detail = "full",
 ) -> Families:
-    out = Families()
+    out = Families(detail)
     selfmetrics.render(statuses, render_errors or {}, out)
     return out

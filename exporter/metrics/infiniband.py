@@ -104,6 +104,7 @@ PORT_RATE_DEGRADED = MetricSpec(
     "ports) or expected (--infiniband.expected-rate). Absent for ports not ACTIVE and for a "
     "comparison that cannot be made (no peers, no majority, no expectation configured).",
     ("device", "port", "comparison"),
+    fold="Below full, only comparisons a port runs below (value 1).",
 )
 PORT_SM_LID = MetricSpec(
     _P + "sm_lid",
@@ -150,6 +151,7 @@ SATURATED_COUNTERS = MetricSpec(
     "PMA counters of known width narrower than 64 bits sitting at their maximum on this "
     "port (0 when none): the per-port fold of fabricscope_infiniband_port_pma_saturated.",
     _DP,
+    fold="Below full, only ports with a saturated counter (a 0 is left out).",
 )
 PMA_SOURCE = MetricSpec(
     _P + "pma_source_info",
@@ -689,11 +691,15 @@ def _label(value: object) -> str:
 
 def render(snap: InfinibandSnapshot, out: Families) -> None:
     """Every device and port; below full detail (``out.folds``) saturation is folded into
-    one count per port, RoCE-only counters are left out on InfiniBand ports and the SM's
-    LID on Ethernet ports."""
+    one count per port that has one, a rate comparison is exported only where the port runs
+    below it, RoCE-only counters are left out on InfiniBand ports and the SM's LID on
+    Ethernet ports."""
     folds = out.folds
     for check in rate_checks(snap):
-        out.add(PORT_RATE_DEGRADED, check.degraded, check.device, str(check.port), check.comparison)
+        if check.degraded or not folds:
+            out.add(
+                PORT_RATE_DEGRADED, check.degraded, check.device, str(check.port), check.comparison
+            )
     for dev in snap.devices:
         out.add(
             DEVICE_INFO,
@@ -746,8 +752,9 @@ def render(snap: InfinibandSnapshot, out: Families) -> None:
                     out.add(COUNTER_SATURATED, c.saturated, *labels, c.name)
                 if c.saturated:
                     out.add(SATURATED_SINCE, c.saturated_since, *labels, c.name)
-            if narrow:
-                out.add(SATURATED_COUNTERS, sum(1 for c in narrow if c.saturated), *labels)
+            saturated = sum(1 for c in narrow if c.saturated)
+            if narrow and (saturated or not folds):
+                out.add(SATURATED_COUNTERS, saturated, *labels)
             src = port.counter_source
             if src is not None:
                 out.add(PMA_SOURCE, 1, *labels, src.source, src.reason)

@@ -68,6 +68,8 @@ SAMPLER_READ_ERRORS_LAST = MetricSpec(
     "gauge",
     "Files that could not be read or parsed during the sampler's latest successful pass.",
     ("sampler",),
+    fold="Below full, only samplers whose latest pass had one (a 0 is left out; "
+    "fabricscope_sampler_read_errors_total counts them all).",
 )
 
 SAMPLER_RENDER_ERRORS = MetricSpec(
@@ -128,5 +130,5 @@ def render(
         out.add(SAMPLER_LAST_SUCCESS, st.last_success_timestamp_seconds, name)
         if st.success:
             out.add(SAMPLER_HARDWARE_PRESENT, st.hardware_present, name)
-        if st.snapshot is not None:
+        if st.snapshot is not None and (st.snapshot.issues or not out.folds):
             out.add(SAMPLER_READ_ERRORS_LAST, len(st.snapshot.issues), name)

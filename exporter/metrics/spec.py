@@ -59,6 +59,11 @@ LABELS: dict[str, str] = {
     "peer_port": "port number, on the device at the other end of the cable, the cable lands on",
     "peer_description": "node description of the device at the other end of the cable "
     "(printable ASCII, at most 64 characters)",
+    "switch_guid": "node GUID of a switch one of the node's cables lands on (a leaf), or of the "
+    "switch at the far end of that leaf's uplink (0x and 16 hex digits)",
+    "switch_port": "port number on that switch",
+    "switch_description": "node description of that switch (printable ASCII, at most 64 "
+    "characters)",
     "driver": "kernel driver bound to the device",
     "operstate": "netdev operational state (up, down, ...)",
     "version": "software version",

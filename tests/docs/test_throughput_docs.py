@@ -1,7 +1,8 @@
 """The PromQL joins shown in docs/throughput.md, evaluated by a real Prometheus engine
 (``promtool test rules``) on series shaped as fabricscope exports them: each query must
-parse and return the joined series the doc promises (the last one: a job's NCCL transport
-mix, one pod's run over NET/IB with GPUDirect RDMA, another's over sockets)."""
+parse and return the joined series the doc promises (a job's NCCL transport mix: one pod's
+run over NET/IB with GPUDirect RDMA, another's over sockets; a rank NCCL's RAS names, joined
+to the node whose address is its host)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,16 @@ INFO = "fabricscope_pod_gpu_info"
 WAIT = "fabricscope_infiniband_port_transmit_wait_total"
 PORT = 'job="fabricscope", instance="node-00", device="mlx5_2", port="1"'
 NCCL = "fabricscope_nccl_channels"
+RANK = (
+    'job="fabricscope", instance="node-00", namespace="training", job_name="llm", '
+    'ras_endpoint="10.0.0.7:28028", rank="5", state="dead", host="10.0.0.8", pid="4242", '
+    'gpu="3", pci_bus_id="", pod=""'
+)
 
 
 def test_doc_queries_join_throughput_to_pod_attribution(tmp_path: Path) -> None:
     queries = re.findall(r"```promql\n(.*?)```", DOC.read_text(), re.S)
-    assert len(queries) == 5
+    assert len(queries) == 6
     rules = {
         "groups": [
             {
@@ -81,6 +87,17 @@ def test_doc_queries_join_throughput_to_pod_attribution(tmp_path: Path) -> None:
                         'namespace="training", pod="llm-1", container="trainer", '
                         'job_name="llm", transport="NET/Socket", gdr="0"}',
                         "values": "64x30",
+                    },
+                    {"series": f"fabricscope_nccl_ras_rank_info{{{RANK}}}", "values": "1x30"},
+                    {
+                        "series": 'fabricscope_nccl_ras_node_address_info{job="fabricscope", '
+                        'instance="node-01", host="10.0.0.8", netdev="eth0"}',
+                        "values": "1x30",
+                    },
+                    {
+                        "series": 'fabricscope_nccl_ras_node_address_info{job="fabricscope", '
+                        'instance="node-01", host="10.0.0.9", netdev="eth1"}',
+                        "values": "1x30",
                     },
                 ],
                 "promql_expr_test": [
@@ -142,6 +159,13 @@ def test_doc_queries_join_throughput_to_pod_attribution(tmp_path: Path) -> None:
                                 'transport="NET/Socket", gdr="0"}',
                                 "value": 64,
                             },
+                        ],
+                    },
+                    {
+                        "expr": "doc:q5",
+                        "eval_time": "10m",
+                        "exp_samples": [
+                            {"labels": f'doc:q5{{{RANK}, node="node-01"}}', "value": 1},
                         ],
                     },
                 ],

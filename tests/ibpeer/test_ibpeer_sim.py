@@ -11,6 +11,7 @@ One lab for the module (one ibsim per control socket); tests put back what they 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -110,7 +111,7 @@ def once(lab: IbsimLab, node: Path, *extra: str) -> str:
     """``fabricscope agent --once`` with only the ibpeer sampler: the exposition it prints."""
     args = ["agent", "--once", f"--path.sysfs={node / 'sys'}", "--sampler.ibpeer"]
     args += [f"--no-sampler.{n}" for n in OTHERS]
-    args += [f"--ibpeer.command-prefix={node / 'ibsim-wrap'}", *extra]
+    args += [f"--ibpeer.command-prefix={node / 'ibsim-wrap'}", "--collector.detail=full", *extra]
     env_sock = os.environ.get("IBSIM_SOCKNAME")
     os.environ["IBSIM_SOCKNAME"] = lab.sockname
     try:
@@ -236,6 +237,9 @@ def test_a_link_trained_at_1x_where_both_ends_support_12x(lab: IbsimLab, node: P
 
 def test_a_cable_moved_to_another_switch_port(lab: IbsimLab, node: Path, sim_env: None) -> None:
     sampler = IbPeerSampler(SysfsReader(node / "sys"), prefix=(str(node / "ibsim-wrap"),))
+    downed = node / "sys/class/infiniband/mlx5_1/ports/1/counters/link_downed"
+    downed.parent.mkdir(exist_ok=True)
+    downed.write_text("0\n")
     before = {(p.device, p.peer.local_port if p.peer else None) for p in sampler.sample().ports}
     assert ("mlx5_1", 2) in before
     # the cable of node1's mlx5_1 goes to leaf port 3, node2's port (ibsim links only ports
@@ -245,8 +249,12 @@ def test_a_cable_moved_to_another_switch_port(lab: IbsimLab, node: Path, sim_env
     lab.command('Link "leaf1"[3] "node1-mlx5_1"[1]')
     try:
         lab.run_opensm()
+        # the port went down and up: its link_downed counter says so, and the next pass
+        # re-reads the topology (not 5 minutes later)
+        downed.write_text("1\n")
         snap = sampler.sample()
     finally:
+        downed.unlink()
         lab.command('Unlink "leaf1"[3]')
         lab.command('Link "leaf1"[2] "node1-mlx5_1"[1]')
         lab.command('Link "leaf1"[3] "node2-mlx5_0"[1]')
@@ -295,6 +303,8 @@ def test_a_simulator_that_stops_answering_costs_the_pass_not_the_scrape(
         "--ibpeer.tool-timeout=1.5",
         "--sampling.interval=8",
         "--sampling.timeout=8",
+        "--ibpeer.interval=8",
+        "--ibpeer.uplinks-max=0",  # this leaf has none: no table to read in the first pass
         f"--web.listen-address=127.0.0.1:{port}",
     ]
     env = {**os.environ, "IBSIM_SOCKNAME": lab.sockname, "PYTHONUNBUFFERED": "1"}
@@ -373,3 +383,35 @@ def _runs_in_lab(proc: Path, lab: IbsimLab) -> bool:
         return False
     tool = any(c.endswith((b"smpquery", b"perfquery")) for c in cmd)
     return tool and f"IBSIM_SOCKNAME={lab.sockname}".encode() in environ
+
+
+def test_topo_prints_the_far_end_of_each_cable(lab: IbsimLab, node: Path) -> None:
+    lab.command('PerformanceSet "leaf1"[1] PortCounters.SymbolErrorCounter=9', "has been set")
+    env_sock = os.environ.get("IBSIM_SOCKNAME")
+    os.environ["IBSIM_SOCKNAME"] = lab.sockname
+    try:
+        args = ["topo", f"--path.sysfs={node / 'sys'}"]
+        table = fabricscope([*args, f"--ibpeer.command-prefix={node / 'ibsim-wrap'}"])
+        doc = fabricscope(
+            [*args, "--format=json", f"--ibpeer.command-prefix={node / 'ibsim-wrap'}"]
+        )
+        absent = fabricscope([*args, "--ibpeer.command-prefix=/nonexistent/wrapper"])
+    finally:
+        lab.command('PerformanceSet "leaf1"[1] PortCounters.SymbolErrorCounter=0', "has been set")
+        if env_sock is None:
+            os.environ.pop("IBSIM_SOCKNAME", None)
+        else:
+            os.environ["IBSIM_SOCKNAME"] = env_sock
+    assert table.returncode == 0, table.stderr
+    assert f"-> leaf1 ({LEAF_GUID}) port 1, switch; there: symbol_error 9" in table.stdout
+    assert f"-> leaf1 ({LEAF_GUID}) port 2, switch; there: no errors" in table.stdout
+    ports = {p["device"]: p["peer"] for p in json.loads(doc.stdout)["rdma_ports"]}
+    assert ports["mlx5_0"]["guid"] == LEAF_GUID and ports["mlx5_0"]["port"] == 1
+    assert ports["mlx5_0"]["counters"]["symbol_error"] == 9
+    assert ports["mlx5_1"]["counters"]["symbol_error"] == 0
+    # the far end's errors are a finding of the node, as in the agent
+    assert "ib_peer_errors mlx5_0/1" in table.stdout
+    # without the tools: the ports as before, and why no far end
+    assert absent.returncode == 0, absent.stderr
+    assert "->" not in absent.stdout
+    assert "far ends of the InfiniBand cables: not read (/nonexistent/wrapper" in absent.stdout

@@ -1,0 +1,531 @@
+"""Which switch: the job's ports grouped by the leaf switch their cables land on, and the
+leaves' uplinks grouped by the spine at their far end.
+
+At scale the slowdown an operator fears most is one bad switch: each node under it shows a
+little congestion, a few errors, a lower rate, and no single port stands out. The agents'
+ibpeer sampler says which leaf port every node port is cabled to
+(``fabricscope_infiniband_peer_info``) and, for the uplinks each reads, which spine port a
+leaf port is cabled to (``fabricscope_infiniband_switch_link_info``) with both ends'
+counters (``fabricscope_infiniband_switch_port_*``). This module joins them for the job
+(:func:`topology`), scores the uplinks of the job's leaves (:data:`UPLINK_CHECKS`,
+:func:`evaluate_uplinks`), and groups (:func:`group`):
+
+1. **Ports under a leaf.** For each kind of evidence (a cause of the port checks: link
+   errors, drops, congestion, lower rate, lower data share), the job's ports whose score for
+   it reached :data:`MEMBER_SCORE` are the evidence ports. The test asks whether the evidence
+   ports crowd onto one leaf beyond what the job's placement makes likely: with ``N`` of the
+   job's ports on known leaves, ``K`` of them on leaf ``L`` and ``n`` evidence ports, the
+   chance that ``k`` or more of the ``n`` fall on ``L`` when the evidence lands on ports at
+   random is the hypergeometric tail ``P(X >= k)``, held against :data:`ALPHA` after
+   multiplying by the number of the job's leaves (Bonferroni). A leaf is named only when
+   ports of at least two of the job's nodes show the evidence: one node's fault (its NIC,
+   its PCIe, its driver, all its ports under one leaf) stays that node's. A job placed on a
+   single leaf can never name it (``K = N`` makes every tail 1): nothing tells the leaf from
+   the job then.
+2. **Uplinks.** An uplink whose end (either: the switch end counts, so a cable whose errors
+   show only at the spine is found) scores at least :data:`~exporter.explain.checks.
+   THRESHOLD` is evidence. Uplinks of at least two leaves to one spine, crowding onto it as
+   above, name the spine; two or more uplinks of one leaf name the leaf; a single uplink is
+   named as the cable it is.
+
+A leaf named for several kinds (and for its uplinks) is one finding. Its score is its
+strongest port's or uplink's (at least the threshold: the group stands out even when no
+port alone does) plus ``0.5 * log2(nodes)``; the ports it names are folded into it: they
+are not ranked again as their own findings of that cause (:func:`without`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from exporter.explain.checks import CAUSES, THRESHOLD, Check, _escape
+from exporter.explain.client import PrometheusClient, Sample
+from exporter.explain.evidence import (
+    CheckResult,
+    Measurement,
+    Periods,
+    _alternation,
+    compare,
+)
+from exporter.explain.plan import MAX_NAMES_PER_QUERY, groups
+from exporter.explain.rank import Finding, display_range
+
+#: a port's score for a cause that makes it an evidence port of that cause
+MEMBER_SCORE = 0.5
+#: the chance (after Bonferroni over the job's leaves or spines) under which a crowd of
+#: evidence ports on one switch is not the job's placement alone
+ALPHA = 0.05
+#: the port causes tested for crowding under a leaf
+GROUPED_CAUSES = ("ib_link", "drops", "ib_congestion", "port_rate", "rail_share")
+#: what each of them is called in a switch's evidence
+KIND = {
+    "ib_link": "link errors",
+    "drops": "drops",
+    "ib_congestion": "congestion",
+    "port_rate": "a lower rate",
+    "rail_share": "a lower data share",
+}
+_SWITCH_KEY = ("switch_guid", "switch_port")
+#: the title of a single uplink's finding (a cable, not its switches)
+UPLINK_CABLE_TITLE = "an uplink cable (switch to switch) errs, drops or congests"
+
+Port = tuple[str, str, str]  # (instance, device, port)
+SwitchPort = tuple[str, str]  # (switch GUID, port)
+
+
+def _sw(counter: str) -> str:
+    return (
+        "max by (switch_guid, switch_port) "
+        f"(rate(fabricscope_infiniband_switch_port_{counter}_total{{{{{{sel}}}}}}[{{d}}]))"
+    )
+
+
+def _uplink_check(name: str, cause: str, what: str, template: str, significant: float) -> Check:
+    per_min = cause != "ib_congestion"
+    return Check(
+        name,
+        cause,
+        what,
+        template,
+        "rate" if per_min else "rise",
+        significant,
+        "port",
+        _SWITCH_KEY,
+        unit="/min" if per_min else "",
+        scale=60.0 if per_min else 1.0,
+    )
+
+
+#: evidence on the uplinks of the job's leaves, at each end (the series of both ends are
+#: labelled by the switch and port they were read at); ``max by`` folds the readers
+UPLINK_CHECKS: tuple[Check, ...] = (
+    _uplink_check(
+        "uplink_symbol_errors", "ib_link", "uplink symbol errors", _sw("symbol_errors"), 1 / 60
+    ),
+    _uplink_check(
+        "uplink_receive_errors",
+        "ib_link",
+        "uplink receive errors",
+        _sw("receive_errors"),
+        1 / 60,
+    ),
+    _uplink_check(
+        "uplink_transmit_discards",
+        "drops",
+        "uplink transmit discards",
+        _sw("transmit_discards"),
+        1 / 60,
+    ),
+    _uplink_check(
+        "uplink_xmit_wait_share",
+        "ib_congestion",
+        "uplink xmit_wait share (wait ticks / (wait ticks + 4-byte words sent))",
+        f"{_sw('transmit_wait')} / ({_sw('transmit_wait')} + {_sw('transmitted_bytes')} / 4)",
+        0.05,
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Cable:
+    """A job port's cable: the leaf switch (GUID, description) and leaf port it lands on."""
+
+    switch_guid: str
+    switch_port: str
+    switch_description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """The job's part of the fabric, as its agents last reported it in the window."""
+
+    cables: Mapping[Port, Cable] = field(default_factory=dict)
+    #: uplink (leaf GUID, leaf port) -> (far switch GUID, far port)
+    uplinks: Mapping[SwitchPort, SwitchPort] = field(default_factory=dict)
+    #: switch GUID -> node description
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def leaves(self) -> list[str]:
+        return sorted({c.switch_guid for c in self.cables.values()})
+
+    def switch_name(self, guid: str) -> str:
+        desc = self.names.get(guid, "")
+        return f"{desc} ({guid})" if desc else guid
+
+    def short(self, guid: str) -> str:
+        return self.names.get(guid, "") or guid
+
+    def cable_names(self) -> dict[Port, str]:
+        """Each port's far end as explain names a cable: ``leaf3 port 2``."""
+        return {
+            k: f"{self.short(c.switch_guid)} port {c.switch_port}" for k, c in self.cables.items()
+        }
+
+
+def topology(
+    client: PrometheusClient,
+    instances: Sequence[str],
+    start: float,
+    end: float,
+    *,
+    max_names: int = MAX_NAMES_PER_QUERY,
+) -> Topology:
+    """The leaves under the job's ports and those leaves' uplinks, from the last value of
+    the info series in the window; queries scoped by the job's instances, then by its
+    leaves' GUIDs, in groups of ``max_names``."""
+    window = max(1, int(end - start))
+
+    def last(metric: str, sel: str) -> str:
+        return f"last_over_time({metric}{{{sel}}}[{window}s])"
+
+    exprs = [
+        last(
+            "fabricscope_infiniband_peer_info",
+            f'instance=~"{_alternation(g)}",node_type="switch"',
+        )
+        for g in groups(instances, max_names)
+    ]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(lambda e: client.query(e, end), exprs))
+    cables: dict[Port, Cable] = {}
+    names: dict[str, str] = {}
+    for s in (x for a in answers for x in a):
+        lb = s.labels
+        key = (lb.get("instance", ""), lb.get("device", ""), lb.get("port", ""))
+        guid = lb.get("peer_guid", "")
+        if not all(key) or not guid:
+            continue
+        cables[key] = Cable(guid, lb.get("peer_port", ""), lb.get("peer_description", ""))
+        names.setdefault(guid, lb.get("peer_description", ""))
+    leaves = sorted({c.switch_guid for c in cables.values()})
+    uplinks: dict[SwitchPort, SwitchPort] = {}
+    if leaves:
+        exprs = [
+            last("fabricscope_infiniband_switch_link_info", f'switch_guid=~"{_alternation(g)}"')
+            for g in groups(leaves, max_names)
+        ]
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            answers = list(pool.map(lambda e: client.query(e, end), exprs))
+        for s in (x for a in answers for x in a):
+            lb = s.labels
+            near = (lb.get("switch_guid", ""), lb.get("switch_port", ""))
+            far = (lb.get("peer_guid", ""), lb.get("peer_port", ""))
+            if all(near) and all(far):
+                uplinks[near] = far
+                names.setdefault(near[0], lb.get("switch_description", ""))
+                names.setdefault(far[0], lb.get("peer_description", ""))
+    return Topology(cables, uplinks, names)
+
+
+def evaluate_uplinks(
+    client: PrometheusClient,
+    topo: Topology,
+    periods: Periods,
+    *,
+    checks: Sequence[Check] = UPLINK_CHECKS,
+    max_names: int = MAX_NAMES_PER_QUERY,
+) -> list[CheckResult]:
+    """Every uplink check over both periods, scoped to both ends of the job's leaves' uplinks
+    by exact GUIDs (two instant queries per check and group of ``max_names`` switches)."""
+    guids = sorted({g for near, far in topo.uplinks.items() for g in (near[0], far[0])})
+    if not guids:
+        return [CheckResult(c) for c in checks]
+    sels = [f'switch_guid=~"{_alternation(g)}"' for g in groups(guids, max_names)]
+    base_d = f"{periods.base_seconds}s"
+    slow_d = f"{periods.slow_seconds}s"
+    jobs = [(c, sel) for c in checks for sel in sels]
+
+    def run(job: tuple[Check, str]) -> tuple[list[Sample], list[Sample]]:
+        check, sel = job
+        base = client.query(check.template.format(sel=sel, d=base_d), periods.base_end)
+        slow = client.query(check.template.format(sel=sel, d=slow_d), periods.slow_end)
+        return base, slow
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(run, jobs))
+    base_of: dict[str, list[Sample]] = defaultdict(list)
+    slow_of: dict[str, list[Sample]] = defaultdict(list)
+    for (check, _), (base, slow) in zip(jobs, answers, strict=True):
+        base_of[check.name] += base
+        slow_of[check.name] += slow
+    # below full detail an uplink end's error counter is exported once non-zero: an end the
+    # topology knows, absent from the baseline, counted 0 there
+    ends = {e for near, far in topo.uplinks.items() for e in (near, far)}
+    for c in checks:
+        if c.mode != "rate":
+            continue
+        have = {
+            (s.labels.get("switch_guid", ""), s.labels.get("switch_port", ""))
+            for s in base_of[c.name]
+        }
+        base_of[c.name] += [
+            Sample({"switch_guid": g, "switch_port": p}, 0.0) for g, p in sorted(ends - have)
+        ]
+    ratio = periods.slow_seconds / periods.base_seconds
+    return [compare(c, base_of[c.name], slow_of[c.name], ratio) for c in checks]
+
+
+def crowding(k: int, population: int, on_switch: int, evidence: int) -> float:
+    """``P(X >= k)`` for ``X`` hypergeometric: ``evidence`` ports drawn at random from
+    ``population``, ``on_switch`` of which are under the switch (exact, in integers)."""
+    if k <= 0:
+        return 1.0
+    top = min(on_switch, evidence)
+    if k > top:
+        return 0.0
+    num = sum(
+        math.comb(on_switch, i) * math.comb(population - on_switch, evidence - i)
+        for i in range(k, top + 1)
+    )
+    return num / math.comb(population, evidence)
+
+
+@dataclass(frozen=True, slots=True)
+class Grouping:
+    """The switch findings and the (cause, instance, device, port) of the ports they name."""
+
+    findings: tuple[Finding, ...] = ()
+    folded: frozenset[tuple[str, str, str, str]] = frozenset()
+
+
+@dataclass
+class _Named:
+    """A switch being named: its evidence lines (strongest first per part), score parts."""
+
+    guid: str
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    top: float = 0.0
+    nodes: set[str] = field(default_factory=set)
+    promql: str = ""
+
+
+def _port_evidence(
+    results: Iterable[CheckResult],
+) -> dict[str, dict[Port, list[Measurement]]]:
+    """Per grouped cause, each port's measurements with a positive score, strongest first."""
+    out: dict[str, dict[Port, list[Measurement]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        if r.check.key != "port" or r.check.cause not in GROUPED_CAUSES:
+            continue
+        for m in r.measurements:
+            if m.score > 0:
+                lb = m.labels
+                key = (lb.get("instance", ""), lb.get("device", ""), lb.get("port", ""))
+                out[r.check.cause][key].append(m)
+    for per_port in out.values():
+        for ms in per_port.values():
+            ms.sort(key=lambda m: -m.score)
+    return out
+
+
+def _fmt_p(p: float) -> str:
+    return f"{p:.2g}" if p >= 1e-4 else "< 0.0001"
+
+
+def group(
+    results: Sequence[CheckResult],
+    uplink_results: Sequence[CheckResult],
+    topo: Topology,
+    *,
+    periods: Periods,
+    step: float,
+    link: str = "",
+) -> Grouping:
+    """Name the switches (see the module docstring); ``link`` is the by-switch panel."""
+    named: dict[str, _Named] = {}
+    folded: set[tuple[str, str, str, str]] = set()
+    extra: list[Finding] = []
+    population = dict(topo.cables)
+    by_leaf: dict[str, list[Port]] = defaultdict(list)
+    for key, c in population.items():
+        by_leaf[c.switch_guid].append(key)
+    leaves_tested = sum(1 for ports in by_leaf.values() if len(ports) >= 2)
+    rng = display_range(step)
+    for cause, per_port in sorted(_port_evidence(results).items()):
+        evidence = {
+            k: ms for k, ms in per_port.items() if k in population and ms[0].score >= MEMBER_SCORE
+        }
+        n = len(evidence)
+        if n < 2:
+            continue
+        for leaf, ports in sorted(by_leaf.items()):
+            hit = sorted((k for k in ports if k in evidence), key=lambda k: -evidence[k][0].score)
+            nodes = {k[0] for k in hit}
+            if len(hit) < 2 or len(nodes) < 2:
+                continue
+            p = crowding(len(hit), len(population), len(ports), n)
+            p_adj = min(1.0, p * max(leaves_tested, 1))
+            if p_adj > ALPHA:
+                continue
+            sw = named.setdefault(leaf, _Named(leaf))
+            sw.nodes |= nodes
+            top = evidence[hit[0]][0]
+            sw.top = max(sw.top, top.score)
+            sw.lines.append(
+                (
+                    top.score + 100.0,
+                    f"{KIND[cause]} on {len(hit)} of the job's {len(ports)} ports under it "
+                    f"({', '.join(sorted(nodes))}); {n} of the job's {len(population)} ports "
+                    f"show it: by chance placement p = {_fmt_p(p_adj)} "
+                    f"(hypergeometric, x{max(leaves_tested, 1)} leaves)",
+                )
+            )
+            for k in hit:
+                m = evidence[k][0]
+                cable = population[k]
+                sw.lines.append(
+                    (m.score, f"{k[0]} {k[1]}/{k[2]} (port {cable.switch_port}): {m.text}")
+                )
+                for cm in evidence[k]:
+                    folded.add((cm.check.cause, *k))
+            if not sw.promql:
+                inst = "|".join(sorted({k[0] for k in hit}))
+                sel = f'instance=~"{_escape(inst)}"'
+                sw.promql = top.check.template.format(sel=sel, d=rng)
+    _group_uplinks(uplink_results, topo, named, extra, rng)
+    out = list(extra)
+    for sw in named.values():
+        lines = [t for _, t in sorted(sw.lines, key=lambda x: -x[0])]
+        score = max(THRESHOLD, sw.top) + 0.5 * math.log2(max(len(sw.nodes), 1))
+        out.append(
+            Finding(
+                "switch",
+                CAUSES["switch"].title,
+                topo.switch_name(sw.guid),
+                "",
+                round(score, 2),
+                tuple(lines),
+                sw.promql,
+                link,
+            )
+        )
+    return Grouping(tuple(out), frozenset(folded))
+
+
+def _group_uplinks(
+    uplink_results: Sequence[CheckResult],
+    topo: Topology,
+    named: dict[str, _Named],
+    extra: list[Finding],
+    rng: str,
+) -> None:
+    """Uplink evidence into spine, leaf or single-cable findings (module docstring, 2)."""
+    far_to_near = {far: near for near, far in topo.uplinks.items()}
+    best: dict[SwitchPort, list[tuple[Measurement, str]]] = defaultdict(list)
+    for r in uplink_results:
+        for m in r.measurements:
+            if m.score < THRESHOLD:
+                continue
+            at = (m.labels.get("switch_guid", ""), m.labels.get("switch_port", ""))
+            if at in topo.uplinks:
+                best[at].append((m, "leaf end"))
+            elif at in far_to_near:
+                best[far_to_near[at]].append((m, "far end"))
+    if not best:
+        return
+    for ms in best.values():
+        ms.sort(key=lambda x: -x[0].score)
+    by_spine: dict[str, list[SwitchPort]] = defaultdict(list)
+    for near, far in topo.uplinks.items():
+        by_spine[far[0]].append(near)
+    spines_tested = sum(1 for ups in by_spine.values() if len(ups) >= 2)
+    taken: set[SwitchPort] = set()
+    for spine, ups in sorted(by_spine.items()):
+        hit = [u for u in ups if u in best]
+        leaves = {u[0] for u in hit}
+        if len(leaves) < 2:
+            continue
+        p = crowding(len(hit), len(topo.uplinks), len(ups), len(best))
+        p_adj = min(1.0, p * max(spines_tested, 1))
+        if p_adj > ALPHA:
+            continue
+        sw = named.setdefault(spine, _Named(spine))
+        sw.nodes |= leaves
+        sw.top = max(sw.top, *(best[u][0][0].score for u in hit))
+        sw.lines.append(
+            (
+                sw.top + 100.0,
+                f"{len(hit)} of the job's leaves' {len(ups)} uplinks to it, from "
+                f"{len(leaves)} leaves, show faults; {len(best)} of {len(topo.uplinks)} "
+                f"uplinks do: by chance p = {_fmt_p(p_adj)} (hypergeometric, "
+                f"x{max(spines_tested, 1)} spines)",
+            )
+        )
+        for u in hit:
+            sw.lines += [(m.score, _uplink_line(topo, u, m, end)) for m, end in best[u][:2]]
+        taken |= set(hit)
+        sw.promql = sw.promql or _uplink_promql(best[hit[0]][0][0], spine, rng)
+    by_leaf: dict[str, list[SwitchPort]] = defaultdict(list)
+    for u in best:
+        if u not in taken:
+            by_leaf[u[0]].append(u)
+    for leaf, ups in sorted(by_leaf.items()):
+        if len(ups) >= 2:
+            sw = named.setdefault(leaf, _Named(leaf))
+            sw.top = max(sw.top, *(best[u][0][0].score for u in ups))
+            sw.lines.append(
+                (
+                    sw.top + 100.0,
+                    f"{len(ups)} of its uplinks show faults (at either end of the cable)",
+                )
+            )
+            for u in sorted(ups):
+                sw.lines += [(m.score, _uplink_line(topo, u, m, end)) for m, end in best[u][:2]]
+            sw.promql = sw.promql or _uplink_promql(best[ups[0]][0][0], leaf, rng)
+            continue
+        u = ups[0]
+        far = topo.uplinks[u]
+        top = best[u][0][0]
+        extra.append(
+            Finding(
+                "switch",
+                UPLINK_CABLE_TITLE,
+                f"uplink cable {topo.short(u[0])} port {u[1]} <-> {topo.short(far[0])} "
+                f"port {far[1]}",
+                "",
+                round(top.score, 2),
+                tuple(_uplink_line(topo, u, m, end) for m, end in best[u]),
+                _uplink_promql(top, u[0], rng),
+                "",
+            )
+        )
+
+
+def _uplink_line(topo: Topology, u: SwitchPort, m: Measurement, end: str) -> str:
+    far = topo.uplinks[u]
+    return (
+        f"uplink {topo.short(u[0])} port {u[1]} -> {topo.short(far[0])} port {far[1]}, "
+        f"{end}: {m.text}"
+    )
+
+
+def _uplink_promql(m: Measurement, guid: str, rng: str) -> str:
+    return m.check.template.format(sel=f'switch_guid="{_escape(guid)}"', d=rng)
+
+
+def without(
+    results: Sequence[CheckResult], folded: frozenset[tuple[str, str, str, str]]
+) -> list[CheckResult]:
+    """``results`` less the measurements a switch finding names (its folded ports)."""
+    if not folded:
+        return list(results)
+    out = []
+    for r in results:
+        kept = [
+            m
+            for m in r.measurements
+            if (
+                r.check.cause,
+                m.labels.get("instance", ""),
+                m.labels.get("device", ""),
+                m.labels.get("port", ""),
+            )
+            not in folded
+        ]
+        out.append(replace(r, measurements=kept) if len(kept) != len(r.measurements) else r)
+    return out

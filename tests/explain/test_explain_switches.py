@@ -1,0 +1,188 @@
+"""explain's switch grouping (exporter/explain/switches.py), pure: the crowding test, which
+crowds name a leaf or a spine, and which stay a node's or a cable's own."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import pytest
+
+from exporter.explain.checks import CHECKS_BY_NAME, Check
+from exporter.explain.evidence import CheckResult, Measurement, Periods
+from exporter.explain.switches import (
+    UPLINK_CHECKS,
+    Cable,
+    Topology,
+    crowding,
+    group,
+    without,
+)
+
+PERIODS = Periods(0.0, 600.0, 615.0, 1200.0)
+ERRORS = CHECKS_BY_NAME["peer_symbol_errors"]
+WAIT = CHECKS_BY_NAME["xmit_wait_share"]
+UPLINK_ERRORS = UPLINK_CHECKS[0]
+
+
+def leaf(i: int) -> str:
+    return f"0x{0x200000 + i:016x}"
+
+
+def spine(i: int) -> str:
+    return f"0x{0x300000 + i:016x}"
+
+
+def tree(leaves: int, hosts_per_leaf: int, devices: int = 2, uplinks_to: int = 2) -> Topology:
+    """Every device of a host under its leaf; each leaf cabled once to each of
+    ``uplinks_to`` spines (leaf port after its hosts' ports, spine port = leaf number)."""
+    cables = {}
+    names = {}
+    uplinks = {}
+    h = 0
+    for lf in range(leaves):
+        names[leaf(lf)] = f"leaf{lf + 1}"
+        for _ in range(hosts_per_leaf):
+            h += 1
+            for d in range(devices):
+                port = (h - 1) % hosts_per_leaf * devices + d + 1
+                cables[(f"host{h}", f"mlx5_{d}", "1")] = Cable(leaf(lf), str(port), f"leaf{lf + 1}")
+        for s in range(uplinks_to):
+            names[spine(s)] = f"spine{s + 1}"
+            uplinks[(leaf(lf), str(hosts_per_leaf * devices + s + 1))] = (spine(s), str(lf + 1))
+    return Topology(cables, uplinks, names)
+
+
+def result(check: Check, scores: dict[tuple[str, ...], float]) -> CheckResult:
+    out = CheckResult(check, series=len(scores))
+    for key, sc in scores.items():
+        labels = dict(zip(("instance", *check.identity), key, strict=True))
+        out.measurements.append(Measurement(check, labels, 0.0, 1.0, sc))
+    return out
+
+
+def ports(hosts: Iterable[int], devices: Iterable[int] = (0, 1)) -> list[tuple[str, str, str]]:
+    return [(f"host{h}", f"mlx5_{d}", "1") for h in hosts for d in devices]
+
+
+def named(topo: Topology, *results: CheckResult, uplinks: Iterable[CheckResult] = ()) -> dict:
+    g = group(list(results), list(uplinks), topo, periods=PERIODS, step=15)
+    return {f.device: f for f in g.findings}
+
+
+def test_crowding_is_the_hypergeometric_tail() -> None:
+    # 16 ports, 4 under the leaf, 4 with evidence, all 4 under it: 1 / C(16, 4)
+    assert crowding(4, 16, 4, 4) == pytest.approx(1 / math.comb(16, 4))
+    # one extra evidence port elsewhere: C(12, 1) / C(16, 5)
+    assert crowding(4, 16, 4, 5) == pytest.approx(12 / math.comb(16, 5))
+    assert crowding(0, 16, 4, 5) == 1.0
+    assert crowding(5, 16, 4, 5) == 0.0
+    # the job on one leaf: whatever crowds there is as likely as not
+    assert crowding(4, 8, 8, 4) == 1.0
+    # a large job: 8,000 ports, 32 under the leaf, 10 of 80 evidence ports there
+    assert crowding(10, 8000, 32, 80) < 1e-12
+
+
+def test_a_leaf_whose_hosts_all_err_is_named_with_its_ports() -> None:
+    topo = tree(4, 2)
+    bad = {(*k[:1], *k[1:]): 2.0 for k in ports([1, 2])}
+    found = named(topo, result(ERRORS, bad))
+    assert list(found) == ["leaf1 (0x0000000000200000)"]
+    f = found["leaf1 (0x0000000000200000)"]
+    assert f.cause == "switch"
+    assert "link errors on 4 of the job's 4 ports under it (host1, host2)" in f.evidence[0]
+    assert len(f.evidence) == 1 + 4
+    # the score: the strongest port's plus half a bit per doubling of the nodes
+    assert f.score == pytest.approx(2.0 + 0.5)
+
+
+def test_the_named_ports_fold_into_the_switch() -> None:
+    topo = tree(4, 2)
+    r = result(ERRORS, {k: 2.0 for k in [*ports([1, 2]), ("host5", "mlx5_0", "1")]})
+    g = group([r], [], topo, periods=PERIODS, step=15)
+    kept = without([r], g.folded)[0].measurements
+    assert [m.labels["instance"] for m in kept] == ["host5"]
+
+
+def test_one_nodes_fault_stays_the_nodes() -> None:
+    """Both ports of one host under a leaf of two hosts: as crowded as can be, one node."""
+    topo = tree(2, 2)
+    assert named(topo, result(ERRORS, dict.fromkeys(ports([1]), 3.0))) == {}
+
+
+def test_a_job_on_one_leaf_never_names_it() -> None:
+    topo = tree(1, 4)
+    assert named(topo, result(ERRORS, dict.fromkeys(ports([1, 2, 3, 4]), 3.0))) == {}
+
+
+def test_evidence_spread_over_the_fabric_names_no_leaf() -> None:
+    """One port of each of 6 hosts on 3 leaves: no leaf holds more than placement gives."""
+    topo = tree(3, 2)
+    spread = {p: 2.0 for p in ports(range(1, 7), [0])}
+    assert named(topo, result(ERRORS, spread)) == {}
+
+
+def test_two_hosts_of_eight_on_a_two_host_leaf_is_not_enough() -> None:
+    """Single-port hosts, two per leaf: both of a leaf's ports erring happens by chance one
+    time in seven; not named (the simulated fat tree gives each host two HCAs for this)."""
+    topo = tree(4, 2, devices=1)
+    assert named(topo, result(ERRORS, dict.fromkeys(ports([1, 2], [0]), 3.0))) == {}
+
+
+def test_weak_evidence_that_crowds_still_names_the_leaf() -> None:
+    """No port stands out alone (0.6 < 1), the crowd does: at least the threshold."""
+    topo = tree(8, 2)
+    found = named(topo, result(WAIT, dict.fromkeys(ports([3, 4]), 0.6)))
+    assert list(found) == ["leaf2 (0x0000000000200001)"]
+    assert found["leaf2 (0x0000000000200001)"].score == pytest.approx(1.5)
+
+
+def uplink(
+    topo: Topology, score: float, *ups: tuple[str, str], check: Check = UPLINK_ERRORS
+) -> CheckResult:
+    return result(check, {("", *u): score for u in ups})
+
+
+def test_one_erring_uplink_is_a_cable() -> None:
+    topo = tree(4, 2)
+    found = named(topo, uplinks=[uplink(topo, 2.0, (leaf(1), "5"))])
+    assert list(found) == ["uplink cable leaf2 port 5 <-> spine1 port 2"]
+
+
+def test_a_cable_erring_only_at_the_spine_end_is_found() -> None:
+    topo = tree(4, 2)
+    found = named(topo, uplinks=[uplink(topo, 2.0, (spine(1), "3"))])
+    f = found["uplink cable leaf3 port 6 <-> spine2 port 3"]
+    assert "far end" in f.evidence[0]
+
+
+def test_two_uplinks_of_a_leaf_name_the_leaf() -> None:
+    topo = tree(4, 2)
+    found = named(topo, uplinks=[uplink(topo, 2.0, (leaf(1), "5"), (leaf(1), "6"))])
+    assert list(found) == ["leaf2 (0x0000000000200001)"]
+    assert found["leaf2 (0x0000000000200001)"].evidence[0].startswith("2 of its uplinks")
+
+
+def test_uplinks_of_several_leaves_to_one_spine_name_the_spine() -> None:
+    topo = tree(8, 2)
+    # half of the 16 uplinks go to each spine: 4 of them crowding onto spine1 happens by
+    # chance (p = 0.077 for 2 spines), 6 does not
+    four = [(leaf(i), "5") for i in range(4)]
+    assert all(
+        d.startswith("uplink cable") for d in named(topo, uplinks=[uplink(topo, 2.0, *four)])
+    )
+    six = [(leaf(i), "5") for i in range(6)]
+    found = named(topo, uplinks=[uplink(topo, 2.0, *six)])
+    assert list(found) == ["spine1 (0x0000000000300000)"]
+
+
+def test_the_uplinks_and_the_ports_of_one_leaf_are_one_finding() -> None:
+    topo = tree(4, 2)
+    found = named(
+        topo,
+        result(WAIT, dict.fromkeys(ports([3, 4]), 2.0)),
+        uplinks=[uplink(topo, 3.0, (leaf(1), "5"), (leaf(1), "6"))],
+    )
+    assert list(found) == ["leaf2 (0x0000000000200001)"]
+    text = "\n".join(found["leaf2 (0x0000000000200001)"].evidence)
+    assert "2 of its uplinks" in text and "congestion on 4 of the job's 4 ports" in text
