@@ -24,6 +24,7 @@ import yaml
 from exporter.explain.checks import CHECKS
 from exporter.explain.client import ClientSettings, PrometheusClient, PrometheusError
 from exporter.explain.plan import RunLedger, groups
+from exporter.explain.switches import UPLINK_CHECKS
 from tests.agentrun import fabricscope
 from tests.promharness import PROMETHEUS, Prometheus, free_port, start_prometheus, write_test_pki
 
@@ -206,7 +207,7 @@ def test_an_empty_prometheus_is_could_not_judge_not_all_clear(prom: Prometheus) 
     out = fabricscope(base, timeout=60)
     assert out.returncode == 1, out
     assert "no fabric cause found" not in out.stdout
-    checks = len(CHECKS) + 1  # the table's and the NCCL settings across pods
+    checks = len(CHECKS) + 1 + len(UPLINK_CHECKS)  # the table, NCCL settings, uplinks
     assert f"could not judge: only 0 of {checks} checks compared data" in out.stdout
     assert "[no data]" in out.stdout and "Traceback" not in out.stderr
     assert f"fabricscope explain: could not judge: only 0 of {checks} checks" in out.stderr
