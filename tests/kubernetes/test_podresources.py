@@ -258,3 +258,16 @@ def test_concurrent_calls_share_one_client(kubelet: Lister, kubelet_socket: Path
         t.join()
     client.close()
     assert results == [EXPECTED] * 4
+
+
+def test_the_grpcio_floor_is_the_generated_stubs_own() -> None:
+    """The generated stubs raise at import under an older grpcio (a lent GPU machine's
+    1.84 did): pyproject's floor is the version they were generated with."""
+    import tomllib
+
+    from agent.kubernetes import podresources_pb2_grpc
+
+    root = Path(__file__).resolve().parents[2]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    grpcio = [d for d in deps if d.startswith("grpcio")]
+    assert grpcio == [f"grpcio>={podresources_pb2_grpc.GRPC_GENERATED_VERSION},<2"], grpcio
