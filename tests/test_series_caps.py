@@ -260,7 +260,7 @@ def test_a_containers_processes_with_a_value_each_get_four_series() -> None:
 
 def test_a_job_annotation_is_a_bounded_label() -> None:
     from agent.kubernetes.podwatch import PodMeta
-    from agent.throughput.sampler import MAX_JOB_NAME, job_from_pod
+    from agent.throughput.sources import MAX_JOB_NAME, job_from_pod
 
     huge = PodMeta("u", "ns", "p", annotations=(("fabricscope.io/job", "j\n" * 100_000),))
     name = job_from_pod(huge)

@@ -1,9 +1,11 @@
 """The throughput sampler, one file per job: ``tail`` reads logs incrementally, ``formats``
 parses lines (pure), ``linear`` compiles every regular expression applied to untrusted text
 (RE2: linear time; a new line format uses it too), ``pods`` knows the kubelet's log layout
-and the pod selection, ``nccl`` reads NCCL's own lines, ``sampler`` joins them into a
-frozen :class:`~agent.throughput.records.ThroughputSnapshot` (``records``: what a pass gives
-and takes), and ``child`` runs it in a supervised child process in the agent
+and the pod selection, ``sources`` finds the logs a pass reads and names their job,
+``nccl`` reads NCCL's own lines, ``stream`` keeps what one log's lines made, ``sampler``
+schedules the pass and joins the streams into a frozen
+:class:`~agent.throughput.records.ThroughputSnapshot` (``records``: what a pass gives and
+takes), and ``child`` runs it in a supervised child process in the agent
 (:mod:`agent.core.isolation`).
 
 May import: :mod:`agent.core`, :mod:`agent.config` and, as a declared join,

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from agent.config import ThroughputFile, ThroughputSettings
 from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.throughput.records import ThroughputInputs, ThroughputResume, ThroughputSnapshot
-from agent.throughput.sampler import ThroughputSampler, nothing_to_read
+from agent.throughput.sampler import ThroughputSampler
+from agent.throughput.sources import nothing_to_read
 
 
 def settings_json(settings: ThroughputSettings) -> str:

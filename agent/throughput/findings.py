@@ -1,4 +1,4 @@
-"""Findings from what the jobs' own NCCL lines said (:class:`~agent.throughput.sampler.NcclSeries`):
+"""Findings from what the jobs' own NCCL lines said (:class:`~agent.throughput.records.NcclSeries`):
 channels between two of the node's GPUs joined by NVLink that do not use it. Pure."""
 
 from __future__ import annotations

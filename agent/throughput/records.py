@@ -67,7 +67,7 @@ class NcclSeries:
     process named its GPU. ``hca_numa``: per HCA whose channels could be judged (the NUMA
     node of the HCA and of the channel's GPU both known, :attr:`ThroughputInputs.numa`),
     (HCA, channels judged, channels whose GPU is on another NUMA node than the HCA).
-    ``nvlink_channels``: see :func:`agent.throughput.sampler.nvlink_channels`.
+    ``nvlink_channels``: see :func:`agent.throughput.nccl_join.nvlink_channels`.
     """
 
     namespace: str

@@ -1,7 +1,8 @@
 """The throughput sampler: the latest throughput each training job printed, per container
 or log file, read from its logs with no change to the training code.
 
-Sources, each a *stream* with its own tail and its own latest values:
+Sources (:mod:`agent.throughput.sources`), each a *stream* with its own tail and its own
+latest values (:class:`agent.throughput.stream.Stream`):
 
 - plain files (``--throughput.file PATH[=JOB]``, globs expanded every pass): namespace, pod
   and container empty; job name from ``=JOB``, ``--throughput.job`` or the file's stem;
@@ -49,49 +50,26 @@ once, across restarts:
 The same lines feed :mod:`agent.throughput.nccl`: NCCL's own lines (a job run with
 ``NCCL_DEBUG=INFO`` or ``WARN``) give, per stream, the transports and HCAs its channels use
 (reset when the container restarts: a new log is a new run), its NCCL warnings by kind and
-its communicator inits and aborts (:class:`NcclSeries`).
+its communicator inits and aborts (:class:`~agent.throughput.records.NcclSeries`).
 """
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
-import pickle
 import resource
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from agent.config import ThroughputSettings
-from agent.core.errors import NoData, SamplerFailure
+from agent.core.errors import SamplerFailure
 from agent.core.sysfs import ReadIssue
-from agent.kubernetes.podwatch import PodIndex, PodMeta
-from agent.throughput.formats import (
-    MAX_PARSE_CHARS,
-    BadRegex,
-    compile_custom,
-    parse_line,
-    parse_window,
-)
-from agent.throughput.linear import Pattern
-from agent.throughput.nccl import (
-    NODE_HCAS,
-    NODE_IB_ERROR_PAIRS,
-    Admission,
-    NcclRun,
-    parse_nccl_line,
-)
+from agent.kubernetes.podwatch import PodIndex
+from agent.throughput.formats import BadRegex, compile_custom
+from agent.throughput.nccl import NODE_HCAS, NODE_IB_ERROR_PAIRS, Admission, NcclRun
 from agent.throughput.nccl_join import nccl_series
-from agent.throughput.pods import (
-    current_log,
-    newest_rotated,
-    parse_pod_dir,
-    parse_selector,
-    selector_matches,
-)
+from agent.throughput.pods import newest_rotated, parse_selector
 from agent.throughput.records import (
     ERROR_REASONS,
     Labels,
@@ -102,6 +80,13 @@ from agent.throughput.records import (
     ThroughputSeries,
     ThroughputSnapshot,
 )
+from agent.throughput.sources import (
+    REGEX_ANNOTATION,
+    find_files,
+    find_pod_logs,
+    nothing_to_read,
+)
+from agent.throughput.stream import Stream
 from agent.throughput.tail import (
     UNREAD_BYTES,
     WHOLE_FILE,
@@ -112,9 +97,6 @@ from agent.throughput.tail import (
 
 log = logging.getLogger(__name__)
 
-JOB_ANNOTATION = "fabricscope.io/job"
-REGEX_ANNOTATION = "fabricscope.io/throughput-regex"
-
 #: an issue's reason in the ReadIssue vocabulary, for the runner's read_errors_total
 _ISSUE_REASON = {
     "not_regular_file": "unsupported",
@@ -124,109 +106,6 @@ _ISSUE_REASON = {
     "gzip": "parse",
     "no_match": "vanished",
 }
-
-
-# --- streams -------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Stream:
-    labels: Labels
-    cri: bool
-    counts: Counter[str]
-    tail: FileTail | None = None
-    values: dict[str, dict[str, float]] = field(default_factory=dict)
-    parsed: Counter[str] = field(default_factory=Counter)
-    last_ts: float | None = None
-    custom: Pattern | None = None
-    custom_source: str | None = None
-    custom_error: str | None = None
-    parsed_this_poll: bool = False
-    line_ts: float | None = None
-    nccl: NcclRun = field(default_factory=NcclRun)
-    #: lines written before this wall time (CRI timestamp) are history: not counted
-    count_from: float | None = None
-    #: every line read now is history (a plain file met in the agent's first pass)
-    history: bool = False
-    #: fed a line since its resume state was last taken
-    dirty: bool = True
-
-    def state(self) -> bytes:
-        """Values and counts for :class:`StreamResume`."""
-        nccl = self.nccl if self.nccl.heard else None
-        return pickle.dumps(
-            (self.values, dict(self.parsed), self.last_ts, self.line_ts, nccl),
-            protocol=pickle.HIGHEST_PROTOCOL,
-        )
-
-    def restore(self, state: bytes, ib: Admission, hca: Admission) -> None:
-        values, parsed, last_ts, line_ts, nccl = pickle.loads(state)
-        self.values = values
-        self.parsed = Counter(parsed)
-        self.last_ts = last_ts
-        self.line_ts = line_ts
-        if isinstance(nccl, NcclRun):
-            nccl.attach(ib, hca)
-            self.nccl = nccl
-
-    def _is_history(self, ts: float | None) -> bool:
-        if self.history:
-            return True
-        return self.count_from is not None and ts is not None and ts < self.count_from
-
-    def on_head_line(self, text: str, ts: float | None) -> None:
-        """A line of the log's beginning, read once when the agent meets a log already past
-        its initial window: what NCCL chose (version, HCA lists, channels, each process's
-        GPU) is kept; its warnings and inits are not counted (they are history, and a
-        counter that jumps at an agent's start would read as a burst) and no throughput is
-        taken from it (stale)."""
-        n = parse_nccl_line(text)
-        if n is not None:
-            self.dirty = True
-            self.nccl.feed(n, ts, history=True)
-
-    def on_line(self, text: str, ts: float | None) -> None:
-        self.dirty = True
-        history = self._is_history(ts)
-        n = parse_nccl_line(text)
-        if n is not None:  # NCCL's own line: it states no throughput
-            self.nccl.feed(n, ts, history=history)
-            return
-        r = parse_line(text, self.custom)
-        if r is None:
-            if len(text) > MAX_PARSE_CHARS and parse_window(text) is None:
-                self.counts["too_long_to_parse"] += 1
-            return
-        slot = self.values.setdefault(r.format, {})
-        for name, v in r.values():
-            slot[name] = v
-        self.parsed[r.format] += 0 if history else 1
-        self.parsed_this_poll = True
-        if ts is not None:
-            self.line_ts = ts
-
-    def close(self) -> None:
-        if self.tail is not None:
-            self.tail.drop()
-            self.tail = None
-
-
-def job_from_file(pattern_job: str | None, default_job: str | None, path: str) -> str:
-    return pattern_job or default_job or Path(path).stem
-
-
-#: longest job name kept (a Kubernetes object name is at most 253 characters; an annotation,
-#: the pod's own text, may hold 256 KiB, and the name is a label of every stream's series)
-MAX_JOB_NAME = 253
-
-
-def job_from_pod(meta: PodMeta | None) -> str:
-    """The pod's ``fabricscope.io/job`` annotation, else its controller's name: printable
-    ASCII (others become ``?``), at most :data:`MAX_JOB_NAME` characters."""
-    if meta is None:
-        return ""
-    name = meta.annotation(JOB_ANNOTATION) or meta.owner or ""
-    return "".join(c if " " <= c <= "~" else "?" for c in name[:MAX_JOB_NAME])
 
 
 class ThroughputSampler:
@@ -293,7 +172,7 @@ class ThroughputSampler:
             chunk_bytes=base.chunk_bytes,
         )
         self._selector = parse_selector(settings.selector) if settings.selector else None
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
         self._gz_done: set[str] = set()
         self._counts: Counter[str] = Counter()
         self._started = False
@@ -317,9 +196,9 @@ class ThroughputSampler:
         self._counts.update(dict(value.counts))
         self._resumed = True
 
-    def _new_stream(self, key: str, labels: Labels, cri: bool) -> _Stream:
+    def _new_stream(self, key: str, labels: Labels, cri: bool) -> Stream:
         """A stream met for the first time, or taken over from the child this one replaces."""
-        st = _Stream(
+        st = Stream(
             labels,
             cri=cri,
             counts=self._counts,
@@ -348,7 +227,7 @@ class ThroughputSampler:
         self._streams[key] = st
         return st
 
-    def _drop_stream(self, key: str) -> _Stream:
+    def _drop_stream(self, key: str) -> Stream:
         self._open.pop(key, None)
         stream = self._streams.pop(key)
         stream.nccl.release()
@@ -367,17 +246,11 @@ class ThroughputSampler:
             nothing_to_read(s)
         issues: list[ReadIssue] = []
         wanted: dict[str, tuple[str, Labels, bool, bool]] = {}  # key -> path, labels, cri, new
-        for f in s.files:
-            paths = sorted(glob.glob(f.pattern)) if glob.has_magic(f.pattern) else [f.pattern]
-            if not paths:
-                self._counts["no_match"] += 1
-                issues.append(ReadIssue(f.pattern, "vanished", "no file matches"))
-            for p in paths:
-                labels: Labels = ("", "", "", job_from_file(f.job, s.job, p))
-                if p.endswith(".gz"):
-                    self._read_gz_once(p, labels, issues)
-                    continue
-                wanted[p] = (p, labels, False, False)
+        for p, labels in find_files(s, self._counts, issues):
+            if p.endswith(".gz"):
+                self._read_gz_once(p, labels, issues)
+                continue
+            wanted[p] = (p, labels, False, False)
         if pod_logs_present:
             self._discover_pods(wanted, issues)
         self._reconcile(wanted, issues)
@@ -407,58 +280,23 @@ class ThroughputSampler:
     def _discover_pods(
         self, wanted: dict[str, tuple[str, Labels, bool, bool]], issues: list[ReadIssue]
     ) -> None:
-        s = self._settings
-        try:
-            entries = sorted(os.listdir(s.pod_logs))
-        except OSError as exc:
-            issues.append(ReadIssue(s.pod_logs, "io", exc.strerror or str(exc)))
-            return
-        gpu = self._gpu_pods() if s.pods == "gpu" else None
-        index = self._pod_index()
-        for entry in entries:
-            pd = parse_pod_dir(entry)
-            if pd is None:
-                continue
-            if s.pods == "gpu" and (gpu is None or (pd.namespace, pd.pod) not in gpu):
-                continue
-            if s.namespaces and pd.namespace not in s.namespaces:
-                continue
-            meta = index.by_uid(pd.uid) if index is not None else None
-            if self._selector is not None and (
-                meta is None or not selector_matches(self._selector, dict(meta.labels))
-            ):
-                continue
-            pod_dir = os.path.join(s.pod_logs, entry)
-            try:
-                containers = sorted(os.listdir(pod_dir))
-            except OSError:
-                continue  # the pod went between two listings: its streams go below
-            job = job_from_pod(meta)
-            regex = meta.annotation(REGEX_ANNOTATION) if meta is not None else None
-            for c in containers:
-                cdir = os.path.join(pod_dir, c)
-                try:
-                    names = os.listdir(cdir)
-                except OSError:
-                    continue
-                current = current_log(names)
-                if current is None:
-                    continue
-                key = f"cri:{pd.uid}/{c}"
-                labels: Labels = (pd.namespace, pd.pod, c, job)
-                stream = self._streams.get(key)
-                if stream is None:
-                    resumed = key in self._resume
-                    stream = self._new_stream(key, labels, cri=True)
-                    if not resumed:
-                        self._seed_from_rotated(stream, cdir, names, current, issues)
-                self._set_custom(stream, regex, f"{pd.namespace}/{pd.pod}", issues)
-                # a log met for the first time starts initial_bytes before its end, which is
-                # its start for a pod that began after the agent did
-                wanted[key] = (os.path.join(cdir, current), labels, True, False)
+        found = find_pod_logs(
+            self._settings, self._selector, self._gpu_pods, self._pod_index, issues
+        )
+        for pl in found:
+            stream = self._streams.get(pl.key)
+            if stream is None:
+                resumed = pl.key in self._resume
+                stream = self._new_stream(pl.key, pl.labels, cri=True)
+                if not resumed:
+                    self._seed_from_rotated(stream, pl.cdir, pl.names, pl.current, issues)
+            self._set_custom(stream, pl.regex, pl.pod, issues)
+            # a log met for the first time starts initial_bytes before its end, which is
+            # its start for a pod that began after the agent did
+            wanted[pl.key] = (pl.path, pl.labels, True, False)
 
     def _seed_from_rotated(
-        self, stream: _Stream, cdir: str, names: list[str], current: str, issues: list[ReadIssue]
+        self, stream: Stream, cdir: str, names: list[str], current: str, issues: list[ReadIssue]
     ) -> None:
         """A container met for the first time whose live log holds less than the initial
         window (just rotated): its newest rotated file holds the latest values."""
@@ -496,7 +334,7 @@ class ThroughputSampler:
         self._finish_poll(stream, path)
 
     def _set_custom(
-        self, stream: _Stream, regex: str | None, pod: str, issues: list[ReadIssue]
+        self, stream: Stream, regex: str | None, pod: str, issues: list[ReadIssue]
     ) -> None:
         if regex != stream.custom_source:
             stream.custom_source = regex
@@ -609,7 +447,7 @@ class ThroughputSampler:
             if st is not None and st.tail is not None:
                 st.tail.close()
 
-    def _finish_poll(self, stream: _Stream, path: str) -> None:
+    def _finish_poll(self, stream: Stream, path: str) -> None:
         if not stream.parsed_this_poll:
             return
         stream.parsed_this_poll = False
@@ -704,10 +542,3 @@ def _mtime(path: str) -> float | None:
         return os.stat(path).st_mtime
     except OSError:
         return None
-
-
-def nothing_to_read(settings: ThroughputSettings) -> None:
-    """Raise ``NoData`` when there is no log to read at all (no file given, no pod log
-    directory): checked in the agent before any child process is started."""
-    if not settings.files and not os.path.isdir(settings.pod_logs):
-        raise NoData(f"no --throughput.file given and no pod log directory at {settings.pod_logs}")
