@@ -24,7 +24,7 @@ from agent.pci.sampler import PciSnapshot
 from agent.throughput.findings import findings as throughput_findings
 from agent.throughput.records import ThroughputSnapshot
 from agent.workload import findings as workload_findings
-from agent.workload.sampler import WorkloadSnapshot
+from agent.workload.records import WorkloadSnapshot
 
 AREAS: tuple[Area, ...] = ("infiniband", "pci", "nvml", "workload")
 #: areas counted when their snapshot is there, never listed as missing: the ibpeer sampler

@@ -27,7 +27,8 @@ from agent.nvml.topology import nvlinks_by_address
 from agent.pci.sampler import PciSampler, PciSnapshot
 from agent.probe.sampler import build_probe_sampler
 from agent.ras.sampler import RasSampler
-from agent.workload.sampler import WorkloadSampler, WorkloadSnapshot, pod_identities
+from agent.workload.records import WorkloadSnapshot
+from agent.workload.sampler import WorkloadSampler, pod_identities
 
 S = TypeVar("S")
 

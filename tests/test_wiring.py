@@ -21,7 +21,8 @@ from agent.nvml.record import ReplayNvml, load
 from agent.nvml.sampler import NvmlSampler
 from agent.nvml.snapshot import ComputeProcess, NvmlSnapshot
 from agent.samplers import DEPENDENT, Latest, build_specs, probe_allocation
-from agent.workload.sampler import PodIdentity, pod_identities
+from agent.workload.records import PodIdentity
+from agent.workload.sampler import pod_identities
 from exporter.app import AgentApp
 from tests.agentrun import fabricscope
 

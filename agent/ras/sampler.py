@@ -41,7 +41,7 @@ from agent.ras.parse import MalformedAnswer, parse_status
 from agent.ras.targets import Endpoint, LocalProcess, plan
 from agent.ras.track import JobStatus, JobTracker, NamedRank
 from agent.ras.wire import QUERY_ERRORS, QueryError, query
-from agent.workload.sampler import WorkloadSnapshot
+from agent.workload.records import WorkloadSnapshot
 
 log = logging.getLogger(__name__)
 

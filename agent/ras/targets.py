@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from agent.config import RAS_DEFAULT_PORT, RasEndpointFlag, parse_hostport
 from agent.kubernetes.podwatch import PodIndex, PodMeta
-from agent.workload.sampler import WorkloadProcess, WorkloadSnapshot
+from agent.workload.records import WorkloadProcess, WorkloadSnapshot
 
 DEFAULT_PORT = RAS_DEFAULT_PORT
 LEADER_ANNOTATION = "fabricscope.io/nccl-ras-leader"

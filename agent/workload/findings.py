@@ -1,4 +1,4 @@
-"""Workload findings: what :class:`~agent.workload.sampler.WorkloadSnapshot` says is wrong with how
+"""Workload findings: what :class:`~agent.workload.records.WorkloadSnapshot` says is wrong with how
 the GPU processes are placed and configured, as pure functions of a snapshot (the kinds
 are described in :mod:`agent.workload.sampler`), and the ``NCCL_IB_HCA`` grammar they need.
 """
@@ -11,14 +11,9 @@ from dataclasses import dataclass
 
 from agent.core.findings import Finding
 from agent.pci.sampler import format_cpulist
-from agent.workload.sampler import (
-    PEERMEM_MODULES,
-    REDACTED,
-    GpuPlacement,
-    RdmaDevice,
-    WorkloadProcess,
-    WorkloadSnapshot,
-)
+from agent.workload.gpudirect import PEERMEM_MODULES
+from agent.workload.process import REDACTED
+from agent.workload.records import GpuPlacement, RdmaDevice, WorkloadProcess, WorkloadSnapshot
 
 #: per-process finding kinds (``kind`` label of ``fabricscope_workload_finding_processes``)
 PROCESS_FINDING_KINDS = (

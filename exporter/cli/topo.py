@@ -24,7 +24,8 @@ from agent.nvml.snapshot import NvmlSnapshot
 from agent.nvml.topology import nvlinks_by_address
 from agent.pci import topology
 from agent.pci.sampler import PciSampler, PciSnapshot
-from agent.workload.sampler import WorkloadSampler, WorkloadSnapshot
+from agent.workload.records import WorkloadSnapshot
+from agent.workload.sampler import WorkloadSampler
 from exporter.cli.source import open_source
 
 

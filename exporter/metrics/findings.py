@@ -14,7 +14,7 @@ from agent.node_findings import collect
 from agent.nvml.snapshot import NvmlSnapshot
 from agent.pci.sampler import PciSnapshot
 from agent.throughput.records import ThroughputSnapshot
-from agent.workload.sampler import WorkloadSnapshot
+from agent.workload.records import WorkloadSnapshot
 from exporter.metrics.spec import Families, MetricSpec
 
 #: the owner of this fragment in the exposition cache

@@ -15,7 +15,7 @@ own, any other reads ``<other>``.
 from __future__ import annotations
 
 from agent.workload.findings import PROCESS_FINDING_KINDS, workload_findings
-from agent.workload.sampler import WorkloadSnapshot
+from agent.workload.records import WorkloadSnapshot
 from exporter.metrics.spec import Families, MetricSpec
 
 _POD = ("gpu", "namespace", "pod", "container")

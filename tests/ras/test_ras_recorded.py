@@ -135,12 +135,7 @@ def test_discovery_through_the_agents_wiring(tmp_path: Path) -> None:
     rank 0's process, in the host network, its NCCL_RAS_ADDR naming the stand-in's port."""
     from agent.config import AgentConfig, Paths, Sampling
     from agent.samplers import Latest, build_samplers
-    from agent.workload.sampler import (
-        GpuPlacement,
-        NcclSetting,
-        WorkloadProcess,
-        WorkloadSnapshot,
-    )
+    from agent.workload.records import GpuPlacement, NcclSetting, WorkloadProcess, WorkloadSnapshot
 
     stopped = next(r for r in JSON if r["tag"] == "stopped+35-json-verbose")
     # this node's host network, in the kernel's formats: eth0 holds the recorded job's host

@@ -16,7 +16,7 @@ from agent.core.sysfs import SysfsReader
 from agent.kubernetes.podwatch import PodIndex, PodMeta
 from agent.ras.addresses import NodeAddress, parse_fib_trie, parse_routes, read_node_addresses
 from agent.ras.targets import Endpoint, LocalProcess, plan
-from agent.workload.sampler import (
+from agent.workload.records import (
     GpuPlacement,
     NcclSetting,
     PodIdentity,

@@ -44,26 +44,30 @@ from agent.workload.findings import (
     parse_ib_hca,
     workload_findings,
 )
-from agent.workload.sampler import (
+from agent.workload.gpudirect import (
+    parse_kernel_release,
+    parse_modules,
+    parse_nvidia_version,
+    read_gpudirect,
+)
+from agent.workload.placement import cpus_outside
+from agent.workload.process import (
     ALLOWED_NAMES,
     MAX_VALUE_LENGTH,
     REDACTED,
+    parse_cpus_allowed,
+    parse_nccl_environ,
+    safe_value,
+)
+from agent.workload.records import (
     GpuDirect,
     GpuPlacement,
     NcclSetting,
     PodIdentity,
     WorkloadProcess,
-    WorkloadSampler,
     WorkloadSnapshot,
-    cpus_outside,
-    parse_cpus_allowed,
-    parse_kernel_release,
-    parse_modules,
-    parse_nccl_environ,
-    parse_nvidia_version,
-    read_gpudirect,
-    safe_value,
 )
+from agent.workload.sampler import WorkloadSampler
 from exporter.metrics import workload
 from exporter.metrics.exposition import render_text
 from exporter.metrics.spec import Families
@@ -813,7 +817,7 @@ def test_a_job_beside_the_agent_is_on_its_loopback_whatever_init_runs_in(tmp_pat
     import time
 
     from agent.core.sysfs import SysfsReader
-    from agent.workload.sampler import loopback_netns, read_netns
+    from agent.workload.process import loopback_netns, read_netns
 
     ns = f"fs-wl-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
