@@ -171,7 +171,8 @@ def nccl_checks(out: Path) -> None:
     from agent.infiniband.sampler import InfinibandSampler
     from agent.pci.sampler import PciSampler
     from agent.samplers import numa_nodes
-    from agent.throughput.nccl import NcclRun, parse_nccl_line
+    from agent.throughput.nccl import parse_nccl_line
+    from agent.throughput.nccl_run import NcclRun
 
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(JOB)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.throughput.nccl import MAX_IB_ERROR_PAIRS, NODE_IB_ERROR_PAIRS
+from agent.throughput.nccl_run import MAX_IB_ERROR_PAIRS, NODE_IB_ERROR_PAIRS
 from agent.workload.records import GpuPlacement, NcclSetting, WorkloadProcess, WorkloadSnapshot
 from exporter.metrics import workload
 from exporter.metrics.spec import Families

@@ -3,14 +3,15 @@
 more than one stream or than the lines alone (which HCA is on another NUMA node than its
 GPU; which channels join two of the node's NVLinked GPUs, their ranks matched to GPUs through
 any stream's ``Init START`` lines). Pure: the sampler hands it the streams' parsed state
-(:class:`agent.throughput.nccl.NcclRun`) and the agent's NUMA map and NVLink pairs."""
+(:class:`agent.throughput.nccl_run.NcclRun`) and the agent's NUMA map and NVLink pairs."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from agent.throughput.nccl import WARNING_KINDS, NcclRun
+from agent.throughput.nccl import WARNING_KINDS
+from agent.throughput.nccl_run import NcclRun
 from agent.throughput.records import Labels, NcclSeries
 
 

@@ -67,8 +67,8 @@ from agent.core.errors import SamplerFailure
 from agent.core.sysfs import ReadIssue
 from agent.kubernetes.podwatch import PodIndex
 from agent.throughput.formats import BadRegex, compile_custom
-from agent.throughput.nccl import NODE_HCAS, NODE_IB_ERROR_PAIRS, Admission, NcclRun
 from agent.throughput.nccl_join import nccl_series
+from agent.throughput.nccl_run import NODE_HCAS, NODE_IB_ERROR_PAIRS, Admission, NcclRun
 from agent.throughput.pods import newest_rotated, parse_selector
 from agent.throughput.records import (
     ERROR_REASONS,

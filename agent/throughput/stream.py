@@ -2,7 +2,7 @@
 lines made.
 
 A :class:`Stream` is fed each line its tail reads (:mod:`agent.throughput.tail`): NCCL's own
-lines go to its :class:`~agent.throughput.nccl.NcclRun`, the others to the throughput
+lines go to its :class:`~agent.throughput.nccl_run.NcclRun`, the others to the throughput
 formats (:mod:`agent.throughput.formats`), which leave, per format, the latest value of each
 figure and the lines parsed. Lines written before the agent started (``count_from``, or the
 first window of a plain file: ``history``) give values but are not counted. ``state`` and
@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from agent.throughput.formats import MAX_PARSE_CHARS, parse_line, parse_window
 from agent.throughput.linear import Pattern
-from agent.throughput.nccl import Admission, NcclRun, parse_nccl_line
+from agent.throughput.nccl import parse_nccl_line
+from agent.throughput.nccl_run import Admission, NcclRun
 from agent.throughput.records import Labels
 from agent.throughput.tail import FileTail
 

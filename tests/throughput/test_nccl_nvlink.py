@@ -16,7 +16,8 @@ from agent.nvml.record import ReplayNvml, load
 from agent.nvml.sampler import NvmlSampler
 from agent.samplers import nvlink_pairs
 from agent.throughput.findings import findings
-from agent.throughput.nccl import MAX_COMM_RANKS, MAX_RANK_CHANNELS, NcclRun, parse_nccl_line
+from agent.throughput.nccl import parse_nccl_line
+from agent.throughput.nccl_run import MAX_COMM_RANKS, MAX_RANK_CHANNELS, NcclRun
 from agent.throughput.records import ThroughputSnapshot
 from agent.throughput.sampler import ThroughputSampler
 

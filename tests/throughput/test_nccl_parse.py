@@ -12,22 +12,19 @@ from pathlib import Path
 import pytest
 
 from agent.throughput.nccl import (
-    MAX_HCAS,
     MAX_LINE,
-    MAX_PAIRS,
-    MAX_PIDS,
     Abort,
     Channel,
     CommDevice,
     IbDevices,
     InitComplete,
     NcclLine,
-    NcclRun,
     NcclWarning,
     Version,
     bus_id_address,
     parse_nccl_line,
 )
+from agent.throughput.nccl_run import MAX_HCAS, MAX_PAIRS, MAX_PIDS, NcclRun
 
 LOGS = Path(__file__).parents[1] / "fixtures" / "nccl-logs"
 
