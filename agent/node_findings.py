@@ -15,7 +15,7 @@ from agent.core.findings import KINDS, Area, Finding
 from agent.ibpeer import sampler as ibpeer
 from agent.ibpeer.sampler import IbPeerSnapshot
 from agent.infiniband import capacity
-from agent.infiniband import sampler as infiniband
+from agent.infiniband import findings as infiniband_findings
 from agent.infiniband.records import InfinibandSnapshot
 from agent.nvml import findings as nvml_findings
 from agent.nvml.snapshot import NvmlSnapshot
@@ -65,7 +65,7 @@ def collect(
     found: list[Finding] = []
     checked: list[Area] = []
     if ib is not None:
-        found += infiniband.findings(ib)
+        found += infiniband_findings.findings(ib)
         found += capacity.findings(ib)
         checked.append("infiniband")
     if peer is not None:

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.core.sysfs import SysfsReader
 from agent.infiniband import capacity
+from agent.infiniband import findings as infiniband_findings
 from agent.infiniband import sampler as infiniband
 from agent.pci import topology
 from agent.pci.sampler import PciSampler
@@ -70,7 +71,9 @@ def test_every_fault_is_a_finding_and_nothing_else_is(dgx_sys_root: Path) -> Non
     ib = infiniband.InfinibandSampler(reader).sample()
     pci = PciSampler(reader).sample()
     found = (
-        infiniband.findings(ib) + capacity.findings(ib) + topology.findings(topology.analyse(pci))
+        infiniband_findings.findings(ib)
+        + capacity.findings(ib)
+        + topology.findings(topology.analyse(pci))
     )
     assert {(f.kind, f.subject) for f in found} == EXPECTED_FINDINGS
     assert len(found) == len(EXPECTED_FINDINGS)

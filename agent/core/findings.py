@@ -1,7 +1,7 @@
 """Findings: conditions an SRE should act on, derived from snapshots by pure functions, and
 the one vocabulary of their kinds.
 
-Each area's analysis (``agent.infiniband.sampler.findings``, ``agent.pci.topology.findings``,
+Each area's analysis (``agent.infiniband.findings.findings``, ``agent.pci.topology.findings``,
 ``agent.nvml.findings.findings``, ``agent.workload.findings.findings``) returns a list of
 :class:`Finding`; :func:`agent.node_findings.collect` joins them for ``fabricscope topo``
 (table and JSON) and for the ``fabricscope_findings{kind}`` series. :data:`KINDS` is the

@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from agent.infiniband.parse import IB_DATA_UNIT_BYTES
 from agent.infiniband.perfquery import DATA_WORDS, PerfCounters, get_field, parse_fields, parse_uint
 from agent.infiniband.records import PortCounter
-from agent.infiniband.sampler import IB_DATA_UNIT_BYTES
 
 _WIDTH = re.compile(r"\b(1|2|4|8|12)X\b")
 _SPEED = re.compile(r"(?:^|\s)(\d{1,4}(?:\.\d{1,6})?) Gbps\b")

@@ -71,9 +71,10 @@ from agent.ibpeer.query import (
     read_table,
 )
 from agent.ibpeer.records import IbPeerSnapshot, PeerId, PeerPort, Uplink, best_common
+from agent.infiniband.parse import parse_counter, parse_state, parse_text
 from agent.infiniband.perfquery import PERFQUERY_NAMES
 from agent.infiniband.records import PHYS_STATE_LINK_UP, PortCounter
-from agent.infiniband.sampler import CLASS_DIR, parse_counter, parse_state, parse_text
+from agent.infiniband.sampler import CLASS_DIR
 
 __all__ = [
     "IbPeerSampler",

@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agent.infiniband.sampler import PMA_WIDTHS
+from agent.infiniband.parse import PMA_WIDTHS
 
 #: longest field name libibmad prints ("McastPkeyTrapSuppressionEnabled", "Node Description")
 _FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9 ]{0,47}):\.*(.*)$")

@@ -37,7 +37,7 @@ value is added (what came between is lost). Every other reader of these counters
 (``perfquery``, ``ibqueryerrors``, UFM, OpenSM's perfmgr, node_exporter, the kernel's sysfs
 files) sees them drop to 0 whenever the agent clears them.
 
-Each InfiniBand port's :class:`~agent.infiniband.sampler.CounterSource` says where its error
+Each InfiniBand port's :class:`~agent.infiniband.records.CounterSource` says where its error
 counters came from, and why not 64-bit (:data:`REASONS`). A counter a 64-bit read has
 supplied is never handed back to its narrow sysfs twin within one run (that would show as a
 counter reset and a spurious jump): while that read fails, the counter is absent. A failing
@@ -57,6 +57,13 @@ from dataclasses import dataclass, field, replace
 
 from agent.core.sysfs import ReadIssue, SysfsReader
 from agent.core.tools import ToolError, ToolTimeout, run_tool
+from agent.infiniband.parse import (
+    IB_DATA_UNIT_BYTES,
+    PMA_DATA_COUNTERS,
+    PMA_EXT_ONLY_COUNTERS,
+    PMA_WIDTHS,
+    parse_counter,
+)
 from agent.infiniband.perfquery import (
     DATA_WORDS,
     RESET_BITS,
@@ -78,14 +85,7 @@ from agent.infiniband.records import (
     InfinibandSnapshot,
     PortCounter,
 )
-from agent.infiniband.sampler import (
-    CLASS_DIR,
-    IB_DATA_UNIT_BYTES,
-    PMA_DATA_COUNTERS,
-    PMA_EXT_ONLY_COUNTERS,
-    PMA_WIDTHS,
-    parse_counter,
-)
+from agent.infiniband.sampler import CLASS_DIR
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from agent.ibpeer.parse import PortInfo
 from agent.ibpeer.sampler import IbPeerSnapshot, PeerPort, Uplink
+from agent.infiniband.parse import PMA_WIDTHS
 from agent.infiniband.perfquery import EXT_DATA, EXT_IETF, PERFQUERY_NAMES
 from agent.infiniband.records import PortCounter
-from agent.infiniband.sampler import PMA_WIDTHS
 from exporter.metrics import infiniband
 from exporter.metrics.spec import Detail, Families, MetricSpec
 

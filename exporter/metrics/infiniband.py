@@ -11,8 +11,8 @@ with ``source`` and ``counter`` labels, so nothing is dropped because a list lac
 from __future__ import annotations
 
 from agent.infiniband.capacity import rate_checks
+from agent.infiniband.parse import lane_speed_bytes_per_second
 from agent.infiniband.records import InfinibandSnapshot, PortCounter
-from agent.infiniband.sampler import lane_speed_bytes_per_second
 from exporter.metrics.spec import Detail, Families, MetricSpec
 
 _DP = ("device", "port")

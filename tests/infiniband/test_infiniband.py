@@ -15,8 +15,9 @@ import pytest
 from agent.core.errors import NoData
 from agent.core.findings import Finding
 from agent.core.sysfs import ReadIssue, SysfsReader
+from agent.infiniband.findings import findings
 from agent.infiniband.records import IbPort, InfinibandSnapshot, PortCounter, PortState
-from agent.infiniband.sampler import InfinibandSampler, findings
+from agent.infiniband.sampler import InfinibandSampler
 from exporter.metrics import infiniband as ib_metrics
 from exporter.metrics.exposition import render_text
 from exporter.metrics.spec import Families

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.infiniband.records import PortCounter, PortState
-from agent.infiniband.sampler import (
+from agent.infiniband.parse import (
     NoPmaError,
     build_counters,
     data_unit_bytes,
@@ -22,6 +21,7 @@ from agent.infiniband.sampler import (
     pci_location_from_path,
     pma_width,
 )
+from agent.infiniband.records import PortCounter, PortState
 
 
 @pytest.mark.parametrize(

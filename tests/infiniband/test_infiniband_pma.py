@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from agent.core.sysfs import SysfsReader
+from agent.infiniband.findings import findings
 from agent.infiniband.pma import CAPS_RECHECK_SECONDS, PmaReader
 from agent.infiniband.records import IbPort, InfinibandSnapshot
-from agent.infiniband.sampler import InfinibandSampler, findings
+from agent.infiniband.sampler import InfinibandSampler
 from exporter.metrics import infiniband as ib_metrics
 from exporter.metrics.spec import Families
 

@@ -24,10 +24,11 @@ import pytest
 
 from agent.core.sysfs import SysfsReader
 from agent.ibpeer.parse import parse_portinfo
+from agent.infiniband.findings import findings
 from agent.infiniband.perfquery import parse_perfquery
 from agent.infiniband.pma import PmaReader
 from agent.infiniband.records import IbPort, InfinibandSnapshot
-from agent.infiniband.sampler import InfinibandSampler, findings
+from agent.infiniband.sampler import InfinibandSampler
 from exporter.metrics import infiniband as ib_metrics
 from exporter.metrics.spec import Families
 from tests.agentrun import fabricscope

@@ -19,8 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.config import ExpectedRate, parse_expected_rate
 from agent.core.sysfs import SysfsReader
 from agent.infiniband import capacity
+from agent.infiniband.parse import lane_speed_bytes_per_second, parse_link_rate
 from agent.infiniband.records import InfinibandSnapshot, LinkRate
-from agent.infiniband.sampler import InfinibandSampler, lane_speed_bytes_per_second, parse_link_rate
+from agent.infiniband.sampler import InfinibandSampler
 from agent.nvml.findings import findings as nvml_findings
 from agent.nvml.findings import generation_degraded_under_load
 from agent.nvml.snapshot import ComputeProcess, NvmlGpu, NvmlSnapshot, PcieLink
