@@ -9,7 +9,8 @@ downwards: ``run`` uses ``measure``, ``rendezvous`` and ``schedule``; those thre
                    ``nccl``, ``collectives``, ``worker``, ``launch``.
 - ``rendezvous/``  peer authentication (shared secret) and the offer/answer before any
                    worker starts: ``wire``, ``messages``, ``server``, ``client``, ``secret``.
-- ``schedule/``    who probes whom and when: ``pairing`` (circle method, localisation),
+- ``schedule/``    who probes whom and when: ``circle`` (the circle method), ``localise``
+                   (bad node / bad link), ``pairing`` (the schedule that localises),
                    ``plan`` (``fabricscope probe plan``), ``membership``, ``k8s_members``.
 - ``run/``         running probes on this node: ``service`` (the resident service),
                    ``devices``, ``budget``, ``specs``, ``guest``, ``addresses``, ``results``.

@@ -8,8 +8,8 @@ counters, ``..._pma_saturated_counters``, at every ``--collector.detail``). A ch
 reads a metric fed by a counter that saturated on that port at any time in the window says
 "evidence unavailable (<counter> saturated since T)" instead of a figure, scores 0, and the
 port's other evidence ranks without it. Which metric a counter feeds comes from the metric
-catalog (:func:`exporter.metrics.infiniband.pma_specs`), so a check added later that reads a
-PMA counter is covered without a word of its own.
+catalog (:func:`exporter.metrics.infiniband_counters.pma_specs`), so a check added later
+that reads a PMA counter is covered without a word of its own.
 
 A counter reset inside the window (``resets()``) is named the same way for the changes that
 come near the threshold (:mod:`exporter.explain.judge`).
@@ -36,7 +36,7 @@ SATURATED = "fabricscope_infiniband_port_pma_saturated{{{sel}}} == 1"
 @cache
 def counter_files() -> Mapping[str, tuple[str, ...]]:
     """Metric name -> the PMA counter files (``counters/``) that feed it."""
-    from exporter.metrics.infiniband import pma_specs
+    from exporter.metrics.infiniband_counters import pma_specs
 
     out: dict[str, list[str]] = {}
     for name, spec in pma_specs().items():

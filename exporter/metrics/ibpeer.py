@@ -28,7 +28,7 @@ from agent.ibpeer.sampler import IbPeerSnapshot, PeerPort, Uplink
 from agent.infiniband.parse import PMA_WIDTHS
 from agent.infiniband.perfquery import EXT_DATA, EXT_IETF, PERFQUERY_NAMES
 from agent.infiniband.records import PortCounter
-from exporter.metrics import infiniband
+from exporter.metrics.infiniband_counters import pma_specs
 from exporter.metrics.spec import Detail, Families, MetricSpec
 
 _DP = ("device", "port")
@@ -251,7 +251,7 @@ def _switch_spec(name: str, local: MetricSpec) -> MetricSpec:
     )
 
 
-_LOCAL = infiniband.pma_specs()
+_LOCAL = pma_specs()
 #: kernel counter file name -> the neighbour's metric, built from the local catalog so the
 #: two cannot drift apart
 _BY_COUNTER: dict[str, MetricSpec] = {

@@ -19,6 +19,7 @@ from agent.infiniband.findings import findings
 from agent.infiniband.records import IbPort, InfinibandSnapshot, PortCounter, PortState
 from agent.infiniband.sampler import InfinibandSampler
 from exporter.metrics import infiniband as ib_metrics
+from exporter.metrics import infiniband_counters
 from exporter.metrics.exposition import render_text
 from exporter.metrics.spec import Families
 from tests.promharness import promtool_check_metrics
@@ -786,7 +787,7 @@ def test_unlistable_counter_dir_costs_that_dir_only(procfs_sys_root: Path) -> No
         for c in port_of(sample(procfs_sys_root), "mlx5_0", 1).counters
         if c.source == "hw_counters"
     ]
-    specs = [ib_metrics.dedicated_spec(c.source, c.name) for c in hw]
+    specs = [infiniband_counters.dedicated_spec(c.source, c.name) for c in hw]
     expected = {(spec.name, ("mlx5_0", "1")) for spec in specs if spec is not None}
     assert len(expected) == len(hw) == 24
     expected.add((P + "hw_counters_lifespan_seconds", ("mlx5_0", "1")))
@@ -874,7 +875,7 @@ def test_every_counter_file_is_exported_exactly_once(tree: str) -> None:
     snap = sample(FIXTURES / tree / "sys")
     for dev in snap.devices:
         for port in dev.ports:
-            dedicated, generic = ib_metrics.split_counters(port.counters)
+            dedicated, generic = infiniband_counters.split_counters(port.counters)
             exported = [c for _, c in dedicated] + generic
             assert sorted(exported, key=lambda c: (c.source, c.name)) == list(port.counters)
             assert len({spec.name for spec, _ in dedicated}) == len(dedicated)

@@ -24,7 +24,8 @@ from agent.nvml.record import ReplayNvml
 from agent.probe.run.results import ProbeSnapshot
 from agent.samplers import Latest, build_specs
 from exporter.app import AgentApp
-from exporter.cli.main import _config, build_parser
+from exporter.cli.agent_flags import config_from_args
+from exporter.cli.main import build_parser
 from tests.lab.kubelet import pod_index
 from tests.lab.node import LabKernel, LabNode
 
@@ -60,7 +61,7 @@ def agent_args(node: LabNode, extra: list[str]) -> list[str]:
 
 @cache
 def _parsed(args: tuple[str, ...]) -> AgentConfig:
-    return _config(build_parser().parse_args(args))
+    return config_from_args(build_parser().parse_args(args))
 
 
 def render_once(node: LabNode, now: float, extra: list[str]) -> bytes:

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.probe.schedule.pairing import FindingKind, Pair, Tuning, full_cycle_rounds
+from agent.probe.schedule.circle import Pair, full_cycle_rounds
+from agent.probe.schedule.localise import FindingKind, Tuning
 from agent.probe.schedule.plan import (
     FaultModel,
     PlanReport,

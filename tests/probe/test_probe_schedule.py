@@ -7,21 +7,9 @@ import random
 
 import pytest
 
-from agent.probe.schedule.pairing import (
-    TUNING,
-    FindingKind,
-    Outcome,
-    Pair,
-    Tuning,
-    assess,
-    full_cycle_rounds,
-    localise,
-    meeting_round,
-    members_of,
-    pairs_for_round,
-    partner_of,
-    plan_round,
-)
+from agent.probe.schedule.circle import Pair, full_cycle_rounds, meeting_round, members_of
+from agent.probe.schedule.localise import TUNING, FindingKind, Outcome, Tuning, assess, localise
+from agent.probe.schedule.pairing import pairs_for_round, partner_of, plan_round
 
 SIZES = [*range(2, 65), 1000, 1023, 1024]
 

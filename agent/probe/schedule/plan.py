@@ -16,23 +16,24 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from agent.config import ProbeSettings, format_duration, parse_duration
-from agent.probe.schedule.pairing import (
+from agent.probe.schedule.circle import (
+    Pair,
+    full_cycle_rounds,
+    meeting_round,
+    members_of,
+    plain_pairs,
+)
+from agent.probe.schedule.localise import (
     TUNING,
     Assessment,
     Finding,
     FindingKind,
     Outcome,
-    Pair,
     Tuning,
     Verdict,
     assess,
-    full_cycle_rounds,
-    meeting_round,
-    members_of,
-    partner_of,
-    plain_pairs,
-    plan_round,
 )
+from agent.probe.schedule.pairing import partner_of, plan_round
 
 __all__ = [
     "FaultModel",

@@ -1,0 +1,160 @@
+"""``fabricscope agent``'s body: build the samplers from the flags, then either print one
+pass's exposition (``--once``) or serve /metrics (and /healthz) until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from agent import __version__
+from agent.core.errors import ConfigError
+from exporter.cli.agent_flags import config_from_args
+
+if TYPE_CHECKING:
+    from exporter.app import AgentApp
+
+log = logging.getLogger("fabricscope")
+
+
+def cmd_agent(ns: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+    from dataclasses import replace
+
+    from agent.core.sysfs import SysfsReader
+    from agent.samplers import Latest, build_specs
+    from exporter.app import AgentApp
+    from exporter.cli.source import open_source
+
+    config = config_from_args(ns)
+    if config.probe.enabled:
+        from agent.probe.measure.launch import PROBE_EXTRA_HINT, missing_worker_modules
+
+        missing = missing_worker_modules()
+        if missing:
+            raise ConfigError(
+                f"--probe: the probe needs {' and '.join(missing)}, not installed here: "
+                f"{PROBE_EXTRA_HINT}"
+            )
+    with ExitStack() as stack:
+        src = open_source(stack, ns)
+        dropped = config.sampling.enabled & src.unavailable
+        if dropped:
+            log.info(
+                "replaying %s: it holds nothing for %s; disabled",
+                src.label,
+                ", ".join(sorted(dropped)),
+            )
+        config = replace(
+            config,
+            paths=replace(config.paths, sysfs=src.sysfs),
+            sampling=replace(config.sampling, enabled=config.sampling.enabled - dropped),
+        )
+        if getattr(ns, "snapshot", None):  # a snapshot holds no PMA to ask: sysfs only
+            config = replace(config, infiniband=replace(config.infiniband, perfquery="off"))
+        latest = Latest()
+        specs = build_specs(
+            config,
+            SysfsReader(src.sysfs),
+            nvml_api=src.nvml_api,
+            watch_xid=not ns.once,
+            run_probes=not ns.once,
+            latest=latest,
+            once=ns.once,
+        )
+        app = AgentApp(specs, latest, detail=ns.collector_detail)
+        if not ns.once:
+            return _serve(app, ns)
+        sys.stdout.buffer.write(app.run_once())
+        sys.stdout.flush()
+        _warn_unread_once(app, config.sampling.timeout_seconds)
+    _exit_past_abandoned_passes()
+    return 0
+
+
+def _exit_past_abandoned_passes() -> None:
+    """A ``--once`` pass the runner gave up on still runs in its thread, perhaps inside C
+    code (RE2, a vendor library) that aborts the interpreter as it finalises: once the
+    output is written and everything cleaned up, exit without finalising."""
+    import threading
+
+    if any(t.name.startswith("sample-") and t.is_alive() for t in threading.enumerate()):
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _warn_unread_once(app: AgentApp, timeout: float) -> None:
+    """``--once`` reads the throughput logs whole; when that did not finish within the
+    sampling timeout the exposition holds no throughput series: say so on stderr."""
+    if "throughput" not in app.runner.names:
+        return
+    status = app.runner.status("throughput")
+    if status.snapshot is None and status.error_count("timeout"):
+        print(
+            f"fabricscope: warning: the throughput logs were not read whole within "
+            f"--sampling.timeout ({timeout:g}s): no throughput series printed; raise it",
+            file=sys.stderr,
+        )
+
+
+def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
+    # imported here: `topo` and `--once` need no server
+    import signal
+    import threading
+
+    from exporter.http.limits import ConnectionLimits
+    from exporter.http.server import serve, serve_health
+    from exporter.http.webconfig import load_web_config
+
+    web_config = load_web_config(ns.web_config) if ns.web_config else None
+    limits = ConnectionLimits(
+        max_requests=ns.max_requests,
+        max_connections=ns.max_connections,
+        max_per_address=ns.max_per_address,
+        header_timeout=ns.header_timeout,
+        idle_timeout=ns.idle_timeout,
+    )
+    server = serve(app.cache, ns.listen, web_config=web_config, ready=app.ready, limits=limits)
+    try:
+        health = (
+            serve_health(ns.health_listen, app.ready, limits=limits) if ns.health_listen else None
+        )
+    except ConfigError:
+        server.shutdown()
+        raise
+    log.info(
+        "fabricscope %s listening on %s (samplers: %s; TLS %s, basic auth %s)",
+        __version__,
+        server.address,
+        ", ".join(app.runner.names) or "none",
+        "on" if web_config and web_config.tls else "off",
+        "on" if web_config and web_config.basic_auth_users else "off",
+    )
+    # Scrapes are served from cached bytes in a few hundred microseconds, but a request
+    # thread waiting for the GIL waits up to the switch interval (5 ms by default): that wait
+    # is the scrape latency tail. 1 ms keeps it short at negligible cost.
+    sys.setswitchinterval(0.001)
+    stop = threading.Event()
+
+    def _handle(signum: int, _frame: object) -> None:
+        log.info("received signal %d, shutting down", signum)
+        stop.set()
+
+    def _hangup(_signum: int, _frame: object) -> None:
+        log.info(
+            "received SIGHUP: ignored (TLS files are re-read when they change, pods on every "
+            "pass; a changed flag or web config user needs a restart)"
+        )
+
+    signal.signal(signal.SIGTERM, _handle)
+    signal.signal(signal.SIGINT, _handle)
+    signal.signal(signal.SIGHUP, _hangup)
+    app.runner.start()
+    stop.wait()
+    server.shutdown()
+    if health is not None:
+        health.shutdown()
+    app.runner.stop()
+    return 0
