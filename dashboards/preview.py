@@ -280,7 +280,7 @@ def render_board(
     to ``out/<board><suffix>.png``."""
     bands: dict[int, list[Drawn]] = {}
     for p, y, x in _positions(board):
-        exprs = [(_subst(e, board, node), lg) for e, lg in p.targets]
+        exprs = [(_subst(e, board, node, span), lg) for e, lg in p.targets]
         bands.setdefault(y, []).append(fetch(p, x, exprs, url, span))
     head = 40
     heights = {
@@ -321,9 +321,10 @@ def _positions(board: generate.Board) -> list[tuple[generate.Panel, int, int]]:
     return out
 
 
-def _subst(expr: str, board: generate.Board, node: str) -> str:
+def _subst(expr: str, board: generate.Board, node: str, span: Span) -> str:
     values = {
         "$__rate_interval": "4m",
+        "$__range": f"{span[1] - span[0]:.0f}s",
         "$cluster": ".*",
         "$node": node if board.single_node else ".*",
         "$namespace": "training",

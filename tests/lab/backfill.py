@@ -27,12 +27,13 @@ from tests.lab.agent import render_once
 from tests.lab.cluster import Cluster, Timeline, make_scratch, timeline
 from tests.lab.node import healthy_tree, throughput_flags
 from tests.lab.scenarios import SCENARIOS, Scenario
-from tests.promharness import PROMTOOL
+from tests.promharness import PROMTOOL, backfill_recording_rules
 from tests.promharness import start_prometheus as _start_prometheus
 
 log = logging.getLogger(__name__)
 
 JOB = "fabricscope"
+FLEET_RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "fleet.rules.yaml"
 #: the run the CI tests share (tests/deploy/test_dashboards.py,
 #: tests/explain/test_explain_lab.py): 45 minutes at one-minute steps, the cause from minute
 #: 18 on; built once per session
@@ -123,14 +124,19 @@ class Build:
         if result.returncode != 0:
             raise RuntimeError(f"promtool create-blocks-from failed: {result.stderr[-2000:]}")
         tl = self.tl
+        # the Fleet dashboard reads the per-node series these rules record every minute
+        t2 = time.perf_counter()
+        backfill_recording_rules(tsdb, [FLEET_RULES], tl.start, tl.end)
         log.info(
-            "%s: %d steps x %d nodes, %d samples rendered in %.1f s, blocks in %.1f s",
+            "%s: %d steps x %d nodes, %d samples rendered in %.1f s, blocks in %.1f s, "
+            "recording rules in %.1f s",
             self.scenario.name,
             tl.steps,
             self.scenario.nodes,
             samples,
             t1 - self.t0,
-            time.perf_counter() - t1,
+            t2 - t1,
+            time.perf_counter() - t2,
         )
         (self.out_dir / "timeline").write_text(f"{tl.start} {tl.end} {tl.step} {tl.fault_start}\n")
         return tsdb
