@@ -362,17 +362,38 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--preview", type=Path, default=None, help="draw the Fleet preview here")
     ap.add_argument("--max-background-pages", type=int, default=5)
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="use the history a previous run left in --workdir (kept with --keep)",
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the history in --workdir")
     ns = ap.parse_args()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     work = ns.workdir / f"{ns.nodes}n-{ns.hours:g}h-{ns.step:g}s-{ns.seed}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    history = fleet_history.build(work, ns.nodes, ns.hours, ns.step, seed=ns.seed,
-                                  log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
-    timings["history"] = time.perf_counter() - t0
+    meta = work / "history.json"
     rules = load_rules()
-    timings["recording_rules"] = backfill_records(history.tsdb, history.start, history.end, rules)
+    if ns.reuse and meta.exists():  # the same history (the plan is the seed's), rules recorded
+        m = json.loads(meta.read_text())
+        plan = fleet_history.plan(ns.nodes, ns.hours, ns.step, ns.seed)
+        history = fleet_history.History(
+            work / "tsdb", m["start"], m["end"], ns.step, plan, m["samples"], m["series"]
+        )
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        history = fleet_history.build(
+            work, ns.nodes, ns.hours, ns.step, seed=ns.seed,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )  # fmt: skip
+        timings["history"] = time.perf_counter() - t0
+        timings["recording_rules"] = backfill_records(
+            history.tsdb, history.start, history.end, rules
+        )
+        kept = {"start": history.start, "end": history.end}
+        kept |= {"samples": history.samples, "series": history.series}
+        meta.write_text(json.dumps(kept))
     t1 = time.perf_counter()
     episodes: list[Episode] = []
     with serve(history.tsdb) as url:
@@ -391,8 +412,11 @@ def main() -> int:
 
             ns.preview.mkdir(parents=True, exist_ok=True)
             span = (history.start + WARMUP, history.end, history.step)
-            print(preview.render_board(preview.generate.FLEET, url, span, "", ns.preview),
-                  file=sys.stderr)  # fmt: skip
+            note = f"{ns.nodes}-node fleet history, bench/alert_noise.py"
+            fleet = preview.generate.FLEET
+            print(
+                preview.render_board(fleet, url, span, "", ns.preview, source=note), file=sys.stderr
+            )
     timings["total"] = time.perf_counter() - t0
     data, md, problems = report(history, episodes, timings, ns.max_background_pages)
     ns.out.mkdir(parents=True, exist_ok=True)
@@ -406,7 +430,8 @@ def main() -> int:
         print(f"{row['series']:6d}  {row['panel']}")
     for problem in problems:
         print(f"FAIL: {problem}", file=sys.stderr)
-    shutil.rmtree(work, ignore_errors=True)
+    if not ns.keep:
+        shutil.rmtree(work, ignore_errors=True)
     return 1 if problems else 0
 
 

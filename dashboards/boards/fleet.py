@@ -32,8 +32,9 @@ WORST = 10  # lines in a "worst nodes over time" panel
 
 
 def top_nodes(record: str) -> str:
-    """The nodes with a non-zero count now, highest first, at most :data:`TOP`."""
-    return f"sort_desc(topk({TOP}, {record}{{{N}}} > 0))"
+    """The nodes with a non-zero count now, highest first, at most :data:`TOP` (counts
+    from increase() rounded: an hour's window extrapolates one event to 1.02)."""
+    return f"sort_desc(topk({TOP}, round({record}{{{N}}}) > 0))"
 
 
 WORST_EMPTY = "only nodes whose figure rose above 0 in the range: empty where none did"

@@ -26,7 +26,7 @@ from pathlib import Path
 from tests.lab.agent import render_once
 from tests.lab.cluster import Cluster, Timeline, make_scratch, timeline
 from tests.lab.node import healthy_tree, throughput_flags
-from tests.lab.scenarios import SCENARIOS, Scenario
+from tests.lab.scenarios import ALL_SCENARIOS, Scenario
 from tests.promharness import PROMTOOL, backfill_recording_rules
 from tests.promharness import start_prometheus as _start_prometheus
 
@@ -68,7 +68,7 @@ def play_nodes(
     process: nodes are independent, so they are split across processes."""
     logging.getLogger("agent").setLevel(logging.WARNING)
     samples = 0
-    with Cluster(SCENARIOS[scenario], workdir, workdir / "cache", only=indices) as c:
+    with Cluster(ALL_SCENARIOS[scenario], workdir, workdir / "cache", only=indices) as c:
         flags = throughput_flags(c.nodes)
         with out.open("w") as f:
             for i in range(tl.steps):
@@ -230,7 +230,7 @@ class ScenarioCache:
             if self._pool is None:
                 self._pool = self._stack.enter_context(_spawn_pool(self._workers))
             out = self._workdir / f"{name}-{hours:g}h-{step:g}s"
-            self._pending[key] = start_build(SCENARIOS[name], hours, step, out, self._pool)
+            self._pending[key] = start_build(ALL_SCENARIOS[name], hours, step, out, self._pool)
 
     def get(self, name: str, hours: float, step: float) -> ServedScenario:
         key = (name, hours, step)
@@ -242,7 +242,7 @@ class ScenarioCache:
             start, end, step_, fault = read_timeline(build.out_dir)
             url = self._stack.enter_context(start_prometheus(tsdb))
             served = self._served[key] = ServedScenario(
-                SCENARIOS[name], url, start, end, step_, fault
+                ALL_SCENARIOS[name], url, start, end, step_, fault
             )
         return served
 
