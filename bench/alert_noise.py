@@ -41,11 +41,8 @@ import platform
 import shutil
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,89 +56,14 @@ sys.path.insert(0, str(ROOT / "dashboards"))
 import fleet_history  # noqa: E402
 
 from tests.promharness import backfill_recording_rules, start_prometheus  # noqa: E402
+from tests.rule_eval import Episode, Rule, api, evaluate, load_rules, record_levels  # noqa: E402
 
-RULES = ROOT / "deploy" / "rules"
 WARMUP = 3600.0
 #: what an episode's labels say in the report's examples
 EXAMPLE_LABELS = ("instance", "device", "gpu", "reason", "counter", "job_name", "pci_bus_id")
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def api(url: str, path: str, params: dict[str, str]) -> list[dict[str, Any]]:
-    body = urllib.parse.urlencode(params).encode()
-    with _OPENER.open(f"{url}{path}", data=body, timeout=300) as r:
-        answer = json.load(r)
-    if answer.get("status") != "success":
-        raise RuntimeError(f"{path} {params.get('query')}: {answer}")
-    result: list[dict[str, Any]] = answer["data"]["result"]
-    return result
-
-
-def duration(text: str | None) -> float:
-    if not text:
-        return 0.0
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-    total, num = 0.0, ""
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c.isdigit():
-            num += c
-            i += 1
-            continue
-        unit = "ms" if text.startswith("ms", i) else c
-        total += float(num) * units[unit]
-        num = ""
-        i += len(unit)
-    return total
 
 
 # --- rules ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    file: str
-    name: str  # alert or record name
-    expr: str
-    for_s: float
-    labels: tuple[tuple[str, str], ...]
-    alert: bool
-
-
-def load_rules() -> list[Rule]:
-    out = []
-    for path in sorted(RULES.glob("*.rules.yaml")):
-        for group in yaml.safe_load(path.read_text())["groups"]:
-            for r in group["rules"]:
-                out.append(
-                    Rule(
-                        path.name,
-                        r.get("alert") or r["record"],
-                        r["expr"],
-                        duration(r.get("for")),
-                        tuple(sorted((r.get("labels") or {}).items())),
-                        "alert" in r,
-                    )
-                )
-    return out
-
-
-def record_levels(rules: list[Rule]) -> list[list[Rule]]:
-    """Recording rules in dependency order: a rule reading another's series comes later."""
-    records = [r for r in rules if not r.alert]
-    names = {r.name for r in records}
-    level: dict[str, int] = {}
-    for _ in records:  # at most as many passes as rules
-        for r in records:
-            deps = [n for n in names if n != r.name and n in r.expr]
-            level[r.name] = 1 + max((level.get(d, 0) for d in deps), default=-1)
-    out: list[list[Rule]] = []
-    for r in records:
-        while len(out) <= level[r.name]:
-            out.append([])
-        out[level[r.name]].append(r)
-    return out
 
 
 @contextmanager
@@ -168,47 +90,6 @@ def backfill_records(tsdb: Path, start: float, end: float, rules: list[Rule]) ->
 
 
 # --- alerts over the history ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Episode:
-    alert: str
-    severity: str
-    labels: dict[str, str]
-    start: float  # first firing evaluation
-    end: float  # last firing evaluation
-    fault: str  # the planted fault it belongs to, "" for background
-
-
-def evaluate(url: str, rule: Rule, start: float, end: float, step: float) -> list[Episode]:
-    """The rule manager's view of ``rule`` at every ``step`` from ``start``: episodes."""
-    result = api(
-        url,
-        "/api/v1/query_range",
-        {"query": rule.expr, "start": f"{start:.0f}", "end": f"{end:.0f}", "step": f"{step:g}"},
-    )
-    severity = dict(rule.labels).get("severity", "")
-    out = []
-    for s in result:
-        labels = {k: v for k, v in s["metric"].items() if k != "__name__"}
-        labels.update(dict(rule.labels))
-        times = [float(t) for t, _ in s["values"]]
-        active_at: float | None = None
-        prev: float | None = None
-        firing_from: float | None = None
-        for t in [*times, float("inf")]:
-            if prev is not None and t - prev > step * 1.5:  # a gap: resolved, pending reset
-                if firing_from is not None:
-                    out.append(Episode(rule.name, severity, labels, firing_from, prev, ""))
-                active_at = firing_from = None
-            if t == float("inf"):
-                break
-            if active_at is None:
-                active_at = t
-            if firing_from is None and t - active_at >= rule.for_s:
-                firing_from = t
-            prev = t
-    return out
 
 
 def attribute(ep: Episode, history: fleet_history.History) -> str:

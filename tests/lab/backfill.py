@@ -204,6 +204,7 @@ class ServedScenario:
     end: float
     step: float
     fault_start: float
+    tsdb: Path  # its blocks (the raw series and the fleet recording rules')
 
 
 class ScenarioCache:
@@ -242,7 +243,7 @@ class ScenarioCache:
             start, end, step_, fault = read_timeline(build.out_dir)
             url = self._stack.enter_context(start_prometheus(tsdb))
             served = self._served[key] = ServedScenario(
-                ALL_SCENARIOS[name], url, start, end, step_, fault
+                ALL_SCENARIOS[name], url, start, end, step_, fault, tsdb
             )
         return served
 
