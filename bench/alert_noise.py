@@ -43,6 +43,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -233,41 +234,42 @@ def report(history: fleet_history.History, episodes: list[Episode], timings: dic
     return data, "\n".join(md) + "\n", problems
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=500)
-    ap.add_argument("--hours", type=float, default=2.0)
-    ap.add_argument("--step", type=float, default=60.0)
-    ap.add_argument("--seed", type=int, default=35)
-    ap.add_argument("--workdir", type=Path, default=Path("/tmp/fabricscope-alert-noise"))
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    ap.add_argument("--preview", type=Path, default=None, help="draw the Fleet preview here")
-    ap.add_argument("--max-background-pages", type=int, default=5)
-    ap.add_argument(
-        "--reuse",
-        action="store_true",
-        help="use the history a previous run left in --workdir (kept with --keep)",
-    )
-    ap.add_argument("--keep", action="store_true", help="keep the history in --workdir")
-    ns = ap.parse_args()
+@dataclass
+class Run:
+    history: fleet_history.History
+    episodes: list[Episode]
+    panels: list[dict[str, Any]]
+    timings: dict[str, float]
+
+
+def run(
+    nodes: int,
+    hours: float,
+    step: float,
+    seed: int,
+    workdir: Path,
+    *,
+    reuse: bool = False,
+    preview_dir: Path | None = None,
+    log: Any = None,
+) -> Run:
+    """Build (or reuse) the history in ``workdir``, evaluate every shipped rule over it,
+    count the Fleet dashboard's series; with ``preview_dir``, draw the Fleet preview."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    work = ns.workdir / f"{ns.nodes}n-{ns.hours:g}h-{ns.step:g}s-{ns.seed}"
+    work = workdir / f"{nodes}n-{hours:g}h-{step:g}s-{seed}"
     meta = work / "history.json"
     rules = load_rules()
-    if ns.reuse and meta.exists():  # the same history (the plan is the seed's), rules recorded
+    if reuse and meta.exists():  # the same history (the plan is the seed's), rules recorded
         m = json.loads(meta.read_text())
-        plan = fleet_history.plan(ns.nodes, ns.hours, ns.step, ns.seed)
+        plan = fleet_history.plan(nodes, hours, step, seed)
         history = fleet_history.History(
-            work / "tsdb", m["start"], m["end"], ns.step, plan, m["samples"], m["series"]
+            work / "tsdb", m["start"], m["end"], step, plan, m["samples"], m["series"]
         )
     else:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        history = fleet_history.build(
-            work, ns.nodes, ns.hours, ns.step, seed=ns.seed,
-            log=lambda m: print(m, file=sys.stderr, flush=True),
-        )  # fmt: skip
+        history = fleet_history.build(work, nodes, hours, step, seed=seed, log=log or print)
         timings["history"] = time.perf_counter() - t0
         timings["recording_rules"] = backfill_records(
             history.tsdb, history.start, history.end, rules
@@ -288,31 +290,57 @@ def main() -> int:
                 )
         timings["alerts"] = time.perf_counter() - t1
         panels = fleet_panel_counts(url, history.start + WARMUP, history.end, history.step)
-        if ns.preview:
+        if preview_dir:
             import preview
 
-            ns.preview.mkdir(parents=True, exist_ok=True)
+            preview_dir.mkdir(parents=True, exist_ok=True)
             span = (history.start + WARMUP, history.end, history.step)
-            note = f"{ns.nodes}-node fleet history, bench/alert_noise.py"
-            fleet = preview.generate.FLEET
-            print(
-                preview.render_board(fleet, url, span, "", ns.preview, source=note), file=sys.stderr
+            note = f"{nodes}-node fleet history, bench/alert_noise.py"
+            path = preview.render_board(
+                preview.generate.FLEET, url, span, "", preview_dir, note=note
             )
+            print(path, file=sys.stderr)
     timings["total"] = time.perf_counter() - t0
-    data, md, problems = report(history, episodes, timings, ns.max_background_pages)
+    return Run(history, episodes, panels, timings)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=500)
+    ap.add_argument("--hours", type=float, default=2.0)
+    ap.add_argument("--step", type=float, default=60.0)
+    ap.add_argument("--seed", type=int, default=35)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/fabricscope-alert-noise"))
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--preview", type=Path, default=None, help="draw the Fleet preview here")
+    ap.add_argument("--max-background-pages", type=int, default=5)
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="use the history a previous run left in --workdir (kept with --keep)",
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the history in --workdir")
+    ns = ap.parse_args()
+    r = run(
+        ns.nodes, ns.hours, ns.step, ns.seed, ns.workdir,
+        reuse=ns.reuse, preview_dir=ns.preview,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )  # fmt: skip
+    data, md, problems = report(r.history, r.episodes, r.timings, ns.max_background_pages)
     ns.out.mkdir(parents=True, exist_ok=True)
     (ns.out / "alert_noise.json").write_text(json.dumps(data, indent=2) + "\n")
     (ns.out / "alert_noise.md").write_text(md)
     (ns.out / "fleet_panels.json").write_text(
-        json.dumps({"nodes": ns.nodes, "hours": ns.hours, "panels": panels}, indent=2) + "\n"
+        json.dumps({"nodes": ns.nodes, "hours": ns.hours, "panels": r.panels}, indent=2) + "\n"
     )
     print(md)
-    for row in panels:
+    for row in r.panels:
         print(f"{row['series']:6d}  {row['panel']}")
     for problem in problems:
         print(f"FAIL: {problem}", file=sys.stderr)
     if not ns.keep:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(ns.workdir / f"{ns.nodes}n-{ns.hours:g}h-{ns.step:g}s-{ns.seed}",
+                      ignore_errors=True)  # fmt: skip
     return 1 if problems else 0
 
 
