@@ -141,3 +141,26 @@ def test_alerts_agree(both: Both) -> None:
     assert firing == expected
     if both.lab.scenario.name != "healthy":
         assert expected, "the planted fault raised no alert"
+
+
+def test_every_dashboard_query_runs(both: Both) -> None:
+    """Every panel of every dashboard answers on VictoriaMetrics (MetricsQL accepts the
+    PromQL, the Fleet dashboard's ``@ end()`` included), with series wherever Prometheus has
+    some."""
+    from tests.test_dashboards import generate, substitute
+
+    empty = []
+    for board in generate.BOARDS:
+        for p in board.panels:
+            for expr, _ in p.targets:
+                q = substitute(expr, board, both.lab.scenario)
+                if p.kind == "timeseries":
+                    span = {"start": f"{both.lab.start:.0f}", "end": f"{both.lab.end:.0f}"}
+                    params = {"query": q, **span, "step": "60"}
+                    path = "/api/v1/query_range"
+                else:
+                    params, path = {"query": q, "time": f"{both.lab.end:.0f}"}, "/api/v1/query"
+                on_vm = api(both.vm.url, path, params)
+                if not on_vm and api(both.lab.url, path, params):
+                    empty.append(f"{board.uid}: {p.title}")
+    assert not empty, empty
