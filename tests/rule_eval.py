@@ -6,8 +6,8 @@ set and fires once it has been returned for ``for`` without a gap (the rule mana
 semantics; Prometheus 2.42 cannot evaluate alerts over the past itself). An episode is one
 label set's run of firing evaluations.
 
-Used by ``bench/alert_noise.py`` (the fleet alert budget) and ``tests/test_victoriametrics.py``
-(the same rules on both engines).
+Used by ``bench/alert_noise.py`` (the fleet alert budget) and
+``tests/deploy/test_victoriametrics.py`` (the same rules on both engines).
 """
 
 from __future__ import annotations

@@ -726,7 +726,7 @@ def test_runbook_links_follow_the_value_and_land_on_a_heading(built: dict[str, l
     """Every alert's runbook link starts with prometheusRule.runbookBaseUrl and the rest is
     a file of this repository holding a heading for the alert: with the base pointing at
     this release's tree, the link resolves."""
-    from tests.test_alerts import github_anchors
+    from tests.deploy.test_alerts import github_anchors
 
     mirror = VALUES["everything"]["prometheusRule"]["runbookBaseUrl"]
     for build, base in (("probe", None), ("everything", mirror)):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import alert_noise  # noqa: E402
@@ -71,17 +71,13 @@ def test_a_single_flap_resolves_within_half_an_hour(fleet: alert_noise.Run) -> N
 
 
 def test_the_background_pages_a_handful_at_most(fleet: alert_noise.Run) -> None:
+    """Saturated counters aside: where no 64-bit copy is read (the chart's default, without
+    the umad devices) they are evidence really lost, paged once per node (below)."""
     others = [e for e in pages(fleet) if e.alert != "FabricscopeInfinibandCounterSaturated"]
     assert len(others) <= BACKGROUND_PAGES, Counter(e.alert for e in others)
     assert {e.alert for e in others} <= {"FabricscopeInfinibandLinkDowned"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FabricscopeInfinibandCounterSaturated pages per saturated counter until its "
-    "rewrite (evidence really lost, once per node) lands: then this passes and strict "
-    "xfail fails, to be removed",
-)
 def test_saturated_counters_page_at_most_once_per_node(fleet: alert_noise.Run) -> None:
     saturated = [e for e in pages(fleet) if e.alert == "FabricscopeInfinibandCounterSaturated"]
     per_node = Counter(e.labels["instance"] for e in saturated)

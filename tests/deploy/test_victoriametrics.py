@@ -25,10 +25,10 @@ import pytest
 from exporter.explain.client import ClientSettings, PrometheusClient
 from exporter.explain.discover import JobSpec
 from exporter.explain.report import explain
+from tests.explain.test_explain_lab import EXPECTED
 from tests.lab.backfill import TEST_HOURS, TEST_STEP, ScenarioCache, ServedScenario
 from tests.lab.scenarios import JOB_NAME, NAMESPACE
 from tests.rule_eval import RULES, api, evaluate, load_rules
-from tests.test_explain_lab import EXPECTED
 from tests.vmharness import VictoriaMetrics, check_rules, start_victoria_metrics
 
 #: a fault in a port's counters, one in a NIC's PCIe link, and none
@@ -147,7 +147,7 @@ def test_every_dashboard_query_runs(both: Both) -> None:
     """Every panel of every dashboard answers on VictoriaMetrics (MetricsQL accepts the
     PromQL, the Fleet dashboard's ``@ end()`` included), with series wherever Prometheus has
     some."""
-    from tests.test_dashboards import generate, substitute
+    from tests.deploy.test_dashboards import generate, substitute
 
     empty = []
     for board in generate.BOARDS:
