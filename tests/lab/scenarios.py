@@ -9,7 +9,7 @@ tokens/s fall to while it is active (1.0: the cause does not slow the job).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: the founding story's figures: tokens/s of the job before and after the bad link
 GOOD_TOKENS_PER_SECOND = 55803.1245
@@ -231,11 +231,10 @@ SCENARIOS: dict[str, Scenario] = {
 #: Scenarios the tests do not run, for the previews: the ``ib_link_bad`` fault under a job
 #: that prints samples/s only (DeepSpeed), for the Job dashboard's samples/s preview.
 VARIANTS: dict[str, Scenario] = {
-    "ib_link_bad_samples": Scenario(
-        "ib_link_bad_samples",
-        SCENARIOS["ib_link_bad"].summary + "; the job prints DeepSpeed's samples/s only",
-        SCENARIOS["ib_link_bad"].cause,
-        throughput_ratio=SCENARIOS["ib_link_bad"].throughput_ratio,
+    "ib_link_bad_samples": replace(
+        SCENARIOS["ib_link_bad"],
+        name="ib_link_bad_samples",
+        summary=SCENARIOS["ib_link_bad"].summary + "; the job prints DeepSpeed's samples/s only",
         job_format="deepspeed",
     ),
 }
