@@ -17,6 +17,7 @@ are older than ``-search.cacheTimestampOffset`` and would poison it) and no late
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -195,38 +196,50 @@ def check_rules(rule_files: Sequence[Path]) -> None:
 
 
 def start_victoria_metrics(workdir: Path, extra_args: Sequence[str] = ()) -> VictoriaMetrics:
-    """A fresh single-node VictoriaMetrics in ``workdir`` on a free 127.0.0.1 port, ready."""
+    """A fresh single-node VictoriaMetrics in ``workdir`` on a free 127.0.0.1 port, ready; a
+    port another process took between ``free_port()`` and the bind is retried (3 attempts)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = (workdir / "victoria-metrics.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            VICTORIA_METRICS,
-            f"-storageDataPath={workdir / 'data'}",
-            f"-httpListenAddr=127.0.0.1:{port}",
-            "-retentionPeriod=100y",
-            "-search.disableCache",
-            "-search.latencyOffset=0s",
-            "-loggerLevel=WARN",
-            *extra_args,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    vm = VictoriaMetrics(proc, port, workdir)
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    for attempt in range(3):
+        port = free_port()
+        log_path = workdir / "victoria-metrics.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    VICTORIA_METRICS,
+                    f"-storageDataPath={workdir / 'data'}",
+                    f"-httpListenAddr=127.0.0.1:{port}",
+                    "-retentionPeriod=100y",
+                    "-search.disableCache",
+                    "-search.latencyOffset=0s",
+                    "-loggerLevel=WARN",
+                    *extra_args,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        vm = VictoriaMetrics(proc, port, workdir)
 
-    def ready() -> bool | None:
-        if proc.poll() is not None:
-            raise RuntimeError(f"victoria-metrics exited {proc.returncode}")
+        def ready(vm: VictoriaMetrics = vm) -> bool | None:
+            if vm.process.poll() is not None:
+                return False  # exited: reported below
+            try:
+                return vm.get("/health").strip() == b"OK" or None
+            except OSError:
+                time.sleep(0.1)
+                return None
+
         try:
-            return vm.get("/health").strip() == b"OK" or None
-        except OSError:
-            time.sleep(0.1)
-            return None
-
-    try:
-        wait_until(ready, timeout=30, what="victoria-metrics to answer /health")
-    except BaseException:
-        vm.stop()
-        raise
-    return vm
+            up = wait_until(ready, timeout=30, what="victoria-metrics to answer /health")
+        except BaseException:
+            vm.stop()
+            raise
+        if up:
+            return vm
+        tail = log_path.read_text(errors="replace")[-2000:]
+        if "address already in use" in tail and attempt < 2:
+            continue
+        raise RuntimeError(f"victoria-metrics exited {proc.returncode}:\n{tail}")
+    raise AssertionError("unreachable")
