@@ -297,7 +297,7 @@ def run(
             span = (history.start + WARMUP, history.end, history.step)
             note = f"{nodes}-node fleet history, bench/alert_noise.py"
             path = preview.render_board(
-                preview.generate.FLEET, url, span, "", preview_dir, note=note
+                preview.generate.FLEET, url, span, "", preview_dir, source=note
             )
             print(path, file=sys.stderr)
     timings["total"] = time.perf_counter() - t0
