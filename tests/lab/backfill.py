@@ -204,7 +204,7 @@ class ServedScenario:
     end: float
     step: float
     fault_start: float
-    tsdb: Path  # its blocks (the raw series and the fleet recording rules')
+    tsdb: Path  # a copy of its blocks as built (raw series and fleet recording rules')
 
 
 class ScenarioCache:
@@ -241,9 +241,13 @@ class ScenarioCache:
             build = self._pending.pop(key)
             tsdb = build.finish()
             start, end, step_, fault = read_timeline(build.out_dir)
+            # the blocks as built, for other readers (vmctl): the serving Prometheus compacts
+            # its directory (the recording rules' blocks overlap the raw ones) under them
+            blocks = build.out_dir / "blocks"
+            shutil.copytree(tsdb, blocks)
             url = self._stack.enter_context(start_prometheus(tsdb))
             served = self._served[key] = ServedScenario(
-                ALL_SCENARIOS[name], url, start, end, step_, fault, tsdb
+                ALL_SCENARIOS[name], url, start, end, step_, fault, blocks
             )
         return served
 
