@@ -11,9 +11,8 @@ golden:          ## regenerate golden files (metrics output, docs) after an inte
 	python3 scripts/sync_chart.py
 	UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py tests/metrics/test_catalog.py tests/deploy/test_alerts.py tests/kubernetes/test_podresources.py
 
-bench:           ## performance figures on the DGX fixture, side by side with node_exporter
-	bash scripts/venv.sh test
-	.venv/bin/python bench/bench_agent.py
+bench:           ## performance figures on the DGX fixture, side by side with node_exporter (installs wrk)
+	bash scripts/bench.sh
 
 lint:
 	bash scripts/venv.sh test

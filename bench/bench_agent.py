@@ -9,7 +9,7 @@ On the DGX fixture tree (tests/fixtures/dgx-h100/sys):
 
     python bench/bench_agent.py [--duration 10] [--json bench/out/result.json]
 
-Needs wrk and prometheus-node-exporter (apt-get install wrk prometheus-node-exporter).
+Needs wrk and prometheus-node-exporter: `make bench` (scripts/bench.sh) installs both.
 """
 
 from __future__ import annotations

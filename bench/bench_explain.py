@@ -40,6 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 from exporter.explain.client import ClientSettings, PrometheusClient  # noqa: E402
 from tests import explain_lab  # noqa: E402
-from tests.promharness import Prometheus, start_prometheus  # noqa: E402
+from tests.promharness import start_prometheus  # noqa: E402
+from tests.vmharness import start_victoria_metrics  # noqa: E402
 
 
 def _proc_cpu(pid: int) -> float:
@@ -94,6 +97,27 @@ def _build(workdir: Path, nodes: int, hours: float, step: float) -> tuple[Path, 
     return build, json.loads(meta.read_text())
 
 
+@contextmanager
+def serve(backend: str, workdir: Path, tsdb: Path) -> Iterator[tuple[str, int, int]]:
+    """The TSDB served by ``backend``: (query URL, server PID, series: -1 to count). For
+    VictoriaMetrics the same blocks are imported with vmctl (tests/vmharness.py) first; it
+    keeps its default limits but one, so its series count is the import's (a count over every
+    series exceeds its -search.maxUniqueTimeseries at 1,024 nodes). The one: explain's
+    longest query at 64 nodes a query is 18.6 KB, over the default -search.maxQueryLen
+    (16 KiB; docs/install.md, VictoriaMetrics)."""
+    shutil.rmtree(workdir / backend, ignore_errors=True)
+    if backend == "prometheus":
+        with start_prometheus(workdir / backend, [], tsdb_path=tsdb) as prom:
+            yield prom.url, prom.process.pid, -1
+    else:
+        with start_victoria_metrics(workdir / backend, ["-search.maxQueryLen=64KiB"]) as vm:
+            t0 = time.perf_counter()
+            series = vm.import_tsdb(tsdb)
+            took = time.perf_counter() - t0
+            print(f"imported into VictoriaMetrics in {took:.0f}s", file=sys.stderr, flush=True)
+            yield vm.url, vm.process.pid, series
+
+
 def measure(
     workdir: Path,
     nodes: int,
@@ -103,21 +127,24 @@ def measure(
     runs: int,
     plot: Path | None,
     against: Path | None = None,
+    backend: str = "prometheus",
 ) -> list[dict[str, object]]:
-    """One result per checkout: this one, then ``against`` when given."""
+    """One result per checkout: this one, then ``against`` when given; ``backend`` serves
+    the data (prometheus, or victoriametrics)."""
     build, slot = _build(workdir, nodes, hours, step)
-    shutil.rmtree(workdir / "prom", ignore_errors=True)
-    with start_prometheus(workdir / "prom", [], tsdb_path=build / "tsdb") as prom:
-        client = PrometheusClient(ClientSettings(prom.url, timeout=120))
-        count = "count({__name__=~'fabricscope_.+'})"
-        series = int(client.query(count, slot["end"])[0].value)
+    with serve(backend, workdir, build / "tsdb") as (url, server_pid, imported):
+        series = imported
+        if series < 0:
+            client = PrometheusClient(ClientSettings(url, timeout=120))
+            count = "count({__name__=~'fabricscope_.+'})"
+            series = int(client.query(count, slot["end"])[0].value)
         args = [
             sys.executable,
             "-m",
             "exporter.cli",
             "explain",
             "--prometheus.url",
-            prom.url,
+            url,
             "--prometheus.timeout",
             "2m",
             "--deadline",
@@ -140,7 +167,7 @@ def measure(
         transcript = ""
         for i in range(runs):
             for code in checkouts if i % 2 == 0 else checkouts[::-1]:
-                row, out = _one(prom, args, code, plot if i == 0 and code == ROOT else None)
+                row, out = _one(server_pid, args, code, plot if i == 0 and code == ROOT else None)
                 rows[code].append(row)
                 if code == ROOT:
                     transcript = transcript or out
@@ -158,6 +185,7 @@ def measure(
     results = []
     for code, got in rows.items():
         result: dict[str, object] = {
+            "backend": backend,
             "checkout": "this" if code == ROOT else str(code),
             "nodes": nodes,
             "hours": hours,
@@ -173,12 +201,12 @@ def measure(
 
 
 def _one(
-    prom: Prometheus, args: list[str], code: Path, plot: Path | None
+    server_pid: int, args: list[str], code: Path, plot: Path | None
 ) -> tuple[dict[str, float], str]:
     """One whole explain command of checkout ``code``: its measures and its table."""
     extra = ["--plot", str(plot)] if plot else []
     env = dict(os.environ, PYTHONPATH=str(code))
-    prom_before = _proc_cpu(prom.process.pid)
+    prom_before = _proc_cpu(server_pid)
     t0 = time.perf_counter()
     out, usage = _run_measured([*args, *extra], env, code)
     wall = time.perf_counter() - t0
@@ -197,7 +225,7 @@ def _one(
         "queries": float(summary.group(1)),
         "mb_received": float(summary.group(2)),
         "mb_uncompressed": float(summary.group(3)),
-        "prometheus_cpu_s": _proc_cpu(prom.process.pid) - prom_before,
+        "prometheus_cpu_s": _proc_cpu(server_pid) - prom_before,
     }
     return row, out.stdout
 
@@ -217,38 +245,44 @@ def main() -> int:
         default=None,
         help="another checkout whose explain takes turns with this one's (side by side)",
     )
+    ap.add_argument(
+        "--backends",
+        default="prometheus",
+        help="comma-separated: prometheus, victoriametrics (the same blocks, imported)",
+    )
     ns = ap.parse_args()
     results = []
     print(
-        "| nodes | window | checkout | series / samples in the TSDB | wall, median (max) "
-        "| explain CPU | explain RSS | queries | received (uncompressed) | Prometheus CPU "
-        "| top finding |"
+        "| backend | nodes | window | checkout | series / samples in the TSDB "
+        "| wall, median (max) | explain CPU | explain RSS | queries | received (uncompressed) "
+        "| server CPU | top finding |"
     )
-    print("|" + " --- |" * 11)
-    for nodes in (int(n) for n in ns.nodes.split(",")):
-        for hours in (float(h) for h in ns.hours.split(",")):
-            both = measure(
-                ns.workdir, nodes, hours, ns.step, runs=ns.runs, plot=ns.plot, against=ns.against
+    print("|" + " --- |" * 12)
+    sizes = [(int(n), float(h)) for n in ns.nodes.split(",") for h in ns.hours.split(",")]
+    for (nodes, hours), backend in ((s, b) for s in sizes for b in ns.backends.split(",")):
+        both = measure(
+            ns.workdir, nodes, hours, ns.step, runs=ns.runs, plot=ns.plot,
+            against=ns.against, backend=backend,
+        )  # fmt: skip
+        results += both
+        for r in both:
+            print(
+                f"| {backend} | {nodes} | {hours:g} h | {r['checkout']} "
+                f"| {r['series']:,} / {r['samples_millions']}M "
+                f"| {r['wall_s']:.1f} s ({r['wall_max_s']:.1f} s) | {r['cpu_s']:.1f} s "
+                f"| {r['rss_mib']:.0f} MiB | {r['queries']:.0f} | {r['mb_received']:.1f} MB "
+                f"({r['mb_uncompressed']:.1f} MB) | {r['prometheus_cpu_s']:.1f} s "
+                f"| {r['top']} |",
+                flush=True,
             )
-            results += both
-            for r in both:
-                print(
-                    f"| {nodes} | {hours:g} h | {r['checkout']} "
-                    f"| {r['series']:,} / {r['samples_millions']}M "
-                    f"| {r['wall_s']:.1f} s ({r['wall_max_s']:.1f} s) | {r['cpu_s']:.1f} s "
-                    f"| {r['rss_mib']:.0f} MiB | {r['queries']:.0f} | {r['mb_received']:.1f} MB "
-                    f"({r['mb_uncompressed']:.1f} MB) | {r['prometheus_cpu_s']:.1f} s "
-                    f"| {r['top']} |",
-                    flush=True,
-                )
-            if len(both) == 2:
-                this, other = both
-                ratios = ", ".join(
-                    f"{k} {float(this[k]) / float(other[k]):.2f}"  # type: ignore[arg-type]
-                    for k in ("wall_s", "cpu_s", "rss_mib", "queries", "prometheus_cpu_s")
-                    if float(other[k])  # type: ignore[arg-type]
-                )
-                print(f"this checkout over {other['checkout']}: {ratios}", flush=True)
+        if len(both) == 2:
+            this, other = both
+            ratios = ", ".join(
+                f"{k} {float(this[k]) / float(other[k]):.2f}"  # type: ignore[arg-type]
+                for k in ("wall_s", "cpu_s", "rss_mib", "queries", "prometheus_cpu_s")
+                if float(other[k])  # type: ignore[arg-type]
+            )
+            print(f"this checkout over {other['checkout']}: {ratios}", flush=True)
     if ns.json:
         ns.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

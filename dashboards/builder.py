@@ -18,17 +18,33 @@ from grafana_foundation_sdk.models import prometheus as prom_m
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 
-def _target(expr: str, legend: str, ref: str, instant: bool) -> prometheus.Dataquery:
+def _target(expr: str, legend: str, ref: str, kind: str) -> prometheus.Dataquery:
     q = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DS)
     if legend:
         q = q.legend_format(legend)
-    if instant:
+    if kind in ("matrix", "table"):  # one frame of rows, pivoted or listed
         q = q.instant().format(prom_m.PromQueryFormat.TABLE)
+    elif kind == "bargauge":  # a series per bar, each with its labels (for its data link)
+        q = q.instant()
     return q
 
 
+#: where a series naming a node leads: that node's dashboard, same time range and cluster
+NODE_LINK = (
+    "/d/fabricscope-node/fabricscope-node?var-node=${__field.labels.instance}"
+    "&${cluster:queryparam}&${datasource:queryparam}&${__url_time_range}"
+)
+
+
+def _node_link() -> dashboard.DashboardLink:
+    return (
+        dashboard.DashboardLink("Node dashboard: ${__field.labels.instance}")
+        .type(dm.DashboardLinkType.LINK)
+        .url(NODE_LINK)
+    )
+
+
 def _panel(p: Panel, pid: int, x: int, y: int) -> object:
-    instant = p.kind in ("bargauge", "matrix", "table")
     if p.kind == "timeseries":
         b = (
             timeseries.Panel()
@@ -81,9 +97,13 @@ def _panel(p: Panel, pid: int, x: int, y: int) -> object:
         .grid_pos(dm.GridPos(h=p.h, w=p.w, x=x, y=y))
     )
     for i, (expr, legend) in enumerate(p.targets):
-        b = b.with_target(_target(expr, legend, chr(ord("A") + i), instant))
+        b = b.with_target(_target(expr, legend, chr(ord("A") + i), p.kind))
     if p.link:
-        b = b.data_links([dashboard.DashboardLink("Open").url(p.link)])
+        b = b.data_links(
+            [dashboard.DashboardLink("Open").type(dm.DashboardLinkType.LINK).url(p.link)]
+        )
+    elif p.node_link and any("{{instance}}" in legend for _, legend in p.targets):
+        b = b.data_links([_node_link()])
     return b
 
 

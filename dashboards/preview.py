@@ -280,7 +280,7 @@ def render_board(
     to ``out/<board><suffix>.png``."""
     bands: dict[int, list[Drawn]] = {}
     for p, y, x in _positions(board):
-        exprs = [(_subst(e, board, node), lg) for e, lg in p.targets]
+        exprs = [(_subst(e, board, node, span), lg) for e, lg in p.targets]
         bands.setdefault(y, []).append(fetch(p, x, exprs, url, span))
     head = 40
     heights = {
@@ -321,9 +321,10 @@ def _positions(board: generate.Board) -> list[tuple[generate.Panel, int, int]]:
     return out
 
 
-def _subst(expr: str, board: generate.Board, node: str) -> str:
+def _subst(expr: str, board: generate.Board, node: str, span: Span) -> str:
     values = {
         "$__rate_interval": "4m",
+        "$__range": f"{span[1] - span[0]:.0f}s",
         "$cluster": ".*",
         "$node": node if board.single_node else ".*",
         "$namespace": "training",
@@ -363,13 +364,13 @@ def fabric(out: Path) -> int:
 def main(argv: list[str]) -> int:
     from tests.lab.backfill import build_tsdb, read_timeline, start_prometheus
     from tests.lab.cluster import scratch_dir
-    from tests.lab.scenarios import SCENARIOS
+    from tests.lab.scenarios import ALL_SCENARIOS
 
     if argv[0] == "fabric":
         out = Path(argv[1])
         out.mkdir(parents=True, exist_ok=True)
         return fabric(out)
-    scenario = SCENARIOS[argv[0]]
+    scenario = ALL_SCENARIOS[argv[0]]
     out = Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
     node = scenario.cause.node if scenario.cause else "node-00"
@@ -378,6 +379,8 @@ def main(argv: list[str]) -> int:
         start, end, step, _ = read_timeline(work)
         with start_prometheus(tsdb) as url:
             for board in generate.BOARDS:
+                if board is generate.FLEET:
+                    continue  # drawn from a 500-node fleet: bench/alert_noise.py --preview
                 print(render_board(board, url, (start, end, step), node, out))
     return 0
 

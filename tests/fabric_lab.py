@@ -47,8 +47,8 @@ from agent.samplers import Latest, build_specs
 from exporter.app import AgentApp
 from tests.ibsim_fabric import FatTree, fat_tree, set_counter, write_host
 from tests.ibsim_lab import IbsimLab, missing_tools
-from tests.lab.backfill import openmetrics_lines
-from tests.promharness import PROMTOOL
+from tests.lab.backfill import FLEET_RULES, openmetrics_lines
+from tests.promharness import PROMTOOL, backfill_recording_rules
 from tests.promharness import start_prometheus as _start_prometheus
 
 HOSTS = tuple(f"host{i}" for i in range(1, 9))
@@ -191,5 +191,7 @@ def fabric_run(work: Path, *, healthy: int, faulty: int, step: float) -> Iterato
             os.environ.pop("IBSIM_SOCKNAME", None)
         else:
             os.environ["IBSIM_SOCKNAME"] = old
+    # the Fleet dashboard reads the per-node series these rules record every minute
+    backfill_recording_rules(tsdb, [FLEET_RULES], start, end)
     with _start_prometheus(work / "prometheus", [], tsdb_path=tsdb) as prom:
         yield Served(prom.url, start, start + healthy * step, end, step, tree)

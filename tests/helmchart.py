@@ -24,7 +24,8 @@ Doc = dict[str, Any]
 #: the values the tests render the chart with, by name. "standard" is the defaults; the others
 #: are what an administrator sets for each option (the old kustomize overlays and components
 #: keep their names: tests/fixtures/deploy/kustomize/).
-PROBE: Doc = {"probe": {"enabled": True, "existingSecret": PROBE_SECRET}}
+#: the probe as the kustomize overlay deployed it: members from the peers ConfigMap
+PROBE: Doc = {"probe": {"enabled": True, "existingSecret": PROBE_SECRET, "membership": "peers"}}
 TLS: Doc = {
     "web": {"existingSecret": "fabricscope-web", "tls": True},
     "serviceMonitor": {
@@ -38,6 +39,8 @@ TLS: Doc = {
 VALUES: dict[str, Doc] = {
     "standard": {},
     "probe": PROBE,
+    # the probe as the chart defaults it: members from the Kubernetes API
+    "probe-k8s": {"probe": {"enabled": True, "existingSecret": PROBE_SECRET}},
     "standard-acs": {"capabilities": {"acs": True}},
     "standard-nonroot": {"nonRoot": True},
     "standard-environ": {"capabilities": {"workloadEnviron": True}},
@@ -73,7 +76,11 @@ VALUES: dict[str, Doc] = {
         "dashboards": {"enabled": True},
         "podMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
         "serviceMonitor": {**TLS["serviceMonitor"], "additionalLabels": {"release": "kps"}},
-        "prometheusRule": {"additionalLabels": {"release": "kube-prometheus-stack"}},
+        "prometheusRule": {
+            "additionalLabels": {"release": "kube-prometheus-stack"},
+            "runbookBaseUrl": "https://git.example/mirror/fabricscope/-/blob/v0.1.0/",
+        },
+        "monitoringLabels": {"release": "kube-prometheus-stack"},
         "web": TLS["web"],
         "extraArgs": ["--sampling.interval=30"],
         "extraEnv": [{"name": "TZ", "value": "UTC"}],

@@ -1,45 +1,98 @@
-"""The Fleet dashboard: every node at once."""
+"""The Fleet dashboard: every node at once, readable at 500-2,000 nodes.
+
+Every panel is bounded whatever the fleet's size: an aggregate over the fleet, the top 25
+nodes with a non-zero count, or the worst 10 nodes over the dashboard's time range (chosen
+once for the whole range, ``@ end()``, so a time series panel never draws more than 10
+lines). Panels read the per-node series that ``deploy/rules/fleet.rules.yaml`` records every
+minute (``fabricscope:node_*``), a few thousand series, never the per-port and per-GPU raw
+millions. Every node a panel names links to the Node dashboard for the ports, GPUs and PCIe
+links behind its figure (``node_link``). A port whose physical state is Disabled is no
+port down and no finding, as in the port-down alert.
+"""
 
 from __future__ import annotations
 
-from boards.model import NODE, NODE_PORT, PROBE_SIZE, RI, Board, N, Panel, Show
+from boards.model import NODE, PROBE_SIZE, Board, N, Panel, Show
 from boards.switches import BY_SWITCH
 
-FINDINGS = (
-    f"(fabricscope_infiniband_port_up{{{N}}} == 0)"
-    f" or (increase(fabricscope_infiniband_port_symbol_errors_total{{{N}}}[1h]) > 10)"
-    f" or (increase(fabricscope_infiniband_port_link_downed_total{{{N}}}[1h]) > 0)"
-    f" or (fabricscope_pci_link_width_degraded{{{N}}} == 1)"
-    f" or (fabricscope_topology_gpu_nearest_nic_cross_numa{{{N}}} == 1)"
-    f" or (fabricscope_nvlink_up{{{N}}} == 0)"
-    " or (increase(fabricscope_gpu_nvlink_errors_total"
-    f'{{{N},reason=~"replay|recovery|crc_flit"}}[1h]) > 0)'
-    f" or (fabricscope_workload_finding_processes{{{N}}} > 0)"
-    f' or (rate(fabricscope_netdev_pfc_pause_frames_total{{{N},direction="tx"}}[10m]) > 1000)'
-)
+#: a series per node, one per fleet.rules.yaml record
+FINDINGS = "fabricscope:node_findings:count"
+PORTS_DOWN = "fabricscope:node_ports_down:count"
+LINK_DOWNS = "fabricscope:node_link_downs:increase1h"
+PORT_ERRORS = "fabricscope:node_port_error_rate:max5m"
+TRANSMIT_WAIT = "fabricscope:node_transmit_wait_rate:max5m"
+PFC_SENT = "fabricscope:node_pfc_pause_sent_rate:max5m"
+CNP_SENT = "fabricscope:node_cnp_sent_rate:max5m"
+SAMPLER_DURATION = "fabricscope:node_sampler_duration:max"
+SAMPLER_FAILURES = "fabricscope:node_sampler_failures:count"
+
+TOP = 25  # bars in a "which nodes" panel
+NON_ZERO = "nodes with nothing to count are left out: empty on a healthy fleet"
+WORST = 10  # lines in a "worst nodes over time" panel
+
+
+def top_nodes(record: str) -> str:
+    """The nodes with a non-zero count now, highest first, at most :data:`TOP` (counts
+    from increase() rounded: an hour's window extrapolates one event to 1.02)."""
+    return f"sort_desc(topk({TOP}, round({record}{{{N}}}) > 0))"
+
+
+WORST_EMPTY = "only nodes whose figure rose above 0 in the range: empty where none did"
+
+
+def worst_nodes(record: str) -> str:
+    """Every node's line for the :data:`WORST` nodes with the highest value over the
+    dashboard's range, chosen once at its end: at most that many lines however the ranking
+    moved within the range."""
+    return (
+        f"{record}{{{N}}} and on (instance) "
+        f"topk({WORST}, max_over_time({record}{{{N}}}[$__range] @ end()) > 0)"
+    )
+
 
 FLEET = Board(
     "fabricscope-fleet",
     "Fabricscope / Fleet",
-    "Every node at once: which nodes have findings, which ports are down, erroring or "
-    "congested, how the probe's bus bandwidth compares with each pair's baseline, and "
-    "whether the agents are healthy. Click a node in the Node dashboard link.",
+    "Every node at once, for fleets of thousands: how many nodes have findings, ports down, "
+    "link downs or failing samplers; which nodes (the top 25 by count); the worst 10 nodes "
+    "by port errors, transmit wait, PFC pause and CNPs sent; the probe's worst node pairs. "
+    "Reads the per-node series of the shipped recording rules (fleet.rules.yaml); click a "
+    "node for the Node dashboard.",
     (
         Panel(
-            "Nodes with findings",
-            "bargauge",
+            "Fleet at a glance",
+            "timeseries",
             (
+                (f"count({FINDINGS}{{{N}}} > 0) or vector(0)", "nodes with findings"),
+                (f"sum({PORTS_DOWN}{{{N}}}) or vector(0)", "ports down (not Disabled)"),
+                (f"count({LINK_DOWNS}{{{N}}} > 0) or vector(0)", "nodes with link downs (1 h)"),
+                (f"sum({SAMPLER_FAILURES}{{{N}}}) or vector(0)", "samplers failing"),
                 (
-                    f"sort_desc(count by (instance) ({FINDINGS})"
-                    f" or count by (instance) (fabricscope_build_info{{{N}}}) * 0)",
-                    "{{instance}}",
+                    f'count(up{{job="fabricscope",{N}}} == 0) or vector(0)',
+                    "agents not scraped",
                 ),
             ),
             "none",
-            "Findings per node now: ports down, symbol errors > 10/h, link downs, PCIe "
-            "width degraded, GPU nearest NIC across NUMA, NVLinks down or erroring, workload "
+            "Fleet-wide counts over time, from the recording rules: nodes with a finding (the "
+            "hardware alerts' conditions), RDMA ports down (an administratively Disabled port "
+            "is not down), nodes whose links went down in the last hour, failing samplers, "
+            "agents Prometheus cannot scrape. Five lines whatever the fleet's size.",
+            w=24,
+            h=7,
+            node_link=False,
+        ),
+        Panel(
+            f"Nodes with findings (top {TOP})",
+            "bargauge",
+            ((top_nodes(FINDINGS), "{{instance}}"),),
+            "none",
+            "Findings per node now, nodes without any left out: ports down (not Disabled), "
+            "symbol errors > 10/h, link downs, ports below their rate, PCIe width degraded, "
+            "GPU nearest NIC across NUMA, NVLinks down or erroring, lost GPUs, workload "
             "placement findings, PFC pause sent above 1000/s (the alert rules' conditions).",
             w=8,
+            h=10,
+            may_be_empty=NON_ZERO,
             shows=(
                 Show(
                     (
@@ -48,143 +101,125 @@ FLEET = Board(
                         "nvlink_errors",
                         "pcie_width_degraded",
                         "wrong_numa",
+                        "ib_rate_drop",
                     ),
                     NODE,
                 ),
             ),
         ),
         Panel(
-            "Ports down per node",
+            f"Ports down (top {TOP} nodes)",
             "bargauge",
-            (
-                (
-                    f"sort_desc(count by (instance) (fabricscope_infiniband_port_up{{{N}}} == 0)"
-                    f" or count by (instance) (fabricscope_infiniband_port_up{{{N}}}) * 0)",
-                    "{{instance}}",
-                ),
-            ),
+            ((top_nodes(PORTS_DOWN), "{{instance}}"),),
             "none",
-            "RDMA ports not ACTIVE/LinkUp now (0 on a healthy node).",
-            w=6,
+            "RDMA ports not ACTIVE/LinkUp now, per node, nodes with none left out. A port an "
+            "administrator disabled (physical state Disabled) does not count.",
+            w=8,
+            h=10,
+            may_be_empty=NON_ZERO,
         ),
         Panel(
-            "Link downs (1 h)",
+            f"Link downs in the last hour (top {TOP} nodes)",
             "bargauge",
-            (
-                (
-                    "sort_desc(sum by (instance, device, port) (increase("
-                    f"fabricscope_infiniband_port_link_downed_total{{{N}}}[1h])))",
-                    "{{instance}} {{device}}",
-                ),
-            ),
+            ((top_nodes(LINK_DOWNS), "{{instance}}"),),
             "none",
-            "Times each port's link failed error recovery in the last hour.",
-            w=10,
-            shows=(Show(("ib_link_errors",), NODE_PORT),),
+            "Times the node's links failed error recovery and went down in the last hour, "
+            "nodes without any left out; the Node dashboard names the ports.",
+            w=8,
+            h=10,
+            may_be_empty=NON_ZERO,
+            shows=(Show(("ib_link_errors",), NODE),),
         ),
         Panel(
-            "Port error rate, top 10",
+            f"Port error rate, worst {WORST} nodes",
             "timeseries",
-            (
-                (
-                    "topk(10, sum by (instance, device, port) ("
-                    f"rate(fabricscope_infiniband_port_symbol_errors_total{{{N}}}[{RI}])"
-                    f" + rate(fabricscope_infiniband_port_receive_errors_total{{{N}}}[{RI}])"
-                    f" + rate(fabricscope_infiniband_port_link_error_recovery_total{{{N}}}[{RI}])"
-                    "))",
-                    "{{instance}} {{device}}",
-                ),
-            ),
+            ((worst_nodes(PORT_ERRORS), "{{instance}}"),),
             "cps",
-            "Symbol errors + receive errors + link error recoveries per second, per port.",
-            shows=(Show(("ib_link_errors",), NODE_PORT),),
+            "The worst port of each node: symbol errors + receive errors + link error "
+            "recoveries per second (5-minute rate), for the 10 nodes with the highest peak "
+            "in the time range.",
+            shows=(Show(("ib_link_errors",), NODE),),
+            may_be_empty=WORST_EMPTY,
         ),
         Panel(
-            "Transmit wait, top 10",
+            f"Transmit wait, worst {WORST} nodes",
             "timeseries",
-            (
-                (
-                    f"topk(10, rate(fabricscope_infiniband_port_transmit_wait_total{{{N}}}[{RI}]))",
-                    "{{instance}} {{device}}",
-                ),
-            ),
+            ((worst_nodes(TRANSMIT_WAIT), "{{instance}}"),),
             "none",
-            "PortXmitWait ticks per second: the port had data to send and no credit. Tick "
-            "length is the device's, so compare ports of one kind.",
-            shows=(Show(("ib_link_errors",), NODE_PORT),),
+            "The worst port of each node: PortXmitWait ticks per second (the port had data to "
+            "send and no credit). A port whose 32-bit counter stopped at its maximum reads 0 "
+            "here: the Node dashboard's saturated counters panel shows it.",
+            shows=(Show(("ib_link_errors",), NODE),),
+            may_be_empty=WORST_EMPTY,
         ),
         Panel(
-            "PFC pause frames sent, top 10",
+            f"PFC pause frames sent, worst {WORST} nodes",
             "timeseries",
-            (
-                (
-                    "topk(10, sum by (instance, netdev) (rate("
-                    f'fabricscope_netdev_pfc_pause_frames_total{{{N},direction="tx"}}[{RI}])))',
-                    "{{instance}} {{netdev}}",
-                ),
-            ),
+            ((worst_nodes(PFC_SENT), "{{instance}}"),),
             "pps",
-            "PFC pause frames a NIC sends because it cannot absorb traffic: the incast "
-            "receiver, or a host that cannot drain its queues.",
-            shows=(Show(("roce_incast",), (("node", "instance"), ("netdev", "netdev"))),),
+            "The worst NIC of each node: PFC pause frames it sends because it cannot absorb "
+            "traffic (the incast receiver, or a host that cannot drain its queues).",
+            shows=(Show(("roce_incast",), NODE),),
+            may_be_empty=WORST_EMPTY,
         ),
         Panel(
-            "RoCE CNPs sent, top 10",
+            f"RoCE CNPs sent, worst {WORST} nodes",
             "timeseries",
-            (
-                (
-                    f"topk(10, rate(fabricscope_infiniband_port_cnp_sent_total{{{N}}}[{RI}]))",
-                    "{{instance}} {{device}}",
-                ),
-            ),
+            ((worst_nodes(CNP_SENT), "{{instance}}"),),
             "pps",
-            "Congestion notification packets the port sent as notification point (ECN-"
-            "marked traffic arrived): where congestion lands.",
-            shows=(Show(("roce_incast",), NODE_PORT),),
+            "The worst port of each node: congestion notification packets it sent as "
+            "notification point (ECN-marked traffic arrived), where congestion lands.",
+            shows=(Show(("roce_incast",), NODE),),
+            may_be_empty=WORST_EMPTY,
         ),
         Panel(
-            "Probe busbw against each pair's baseline (worst 10)",
-            "timeseries",
+            f"Probe busbw against each pair's baseline (worst {WORST} pairs now)",
+            "bargauge",
             (
                 (
-                    "bottomk(10, min by (instance, peer) ("
+                    f"sort(bottomk({WORST}, min by (instance, peer) ("
                     "fabricscope_probe_busbw_bytes_per_second"
                     f'{{{N},collective="sendrecv",size_bytes={PROBE_SIZE}}}'
                     " / quantile_over_time(0.9, fabricscope_probe_busbw_bytes_per_second"
-                    f'{{{N},collective="sendrecv",size_bytes={PROBE_SIZE}}}[6h])))',
+                    f'{{{N},collective="sendrecv",size_bytes={PROBE_SIZE}}}[6h]))))',
                     "{{instance}} -> {{peer}}",
                 ),
             ),
             "percentunit",
             "Node-pair sendrecv bus bandwidth at 64 MiB as a share of its own 6-hour 90th "
-            "percentile, worst GPU pair per node pair.",
+            "percentile, worst GPU pair per node pair: the 10 lowest pairs now (with the "
+            "probe on).",
             shows=(Show(("ib_link_errors", "pcie_width_degraded"), NODE, "asc"),),
         ),
         Panel(
-            "Agent health",
+            f"Slowest sampler, worst {WORST} nodes",
             "timeseries",
-            (
-                (
-                    f"max by (instance, sampler) (fabricscope_sampler_duration_seconds{{{N}}})",
-                    "{{instance}} {{sampler}}",
-                ),
-            ),
+            ((worst_nodes(SAMPLER_DURATION), "{{instance}}"),),
             "s",
-            "Duration of each sampler's latest pass (failures show in Sampler failures).",
+            "Each node's slowest sampler pass, for the 10 nodes with the slowest in the time "
+            "range (failures show beside).",
+            may_be_empty=WORST_EMPTY,
         ),
         Panel(
-            "Sampler failures",
+            f"Sampler failures (top {TOP} nodes)",
             "bargauge",
-            (
-                (
-                    f"sort_desc(count by (instance) (fabricscope_sampler_success{{{N}}} == 0)"
-                    f" or count by (instance) (fabricscope_sampler_success{{{N}}}) * 0)",
-                    "{{instance}}",
-                ),
-            ),
+            ((top_nodes(SAMPLER_FAILURES), "{{instance}}"),),
             "none",
-            "Samplers whose latest pass failed, per node (0: all healthy).",
+            "Samplers whose latest pass failed, per node, healthy nodes left out.",
+            w=6,
+            may_be_empty=NON_ZERO,
         ),
+        Panel(
+            f"Agents not scraped (first {TOP})",
+            "bargauge",
+            ((f'sort(topk({TOP}, up{{job="fabricscope",{N}}} == 0))', "{{instance}}"),),
+            "none",
+            "Nodes whose agent Prometheus fails to scrape now (0: down), at most 25 of them "
+            "(the glance panel counts all).",
+            w=6,
+            may_be_empty=NON_ZERO,
+        ),
+        # the fabric's own topology: faults per leaf switch, per cable, per uplink
         *BY_SWITCH,
     ),
 )

@@ -1,13 +1,61 @@
 """The Job dashboard: one training job's throughput beside the evidence of its own GPUs,
-NICs and nodes."""
+NICs and nodes.
+
+The job is a ``job_name`` in a namespace, whatever its framework prints: its variable lists
+every job with a throughput series, and its headline reads tokens/s, else samples/s, else
+iterations/s, else steps/s from the time per step, the order ``fabricscope explain`` and the
+throughput alert use (``exporter/explain/discover.py`` ``THROUGHPUT_METRICS``). Its pods are
+those named after the job (``<job>-...``, as Kubernetes controllers name them and explain
+assumes) and those printing its throughput (which carry ``job_name``): every panel reads
+those pods' GPUs, RDMA devices and nodes, never the rest of the namespace.
+"""
 
 from __future__ import annotations
 
 from boards.model import NODE, NODE_GPU, NODE_PORT, PROBE_SIZE, RI, Board, N, Panel, Show
 
-JOB_PODS = 'namespace=~"$namespace"'
-JOB_GPUS = f"max by (instance, gpu, pod) (fabricscope_pod_gpu_info{{{JOB_PODS},{N}}})"
-JOB_NICS = f"max by (instance, device, pod) (fabricscope_pod_rdma_info{{{JOB_PODS},{N}}})"
+NS = 'namespace=~"$namespace"'
+#: the job's own series (NCCL's, the throughput's): they carry its job_name
+JOB_SERIES = f'{NS},job_name=~"$job"'
+#: throughput metrics in explain's order of preference (step_seconds inverted)
+THROUGHPUT = (
+    ("fabricscope_throughput_tokens_per_second", "tokens/s"),
+    ("fabricscope_throughput_samples_per_second", "samples/s"),
+    ("fabricscope_throughput_iterations_per_second", "iterations/s"),
+    ("fabricscope_throughput_step_seconds", "steps/s"),
+)
+ANY_THROUGHPUT = "|".join(m for m, _ in THROUGHPUT)
+#: the pods printing the job's throughput
+PRINTING = f'max by (namespace, pod) ({{__name__=~"{ANY_THROUGHPUT}",{JOB_SERIES},{N}}})'
+
+
+def job_pods(metric: str) -> str:
+    """``metric``'s series of the job's pods: named after the job, or printing its
+    throughput (a pod outside the naming, e.g. one named by a fabricscope.io/job
+    annotation)."""
+    return (
+        f'({metric}{{{NS},pod=~"$job-.+",{N}}} or '
+        f"({metric}{{{NS},{N}}} and on (namespace, pod) {PRINTING}))"
+    )
+
+
+def headline() -> str:
+    """The job's throughput, one series: the first of :data:`THROUGHPUT` it prints, the
+    mean over its printing containers, labelled with what it is."""
+    parts = []
+    for metric, unit in THROUGHPUT:
+        mean = f"avg by (job_name) ({metric}{{{JOB_SERIES},{N}}})"
+        if metric.endswith("_step_seconds"):
+            mean = f"1 / {mean}"
+        parts.append(f'label_replace({mean}, "unit", "{unit}", "", "")')
+    return " or on (job_name) ".join(parts)
+
+
+JOB_GPUS = f"max by (instance, gpu, pod) {job_pods('fabricscope_pod_gpu_info')}"
+JOB_NICS = f"max by (instance, device, pod) {job_pods('fabricscope_pod_rdma_info')}"
+JOB_NIC_FUNCTIONS = (
+    f"max by (instance, pci_bus_id, pod, device) {job_pods('fabricscope_pod_rdma_info')}"
+)
 
 JOB = Board(
     "fabricscope-job",
@@ -19,15 +67,11 @@ JOB = Board(
         Panel(
             "Job throughput",
             "timeseries",
-            (
-                (
-                    'max by (job_name) (fabricscope_throughput_tokens_per_second{job_name=~"$job",'
-                    f"{N}}})",
-                    "{{job_name}} tokens/s",
-                ),
-            ),
+            ((headline(), "{{job_name}} {{unit}}"),),
             "none",
-            "Tokens per second the job prints (its own log lines).",
+            "What the job prints (its own log lines), mean over its printing containers: "
+            "tokens/s, else samples/s, else iterations/s, else steps/s from its time per "
+            "step, the first it has (explain and the throughput alert use the same order).",
             w=16,
             h=7,
         ),
@@ -36,8 +80,7 @@ JOB = Board(
             "timeseries",
             (
                 (
-                    "sum by (transport, gdr) (fabricscope_nccl_channels"
-                    f'{{{JOB_PODS},job_name=~"$job",{N}}})',
+                    f"sum by (transport, gdr) (fabricscope_nccl_channels{{{JOB_SERIES},{N}}})",
                     "{{transport}} gdr={{gdr}}",
                 ),
             ),
@@ -123,8 +166,7 @@ JOB = Board(
                 (
                     f"(fabricscope_pci_link_width{{{N}}} / on (instance, pci_bus_id) "
                     f"fabricscope_pci_link_max_width{{{N}}}) * on (instance, pci_bus_id) "
-                    "group_left (pod, device) max by (instance, pci_bus_id, pod, device) "
-                    f"(fabricscope_pod_rdma_info{{{JOB_PODS},{N}}})",
+                    f"group_left (pod, device) {JOB_NIC_FUNCTIONS}",
                     "{{pod}} {{instance}} {{device}}",
                 ),
             ),
@@ -138,8 +180,8 @@ JOB = Board(
             "timeseries",
             (
                 (
-                    "sum by (instance, pod, kind) (fabricscope_workload_finding_processes"
-                    f"{{{JOB_PODS},{N}}})",
+                    "sum by (instance, pod, kind) "
+                    f"{job_pods('fabricscope_workload_finding_processes')}",
                     "{{pod}} {{instance}} {{kind}}",
                 ),
             ),
@@ -171,8 +213,7 @@ JOB = Board(
                 (
                     f"(fabricscope_pci_link_speed_transfers_per_second{{{N}}} / on (instance, "
                     f"pci_bus_id) fabricscope_pci_link_max_speed_transfers_per_second{{{N}}}) "
-                    "* on (instance, pci_bus_id) group_left (pod, device) max by (instance, "
-                    f"pci_bus_id, pod, device) (fabricscope_pod_rdma_info{{{JOB_PODS},{N}}})",
+                    f"* on (instance, pci_bus_id) group_left (pod, device) {JOB_NIC_FUNCTIONS}",
                     "{{pod}} {{instance}} {{device}}",
                 ),
             ),
@@ -189,7 +230,7 @@ JOB = Board(
                     "min by (instance, peer) (fabricscope_probe_busbw_bytes_per_second"
                     f'{{{N},collective="sendrecv",size_bytes={PROBE_SIZE}}}) '
                     "and on (instance) count by (instance) "
-                    f"(fabricscope_pod_gpu_info{{{JOB_PODS},{N}}})",
+                    f"{job_pods('fabricscope_pod_gpu_info')}",
                     "{{instance}} -> {{peer}}",
                 ),
             ),
@@ -217,7 +258,7 @@ JOB = Board(
             (
                 (
                     "sum by (instance, pod, kind) (increase(fabricscope_nccl_warnings_total"
-                    f'{{{JOB_PODS},job_name=~"$job",{N},'
+                    f"{{{JOB_SERIES},{N},"
                     'kind=~"ib_completion|ib_async_event|ibv_call|socket|timeout"}[1h]))',
                     "{{pod}} {{instance}} {{kind}}",
                 ),
@@ -234,7 +275,7 @@ JOB = Board(
             (
                 (
                     "sum by (instance, pod, device) (fabricscope_nccl_hca_channels_off_gpu_numa"
-                    f'{{{JOB_PODS},job_name=~"$job",{N}}})',
+                    f"{{{JOB_SERIES},{N}}})",
                     "{{pod}} {{instance}} {{device}}",
                 ),
             ),
@@ -249,6 +290,7 @@ JOB = Board(
     ),
     extra_vars=(
         ("namespace", "label_values(fabricscope_pod_gpu_info, namespace)"),
-        ("job", "label_values(fabricscope_throughput_tokens_per_second, job_name)"),
+        # every job printing any throughput (not tokens/s only)
+        ("job", f'label_values({{__name__=~"{ANY_THROUGHPUT}",{NS}}}, job_name)'),
     ),
 )

@@ -39,6 +39,9 @@ class Panel:
     link: str = ""
     #: start a new row of the grid (a group of panels kept together)
     new_row: bool = False
+    #: a data link from each series to the Node dashboard of its ``instance`` (only where
+    #: the legend names the instance)
+    node_link: bool = True
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ import json
 import math
 import re
 import statistics
+import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -35,6 +37,7 @@ import generate  # noqa: E402
 
 STEP = TEST_STEP  # one-minute steps (45 minutes of each scenario, the cause from minute 18)
 RATE_INTERVAL = "4m"  # Grafana's $__rate_interval at a 1 m scrape: 4 x the interval
+RANGE = f"{TEST_HOURS * 3600:.0f}s"  # Grafana's $__range: the whole run is on screen
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -44,6 +47,7 @@ def substitute(expr: str, board: generate.Board, scenario: Scenario) -> str:
         node = scenario.cause.node if scenario.cause else "node-00"
     values = {
         "$__rate_interval": RATE_INTERVAL,
+        "$__range": RANGE,
         "$cluster": ".*",
         "$node": node,
         "$namespace": "training",
@@ -101,7 +105,8 @@ def panels() -> Iterator[tuple[generate.Board, generate.Panel]]:
 
 
 def metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\bfabricscope_[a-z0-9_]+", expr))
+    """The fabricscope series a query reads: the catalog's and the recording rules'."""
+    return set(re.findall(r"\bfabricscope[_:][a-z0-9_:]+", expr))
 
 
 def _mean(series: dict[str, object]) -> float:
@@ -111,6 +116,19 @@ def _mean(series: dict[str, object]) -> float:
         vals = [float(series["value"][1])]  # type: ignore[index]
     vals = [v for v in vals if not math.isnan(v)]
     return sum(vals) / len(vals) if vals else math.nan
+
+
+def recorded_names() -> set[str]:
+    """What the shipped recording rules record (deploy/rules/*.rules.yaml)."""
+    import yaml
+
+    return {
+        r["record"]
+        for path in (ROOT / "deploy" / "rules").glob("*.rules.yaml")
+        for g in yaml.safe_load(path.read_text())["groups"]
+        for r in g["rules"]
+        if "record" in r
+    }
 
 
 # --- structure -----------------------------------------------------------------------------
@@ -137,6 +155,7 @@ def test_variables_units_links_and_catalog(board: generate.Board) -> None:
     assert names[:3] == ["datasource", "cluster", "node"]
     assert data["links"][0]["type"] == "dashboards" and data["links"][0]["includeVars"]
     catalog = {s.name for s in all_specs()} | {"fabricscope_throughput_tokens_per_second"}
+    catalog |= recorded_names()
     for panel in data["panels"]:
         assert panel["fieldConfig"]["defaults"].get("unit"), panel["title"]
         assert panel["datasource"]["uid"] == "${datasource}"
@@ -173,7 +192,7 @@ def test_every_query_runs_and_is_not_empty_where_there_is_data(lab: Lab) -> None
             q = substitute(expr, board, lab.scenario)
             instant = p.kind != "timeseries"
             result = lab.instant(q) if instant else lab.range(q)
-            if result:
+            if result or p.may_be_empty:  # ran without error; empty where the panel says why
                 continue
             present = [m for m in metric_names(q) if lab.instant(f"count({m})")]
             if len(present) == len(metric_names(q)):
@@ -237,7 +256,7 @@ def test_the_job_throughput_panel_shows_the_job_and_its_drop(lab: Lab) -> None:
     board = generate.JOB
     panel = next(p for p in board.panels if p.title == "Job throughput")
     result = lab.range(substitute(panel.targets[0][0], board, lab.scenario))
-    assert [s["metric"] for s in result] == [{"job_name": "llm"}]
+    assert [s["metric"] for s in result] == [{"job_name": "llm", "unit": "tokens/s"}]
     values = [(float(t), float(v)) for t, v in result[0]["values"]]  # type: ignore[attr-defined]
     before = statistics.median(v for t, v in values if t < lab.fault_start)
     after = statistics.median(v for t, v in values if t >= lab.fault_start + STEP)
@@ -245,3 +264,112 @@ def test_the_job_throughput_panel_shows_the_job_and_its_drop(lab: Lab) -> None:
     assert after / before == pytest.approx(lab.scenario.throughput_ratio, abs=0.01)
     if lab.scenario.name == "ib_link_bad":
         assert 1 - after / before == pytest.approx(0.34, abs=0.01)
+
+
+# --- the Job dashboard for every job ------------------------------------------------------
+
+
+def test_job_throughput_order_is_explains() -> None:
+    """The Job dashboard's fallback (tokens, samples, iterations, step time) is the one
+    explain uses; the throughput alert names the same four metrics."""
+    from boards.job import THROUGHPUT
+
+    from exporter.explain.discover import THROUGHPUT_METRICS
+
+    assert [m for m, _ in THROUGHPUT] == [m for m, _ in THROUGHPUT_METRICS]
+    rules = (ROOT / "deploy" / "rules" / "throughput.rules.yaml").read_text()
+    assert all(m in rules for m, _ in THROUGHPUT)
+
+
+def test_every_job_panel_is_scoped_to_the_jobs_pods() -> None:
+    for p in generate.JOB.panels:
+        for expr, _ in p.targets:
+            assert 'job_name=~"$job"' in expr or 'pod=~"$job-.+"' in expr, p.title
+            assert 'namespace=~"$namespace"' in expr, p.title
+
+
+#: two jobs in one namespace, as their pods' series read: "llm" (Composer, tokens/s, every
+#: rank printing) on node-00/01/04 and "ds" (DeepSpeed, samples/s only, rank 0 printing; its
+#: rank 1 prints nothing) on node-02/03; figures from tests/fixtures/throughput-logs
+TWO_JOBS = (
+    ("llm", "llm-0", "node-00", "fabricscope_throughput_tokens_per_second", 55803.1245, "composer"),
+    ("llm", "llm-1", "node-01", "fabricscope_throughput_tokens_per_second", 55803.1245, "composer"),
+    ("ds", "ds-0", "node-02", "fabricscope_throughput_samples_per_second", 303.1183, "deepspeed"),
+    ("ds", "ds-1", "node-03", "", 0.0, ""),
+    # named by a fabricscope.io/job annotation, not after the job: found by its own series
+    (
+        "llm",
+        "annotated-7",
+        "node-04",
+        "fabricscope_throughput_tokens_per_second",
+        55803.1245,
+        "composer",
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def two_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    from tests.promharness import PROMTOOL, start_prometheus
+
+    work = tmp_path_factory.mktemp("two-jobs")
+    end = math.floor(time.time() / 60) * 60 - 600
+    start = end - 1800
+    lines = []
+    for job, pod, inst, metric, value, fmt in TWO_JOBS:
+        common = f'instance="{inst}",job="fabricscope",namespace="training",pod="{pod}"'
+        series = [
+            f'fabricscope_pod_rdma_info{{{common},container="trainer",resource="rdma/ib",'
+            f'device_id="mlx5_0",device="mlx5_0",pci_bus_id="0000:1a:00.0"}} 1',
+            f'fabricscope_pod_gpu_info{{{common},container="trainer",gpu="0",uuid="GPU-{pod}",'
+            f'pci_bus_id="0000:19:00.0",method="podresources"}} 1',
+            f'fabricscope_infiniband_port_rate_bytes_per_second{{instance="{inst}",'
+            'job="fabricscope",device="mlx5_0",port="1"} 50000000000',
+        ]
+        if metric:
+            series.append(
+                f'{metric}{{{common},container="trainer",job_name="{job}",format="{fmt}"}} {value}'
+            )
+        for t in range(int(start), int(end) + 1, 60):
+            lines += [f"{s} {t}\n" for s in series]
+    om = work / "two-jobs.om"
+    om.write_text("".join(lines) + "# EOF\n")
+    tsdb = work / "tsdb"
+    subprocess.run(
+        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    with start_prometheus(work / "prometheus", [], tsdb_path=tsdb) as prom:
+        yield Lab(SCENARIOS["healthy"], prom.url, start, end, end)
+
+
+def job_expr(expr: str, job: str) -> str:
+    expr = expr.replace("$job", job).replace("$namespace", "training")
+    return substitute(expr, generate.JOB, SCENARIOS["healthy"])
+
+
+def test_a_samples_per_second_job_is_listed_and_its_headline_is_samples(two_jobs: Lab) -> None:
+    variable = dict(generate.JOB.extra_vars)["job"]
+    selector = variable.removeprefix("label_values(").rsplit(", job_name)", 1)[0]
+    selector = selector.replace("$namespace", "training")
+    with _OPENER.open(
+        f"{two_jobs.url}/api/v1/label/job_name/values?"
+        + urllib.parse.urlencode({"match[]": selector})
+    ) as r:
+        assert json.load(r)["data"] == ["ds", "llm"]
+    panel = next(p for p in generate.JOB.panels if p.title == "Job throughput")
+    for job, unit, value in (("llm", "tokens/s", 55803.1245), ("ds", "samples/s", 303.1183)):
+        result = two_jobs.range(job_expr(panel.targets[0][0], job))
+        assert [s["metric"] for s in result] == [{"job_name": job, "unit": unit}]
+        assert _mean(result[0]) == pytest.approx(value)
+
+
+def test_the_job_panels_read_only_the_jobs_pods(two_jobs: Lab) -> None:
+    """The link rate of the job's NICs, on two jobs sharing a namespace: each job's panel
+    holds its own pods only, the silent rank of the samples job included (named after it)."""
+    panel = next(p for p in generate.JOB.panels if p.title == "Link rate of the job's NICs")
+    for job, pods in (("llm", {"llm-0", "llm-1", "annotated-7"}), ("ds", {"ds-0", "ds-1"})):
+        result = two_jobs.range(job_expr(panel.targets[0][0], job))
+        assert {s["metric"]["pod"] for s in result} == pods  # type: ignore[index]

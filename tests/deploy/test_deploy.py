@@ -270,7 +270,22 @@ def test_crd_validation_rejects_a_misspelt_field(built: dict[str, list[Doc]]) ->
 @pytest.mark.parametrize("build", MONITORED)
 def test_rbac_is_exactly_read_pods(built: dict[str, list[Doc]], build: str) -> None:
     docs = built[build]
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    probe = VALUES[build].get("probe", {})
+    if probe.get("enabled") and probe.get("membership", "kubernetes") == "kubernetes":
+        # the probe's members: list/watch the pods of this namespace, nothing else
+        members = one(docs, "Role")
+        assert members["metadata"]["namespace"] == "fabricscope"
+        assert members["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
+        ]
+        binding = one(docs, "RoleBinding")
+        assert binding["roleRef"]["name"] == members["metadata"]["name"]
+        assert [d["kind"] for d in docs if d["kind"] in ("Role", "RoleBinding")] == [
+            "Role",
+            "RoleBinding",
+        ]
+    else:
+        assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     role = one(docs, "ClusterRole")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
@@ -408,8 +423,8 @@ def test_nvidia_runtime_environment(built: dict[str, list[Doc]]) -> None:
 
 def test_resources(built: dict[str, list[Doc]]) -> None:
     assert agent_container(built["standard"])["resources"] == {
-        "requests": {"cpu": "50m", "memory": "128Mi"},
-        "limits": {"memory": "256Mi"},
+        "requests": {"cpu": "50m", "memory": "192Mi"},
+        "limits": {"memory": "512Mi"},
     }
     probe = agent_container(built["probe"])["resources"]
     assert "cpu" not in probe["limits"]
@@ -516,6 +531,45 @@ def test_probe_args(built: dict[str, list[Doc]]) -> None:
     }
     # the base's flags are all still there (args is replaced as a whole by the overlay)
     assert set(agent_container(built["standard"])["args"]) <= set(args)
+
+
+def test_probe_membership_from_kubernetes(built: dict[str, list[Doc]]) -> None:
+    """The default membership: the agent pods of this release (the DaemonSet's selector
+    labels), in its namespace; no peers file, no ConfigMap."""
+    docs = built["probe-k8s"]
+    c = agent_container(docs)
+    parse_agent_args(c["args"])
+    flags = dict(a.split("=", 1) for a in c["args"] if "=" in a)
+    selector = dict(kv.split("=") for kv in flags["--probe.kubernetes-selector"].split(","))
+    ds = one(docs, "DaemonSet")
+    assert selector == ds["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert flags["--probe.kubernetes-namespace"] == "fabricscope"
+    assert "--probe.peers-file" not in flags
+    assert not [d for d in docs if d["kind"] == "ConfigMap"]
+    assert "probe-peers" not in {v["name"] for v in pod_spec(docs)["volumes"]}
+
+
+def test_probe_peers_need_peers_membership(tmp_path: Path) -> None:
+    err = render_fails(
+        {"probe": {"enabled": True, "existingSecret": PROBE_SECRET, "peers": ["10.0.0.1"]}},
+        tmp_path,
+    )
+    assert "probe.membership=peers" in err
+
+
+def test_monitoring_labels_reach_every_object_prometheus_selects(tmp_path: Path) -> None:
+    """kube-prometheus-stack selects ServiceMonitors, PodMonitors and PrometheusRules by its
+    release label: one value gives it to all three (the install command sets it)."""
+    docs = render(
+        {"monitoringLabels": {"release": "kps"}, "podMonitor": {"enabled": True}}, tmp_path
+    )
+    kinds = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    labelled = {d["kind"] for d in docs if d["metadata"]["labels"].get("release") == "kps"}
+    assert labelled == kinds
+    for doc in (DEPLOY.parent / "docs" / "install.md", DEPLOY.parent / "README.md"):
+        install = re.findall(r"helm install fabricscope .*?(?:\n\n|```)", doc.read_text(), re.S)
+        assert install and all("monitoringLabels.release=" in i for i in install), doc
 
 
 def test_probe_secret_and_peers_are_mounted_where_the_flags_point(
@@ -649,6 +703,16 @@ def test_built_rules_are_the_rule_files_and_pass_promtool(
     expected = [
         g for f in sources for g in yaml.safe_load((DEPLOY / "rules" / f).read_text())["groups"]
     ]
+    # as the files hold them, but each runbook link into this release's docs (the default
+    # of prometheusRule.runbookBaseUrl): the chart's home at the tag v<appVersion>
+    chart = yaml.safe_load((DEPLOY / "helm" / "fabricscope" / "Chart.yaml").read_text())
+    base = f"{chart['home']}/blob/v{chart['appVersion']}/"
+    for g in expected:
+        for r in g["rules"]:
+            if "runbook_url" in r.get("annotations", {}):
+                url = r["annotations"]["runbook_url"]
+                r["annotations"]["runbook_url"] = re.sub(r"^https?://.*/blob/[^/]+/", base, url)
+                assert r["annotations"]["runbook_url"] != url
     path = extracted_rules(built[build], tmp_path)
     assert yaml.safe_load(path.read_text())["groups"] == expected
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
@@ -656,6 +720,27 @@ def test_built_rules_are_the_rule_files_and_pass_promtool(
         [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_runbook_links_follow_the_value_and_land_on_a_heading(built: dict[str, list[Doc]]) -> None:
+    """Every alert's runbook link starts with prometheusRule.runbookBaseUrl and the rest is
+    a file of this repository holding a heading for the alert: with the base pointing at
+    this release's tree, the link resolves."""
+    from tests.deploy.test_alerts import github_anchors
+
+    mirror = VALUES["everything"]["prometheusRule"]["runbookBaseUrl"]
+    for build, base in (("probe", None), ("everything", mirror)):
+        (rule,) = [d for d in built[build] if d["kind"] == "PrometheusRule"]
+        for group in rule["spec"]["groups"]:
+            for r in group["rules"]:
+                if "alert" not in r:
+                    continue
+                url = r["annotations"]["runbook_url"]
+                if base:
+                    assert url.startswith(base), url
+                path, _, anchor = re.sub(r"^https?://.*/blob/[^/]+/", "", url).partition("#")
+                assert anchor == r["alert"].lower()
+                assert anchor in github_anchors((ROOT / path).read_text()), url
 
 
 # --- Dockerfile -------------------------------------------------------------------------------
@@ -874,7 +959,7 @@ def test_deploy_doc_covers_what_it_must() -> None:
         "IPC_LOCK",
     ):
         assert re.search(rf"^\| `{cap}` \|", table, re.MULTILINE), cap
-    for phrase in ("hostNetwork", "What is unverified", "128Mi", "256Mi", "system-node-critical"):
+    for phrase in ("hostNetwork", "What is unverified", "192Mi", "512Mi", "system-node-critical"):
         assert phrase in doc, phrase
     # every top-level value is documented
     values = yaml.safe_load((DEPLOY / "helm" / "fabricscope" / "values.yaml").read_text())

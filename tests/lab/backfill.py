@@ -26,13 +26,14 @@ from pathlib import Path
 from tests.lab.agent import render_once
 from tests.lab.cluster import Cluster, Timeline, make_scratch, timeline
 from tests.lab.node import healthy_tree, throughput_flags
-from tests.lab.scenarios import SCENARIOS, Scenario
-from tests.promharness import PROMTOOL
+from tests.lab.scenarios import ALL_SCENARIOS, Scenario
+from tests.promharness import PROMTOOL, backfill_recording_rules
 from tests.promharness import start_prometheus as _start_prometheus
 
 log = logging.getLogger(__name__)
 
 JOB = "fabricscope"
+FLEET_RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "fleet.rules.yaml"
 #: the run the CI tests share (tests/deploy/test_dashboards.py,
 #: tests/explain/test_explain_lab.py): 45 minutes at one-minute steps, the cause from minute
 #: 18 on; built once per session
@@ -67,7 +68,7 @@ def play_nodes(
     process: nodes are independent, so they are split across processes."""
     logging.getLogger("agent").setLevel(logging.WARNING)
     samples = 0
-    with Cluster(SCENARIOS[scenario], workdir, workdir / "cache", only=indices) as c:
+    with Cluster(ALL_SCENARIOS[scenario], workdir, workdir / "cache", only=indices) as c:
         flags = throughput_flags(c.nodes)
         with out.open("w") as f:
             for i in range(tl.steps):
@@ -123,14 +124,19 @@ class Build:
         if result.returncode != 0:
             raise RuntimeError(f"promtool create-blocks-from failed: {result.stderr[-2000:]}")
         tl = self.tl
+        # the Fleet dashboard reads the per-node series these rules record every minute
+        t2 = time.perf_counter()
+        backfill_recording_rules(tsdb, [FLEET_RULES], tl.start, tl.end)
         log.info(
-            "%s: %d steps x %d nodes, %d samples rendered in %.1f s, blocks in %.1f s",
+            "%s: %d steps x %d nodes, %d samples rendered in %.1f s, blocks in %.1f s, "
+            "recording rules in %.1f s",
             self.scenario.name,
             tl.steps,
             self.scenario.nodes,
             samples,
             t1 - self.t0,
-            time.perf_counter() - t1,
+            t2 - t1,
+            time.perf_counter() - t2,
         )
         (self.out_dir / "timeline").write_text(f"{tl.start} {tl.end} {tl.step} {tl.fault_start}\n")
         return tsdb
@@ -198,6 +204,7 @@ class ServedScenario:
     end: float
     step: float
     fault_start: float
+    tsdb: Path  # a copy of its blocks as built (raw series and fleet recording rules')
 
 
 class ScenarioCache:
@@ -224,7 +231,7 @@ class ScenarioCache:
             if self._pool is None:
                 self._pool = self._stack.enter_context(_spawn_pool(self._workers))
             out = self._workdir / f"{name}-{hours:g}h-{step:g}s"
-            self._pending[key] = start_build(SCENARIOS[name], hours, step, out, self._pool)
+            self._pending[key] = start_build(ALL_SCENARIOS[name], hours, step, out, self._pool)
 
     def get(self, name: str, hours: float, step: float) -> ServedScenario:
         key = (name, hours, step)
@@ -234,9 +241,13 @@ class ScenarioCache:
             build = self._pending.pop(key)
             tsdb = build.finish()
             start, end, step_, fault = read_timeline(build.out_dir)
+            # the blocks as built, for other readers (vmctl): the serving Prometheus compacts
+            # its directory (the recording rules' blocks overlap the raw ones) under them
+            blocks = build.out_dir / "blocks"
+            shutil.copytree(tsdb, blocks)
             url = self._stack.enter_context(start_prometheus(tsdb))
             served = self._served[key] = ServedScenario(
-                SCENARIOS[name], url, start, end, step_, fault
+                ALL_SCENARIOS[name], url, start, end, step_, fault, blocks
             )
         return served
 

@@ -62,7 +62,15 @@ from agent.nvml.record import FORMAT, JsonValue
 from agent.probe.measure.records import MiB, ProbeError, ProbeRecord
 from agent.probe.run.results import ProbeRun, ProbeSnapshot
 from tests.lab.kubelet import Lister
-from tests.lab.scenarios import CONTAINER, NAMESPACE, RAILS, Scenario, node_name, pod_name
+from tests.lab.scenarios import (
+    CONTAINER,
+    GOOD_TOKENS_PER_SECOND,
+    NAMESPACE,
+    RAILS,
+    Scenario,
+    node_name,
+    pod_name,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 NVML_RECORDING = FIXTURES / "nvml" / "h200x2.recording.json"
@@ -737,8 +745,6 @@ class LabNode:
     # -- the job ---------------------------------------------------------------------------
 
     def _advance_job(self, step: int, t: float, ratio: float, fault_age: float | None) -> None:
-        from tests.lab.scenarios import GOOD_TOKENS_PER_SECOND
-
         wall = self.t0 + t if self.t0 is not None else t
         sc = self.scenario
         kind = sc.cause.kind if sc.cause is not None else None
@@ -758,7 +764,10 @@ class LabNode:
             )
         self.batch += 1
         self.tokens_per_second = GOOD_TOKENS_PER_SECOND * ratio * self.rng.uniform(0.997, 1.003)
-        write_throughput_lines(self.log_path, self.batch, self.tokens_per_second, wall)
+        if self.scenario.job_format == "deepspeed":
+            write_deepspeed_lines(self.log_path, self.batch, self.tokens_per_second, wall)
+        else:
+            write_throughput_lines(self.log_path, self.batch, self.tokens_per_second, wall)
 
     @property
     def log_path(self) -> Path:
@@ -790,6 +799,29 @@ def write_throughput_lines(path: Path, batch: int, tokens_per_second: float, wal
     )
     with path.open("a") as f:
         f.write("".join(f"{stamp} stdout F {line}\n" for line in lines))
+
+
+#: samples/s of the DeepSpeed job at full speed: the scale of the real timer lines in
+#: tests/fixtures/throughput-logs/deepspeed (291-329 samples/s)
+GOOD_SAMPLES_PER_SECOND = 303.1183
+
+
+def write_deepspeed_lines(path: Path, batch: int, tokens_per_second: float, wall: float) -> None:
+    """Append one line of DeepSpeed's throughput timer (``timer.py``, the format of the real
+    lines in tests/fixtures/throughput-logs/deepspeed), its samples/s at the job's share of
+    full speed, as the container runtime writes it."""
+    samples = GOOD_SAMPLES_PER_SECOND * tokens_per_second / GOOD_TOKENS_PER_SECOND
+    stamp = cri_time(wall)
+    logged = datetime.datetime.fromtimestamp(wall, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S,%f")[
+        :-3
+    ]
+    line = (
+        f"[{logged}] [INFO] [timer.py:260:stop] epoch=0/micro_step={batch}/global_step={batch}, "
+        f"RunningAvgSamplesPerSec={samples:.4f}, CurrSamplesPerSec={samples:.4f}, "
+        "MemAllocated=17.54GB, MaxMemAllocated=66.97GB"
+    )
+    with path.open("a") as f:
+        f.write(f"{stamp} stdout F {line}\n")
 
 
 #: channels each rank connects per peer direction (a 4-node ring of 8-GPU nodes)

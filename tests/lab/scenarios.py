@@ -9,7 +9,7 @@ tokens/s fall to while it is active (1.0: the cause does not slow the job).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: the founding story's figures: tokens/s of the job before and after the bad link
 GOOD_TOKENS_PER_SECOND = 55803.1245
@@ -73,6 +73,9 @@ class Scenario:
     xmit_wait_headroom: tuple[str, int] | None = None
     #: (node, RDMA device) whose link stands DOWN from the start (no traffic, no change)
     down: tuple[tuple[str, str], ...] = ()
+    #: what the job prints: "composer" (tokens/s) or "deepspeed" (samples/s only, as
+    #: DeepSpeed's throughput timer does)
+    job_format: str = "composer"
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -223,3 +226,18 @@ SCENARIOS: dict[str, Scenario] = {
         ),
     )
 }
+
+
+#: Scenarios the tests do not run, for the previews: the ``ib_link_bad`` fault under a job
+#: that prints samples/s only (DeepSpeed), for the Job dashboard's samples/s preview.
+VARIANTS: dict[str, Scenario] = {
+    "ib_link_bad_samples": replace(
+        SCENARIOS["ib_link_bad"],
+        name="ib_link_bad_samples",
+        summary=SCENARIOS["ib_link_bad"].summary + "; the job prints DeepSpeed's samples/s only",
+        job_format="deepspeed",
+    ),
+}
+
+#: every scenario by name, the variants included (what a lab build can play)
+ALL_SCENARIOS: dict[str, Scenario] = {**SCENARIOS, **VARIANTS}

@@ -108,3 +108,23 @@ metricRelabelings:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* The labels a Prometheus selects monitoring objects by (monitoringLabels, e.g.
+     kube-prometheus-stack's release: <name>) and the object's own additionalLabels. */}}
+{{- define "fabricscope.monitoringLabels" -}}
+{{- $labels := merge (deepCopy (default dict .extra)) (default dict .root.Values.monitoringLabels) -}}
+{{- with $labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Where the alerts' runbooks are: prometheusRule.runbookBaseUrl, else this release's docs
+     in the project's repository (Chart.yaml home) at the release's tag. */}}
+{{- define "fabricscope.runbookBase" -}}
+{{- $base := .Values.prometheusRule.runbookBaseUrl -}}
+{{- if not $base -}}
+{{- $base = printf "%s/blob/v%s/" .Chart.Home .Chart.AppVersion -}}
+{{- end -}}
+{{- if not (hasSuffix "/" $base) -}}{{- $base = printf "%s/" $base -}}{{- end -}}
+{{- $base -}}
+{{- end -}}

@@ -1,0 +1,496 @@
+"""What the agent holds and spends as the chart deploys it: memory (RSS and PSS) and CPU of
+the main process and of each supervised child, with the pod watch, the NVML child, the
+throughput child reading a busy log directory, and scrapes every 30 s. The figures the
+chart's requests and limits come from.
+
+What runs (real processes, real sockets; only the cluster is stood in for):
+
+- ``fabricscope agent`` serving ``/metrics``, scraped every 30 s as the ServiceMonitor does;
+- the pod watch (``--kubernetes.node-name``: list and watch this node's pods) against an
+  API server answering as the real one does (pytest-httpserver, the tests' stand-in), with
+  ``--pods`` pods on the node, a watch that stays open;
+- the kubelet's pod-resources socket (a real gRPC server) giving the job's pod the node's
+  GPUs (pod attribution);
+- the throughput child reading ``--logs`` busy container logs (CRI format; each a training
+  job's rank printing Composer throughput blocks and NCCL INFO lines and a chatty stream of
+  other lines, ``--lines-per-second`` in all);
+- the NVML child: on a CPU-only machine the stand-in ``libnvidia-ml.so.1``
+  (``tests/nvml_standin``, one GPU) loaded by the real pynvml, so the child's interpreter,
+  pynvml and the sampler are what they are on a GPU node; with ``--live-nvml`` the node's
+  own NVML (``scripts/gpu_sizing.sh`` on a GPU machine);
+- sysfs: the DGX fixture tree (``--sysfs`` for a real one).
+
+Measured every 5 s over ``--duration`` seconds after a warm-up: each process's RSS and PSS
+(``/proc/PID/smaps_rollup``) and CPU (user + system from ``/proc/PID/stat``). PSS shares the
+pages the processes have in common (the interpreter, the libraries), as the container's
+memory cgroup charges them once. Also, with ``--per-gpu``: the Python memory the NVML
+sampler keeps per GPU (tracemalloc over three passes of the real sampler, on the recorded
+2x H200 answers repeated for 2 and 8 GPUs, or the live NVML's GPUs), for extrapolating the
+NVML child to more GPUs than the machine has.
+
+    python bench/bench_sizing.py [--duration 90] [--json FILE] [--live-nvml] [--sysfs /sys]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DGX = ROOT / "tests" / "fixtures" / "dgx-h100" / "sys"
+STANDIN = ROOT / "tests" / "nvml_standin" / "libnvidia-ml.c"
+RECORDING = ROOT / "tests" / "fixtures" / "nvml" / "h200x2.recording.json"
+NODE = "gpu-node-0"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the stand-ins for the cluster ---------------------------------------------------------
+
+
+def pod(i: int, gpu: bool) -> dict[str, Any]:
+    name = f"llm-{i}" if gpu else f"side-{i}"
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "training" if gpu else "kube-system",
+            "uid": f"00000000-0000-4000-8000-{i:012d}",
+            "resourceVersion": str(1000 + i),
+            "creationTimestamp": "2026-11-20T10:00:00Z",
+            "labels": {"app": name.rsplit("-", 1)[0], "job-name": "llm"},
+            "ownerReferences": [{"kind": "Job", "name": "llm", "uid": "j", "apiVersion": "v1"}]
+            if gpu
+            else [],
+        },
+        "spec": {"nodeName": NODE, "containers": [{"name": "trainer", "image": "x"}]},
+        "status": {
+            "phase": "Running",
+            "hostIP": "10.0.0.11",
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "containerID": f"containerd://{i:064x}",
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": "2026-11-20T10:00:05Z"}},
+                }
+            ],
+        },
+    }
+
+
+@contextlib.contextmanager
+def api_server(pods: int, gpu_pods: int) -> Iterator[str]:
+    """The API server's pod list and a watch that stays open (a bookmark every 20 s), as
+    a real API server holds one for the watch's timeout."""
+    from pytest_httpserver import HTTPServer
+    from werkzeug.wrappers import Request, Response
+
+    items = [pod(i, i < gpu_pods) for i in range(pods)]
+
+    def handle(request: Request) -> Response:
+        if request.args.get("watch") == "true":
+            timeout = min(float(request.args.get("timeoutSeconds", "300")), 300.0)
+
+            def events() -> Iterator[str]:
+                end = time.monotonic() + timeout
+                while time.monotonic() < end:
+                    time.sleep(20)
+                    yield (
+                        json.dumps(
+                            {
+                                "type": "BOOKMARK",
+                                "object": {
+                                    "kind": "Pod",
+                                    "apiVersion": "v1",
+                                    "metadata": {"resourceVersion": "5000"},
+                                },
+                            }
+                        )
+                        + "\n"
+                    )
+
+            return Response(events(), mimetype="application/json")
+        body = {"kind": "PodList", "apiVersion": "v1",
+                "metadata": {"resourceVersion": "5000"}, "items": items}  # fmt: skip
+        return Response(json.dumps(body), mimetype="application/json")
+
+    server = HTTPServer(threaded=True)
+    server.expect_request("/api/v1/pods").respond_with_handler(handle)
+    server.start()
+    try:
+        yield server.url_for("/").rstrip("/")
+    finally:
+        server.clear()
+        server.stop()
+
+
+@contextlib.contextmanager
+def kubelet(sock: Path, gpu_uuids: list[str], gpu_pods: int) -> Iterator[None]:
+    import grpc
+
+    from agent.kubernetes import podresources_pb2 as pb
+    from agent.kubernetes import podresources_pb2_grpc as pb_grpc
+
+    class Lister(pb_grpc.PodResourcesListerServicer):
+        def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC's name
+            per = max(1, len(gpu_uuids) // max(gpu_pods, 1))
+            return pb.ListPodResourcesResponse(
+                pod_resources=[
+                    pb.PodResources(
+                        name=f"llm-{i}",
+                        namespace="training",
+                        containers=[
+                            pb.ContainerResources(
+                                name="trainer",
+                                devices=[
+                                    pb.ContainerDevices(
+                                        resource_name="nvidia.com/gpu",
+                                        device_ids=gpu_uuids[i * per : (i + 1) * per],
+                                    )
+                                ],
+                            )
+                        ],
+                    )
+                    for i in range(gpu_pods)
+                ]
+            )
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_PodResourcesListerServicer_to_server(Lister(), server)
+    server.add_insecure_port("unix://" + str(sock))
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop(grace=None)
+
+
+class BusyLogs:
+    """``n`` container logs written as the container runtime writes them (CRI): each rank's
+    Composer throughput block every few seconds, NCCL INFO lines, and filler lines (a
+    training job's progress bars and warnings) up to ``rate`` lines per second in all."""
+
+    def __init__(self, root: Path, n: int, rate: float) -> None:
+        self.files = []
+        for i in range(n):
+            d = root / f"training_llm-{i}_00000000-0000-4000-8000-{i:012d}" / "trainer"
+            d.mkdir(parents=True)
+            self.files.append(d / "0.log")
+        self.rate = rate
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        batch = 0
+        per_tick = max(1, int(self.rate / 10 / len(self.files)))
+        handles = [f.open("a") for f in self.files]
+        while not self.stop.wait(0.1):
+            batch += 1
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
+            for i, h in enumerate(handles):
+                lines = [
+                    f"{stamp} stdout F step {batch} loss 2.{batch % 97:02d} lr 3e-4 "
+                    f"grad_norm 0.{i}1 data_time 0.002 [{'=' * (batch % 40)}>]"
+                    for _ in range(per_tick - 1)
+                ]
+                if batch % 50 == 0:
+                    lines += [
+                        f"{stamp} stdout F [batch={batch}/100000]:",
+                        f"{stamp} stdout F \t Train time/batch: {batch}",
+                        f"{stamp} stdout F \t Train throughput/tokens_per_sec: 55803.1245",
+                        f"{stamp} stdout F node-0:{1000 + i}:{1000 + i} [{i}] NCCL INFO "
+                        f"Channel 00/0 : {i} -> {i + 1} via NET/IB/0/GDRDMA",
+                    ]
+                h.write("".join(line + "\n" for line in lines))
+                h.flush()
+        for h in handles:
+            h.close()
+
+    def __enter__(self) -> BusyLogs:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+# --- measuring -----------------------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            kids = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for k in kids:
+            out += [int(k), *children(int(k))]
+    return out
+
+
+def role(pid: int, logs: Path) -> str:
+    """Which supervised child ``pid`` is (every child runs ``python -m
+    agent.core.isolation``): the one that mapped NVML's library, or the one holding the pod
+    logs open."""
+    try:
+        if "libnvidia-ml" in Path(f"/proc/{pid}/maps").read_text():
+            return "nvml child"
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd).startswith(str(logs)):
+                    return "throughput child"
+    except OSError:
+        return "gone"
+    return "child"
+
+
+def memory(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) bytes."""
+    rss = pss = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key == "Rss":
+            rss = int(rest.split()[0]) * 1024
+        elif key == "Pss":
+            pss = int(rest.split()[0]) * 1024
+    return rss, pss
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def nvml_per_gpu(live: bool) -> dict[str, float]:
+    """Python memory the NVML sampler keeps per GPU: tracemalloc after three passes of
+    the real sampler over ``n`` GPUs, two values of ``n``; the slope."""
+    import tracemalloc
+
+    from agent.nvml.record import ReplayNvml, load
+    from agent.nvml.sampler import NvmlSampler
+
+    def recording(n: int) -> dict[str, Any]:
+        rec = load(RECORDING)
+        calls = dict(rec["calls"])  # type: ignore[arg-type]
+        for key, entry in list(calls.items()):
+            m = re.match(r"(\w+)\(0((?:,\d+)*)\)$", key)
+            if m:
+                for g in range(2, n):
+                    e = json.loads(json.dumps(entry))
+                    if m.group(1) == "nvmlDeviceGetUUID":
+                        e["value"] = e["value"][:-2] + f"{g:02d}"
+                    calls[f"{m.group(1)}({g}{m.group(2)})"] = e
+        calls["nvmlDeviceGetCount()"] = {"value": n}
+        return {**rec, "calls": calls, "events": []}
+
+    def held(make: Any, passes: int = 3) -> float:
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        sampler = NvmlSampler(make, watch_xid=False)
+        snaps = [sampler.sample() for _ in range(passes)]
+        size = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        del snaps, sampler
+        return float(size)
+
+    if live:
+        from agent.nvml.api import LiveNvml
+
+        api = LiveNvml()
+        api.init()
+        n = api.device_count()
+        api.shutdown()
+        total = held(LiveNvml)
+        return {"gpus": float(n), "bytes": total, "per_gpu_bytes": total / max(n, 1)}
+    counts = (2, 8)
+    sizes = [held(lambda n=n: ReplayNvml(recording(n))) for n in counts]
+    slope = (sizes[1] - sizes[0]) / (counts[1] - counts[0])
+    return {"gpus_2_bytes": sizes[0], "gpus_8_bytes": sizes[1], "per_gpu_bytes": slope}
+
+
+def build_standin(libdir: Path) -> None:
+    gcc = shutil.which("gcc")
+    if not gcc:
+        raise SystemExit("bench_sizing: gcc is needed for the stand-in NVML (apt-get install gcc)")
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-o", str(libdir / "libnvidia-ml.so.1"), str(STANDIN)],
+        check=True,
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=90.0)
+    ap.add_argument("--warmup", type=float, default=30.0)
+    ap.add_argument("--pods", type=int, default=110, help="pods on the node (kubelet default max)")
+    ap.add_argument("--logs", type=int, default=8, help="busy container logs (one per GPU)")
+    ap.add_argument("--lines-per-second", type=float, default=2000.0)
+    ap.add_argument("--live-nvml", action="store_true", help="the node's own NVML (GPU node)")
+    ap.add_argument("--sysfs", default=str(DGX))
+    ap.add_argument("--per-gpu", action="store_true", help="also the NVML sampler's memory per GPU")
+    ap.add_argument("--extrapolate-to", type=int, default=8, help="GPUs (with --per-gpu)")
+    ap.add_argument("--json", type=Path, default=None)
+    ns = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="fabricscope-sizing-"))
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    gpu_uuids = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(8)]
+    if not ns.live_nvml:
+        build_standin(work)
+        env["LD_LIBRARY_PATH"] = f"{work}:{env.get('LD_LIBRARY_PATH', '')}"
+        gpu_uuids = gpu_uuids[:1]
+    result: dict[str, Any] = {
+        "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "nvml": "live" if ns.live_nvml else "stand-in libnvidia-ml.so.1 (one GPU)",
+        "pods": ns.pods,
+        "busy_logs": ns.logs,
+        "log_lines_per_second": ns.lines_per_second,
+        "duration_s": ns.duration,
+    }
+    port = free_port()
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(api_server(ns.pods, ns.logs))
+        kubeconfig = work / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "c",
+                    "clusters": [{"name": "c", "cluster": {"server": url}}],
+                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                }
+            )
+        )
+        env["KUBECONFIG"] = str(kubeconfig)
+        sock = work / "kubelet.sock"
+        stack.enter_context(kubelet(sock, gpu_uuids, ns.logs))
+        logs = work / "pods"
+        stack.enter_context(BusyLogs(logs, ns.logs, ns.lines_per_second))
+        agent = subprocess.Popen(
+            [
+                sys.executable, "-m", "exporter.cli", "agent",
+                f"--web.listen-address=127.0.0.1:{port}",
+                f"--path.sysfs={ns.sysfs}",
+                f"--kubelet.pod-resources-socket={sock}",
+                f"--kubernetes.node-name={NODE}",
+                f"--path.pod-logs={logs}",
+                "--throughput.pods=all",
+                "--log.level=warning",
+            ],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(work / "agent.log").open("wb"),
+        )  # fmt: skip
+        try:
+            metrics = f"http://127.0.0.1:{port}/metrics"
+            deadline = time.monotonic() + ns.warmup
+            scraped = 0
+            while time.monotonic() < deadline:
+                time.sleep(1)
+                with contextlib.suppress(OSError):
+                    _OPENER.open(metrics, timeout=10).read()
+            body = _OPENER.open(metrics, timeout=10).read().decode()
+            result["series"] = sum(1 for line in body.splitlines() if line[:1] not in ("#", ""))
+            result["throughput_series"] = len(
+                re.findall(r"^fabricscope_throughput_tokens", body, re.M)
+            )
+            pids = [agent.pid, *children(agent.pid)]
+            cpu0 = {p: cpu_seconds(p) for p in pids}
+            peak: dict[int, list[int]] = {p: [0, 0] for p in pids}
+            t0 = time.monotonic()
+            next_scrape = t0
+            while time.monotonic() - t0 < ns.duration:
+                if time.monotonic() >= next_scrape:
+                    _OPENER.open(metrics, timeout=10).read()
+                    scraped += 1
+                    next_scrape += 30
+                for p in pids:
+                    with contextlib.suppress(OSError):
+                        rss, pss = memory(p)
+                        peak[p] = [max(peak[p][0], rss), max(peak[p][1], pss)]
+                time.sleep(5)
+            elapsed = time.monotonic() - t0
+            procs = []
+            for p in pids:
+                with contextlib.suppress(OSError):
+                    procs.append({
+                        "role": "main" if p == agent.pid else role(p, logs),
+                        "pid": p,
+                        "rss_mib": round(peak[p][0] / 2**20, 1),
+                        "pss_mib": round(peak[p][1] / 2**20, 1),
+                        "cpu_millicores": round(1000 * (cpu_seconds(p) - cpu0[p]) / elapsed, 1),
+                    })  # fmt: skip
+            result["processes"] = procs
+            result["total"] = {
+                "rss_mib": round(sum(p["rss_mib"] for p in procs), 1),
+                "pss_mib": round(sum(p["pss_mib"] for p in procs), 1),
+                "cpu_millicores": round(sum(p["cpu_millicores"] for p in procs), 1),
+            }
+            result["scrapes"] = scraped
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(20)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+    if ns.per_gpu:
+        per = nvml_per_gpu(ns.live_nvml)
+        result["nvml_sampler_memory"] = per
+        # to 8 GPUs: each more GPU adds what the sampler keeps for one, in the NVML child and
+        # again in the main process (the snapshot it receives and renders)
+        gpus = int(per.get("gpus", 0)) if ns.live_nvml else 1
+        extra = max(ns.extrapolate_to - gpus, 0) * per["per_gpu_bytes"] * 2 / 2**20
+        result["extrapolated"] = {
+            "from_gpus": gpus,
+            "to_gpus": ns.extrapolate_to,
+            "added_mib": round(extra, 1),
+            "rss_mib": round(result["total"]["rss_mib"] + extra, 1),
+            "pss_mib": round(result["total"]["pss_mib"] + extra, 1),
+        }
+    shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=2))
+    print()
+    print("| process | RSS peak | PSS peak | CPU (average) |")
+    print("| --- | --- | --- | --- |")
+    for p in result["processes"]:
+        print(f"| {p['role']} | {p['rss_mib']} MiB | {p['pss_mib']} MiB | {p['cpu_millicores']}m |")
+    t = result["total"]
+    print(f"| all | {t['rss_mib']} MiB | {t['pss_mib']} MiB | {t['cpu_millicores']}m |")
+    if ns.json:
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
+        ns.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

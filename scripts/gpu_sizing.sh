@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Sizing on any GPU node: what the agent holds and spends as the chart deploys it (the pod
+# watch against a stand-in API server with 110 pods, the kubelet's pod-resources socket giving
+# the node's GPUs to 8 pods, the throughput child reading 8 busy container logs, the NVML
+# child on this node's own NVML, /metrics scraped every 30 s), RSS, PSS and CPU of the main
+# process and of each child over 5 minutes after a minute's warm-up, and the NVML sampler's
+# memory per GPU (tracemalloc over three passes) to extrapolate to 8 GPUs.
+# Never writes into the repository: everything goes to OUTDIR.
+#   bash scripts/gpu_sizing.sh OUTDIR
+# Needs python3 with the agent's dependencies and the bench's (pytest-httpserver, werkzeug,
+# kubernetes, grpcio, protobuf): PYTHONPATH may point at carried wheels. gcc is not needed.
+set -uo pipefail
+OUT=${1:?usage: gpu_sizing.sh OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+step() { echo; echo "=== $*"; }
+rc=0
+tree_sum() { find agent exporter tests scripts bench -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 md5sum | md5sum; }
+before=$(tree_sum)
+
+step "machine"
+{ nvidia-smi -L; nproc; free -m; uname -a; python3 --version; } 2>&1 | tee "$OUT/machine.txt"
+
+step "the agent as the chart runs it, live NVML (5 min after 1 min of warm-up)"
+python3 bench/bench_sizing.py --live-nvml --sysfs /sys --per-gpu --extrapolate-to 8 \
+  --duration 300 --warmup 60 --json "$OUT/sizing-gpu.json" 2>&1 | tee "$OUT/sizing-gpu.txt" || rc=1
+
+step "checks"
+python3 - "$OUT/sizing-gpu.json" <<'PY' || rc=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+roles = sorted(p["role"] for p in r["processes"])
+ok = True
+def check(cond, what):
+    global ok
+    print(("PASS: " if cond else "FAIL: ") + what)
+    ok = ok and cond
+check("nvml child" in roles, f"an NVML child process (roles: {roles})")
+check("throughput child" in roles, "a throughput child holding the pod logs")
+check(r["throughput_series"] == r["busy_logs"], f"{r['throughput_series']} throughput series for {r['busy_logs']} logs")
+check(r["nvml_sampler_memory"]["gpus"] >= 1, f"NVML saw {r['nvml_sampler_memory']['gpus']:.0f} GPUs")
+e = r["extrapolated"]
+print(f"measured at {e['from_gpus']} GPUs: RSS {r['total']['rss_mib']} MiB, PSS {r['total']['pss_mib']} MiB, CPU {r['total']['cpu_millicores']}m")
+print(f"extrapolated to {e['to_gpus']} GPUs: RSS {e['rss_mib']} MiB, PSS {e['pss_mib']} MiB (+{e['added_mib']} MiB)")
+print("chart: requests memory 192Mi, limits memory 512Mi, requests cpu 50m (deploy/helm/fabricscope/values.yaml)")
+check(e["pss_mib"] <= 192, "extrapolated PSS within the 192Mi request")
+check(e["rss_mib"] * 1.5 <= 512, "extrapolated RSS with half again of headroom within the 512Mi limit")
+check(r["total"]["cpu_millicores"] <= 50, "average CPU within the 50m request")
+sys.exit(0 if ok else 1)
+PY
+
+after=$(tree_sum)
+[ "$before" = "$after" ] || { echo "FAIL: the repository changed"; rc=1; }
+echo; echo "gpu_sizing: $([ $rc = 0 ] && echo PASS || echo FAIL) (results in $OUT)"
+exit $rc
