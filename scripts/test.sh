@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a Debian/Ubuntu machine, installing what it needs:
-# Prometheus, promtool, Alertmanager and node_exporter (Debian packages; real components in
+# Prometheus, promtool, Alertmanager, node_exporter and VictoriaMetrics (Debian packages; real components in
 # tests), ibsim-utils, infiniband-diags and opensm (a simulated InfiniBand fabric), iproute2
 # (network-namespace tests), a virtualenv with pinned Python packages, helm
 # (scripts/fetch_helm.py), and buildah + debootstrap, with which scripts/image.sh builds the
@@ -25,6 +25,9 @@ command -v gcc >/dev/null || pkgs+=(gcc)  # builds the stand-in NVML library (te
 command -v ibsim >/dev/null || pkgs+=(ibsim-utils)
 command -v smpquery >/dev/null || [ -x /usr/sbin/smpquery ] || pkgs+=(infiniband-diags)
 command -v opensm >/dev/null || [ -x /usr/sbin/opensm ] || pkgs+=(opensm)
+# VictoriaMetrics with vmalert and vmctl: explain and the rules run unchanged against it
+command -v victoria-metrics >/dev/null || pkgs+=(victoria-metrics)
+command -v vmalert >/dev/null || pkgs+=(victoria-metrics)
 command -v buildah >/dev/null || pkgs+=(buildah)  # the container image (scripts/image.sh)
 command -v debootstrap >/dev/null || pkgs+=(debootstrap)  # its Debian base
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)

@@ -193,7 +193,7 @@ def test_topo_without_pci_shows_ports_and_findings(tmp_path: Path) -> None:
         "GPU/NIC matrix, PCIe links and ACS: unavailable (no PCI devices under "
     )
     assert "  mlx5_1/1 (" in proc.stdout
-    assert proc.stdout.count("warning  counter_saturated mlx5_1/1/") == 4
+    assert proc.stdout.count("info     counter_saturated mlx5_1/1/") == 4
     doc = json.loads(fabricscope(["topo", "--format=json", f"--path.sysfs={root}"]).stdout)
     assert doc["gpus"] is None and "no PCI devices" in doc["pci_unavailable"]
     assert [p["device"] for p in doc["rdma_ports"]] == ["mlx5_1"]

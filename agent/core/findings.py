@@ -61,13 +61,15 @@ _KINDS: tuple[FindingKind, ...] = (
     FindingKind(
         "counter_saturated",
         "infiniband",
-        "warning",
+        "info",
         "A PMA port counter with no 64-bit source sits at the maximum of its width: what it "
         "misses is lost (with --infiniband.reset-saturated: it filled its width within one "
         "pass).",
         "fabricscope_infiniband_port_pma_saturated",
         "FabricscopeInfinibandCounterSaturated",
-        "The alert fires once per node (the number of such counters), after 15 minutes.",
+        "The alert fires once per node (the number of such counters), after 15 minutes, at "
+        "info: blind evidence is a monitoring gap to fix (a 64-bit copy or clearing), not a "
+        "fault that costs a job.",
     ),
     FindingKind(
         "ib_peer_errors",
