@@ -300,7 +300,8 @@ def numbers(text: str) -> list[str]:
 
 def test_the_readmes_cost_table_quotes_the_pages_it_links() -> None:
     text = README.read_text()
-    table = text[text.index("## What it costs") :].split("\n## ", 1)[0]
+    section = text[text.index("## What it costs") :].split("\n## ", 1)[0]
+    table = section[section.index("\n| ") :].split("\n\n", 1)[0]  # its first table
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     assert len(rows) >= 5
     for row in rows:
@@ -401,3 +402,13 @@ def test_every_relative_link_resolves() -> None:
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
                 broken.append(f"{rel(page)}: {target} has no such heading")
     assert not broken, broken
+
+
+def test_the_readme_shows_the_fleet_alert_budget_as_measured() -> None:
+    """The README's two alert-budget tables are bench/alert_noise.py's, row for row."""
+    measured = (ROOT / "bench" / "results" / "alert_noise.md").read_text()
+    rows = [ln for ln in measured.splitlines() if ln.startswith("| ") and "---" not in ln]
+    assert len(rows) >= 6, "bench/results/alert_noise.md lost its tables"
+    readme = README.read_text()
+    missing = [r for r in rows if r not in readme.splitlines()]
+    assert not missing, "README.md differs from bench/results/alert_noise.md: " + str(missing)
