@@ -305,13 +305,19 @@ class RendezvousServer:
         self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _victim(self) -> _Conn | None:
-        """Under the lock: the connection a newcomer displaces (module doc), or None."""
+        """Under the lock: the connection a newcomer displaces (module doc), or None.
+
+        A connection whose hello is already in its receive buffer counts as having sent one:
+        within one batch of accepts the selector has not read it yet, and displacing it then
+        would cut a real guest for a silent newcomer (seen under a reconnecting flood)."""
         counts = self._per_address
-        return min(
-            self._pending.values(),
-            key=lambda c: (c.stage, -counts[c.address], c.opened),
-            default=None,
+        ranked = sorted(
+            self._pending.values(), key=lambda c: (c.stage, -counts[c.address], c.opened)
         )
+        for conn in ranked:
+            if conn.stage != _HELLO or not _has_bytes_waiting(conn.sock):
+                return conn
+        return ranked[0] if ranked else None
 
     def _readable(self, conn: _Conn) -> None:
         if self._pending.get(conn.sock) is not conn:
@@ -503,6 +509,16 @@ def _refuse_busy(sock: socket.socket) -> None:
         sock.recv(65536, socket.MSG_DONTWAIT)
     _send_quietly(sock, wire.frame(wire.MSG_ERROR, b"busy"))
     sock.close()
+
+
+def _has_bytes_waiting(sock: socket.socket) -> bool:
+    """Whether a non-blocking socket has bytes to read (or its peer closed it: not waiting)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK))
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return False
 
 
 def _cut(sock: socket.socket) -> None:
