@@ -554,10 +554,15 @@ class FileTail:
             self.close()
             self._offset, self._size, self._mark = 0, 0, b""  # the old file is done
             self._mark_digest = None
-            self._follow_rotated(old, old_mtime, (st.st_dev, st.st_ino))
+            current = (st.st_dev, st.st_ino)
+            self._follow_rotated(old, old_mtime, current)
             problem = self._open(from_start=True)
             if problem is not None:
                 return problem
+            if self._ident != current:
+                # rotated again between the stat and the open: the file the path named at
+                # the stat (and any rotated after it) is read as rotated, before the new one
+                self._follow_rotated(old, old_mtime, self._ident)
         return None
 
     def _read(self, budget: int | None, stop: Callable[[], bool] | None) -> tuple[int, bool]:
