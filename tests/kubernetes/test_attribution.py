@@ -45,7 +45,6 @@ from agent.kubernetes.podwatch import (
     PodIndex,
     PodMeta,
     PodWatcher,
-    WatchSettings,
     iter_lines,
     parse_pod,
 )
@@ -53,6 +52,7 @@ from agent.nvml.snapshot import ComputeProcess, NvmlGpu, NvmlSnapshot
 from exporter.metrics import attribution as render_attribution
 from exporter.metrics.exposition import render_text
 from exporter.metrics.spec import Families
+from tests.kubeapi import EXPIRED, FAST, FakeApi, clear_proxies, pod_list, status
 from tests.promharness import promtool_check_metrics
 
 PROCFS = Path(__file__).resolve().parents[1] / "fixtures" / "procfs-cgroup"
@@ -345,87 +345,17 @@ def test_index_lookup_by_uid_and_static_pod_hash() -> None:
 # --- an API server stand-in ---------------------------------------------------------------
 
 
-def status(code: int, reason: str, message: str) -> dict[str, object]:
-    """A ``Status`` object as the API server sends it."""
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-
-
 FORBIDDEN = status(
     403,
     "Forbidden",
     'pods is forbidden: User "system:serviceaccount:monitoring:fabricscope" cannot list '
     'resource "pods" in API group "" at the cluster scope',
 )
-EXPIRED = status(410, "Expired", "too old resource version: 1000 (1500)")
-
-
-class FakeApi:
-    """Serves ``GET /api/v1/pods``: lists from ``lists`` (the last one repeats), watches from
-    ``watches`` (each a list of events; an exhausted script answers an empty stream, as a
-    watch that timed out), or ``fail`` (an HTTP status and its Status body) for everything."""
-
-    def __init__(self) -> None:
-        self.lists: list[dict[str, object]] = []
-        self.watches: list[list[dict[str, object]]] = []
-        self.fail: tuple[int, dict[str, object]] | None = None
-        self.watch_status: int | None = None
-        self.requests: list[dict[str, str]] = []
-        self.lock = threading.Lock()
-
-    def pod_list(self, version: str, *items: dict[str, object]) -> None:
-        self.lists.append(
-            {
-                "kind": "PodList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": version},
-                "items": list(items),
-            }
-        )
-
-    def handle(self, request: Request) -> Response:
-        args = request.args.to_dict()
-        with self.lock:
-            self.requests.append(args)
-            fail, watch_status = self.fail, self.watch_status
-        if fail is not None:
-            return Response(json.dumps(fail[1]), status=fail[0], mimetype="application/json")
-        if args.get("watch") == "true":
-            if watch_status is not None:
-                self.watch_status = None
-                return Response(
-                    json.dumps(EXPIRED), status=watch_status, mimetype="application/json"
-                )
-            with self.lock:
-                events = self.watches.pop(0) if self.watches else []
-            if not events:
-                time.sleep(0.05)
-            body = "".join(json.dumps(e) + "\n" for e in events)
-            return Response(body, mimetype="application/json")
-        with self.lock:
-            body_obj = self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
-        return Response(json.dumps(body_obj), mimetype="application/json")
-
-    def list_requests(self) -> list[dict[str, str]]:
-        with self.lock:
-            return [r for r in self.requests if r.get("watch") != "true"]
-
-    def watch_requests(self) -> list[dict[str, str]]:
-        with self.lock:
-            return [r for r in self.requests if r.get("watch") == "true"]
 
 
 @pytest.fixture
 def fake_api(httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
+    clear_proxies(monkeypatch)
     api = FakeApi()
     httpserver.expect_request("/api/v1/pods", method="GET").respond_with_handler(api.handle)
     return api
@@ -437,16 +367,6 @@ def api_client(httpserver: HTTPServer) -> Callable[[], ApiClient]:
         return ApiClient(Configuration(host=httpserver.url_for("/").rstrip("/")))
 
     return make
-
-
-FAST = WatchSettings(
-    watch_timeout_seconds=5,
-    connect_timeout_seconds=2.0,
-    list_timeout_seconds=5.0,
-    read_timeout_seconds=5.0,
-    backoff_initial_seconds=0.05,
-    backoff_max_seconds=0.2,
-)
 
 
 def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -490,7 +410,7 @@ def names(w: PodWatcher) -> list[str]:
 def test_list_then_watch_added_and_deleted(
     fake_api: FakeApi, watcher_factory: Callable[[Errors], PodWatcher]
 ) -> None:
-    fake_api.pod_list("1000", TRAINER)
+    fake_api.lists.append(pod_list("1000", TRAINER))
     fake_api.watches = [
         [
             {
@@ -537,8 +457,8 @@ def test_list_then_watch_added_and_deleted(
 def test_expired_watch_event_relists(
     fake_api: FakeApi, watcher_factory: Callable[[Errors], PodWatcher]
 ) -> None:
-    fake_api.pod_list("1000", TRAINER)
-    fake_api.pod_list("1500", EVAL)  # what the relist finds
+    fake_api.lists.append(pod_list("1000", TRAINER))
+    fake_api.lists.append(pod_list("1500", EVAL))  # what the relist finds
     fake_api.watches = [[{"type": "ERROR", "object": EXPIRED}]]
     errors = Errors()
     w = watcher_factory(errors)
@@ -551,9 +471,9 @@ def test_expired_watch_event_relists(
 def test_410_status_on_the_watch_request_relists(
     fake_api: FakeApi, watcher_factory: Callable[[Errors], PodWatcher]
 ) -> None:
-    fake_api.pod_list("1000", TRAINER)
-    fake_api.pod_list("1600", TRAINER, EVAL)
-    fake_api.watch_status = 410
+    fake_api.lists.append(pod_list("1000", TRAINER))
+    fake_api.lists.append(pod_list("1600", TRAINER, EVAL))
+    fake_api.watch_fail = (410, EXPIRED)
     errors = Errors()
     w = watcher_factory(errors)
     until(lambda: names(w) == ["eval-1", "trainer-0"])
@@ -563,7 +483,7 @@ def test_410_status_on_the_watch_request_relists(
 def test_forbidden_is_counted_backs_off_and_recovers(
     fake_api: FakeApi, watcher_factory: Callable[[Errors], PodWatcher]
 ) -> None:
-    fake_api.pod_list("1000", TRAINER)
+    fake_api.lists.append(pod_list("1000", TRAINER))
     fake_api.fail = (403, FORBIDDEN)
     errors = Errors()
     w = watcher_factory(errors)
@@ -581,7 +501,7 @@ def test_forbidden_is_counted_backs_off_and_recovers(
 def test_server_error_and_bad_json_are_api_errors(
     fake_api: FakeApi, watcher_factory: Callable[[Errors], PodWatcher]
 ) -> None:
-    fake_api.pod_list("1000", TRAINER)
+    fake_api.lists.append(pod_list("1000", TRAINER))
     fake_api.fail = (500, status(500, "InternalError", "etcdserver: request timed out"))
     errors = Errors()
     w = watcher_factory(errors)
@@ -823,7 +743,7 @@ def test_socket_absent_falls_back_to_cgroups(
     api_client: Callable[[], ApiClient],
     samplers: list[AttributionSampler],
 ) -> None:
-    fake_api.pod_list("1000", TRAINER, EVAL, ETCD)
+    fake_api.lists.append(pod_list("1000", TRAINER, EVAL, ETCD))
     snap = sampler(samplers, socket=tmp_path / "absent.sock", api=api_client).sample()
     assert snap.gpus == (
         GpuAttribution("kube-system", "etcd-node-a", "etcd", GPU1, 1, "0000:3b:00.0", "cgroup"),
@@ -842,7 +762,7 @@ def test_both_methods_dedupe_and_cgroup_adds_unallocated_use(
     samplers: list[AttributionSampler],
 ) -> None:
     _, path = kubelet
-    fake_api.pod_list("1000", TRAINER, EVAL)
+    fake_api.lists.append(pod_list("1000", TRAINER, EVAL))
     snap = sampler(samplers, socket=path, api=api_client).sample()
     assert snap.gpus == (
         GpuAttribution("ml", "eval-1", "eval", GPU1, 1, "0000:3b:00.0", "cgroup"),
@@ -859,7 +779,7 @@ def test_deadline_exceeded_is_counted_and_the_pass_stays_short(
 ) -> None:
     lister, path = kubelet
     lister.delay = 2.0
-    fake_api.pod_list("1000", TRAINER)
+    fake_api.lists.append(pod_list("1000", TRAINER))
     s = sampler(samplers, socket=path, api=api_client, timeout=0.3)
     s.sample()  # the first pass also waits for the pod index
     t0 = time.monotonic()
@@ -900,7 +820,7 @@ def test_the_probe_is_told_when_the_gpus_pods_hold_cannot_be_established(
     assert errors_of(failing) == {"kubelet_unavailable": 1}
     assert gpu_allocation(failing) == GpuAllocation(frozenset(), "kubelet_unavailable")
     # no socket on a Kubernetes node: pods using GPUs are seen, idle holders are not
-    fake_api.pod_list("1000", TRAINER)
+    fake_api.lists.append(pod_list("1000", TRAINER))
     absent = sampler(samplers, socket=tmp_path / "absent.sock", api=api_client).sample()
     assert gpu_allocation(absent) == GpuAllocation(frozenset({0}), "kubelet_unavailable")
     # no snapshot: unknown, unless attribution found no kubelet and no node (bare metal)
@@ -915,7 +835,7 @@ def test_forbidden_api_keeps_podresources_attribution(
     samplers: list[AttributionSampler],
 ) -> None:
     _, path = kubelet
-    fake_api.pod_list("1000", TRAINER, EVAL)
+    fake_api.lists.append(pod_list("1000", TRAINER, EVAL))
     fake_api.fail = (403, FORBIDDEN)
     s = sampler(samplers, socket=path, api=api_client, first_wait=0.0)
     s.sample()  # starts the watch
@@ -933,7 +853,7 @@ def test_attribution_follows_pods_starting_and_stopping(
     samplers: list[AttributionSampler],
 ) -> None:
     lister, path = kubelet
-    fake_api.pod_list("1000", TRAINER)
+    fake_api.lists.append(pod_list("1000", TRAINER))
     s = sampler(samplers, socket=path, api=api_client)
     first = s.sample()
     assert [(g.pod, g.method) for g in first.gpus] == [("trainer-0", "podresources")]
@@ -982,7 +902,7 @@ def test_unparsable_cgroup_is_counted_and_named(
     procfs = tmp_path / "proc"
     shutil.copytree(PROCFS, procfs)
     (procfs / "1002" / "cgroup").write_text("this is not a cgroup file\n")
-    fake_api.pod_list("1000", TRAINER, EVAL)
+    fake_api.lists.append(pod_list("1000", TRAINER, EVAL))
     snap = sampler(samplers, socket=None, api=api_client, procfs=procfs).sample()
     assert [g.pod for g in snap.gpus] == ["trainer-0"]
     assert errors_of(snap) == {"cgroup_parse": 1}
@@ -997,7 +917,7 @@ def test_before_the_first_list_gpus_stay_unattributed(
     api_client: Callable[[], ApiClient],
     samplers: list[AttributionSampler],
 ) -> None:
-    fake_api.pod_list("1000", TRAINER)
+    fake_api.lists.append(pod_list("1000", TRAINER))
     fake_api.fail = (500, status(500, "InternalError", "etcdserver: leader changed"))
     s = AttributionSampler(
         gpus=lambda: NVML,

@@ -17,7 +17,6 @@ from kubernetes.client import ApiClient, Configuration
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from agent.kubernetes.podwatch import WatchSettings
 from agent.probe.schedule.k8s_members import (
     ERROR_REASONS,
     AgentPod,
@@ -26,6 +25,7 @@ from agent.probe.schedule.k8s_members import (
     parse_agent_pod,
 )
 from agent.probe.schedule.membership import MembershipSource
+from tests.kubeapi import EXPIRED, FAST, FakeApi, clear_proxies, pod_list, status
 
 NS = "fabricscope"
 SELECTOR = "app.kubernetes.io/name=fabricscope"
@@ -99,15 +99,6 @@ def agent_pod(
     if kind:
         obj = {"kind": "Pod", "apiVersion": "v1", **obj}
     return obj
-
-
-def pod_list(version: str, *items: dict[str, object]) -> dict[str, object]:
-    return {
-        "kind": "PodList",
-        "apiVersion": "v1",
-        "metadata": {"resourceVersion": version},
-        "items": list(items),
-    }
 
 
 A = agent_pod("fabricscope-a", "gpu-a01", "10.0.0.11", uid="uid-a")
@@ -190,75 +181,17 @@ def test_constructor_checks_its_arguments() -> None:
 # --- an API server stand-in ------------------------------------------------------------------
 
 
-def status(code: int, reason: str, message: str) -> dict[str, object]:
-    """A ``Status`` object as the API server sends it."""
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-
-
 FORBIDDEN = status(
     403,
     "Forbidden",
     'pods is forbidden: User "system:serviceaccount:fabricscope:fabricscope" cannot list '
     'resource "pods" in API group "" in the namespace "fabricscope"',
 )
-EXPIRED = status(410, "Expired", "too old resource version: 1000 (1500)")
-
-
-class FakeApi:
-    """Serves ``GET /api/v1/namespaces/<NS>/pods``: lists from ``lists`` (the last one
-    repeats), watches from ``watches`` (each a list of events; an exhausted script answers an
-    empty stream, as a watch that timed out), ``watch_status`` (one watch answered with that
-    HTTP status), or ``fail`` (an HTTP status and its Status body) for every request."""
-
-    def __init__(self) -> None:
-        self.lists: list[dict[str, object]] = []
-        self.watches: list[list[dict[str, object]]] = []
-        self.fail: tuple[int, dict[str, object]] | None = None
-        self.watch_fail: tuple[int, dict[str, object]] | None = None
-        self.requests: list[dict[str, str]] = []
-        self.lock = threading.Lock()
-
-    def handle(self, request: Request) -> Response:
-        args = request.args.to_dict()
-        with self.lock:
-            self.requests.append(args)
-            fail = self.fail
-            if fail is None and args.get("watch") == "true":
-                fail, self.watch_fail = self.watch_fail, None
-        if fail is not None:
-            return Response(json.dumps(fail[1]), status=fail[0], mimetype="application/json")
-        if args.get("watch") == "true":
-            with self.lock:
-                events = self.watches.pop(0) if self.watches else []
-            if not events:
-                time.sleep(0.05)
-            body = "".join(json.dumps(e) + "\n" for e in events)
-            return Response(body, mimetype="application/json")
-        with self.lock:
-            body_obj = self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
-        return Response(json.dumps(body_obj), mimetype="application/json")
-
-    def list_requests(self) -> list[dict[str, str]]:
-        with self.lock:
-            return [r for r in self.requests if r.get("watch") != "true"]
-
-    def watch_requests(self) -> list[dict[str, str]]:
-        with self.lock:
-            return [r for r in self.requests if r.get("watch") == "true"]
 
 
 @pytest.fixture
 def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
+    clear_proxies(monkeypatch)
 
 
 @pytest.fixture
@@ -275,16 +208,6 @@ def client_for(url: str) -> Callable[[], ApiClient]:
         return ApiClient(cfg)
 
     return make
-
-
-FAST = WatchSettings(
-    watch_timeout_seconds=5,
-    connect_timeout_seconds=2.0,
-    list_timeout_seconds=5.0,
-    read_timeout_seconds=5.0,
-    backoff_initial_seconds=0.05,
-    backoff_max_seconds=0.2,
-)
 
 
 def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
