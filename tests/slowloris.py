@@ -28,6 +28,7 @@ import signal
 import ssl
 import sys
 import time
+from typing import Protocol
 
 HALF_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
 FULL_REQUEST = HALF_REQUEST + b"User-Agent: slowloris\r\n\r\n"
@@ -39,6 +40,31 @@ def raise_fd_limit(need: int) -> None:
     want = need if hard == resource.RLIM_INFINITY else min(need, hard)
     if soft != resource.RLIM_INFINITY and soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+class Holder(Protocol):
+    ready: asyncio.Event
+    stopping: bool
+
+
+async def hold(attack: Holder, tasks: list[asyncio.Task[None]], duration: float) -> None:
+    """Print ``ready`` once ``attack.ready`` is set (the attacking connections are up), then
+    hold them until SIGTERM or ``duration``; set ``attack.stopping`` and cancel them. Shared
+    by this script and tests/wrongpass.py (run as scripts: imported by their folder)."""
+
+    async def announce() -> None:
+        await attack.ready.wait()
+        print("ready", flush=True)
+
+    announcer = asyncio.create_task(announce())
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait([stopper], timeout=duration)
+    attack.stopping = True
+    for task in [*tasks, announcer, stopper]:
+        task.cancel()
+    await asyncio.gather(*tasks, announcer, stopper, return_exceptions=True)
 
 
 class Attack:
@@ -116,19 +142,7 @@ class Attack:
             for i in range(per_source)
         ]
 
-        async def announce() -> None:
-            await self.ready.wait()
-            print("ready", flush=True)
-
-        announcer = asyncio.create_task(announce())
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait([stopper], timeout=self.args.duration)
-        self.stopping = True
-        for task in [*tasks, announcer, stopper]:
-            task.cancel()
-        await asyncio.gather(*tasks, announcer, stopper, return_exceptions=True)
+        await hold(self, tasks, self.args.duration)
 
 
 def main(argv: list[str] | None = None) -> int:

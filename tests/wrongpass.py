@@ -18,10 +18,11 @@ import asyncio
 import base64
 import json
 import secrets
-import signal
 import sys
 import time
 from collections import Counter
+
+from slowloris import hold  # this script's folder (tests/): run as a script
 
 
 class Flood:
@@ -91,19 +92,7 @@ class Flood:
             for _ in range(self.args.connections)
         ]
 
-        async def announce() -> None:
-            await self.ready.wait()
-            print("ready", flush=True)
-
-        announcer = asyncio.create_task(announce())
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait([stopper], timeout=self.args.duration)
-        self.stopping = True
-        for task in [*tasks, announcer, stopper]:
-            task.cancel()
-        await asyncio.gather(*tasks, announcer, stopper, return_exceptions=True)
+        await hold(self, tasks, self.args.duration)
 
 
 def main(argv: list[str] | None = None) -> int:
