@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.throughput import tail as tail_mod
 from agent.throughput.formats import parse_line
 from agent.throughput.lines import parse_cri_timestamp
 from agent.throughput.tail import WHOLE_FILE, FileTail, Limits, read_gzip_tail
@@ -87,8 +88,6 @@ def test_a_rotation_between_the_stat_and_the_open_loses_no_line(
     writer rotates again (train.log.2) before the pass opens the path: the file the stat saw
     is read as a rotated one, before the newest (a loaded CI run lost ~10 % of a fast-rotating
     log's lines this way)."""
-    from agent.throughput import tail as tail_mod
-
     log = tmp_path / "train.log"
     log.write_text(TOKENS.format("1"))
     t, sink, counts = tail(log)

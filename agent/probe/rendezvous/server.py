@@ -515,9 +515,7 @@ def _has_bytes_waiting(sock: socket.socket) -> bool:
     """Whether a non-blocking socket has bytes to read (or its peer closed it: not waiting)."""
     try:
         return bool(sock.recv(1, socket.MSG_PEEK))
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
+    except OSError:  # BlockingIOError (nothing waiting) or a broken connection
         return False
 
 
