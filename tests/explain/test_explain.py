@@ -15,11 +15,11 @@ import pytest
 from exporter.explain.checks import CHECKS, THRESHOLD
 from exporter.explain.client import ClientSettings, PrometheusClient
 from exporter.explain.discover import JobSpec
-from exporter.explain.evidence import key, queries
 from exporter.explain.report import Report, explain
 from exporter.explain.switches import UPLINK_CHECKS
 from tests import explain_lab
 from tests.agentrun import fabricscope
+from tests.explain.reproduce import assert_every_figure_reproduces
 from tests.promharness import Prometheus, start_prometheus
 
 
@@ -329,17 +329,4 @@ def test_unknown_nodes_are_named_in_one_warning_line(lab: Lab) -> None:
 def test_every_evidence_line_of_every_cause_reproduces(lab: Lab, name: str) -> None:
     """As on the shared lab (tests/explain/test_explain_lab.py): each figure of each cause's
     evidence, its printed PromQL run at the printed time, returns the figure (within 5 %)."""
-    report = run(lab, name)
-    client = lab.client()
-    for f in report.causes:
-        for m in f.measurements:
-            if m.unavailable:
-                continue
-            k = key(m.check, m.labels)
-            for q, figure in zip(queries(m), (m.baseline, m.slow), strict=True):
-                if q is None or figure is None:
-                    continue
-                # the device's row (a whole-job check answers for every device)
-                got = [s for s in client.query(q.promql, q.at) if key(m.check, s.labels) == k]
-                assert len(got) == 1, (q.promql, got)
-                assert got[0].value == pytest.approx(figure, rel=0.05, abs=1e-9), (q, m.text)
+    assert_every_figure_reproduces(lab.client(), run(lab, name))

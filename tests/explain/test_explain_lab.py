@@ -24,9 +24,9 @@ from exporter.explain import plot, render
 from exporter.explain.checks import THRESHOLD
 from exporter.explain.client import ClientSettings, PrometheusClient
 from exporter.explain.discover import JobSpec
-from exporter.explain.evidence import key, queries
 from exporter.explain.plan import RunLedger
 from exporter.explain.report import Report, explain
+from tests.explain.reproduce import assert_every_figure_reproduces
 from tests.lab.backfill import TEST_HOURS, TEST_STEP, ScenarioCache, ServedScenario
 from tests.lab.scenarios import (
     BAD_TOKENS_PER_SECOND,
@@ -342,20 +342,7 @@ def test_every_evidence_line_of_every_cause_reproduces(
     s = lab_cache.get(name, TEST_HOURS, TEST_STEP)
     client = PrometheusClient(ClientSettings(s.url))
     report = reports[name]
-    checked = 0
-    for f in report.causes:
-        for m in f.measurements:
-            if m.unavailable:
-                continue
-            k = key(m.check, m.labels)
-            for q, figure in zip(queries(m), (m.baseline, m.slow), strict=True):
-                if q is None or figure is None:
-                    continue
-                # the device's row (a whole-job check answers for every device)
-                got = [s for s in client.query(q.promql, q.at) if key(m.check, s.labels) == k]
-                assert len(got) == 1, (q.promql, got)
-                assert got[0].value == pytest.approx(figure, rel=0.05, abs=1e-9), (q, m.text)
-                checked += 1
+    checked = assert_every_figure_reproduces(client, report)
     assert checked >= 2 * len(report.causes), name
 
 
