@@ -309,6 +309,7 @@ class NvmlSettings:
 
 
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_CDI_DIR = "/var/run/cdi"
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,10 +319,13 @@ class KubernetesSettings:
     ``pod_resources_socket``: the kubelet's pod-resources socket (None: not used).
     ``node_name``: this node's name; turns on the cgroup fallback and its API-server pod watch
     (None: off; the flag defaults to ``$NODE_NAME``, which the DaemonSet sets).
+    ``cdi_dir``: the directory of CDI specs, where DRA drivers describe the devices they
+    prepared for ResourceClaims (None: claims are resolved by device name only).
     """
 
     pod_resources_socket: str | None = DEFAULT_POD_RESOURCES_SOCKET
     node_name: str | None = None
+    cdi_dir: str | None = DEFAULT_CDI_DIR
 
 
 DEFAULT_POD_LOGS = "/var/log/pods"

@@ -111,6 +111,8 @@ def build_samplers(
             procfs=procfs,
             socket_path=k8s.pod_resources_socket,
             node_name=k8s.node_name,
+            sysfs=sysfs,
+            cdi_root=k8s.cdi_dir,
         )
         out.append(attribution)
     if "workload" in enabled:

@@ -52,12 +52,14 @@ SOURCES = (
     "kubernetes",
     "probe",
     "ras",
+    "cdi",
 )
 DECLARED_JOINS = {
     # the far end's counters carry the local counters' names, widths and units (PortCounter)
     "ibpeer": {"infiniband"},
-    # RDMA devices and GPU UUIDs are what pods are attributed by
-    "kubernetes": {"infiniband", "nvml"},
+    # RDMA devices and GPU UUIDs are what pods are attributed by; CDI specs and the NVIDIA
+    # driver's minors are what a ResourceClaim's devices are resolved through
+    "kubernetes": {"infiniband", "nvml", "cdi"},
     # processes' NUMA placement against their GPUs' and NICs', attributed to pods
     "workload": {"pci", "nvml", "kubernetes"},
     # the pods whose logs are read come from the pod watch

@@ -10,7 +10,14 @@ Two methods, each named in the snapshot's records:
     the NVML snapshot for the GPU's index and PCI address; RDMA / SR-IOV device ids are VF PCI
     addresses or RDMA device names and are joined to the InfiniBand snapshot. An id in another
     format is kept as it is, never dropped. The container's exclusive CPUs (static CPU manager)
-    come along for the workload checks.
+    come along for the workload checks. Devices allocated through Dynamic Resource
+    Allocation come in the same answer, per ResourceClaim: they are resolved through the
+    node's CDI specs and the NVIDIA driver's procfs files (:mod:`agent.kubernetes.claims`)
+    and carry the claim's name. A GPU several pods share (time-slicing, MPS, one claim
+    shared by several pods) is attributed to every one of them; a MIG slice to its parent
+    GPU (its NVLinks and PCIe link are the slice's). An SR-IOV virtual function is
+    attributed with the physical function it rides on (sysfs ``physfn``), whose port is the
+    cable to the switch.
 
 ``cgroup``
     For nodes without the socket (or GPUs a pod uses without having been allocated them):
@@ -39,11 +46,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent.cdi.nvidia import read_gpu_minors, read_mig_capabilities
+from agent.cdi.registry import DEFAULT_CDI_ROOT, CdiIndex, CdiRegistry
 from agent.core.errors import NoData
 from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
 from agent.infiniband.records import InfinibandSnapshot
 from agent.kubernetes.allocation import GpuAllocation
 from agent.kubernetes.cgroup import PodContainer, pod_container
+from agent.kubernetes.claims import HostView, claim_devices, resolve_claim_device
 from agent.kubernetes.podresources import (
     DEFAULT_SOCKET,
     KubeletUnavailable,
@@ -74,7 +84,10 @@ class GpuAttribution:
 
     ``uuid`` is the GPU's UUID, a MIG device's own UUID, or the device plugin's id as it was
     when it is neither; ``gpu`` is NVML's index of the GPU (a MIG device's parent), None when
-    the NVML snapshot does not know it.
+    the NVML snapshot does not know it. ``claim``: the ResourceClaim it came with (Dynamic
+    Resource Allocation), empty for a device plugin's. ``mig``: which MIG slice of the GPU
+    (``gi11/ci0``, the DRA driver's ``mig-1g.18gb-19-0``, or ``unknown``), empty for a
+    whole GPU.
     """
 
     namespace: str
@@ -84,6 +97,8 @@ class GpuAttribution:
     gpu: int | None
     pci_bus_id: str | None
     method: str
+    claim: str = ""
+    mig: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +107,11 @@ class RdmaAttribution:
 
     ``device_id`` is the device plugin's id as it is; ``device`` the RDMA device it resolves
     to in the InfiniBand snapshot and ``pci_bus_id`` its PCI address (a VF's own address even
-    when its RDMA device is not visible on the host), each None when unknown.
+    when its RDMA device is not visible on the host), each None when unknown. For a claim
+    (Dynamic Resource Allocation) ``resource`` is the driver's name and ``device_id`` the
+    driver's device name (else its CDI device name). ``pf_pci_bus_id`` and ``pf_device``:
+    the physical function a virtual function rides on and its RDMA device, whose port is
+    the cable to the switch; None for a physical function.
     """
 
     namespace: str
@@ -102,6 +121,9 @@ class RdmaAttribution:
     device_id: str
     device: str | None
     pci_bus_id: str | None
+    claim: str = ""
+    pf_pci_bus_id: str | None = None
+    pf_device: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,22 +255,70 @@ def resolve_rdma(device_id: str, ib: InfinibandSnapshot | None) -> tuple[str | N
     return None, None
 
 
+#: (resource, device id, RDMA device, PCI address) of one RDMA allocation
+RdmaFound = tuple[str, str, str | None, str | None]
+
+
+def _no_physfn(_pci: str) -> str | None:
+    return None
+
+
 def attribute_allocations(
-    pods: Iterable[PodAllocation], nvml: NvmlSnapshot | None, ib: InfinibandSnapshot | None
+    pods: Iterable[PodAllocation],
+    nvml: NvmlSnapshot | None,
+    ib: InfinibandSnapshot | None,
+    host: HostView | None = None,
+    physfn: Callable[[str], str | None] = _no_physfn,
 ) -> tuple[list[GpuAttribution], list[RdmaAttribution], list[ContainerCpus]]:
-    """Join the kubelet's allocations to the hardware snapshots (pure)."""
-    gpus: list[GpuAttribution] = []
-    rdma: list[RdmaAttribution] = []
+    """Join the kubelet's allocations (device plugins' and ResourceClaims') to the hardware
+    snapshots; ``host`` resolves claims' devices, ``physfn`` gives a VF's physical function
+    (pure but for those two). A device given twice to one container (two time-slicing
+    replicas of one GPU) is one attribution."""
+    gpus: dict[GpuAttribution, None] = {}
+    rdma: dict[RdmaAttribution, None] = {}
     cpus: list[ContainerCpus] = []
+    host = host or HostView()
+    ib_devices = ib.devices if ib is not None else ()
+
+    def rdma_row(where: tuple[PodAllocation, str, str], found: RdmaFound) -> RdmaAttribution:
+        p, container, claim = where
+        resource, device_id, dev, pci = found
+        pf = physfn(pci) if pci is not None else None
+        pf_dev = next((d.name for d in ib_devices if pf is not None and d.pci_bus_id == pf), None)
+        return RdmaAttribution(
+            p.namespace, p.name, container, resource, device_id, dev, pci, claim, pf, pf_dev
+        )
+
     for p in pods:
         for c in p.containers:
             if c.cpu_ids:
                 cpus.append(ContainerCpus(p.namespace, p.name, c.name, c.cpu_ids))
+            for claim in c.claims:
+                for cd in claim.devices:
+                    r = resolve_claim_device(claim, cd, host, nvml, ib)
+                    for cg in r.gpus:
+                        gpus[
+                            GpuAttribution(
+                                p.namespace,
+                                p.name,
+                                c.name,
+                                cg.uuid,
+                                cg.gpu,
+                                cg.pci_bus_id,
+                                "podresources",
+                                claim.name,
+                                cg.mig,
+                            )
+                        ] = None
+                    for x in r.rdma:
+                        found = (cd.driver, r.device_id, x.device, x.pci_bus_id)
+                        rdma[rdma_row((p, c.name, claim.name), found)] = None
             for d in c.devices:
                 if is_gpu_resource(d.resource_name, d.device_ids):
                     for device_id in d.device_ids:
                         uuid, g = resolve_gpu(device_id, nvml)
-                        gpus.append(
+                        mig = uuid.startswith("MIG-") or ":" in uuid
+                        gpus[
                             GpuAttribution(
                                 p.namespace,
                                 p.name,
@@ -257,8 +327,9 @@ def attribute_allocations(
                                 g.index if g is not None else None,
                                 g.pci_bus_id if g is not None else None,
                                 "podresources",
+                                mig=_mig_label(uuid) if mig else "",
                             )
-                        )
+                        ] = None
                     continue
                 resolved = {i: resolve_rdma(i, ib) for i in d.device_ids}
                 if not is_rdma_resource(d.resource_name) and not any(
@@ -266,12 +337,19 @@ def attribute_allocations(
                 ):
                     continue  # another kind of device (FPGA, a non-NVIDIA GPU ...)
                 for device_id, (dev, pci) in resolved.items():
-                    rdma.append(
-                        RdmaAttribution(
-                            p.namespace, p.name, c.name, d.resource_name, device_id, dev, pci
-                        )
-                    )
-    return gpus, rdma, cpus
+                    found = (d.resource_name, device_id, dev, pci)
+                    rdma[rdma_row((p, c.name, ""), found)] = None
+    return list(gpus), list(rdma), cpus
+
+
+def _mig_label(device_id: str) -> str:
+    """The ``mig`` of a device plugin's MIG id: ``gi/ci`` from ``MIG-GPU-<uuid>/<gi>/<ci>``
+    or index ``3:1``; ``unknown`` for ``MIG-<uuid>`` (which names no instance)."""
+    if device_id.startswith("MIG-GPU-"):
+        parts = device_id.split("/")
+        if len(parts) == 3:
+            return f"gi{parts[1]}/ci{parts[2]}"
+    return "unknown"
 
 
 # --- the sampler --------------------------------------------------------------------------
@@ -285,7 +363,10 @@ class AttributionSampler:
     this node's name, which turns on the cgroup method and its API watch; ``api_client``
     builds the API client (default: in-cluster config, else kubeconfig). ``procfs`` reads
     ``<pid>/cgroup`` below ``--path.procfs``. ``first_sync_wait_seconds``: how long the first
-    pass may wait for the pod index (0: never wait; useful for one-shot runs).
+    pass may wait for the pod index (0: never wait; useful for one-shot runs). ``sysfs``
+    reads a VF's ``physfn`` link and a ``uverbs`` node's RDMA device (None: not resolved);
+    ``cdi_root``: the CDI spec directory claims' devices are looked up in (None: claims are
+    resolved by device name only).
     """
 
     name = "attribution"
@@ -302,7 +383,11 @@ class AttributionSampler:
         api_client: Callable[[], ApiClient] | None = None,
         watch: WatchSettings | None = None,
         first_sync_wait_seconds: float = 0.0,
+        sysfs: SysfsReader | None = None,
+        cdi_root: str | None = DEFAULT_CDI_ROOT,
     ) -> None:
+        self._sysfs = sysfs
+        self._cdi = CdiRegistry(cdi_root) if cdi_root else None
         self._gpus = gpus
         self._rdma = rdma
         self._procfs = procfs
@@ -343,7 +428,16 @@ class AttributionSampler:
         rdma: list[RdmaAttribution] = []
         cpus: list[ContainerCpus] = []
         if allocations is not None:
-            gpus, rdma, cpus = attribute_allocations(allocations, nvml, ib)
+            host = self._host_view(issues) if claim_devices(allocations) else None
+            sys_issues = Issues(self._sysfs) if self._sysfs is not None else None
+            physfn = (
+                (lambda pci: _physfn(pci, sys_issues))
+                if sys_issues is not None
+                else (lambda _pci: None)
+            )
+            gpus, rdma, cpus = attribute_allocations(allocations, nvml, ib, host, physfn)
+            if sys_issues is not None:
+                issues.items.extend(sys_issues.items)
 
         index = self.watcher.index if self.watcher is not None else None
         if index is not None and nvml is not None:
@@ -367,6 +461,25 @@ class AttributionSampler:
             issues=issues.freeze(),
             allocation_unknown=unknown,
         )
+
+    def _host_view(self, issues: Issues) -> HostView:
+        """The CDI specs, GPU minors and MIG capabilities, read when some container holds a
+        claim (a node without DRA reads none of it)."""
+        cdi = self._cdi.scan() if self._cdi is not None else CdiIndex(present=False)
+        for i in cdi.issues:
+            root = self._cdi.root if self._cdi is not None else ""
+            issues.items.append(ReadIssue(f"{root}/{i.path}", i.reason, i.detail))
+        sys = self._sysfs
+        sys_issues = Issues(sys) if sys is not None else None
+
+        def uverbs(n: int) -> str | None:
+            if sys_issues is None:
+                return None
+            return sys_issues.read_optional(
+                f"class/infiniband_verbs/uverbs{n}/ibdev", lambda t: t.strip() or None
+            )
+
+        return HostView(cdi, read_gpu_minors(issues), read_mig_capabilities(issues), uverbs)
 
     def _allocation_unknown(
         self, listed: bool, gpus: list[GpuAttribution], nvml: NvmlSnapshot | None
@@ -448,16 +561,31 @@ class AttributionSampler:
             return None
 
 
+def _physfn(pci: str, issues: Issues) -> str | None:
+    """The PCI address of the physical function a VF rides on (``physfn`` link), None for a
+    physical function or a VF seen inside a VM (which has no such link)."""
+    rel = f"bus/pci/devices/{pci}/physfn"
+    try:
+        target = issues.reader.readlink(rel)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        issues.add(rel, classify_os_error(exc), exc.strerror or str(exc))
+        return None
+    return normalize_pci_address(target.rstrip("/").rsplit("/", 1)[-1])
+
+
 def _gpu_key(a: GpuAttribution) -> tuple[str, str, str]:
     return a.namespace, a.pod, str(a.gpu) if a.gpu is not None else a.uuid
 
 
-def _gpu_sort(a: GpuAttribution) -> tuple[str, str, str, int, str, str]:
-    return (a.namespace, a.pod, a.container, a.gpu if a.gpu is not None else -1, a.uuid, a.method)
+def _gpu_sort(a: GpuAttribution) -> tuple[str, str, str, int, str, str, str, str]:
+    gpu = a.gpu if a.gpu is not None else -1
+    return (a.namespace, a.pod, a.container, gpu, a.mig, a.uuid, a.claim, a.method)
 
 
-def _rdma_sort(a: RdmaAttribution) -> tuple[str, str, str, str, str]:
-    return a.namespace, a.pod, a.container, a.resource, a.device_id
+def _rdma_sort(a: RdmaAttribution) -> tuple[str, str, str, str, str, str]:
+    return a.namespace, a.pod, a.container, a.resource, a.device_id, a.claim
 
 
 def gpu_allocation(snap: AttributionSnapshot | None, *, bare_metal: bool = False) -> GpuAllocation:

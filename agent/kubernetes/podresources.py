@@ -4,8 +4,11 @@ The kubelet serves ``v1.PodResourcesLister`` on a unix socket (by default
 ``/var/lib/kubelet/pod-resources/kubelet.sock``, root only). ``List`` returns, per pod and
 container, the device-plugin resources allocated to it (``nvidia.com/gpu`` device ids are GPU
 UUIDs; SR-IOV and RDMA plugins report VF PCI addresses or RDMA device names) and, with the
-static CPU manager policy, its exclusive CPUs. It answers from the kubelet's memory, so one
-call per sampling pass is cheap; a short deadline bounds a hung kubelet.
+static CPU manager policy, its exclusive CPUs; and, for devices allocated through Dynamic
+Resource Allocation, each ResourceClaim with the devices it got (driver, pool, device name)
+and the CDI device names the driver prepared them as (``dynamic_resources``). It answers
+from the kubelet's memory, so one call per sampling pass is cheap; a short deadline bounds a
+hung kubelet.
 
 The wire types come from ``agent/kubernetes/podresources.proto`` (the upstream messages, subset);
 this
@@ -43,12 +46,36 @@ class DeviceAllocation:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimDevice:
+    """One device a ResourceClaim got: ``driver`` (``gpu.nvidia.com``), ``pool`` (usually
+    the node's name), ``device`` (the driver's name for it, ``gpu-0``), each empty when an
+    older kubelet did not send it, and ``cdi_devices``: the fully qualified CDI device names
+    it was prepared as (``k8s.gpu.nvidia.com/claim=<claim uid>-gpu-0``)."""
+
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+    cdi_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAllocation:
+    """A ResourceClaim a container uses (Dynamic Resource Allocation) and its devices."""
+
+    name: str
+    namespace: str
+    devices: tuple[ClaimDevice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerAllocation:
-    """What one container was given: devices, and exclusive CPUs (static CPU manager only)."""
+    """What one container was given: device-plugin devices, exclusive CPUs (static CPU
+    manager only) and ResourceClaims (``claims``)."""
 
     name: str
     devices: tuple[DeviceAllocation, ...] = ()
     cpu_ids: tuple[int, ...] = ()
+    claims: tuple[ClaimAllocation, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +122,22 @@ def from_response(resp: pb.ListPodResourcesResponse) -> tuple[PodAllocation, ...
                     for d in c.devices
                 ),
                 cpu_ids=tuple(sorted(c.cpu_ids)),
+                claims=tuple(
+                    ClaimAllocation(
+                        r.claim_name,
+                        r.claim_namespace,
+                        tuple(
+                            ClaimDevice(
+                                d.driver_name,
+                                d.pool_name,
+                                d.device_name,
+                                tuple(x.name for x in d.cdi_devices),
+                            )
+                            for d in r.claim_resources
+                        ),
+                    )
+                    for r in c.dynamic_resources
+                ),
             )
             for c in p.containers
         )

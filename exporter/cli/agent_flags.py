@@ -13,6 +13,7 @@ import re
 import shlex
 
 from agent.config import (
+    DEFAULT_CDI_DIR,
     DEFAULT_OFF,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_SAMPLING_TIMEOUT,
@@ -71,6 +72,15 @@ def add_kubernetes(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_POD_RESOURCES_SOCKET,
         metavar="PATH",
         help="the kubelet's pod-resources socket; empty: not used (default: %(default)s)",
+    )
+    g.add_argument(
+        "--path.cdi",
+        dest="path_cdi",
+        default=DEFAULT_CDI_DIR,
+        metavar="DIR",
+        help="the directory of CDI specs, where DRA drivers describe the devices they "
+        "prepared for ResourceClaims: GPUs, MIG slices and RDMA devices of claims are "
+        "resolved through them; empty: by device name only (default: %(default)s)",
     )
     g.add_argument(
         "--kubernetes.node-name",
@@ -286,6 +296,7 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         kubernetes=KubernetesSettings(
             pod_resources_socket=getattr(ns, "pod_resources_socket", None) or None,
             node_name=getattr(ns, "node_name", None) or None,
+            cdi_dir=getattr(ns, "path_cdi", DEFAULT_CDI_DIR) or None,
         ),
     )
 

@@ -17,19 +17,38 @@ POD_GPU_INFO = MetricSpec(
     "Join it onto GPU series by gpu, uuid or pci_bus_id, e.g. "
     "fabricscope_nvlink_errors_total * on(gpu) group_left(namespace, pod) "
     "fabricscope_pod_gpu_info (one series per GPU and container: a GPU shared by several "
-    "containers needs a many-to-many aware query). uuid is a MIG device's own UUID for MIG "
-    "slices; gpu and pci_bus_id are empty when NVML does not know the device.",
-    ("namespace", "pod", "container", "gpu", "uuid", "pci_bus_id", "method"),
+    "containers needs a many-to-many aware query: time-slicing and MPS give one GPU to "
+    "several pods, and each gets a series). A MIG slice carries its parent GPU's gpu and "
+    "pci_bus_id (the slice rides on that GPU's NVLinks and PCIe link) and mig names the "
+    "slice; uuid is the slice's own UUID when the kubelet names it, else the parent's. claim "
+    "is the ResourceClaim for devices allocated through Dynamic Resource Allocation. gpu "
+    "and pci_bus_id are empty when the device could not be resolved.",
+    ("namespace", "pod", "container", "gpu", "uuid", "pci_bus_id", "method", "claim", "mig"),
 )
 POD_RDMA_INFO = MetricSpec(
     "fabricscope_pod_rdma_info",
     "gauge",
-    "An RDMA or SR-IOV device allocated to a container (kubelet pod-resources); always 1. "
-    "device_id is the device plugin's id as it is; device is the RDMA device it resolves to "
-    "(empty when it is not visible on the host, e.g. a VF moved into the pod) and pci_bus_id "
-    "its PCI address. Join onto port series with "
-    "* on(device) group_left(namespace, pod) fabricscope_pod_rdma_info.",
-    ("namespace", "pod", "container", "resource", "device_id", "device", "pci_bus_id"),
+    "An RDMA or SR-IOV device allocated to a container (kubelet pod-resources: a device "
+    "plugin's, or a ResourceClaim's, then claim names it and resource is the DRA driver); "
+    "always 1. device_id is the device plugin's id (or the DRA driver's device name) as it "
+    "is; device is the RDMA device it resolves to (empty when it is not visible on the host, "
+    "e.g. a VF moved into the pod) and pci_bus_id its PCI address. For an SR-IOV virtual "
+    "function, pf_device and pf_pci_bus_id are the physical function it rides on, whose "
+    "port is the cable to the switch. Join onto port series with "
+    "* on(device) group_left(namespace, pod) fabricscope_pod_rdma_info (or on pf_device, "
+    "relabelled to device, for the VF's physical port).",
+    (
+        "namespace",
+        "pod",
+        "container",
+        "resource",
+        "device_id",
+        "device",
+        "pci_bus_id",
+        "claim",
+        "pf_device",
+        "pf_pci_bus_id",
+    ),
 )
 PODS = MetricSpec(
     "fabricscope_attribution_pods",
@@ -73,6 +92,8 @@ def render(snap: AttributionSnapshot, out: Families) -> None:
             g.uuid,
             _label(g.pci_bus_id),
             g.method,
+            g.claim,
+            g.mig,
         )
     for r in snap.rdma:
         out.add(
@@ -85,6 +106,9 @@ def render(snap: AttributionSnapshot, out: Families) -> None:
             r.device_id,
             _label(r.device),
             _label(r.pci_bus_id),
+            r.claim,
+            _label(r.pf_device),
+            _label(r.pf_pci_bus_id),
         )
     out.add(PODS, snap.pods)
     for method, up in snap.methods_up:

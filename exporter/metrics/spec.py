@@ -82,6 +82,12 @@ LABELS: dict[str, str] = {
     "resource": "Kubernetes extended resource name as the kubelet reports it (nvidia.com/gpu)",
     "device_id": "device id a device plugin gave the kubelet (GPU UUID, VF PCI address, ...)",
     "method": "how a pod attribution was made: podresources (kubelet API) or cgroup",
+    "claim": "the ResourceClaim (Dynamic Resource Allocation) a device came with; empty for "
+    "a device plugin's",
+    "mig": "which MIG slice of the GPU (gi<n>/ci<n>, the DRA driver's mig-<profile>-... name, "
+    "or unknown); empty for a whole GPU",
+    "pf_device": "the RDMA device of the SR-IOV physical function a virtual function rides on",
+    "pf_pci_bus_id": "PCI address of the SR-IOV physical function a virtual function rides on",
     "cpus": "CPU list in kernel list format (0-31,64-95)",
     "variable": "environment variable name, from a fixed allowlist (NCCL_IB_HCA)",
     "value": "a setting's value as the process was started with it, or <redacted>",

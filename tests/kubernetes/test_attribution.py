@@ -205,7 +205,7 @@ def test_attribute_allocations_joins_hardware_and_keeps_unknown_ids() -> None:
     gpus, rdma, cpus = attribute_allocations(ALLOCATIONS, NVML, IB)
     assert gpus == [
         GpuAttribution("ml", "trainer-0", "worker", GPU0, 0, "0000:19:00.0", "podresources"),
-        GpuAttribution("ml", "tiny-0", "job", MIG_NEW, None, None, "podresources"),
+        GpuAttribution("ml", "tiny-0", "job", MIG_NEW, None, None, "podresources", mig="unknown"),
     ]
     w = ("ml", "trainer-0", "worker")
     assert rdma == [
@@ -970,18 +970,20 @@ EXPECTED_LINES = [
     "fabricscope_attribution_pods 3.0",
     f"# HELP {_GPU} {render_attribution.POD_GPU_INFO.help}",
     f"# TYPE {_GPU} gauge",
-    f'{_GPU}{{container="eval",gpu="1",method="cgroup",namespace="ml",'
+    f'{_GPU}{{claim="",container="eval",gpu="1",method="cgroup",mig="",namespace="ml",'
     f'pci_bus_id="0000:3b:00.0",pod="eval-1",uuid="{GPU1}"}} 1.0',
-    f'{_GPU}{{container="job",gpu="",method="podresources",namespace="ml",'
+    f'{_GPU}{{claim="",container="job",gpu="",method="podresources",mig="",namespace="ml",'
     f'pci_bus_id="",pod="tiny-0",uuid="{MIG_NEW}"}} 1.0',
-    f'{_GPU}{{container="worker",gpu="0",method="podresources",namespace="ml",'
+    f'{_GPU}{{claim="",container="worker",gpu="0",method="podresources",mig="",namespace="ml",'
     f'pci_bus_id="0000:19:00.0",pod="trainer-0",uuid="{GPU0}"}} 1.0',
     f"# HELP {_RDMA} {render_attribution.POD_RDMA_INFO.help}",
     f"# TYPE {_RDMA} gauge",
-    f'{_RDMA}{{container="worker",device="mlx5_2",device_id="0000:1a:00.2",namespace="ml",'
-    'pci_bus_id="0000:1a:00.2",pod="trainer-0",resource="intel.com/mlnx_sriov_rdma"} 1.0',
-    f'{_RDMA}{{container="worker",device="",device_id="7f3c9b1a",namespace="ml",'
-    'pci_bus_id="",pod="trainer-0",resource="rdma/hca_shared_devices_a"} 1.0',
+    f'{_RDMA}{{claim="",container="worker",device="mlx5_2",device_id="0000:1a:00.2",namespace="ml",'
+    'pci_bus_id="0000:1a:00.2",pf_device="",pf_pci_bus_id="",pod="trainer-0",'
+    'resource="intel.com/mlnx_sriov_rdma"} 1.0',
+    f'{_RDMA}{{claim="",container="worker",device="",device_id="7f3c9b1a",namespace="ml",'
+    'pci_bus_id="",pf_device="",pf_pci_bus_id="",pod="trainer-0",'
+    'resource="rdma/hca_shared_devices_a"} 1.0',
 ]
 
 

@@ -84,7 +84,26 @@ def test_proto_keeps_the_upstream_wire_names_and_numbers() -> None:
     assert pb.DESCRIPTOR.package == "v1"
     assert fields["ListPodResourcesResponse"] == {"pod_resources": 1}
     assert fields["PodResources"] == {"name": 1, "namespace": 2, "containers": 3}
-    assert fields["ContainerResources"] == {"name": 1, "devices": 2, "cpu_ids": 3}
+    assert fields["ContainerResources"] == {
+        "name": 1,
+        "devices": 2,
+        "cpu_ids": 3,
+        "dynamic_resources": 5,
+    }
+    # class_name = 1 is a tombstone upstream since 1.31
+    assert fields["DynamicResource"] == {
+        "claim_name": 2,
+        "claim_namespace": 3,
+        "claim_resources": 4,
+    }
+    assert fields["ClaimResource"] == {
+        "cdi_devices": 1,
+        "driver_name": 2,
+        "pool_name": 3,
+        "device_name": 4,
+        "share_id": 5,
+    }
+    assert fields["CDIDevice"] == {"name": 1}
     assert fields["ContainerDevices"] == {"resource_name": 1, "device_ids": 2, "topology": 3}
     assert fields["TopologyInfo"] == {"nodes": 1}
     assert fields["NUMANode"] == {"ID": 1}
