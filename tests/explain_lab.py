@@ -344,6 +344,8 @@ def node_lines(
             uuid=uuid,
             pci_bus_id=pci,
             method="podresources",
+            claim="",
+            mig="",
         )
         lines.append(
             Line(
@@ -404,6 +406,9 @@ def node_lines(
             device_id=dev,
             device=dev,
             pci_bus_id="",
+            claim="",
+            pf_device="",
+            pf_pci_bus_id="",
         )
         lines.append(
             Line(

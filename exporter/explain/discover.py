@@ -127,10 +127,13 @@ def footprint(
         for r in rows
         if r.get("__name__") == "fabricscope_pod_gpu_info"
     }
+    # an SR-IOV VF's fabric is its physical function's port (pf_device): both are the job's
     hcas = {
-        (r.get("instance", ""), r.get("device", ""))
+        (r.get("instance", ""), r.get(key, ""))
         for r in rows
-        if r.get("__name__") == "fabricscope_pod_rdma_info" and r.get("device")
+        if r.get("__name__") == "fabricscope_pod_rdma_info"
+        for key in ("device", "pf_device")
+        if r.get(key)
     }
     if not instances:
         where = f" in namespace {job.namespace}" if job.namespace else ""

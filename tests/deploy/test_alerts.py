@@ -50,6 +50,9 @@ MAY_BE_EMPTY: dict[str, set[str]] = {
     "fabricscope_pci_device_info": {"parent_pci_bus_id", "port_type", "driver"},
     # a rank on another node than the one that asks: no PCI bus id or pod known there
     "fabricscope_nccl_ras_rank_info": {"pci_bus_id", "pod"},
+    # a device plugin's GPU has no claim, a whole GPU no MIG slice, a PF no physical function
+    "fabricscope_pod_gpu_info": {"claim", "mig"},
+    "fabricscope_pod_rdma_info": {"claim", "pf_device", "pf_pci_bus_id"},
 }
 
 SEVERITIES = ("critical", "warning", "info")
