@@ -101,6 +101,32 @@ def test_planted_cause_ranks_first(reports: dict[str, Report], name: str) -> Non
     assert len(report.footprint.gpus) == 32  # 4 nodes x 8 GPUs, from pod attribution
 
 
+def test_on_a_dra_cluster_explain_finds_the_same_fault_through_claims(
+    lab_cache: ScenarioCache, reports: dict[str, Report]
+) -> None:
+    """ib_link_bad where the job's GPUs and rails come only from ResourceClaims (the real
+    agent resolving them through the kubelet's dynamic_resources, the drivers' CDI specs and
+    the NVIDIA driver's minors: tests/lab/dra.py): the same footprint, the same cause first."""
+    s = lab_cache.get("ib_link_bad_dra", TEST_HOURS, TEST_STEP)
+    client = PrometheusClient(ClientSettings(s.url))
+    report = explain(client, JobSpec(JOB_NAME, NAMESPACE), s.start, s.end)
+    plugin = reports["ib_link_bad"]
+    assert report.footprint.gpus == plugin.footprint.gpus and len(report.footprint.gpus) == 32
+    assert report.footprint.hcas == plugin.footprint.hcas and len(report.footprint.hcas) == 32
+    cause, node, device = EXPECTED["ib_link_bad"]
+    first = report.causes[0]
+    assert (first.cause, first.instance) == (cause, node) and device in first.device
+    rows = client.series(["fabricscope_pod_gpu_info", "fabricscope_pod_rdma_info"], s.start, s.end)
+    assert {(r["__name__"], r["claim"]) for r in rows} == {
+        (name, f"{pod_name(i)}-{what}")
+        for i in range(4)
+        for name, what in (
+            ("fabricscope_pod_gpu_info", "gpus"),
+            ("fabricscope_pod_rdma_info", "rails"),
+        )
+    }
+
+
 def test_healthy_is_no_fabric_cause(reports: dict[str, Report]) -> None:
     report = reports["healthy"]
     assert report.throughput.series is not None

@@ -52,6 +52,7 @@ def agent_args(node: LabNode, extra: list[str]) -> list[str]:
         f"--path.sysfs={node.sys}",
         f"--path.procfs={node.proc}",
         f"--kubelet.pod-resources-socket={node.socket}",
+        f"--path.cdi={node.root / 'cdi'}",
         "--nvml.link-error-rotation=1",
         "--nvml.slow-error-rotation=1",
         "--no-sampler.netdev",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from tests.lab import kubelet
+from tests.lab import dra, kubelet
 from tests.lab.node import LabNode, gpu_uuid
 from tests.lab.scenarios import Scenario
 
@@ -71,10 +71,15 @@ class Cluster:
     def __enter__(self) -> Cluster:
         for node in self.nodes:
             node.socket = self._sockets / f"{node.name}.sock"
+            claims = None
+            if self.scenario.allocation == "dra":
+                dra.write(node)
+                claims = dra.claims(node)
             lister = kubelet.Lister(
                 node.pod,
                 [gpu_uuid(node.name, g) for g in range(8)],
                 node.cpu_ids(wrong_numa=False),
+                claims,
             )
             node.lister = lister
             self._servers.append(kubelet.serve(node.socket, lister))

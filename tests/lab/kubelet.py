@@ -24,10 +24,19 @@ class Lister(pb_grpc.PodResourcesListerServicer):
     """Answers ``List`` with one pod: the job's pod on this node, holding every GPU and
     compute rail, with its exclusive CPUs (static CPU manager)."""
 
-    def __init__(self, pod: str, gpu_uuids: list[str], cpu_ids: list[int]) -> None:
+    def __init__(
+        self,
+        pod: str,
+        gpu_uuids: list[str],
+        cpu_ids: list[int],
+        claims: list[pb.DynamicResource] | None = None,
+    ) -> None:
         self.pod = pod
         self.gpu_uuids = gpu_uuids
         self.cpu_ids = cpu_ids
+        #: Dynamic Resource Allocation (tests/lab/dra.py): the GPUs and rails come from these
+        #: claims only, no device-plugin devices
+        self.claims = claims
 
     def List(  # noqa: N802 - the gRPC method name
         self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext
@@ -46,6 +55,9 @@ class Lister(pb_grpc.PodResourcesListerServicer):
             ],
             cpu_ids=self.cpu_ids,
         )
+        if self.claims is not None:
+            del container.devices[:]
+            container.dynamic_resources.extend(self.claims)
         pod = pb.PodResources(name=self.pod, namespace=NAMESPACE, containers=[container])
         return pb.ListPodResourcesResponse(pod_resources=[pod])
 

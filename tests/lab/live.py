@@ -161,6 +161,7 @@ class AgentProcess:
             f"--path.sysfs={node.sys}",
             f"--path.procfs={node.proc}",
             f"--kubelet.pod-resources-socket={node.socket}",
+            f"--path.cdi={node.root / 'cdi'}",
             f"--web.listen-address={host}:{self.port}",
             f"--sampling.interval={interval:g}",
             f"--sampling.timeout={interval:g}",

@@ -76,6 +76,10 @@ class Scenario:
     #: what the job prints: "composer" (tokens/s) or "deepspeed" (samples/s only, as
     #: DeepSpeed's throughput timer does)
     job_format: str = "composer"
+    #: how the job's pods got their GPUs and NICs: "device_plugin" (nvidia.com/gpu and an RDMA
+    #: plugin's pool) or "dra" (ResourceClaims only, with the drivers' CDI specs:
+    #: tests/lab/dra.py)
+    allocation: str = "device_plugin"
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -228,14 +232,24 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-#: Scenarios the tests do not run, for the previews: the ``ib_link_bad`` fault under a job
-#: that prints samples/s only (DeepSpeed), for the Job dashboard's samples/s preview.
+#: Scenarios the parametrized tests do not run: the ``ib_link_bad`` fault under a job that
+#: prints samples/s only (DeepSpeed), for the Job dashboard's samples/s preview; and under
+#: Dynamic Resource Allocation, which its own test runs.
 VARIANTS: dict[str, Scenario] = {
     "ib_link_bad_samples": replace(
         SCENARIOS["ib_link_bad"],
         name="ib_link_bad_samples",
         summary=SCENARIOS["ib_link_bad"].summary + "; the job prints DeepSpeed's samples/s only",
         job_format="deepspeed",
+    ),
+    # the same fault on a cluster where the job's GPUs and rails come only from
+    # ResourceClaims (Dynamic Resource Allocation): explain and the Job board read the same
+    "ib_link_bad_dra": replace(
+        SCENARIOS["ib_link_bad"],
+        name="ib_link_bad_dra",
+        summary=SCENARIOS["ib_link_bad"].summary
+        + "; the GPUs and rails are ResourceClaims' (Dynamic Resource Allocation)",
+        allocation="dra",
     ),
 }
 
