@@ -428,8 +428,8 @@ class AttributionSampler:
         rdma: list[RdmaAttribution] = []
         cpus: list[ContainerCpus] = []
         if allocations is not None:
-            host = self._host_view(issues) if claim_devices(allocations) else None
             sys_issues = Issues(self._sysfs) if self._sysfs is not None else None
+            host = self._host_view(issues, sys_issues) if claim_devices(allocations) else None
             physfn = (
                 (lambda pci: _physfn(pci, sys_issues))
                 if sys_issues is not None
@@ -462,15 +462,13 @@ class AttributionSampler:
             allocation_unknown=unknown,
         )
 
-    def _host_view(self, issues: Issues) -> HostView:
+    def _host_view(self, issues: Issues, sys_issues: Issues | None) -> HostView:
         """The CDI specs, GPU minors and MIG capabilities, read when some container holds a
         claim (a node without DRA reads none of it)."""
         cdi = self._cdi.scan() if self._cdi is not None else CdiIndex(present=False)
         for i in cdi.issues:
             root = self._cdi.root if self._cdi is not None else ""
             issues.items.append(ReadIssue(f"{root}/{i.path}", i.reason, i.detail))
-        sys = self._sysfs
-        sys_issues = Issues(sys) if sys is not None else None
 
         def uverbs(n: int) -> str | None:
             if sys_issues is None:

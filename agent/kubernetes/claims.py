@@ -172,4 +172,6 @@ def _rdma(
                 continue
             dev = next((d for d in devices if d.pci_bus_id == pci), None)
             out.append(ClaimedRdma(dev.name if dev is not None else None, pci))
-    return tuple(dict.fromkeys(out))
+    named = [x for x in out if x.device is not None or x.pci_bus_id is not None]
+    # a verbs node whose device could not be read says nothing the others do not
+    return tuple(dict.fromkeys(named or out))

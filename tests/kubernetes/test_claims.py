@@ -335,3 +335,18 @@ def test_a_device_plugin_vf_gets_its_physical_function(sys_root: Path) -> None:
         ("mlx5_2", "0000:1a:00.2", "mlx5_0", "0000:1a:00.0"),
         ("mlx5_0", "0000:1a:00.0", None, None),  # a PF has no physfn
     ]
+
+
+def test_an_unreadable_verbs_node_is_an_issue_and_the_pci_address_still_resolves(
+    kubelet: tuple[Lister, Path], sys_root: Path
+) -> None:
+    ibdev = sys_root / "class/infiniband_verbs/uverbs2/ibdev"
+    ibdev.unlink()
+    ibdev.mkdir()  # reading it fails with EISDIR
+    snap = sample(kubelet, sys_root, pod("trainer-0", "worker", NIC_CLAIM))
+    assert [(r.device, r.pci_bus_id, r.pf_device) for r in snap.rdma] == [
+        ("mlx5_2", "0000:1a:00.2", "mlx5_0"),
+    ]
+    assert [(i.path, i.reason) for i in snap.issues] == [
+        ("class/infiniband_verbs/uverbs2/ibdev", "io")
+    ]
