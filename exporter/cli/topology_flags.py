@@ -94,8 +94,9 @@ def add_parsers(sub: Any) -> None:
         "--kueue.api-version",
         dest="kueue_api_version",
         choices=("v1beta1", "v1beta2"),
-        default="v1beta1",
-        help="Kueue's Topology version (v1beta1: Kueue 0.14 and later; default: %(default)s)",
+        default="v1beta2",
+        help="Kueue's Topology version (v1beta1 for a Kueue that serves no v1beta2; "
+        "default: %(default)s)",
     )
     _logging(p)
 

@@ -47,7 +47,7 @@ def node_labels(fmap: FabricMap, keys: LabelKeys) -> dict[str, dict[str, str]]:
 
 
 def kueue_topology(
-    keys: LabelKeys, name: str = "fabricscope", api_version: str = "v1beta1"
+    keys: LabelKeys, name: str = "fabricscope", api_version: str = "v1beta2"
 ) -> dict[str, object]:
     """A Kueue ``Topology``: levels from the widest (the spine block) to the node."""
     if api_version not in KUEUE_VERSIONS:
