@@ -109,7 +109,8 @@ class NodesApi:
                 name = meta.get("name") if isinstance(meta, dict) else None
                 if not isinstance(name, str):
                     raise KubeError("GET /api/v1/nodes: a node without a name")
-                labels = meta.get("labels") or {}  # type: ignore[union-attr]
+                labels = meta.get("labels")  # type: ignore[union-attr]
+                labels = {} if labels is None else labels
                 if not isinstance(labels, dict):
                     raise KubeError(f"GET /api/v1/nodes: node {name}'s labels are not a map")
                 out[name] = {str(k): str(v) for k, v in labels.items()}
