@@ -8,12 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import celpy
 import pytest
 
 from exporter.cli.argtypes import parse_known
 from exporter.cli.main import build_parser
 from tests.deploy.test_deploy import kubernetes_validate
 from tests.helmchart import helm, render, render_fails, run_helm, template_args
+from tests.topology.nodes_api import node
 
 ON: dict[str, Any] = {
     "ibpeer": {"enabled": True},
@@ -69,6 +71,13 @@ def test_the_controller_renders_with_least_privilege(tmp_path: Path) -> None:
     for version in ("1.29", "1.33"):
         out = kubernetes_validate(ours, version, tmp_path)
         assert out.count(" passed for resource ") == 4 and "WARN" not in out, out
+    policy = [d for d in docs if d["metadata"]["name"].endswith("-topology-labels")]
+    assert {d["kind"] for d in policy} == {
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    out = kubernetes_validate(policy, "1.33", tmp_path)
+    assert out.count(" passed for resource ") == 2 and "WARN" not in out, out
 
 
 @pytest.mark.parametrize(
@@ -84,6 +93,75 @@ def test_the_controller_renders_with_least_privilege(tmp_path: Path) -> None:
 )
 def test_bad_values_are_refused(values: dict[str, Any], message: str, tmp_path: Path) -> None:
     assert message in render_fails(values, tmp_path)
+
+
+# --- the admission policy, evaluated with a CEL implementation (cel-python) ---------------
+
+SA = "system:serviceaccount:fabricscope:fabricscope-topology"
+T0 = "fabric.topograph.run/tier-0"
+
+
+def _node(labels: dict[str, str], **extra: Any) -> dict[str, Any]:
+    n = node("h1", labels, 1)
+    n["metadata"].update(extra.pop("metadata", {}))
+    n.update(extra)
+    return n
+
+
+def admitted(policy: dict[str, Any], old: dict[str, Any], new: dict[str, Any], user: str) -> bool:
+    """The policy's verdict on an UPDATE of ``old`` to ``new`` by ``user``, as the API server
+    evaluates it: match conditions, then variables, then every validation."""
+    env = celpy.Environment()
+
+    def run(expr: str, act: dict[str, Any]) -> Any:
+        return env.program(env.compile(expr)).evaluate(act)
+
+    act: dict[str, Any] = {
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel({"userInfo": {"username": user}, "operation": "UPDATE"}),
+    }
+    spec = policy["spec"]
+    if not all(run(c["expression"], act) for c in spec["matchConditions"]):
+        return True
+    variables: dict[str, Any] = {}
+    for v in spec["variables"]:
+        variables[v["name"]] = run(v["expression"], {**act, "variables": variables})
+    act["variables"] = celpy.celtypes.MapType(
+        {celpy.celtypes.StringType(k): v for k, v in variables.items()}
+    )
+    return all(bool(run(v["expression"], act)) for v in spec["validations"])
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    docs = render(ON, tmp_path_factory.mktemp("vap"))
+    return next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+
+
+BASE = {"kubernetes.io/hostname": "h1", "example.com/rack": "r7"}
+
+
+@pytest.mark.parametrize(
+    ("new", "user", "allowed"),
+    [
+        (_node({**BASE, T0: "0x1"}), SA, True),  # adds a tier label
+        (_node({**BASE, T0: "0x2", "fabric.topograph.run/tier-1": "0x9"}), SA, True),
+        (_node(BASE), SA, True),  # removes its labels (the old node has tier-0 below)
+        (_node({**BASE, T0: "0x1", "example.com/evil": "1"}), SA, False),
+        (_node({**BASE, T0: "0x1", "kubernetes.io/hostname": "h2"}), SA, False),
+        (_node({"kubernetes.io/hostname": "h1", T0: "0x1"}), SA, False),  # drops another
+        (_node({**BASE, T0: "0x1"}, spec={"unschedulable": True}), SA, False),
+        (_node({**BASE, T0: "0x1"}, metadata={"annotations": {"x": "y"}}), SA, False),
+        (_node({**BASE, T0: "0x1"}, metadata={"finalizers": ["x/y"]}), SA, False),
+        (_node({**BASE, "example.com/evil": "1"}), "system:admin", True),  # not matched
+    ],
+)
+def test_the_admission_policy_lets_the_controller_change_only_its_labels(
+    policy: dict[str, Any], new: dict[str, Any], user: str, allowed: bool
+) -> None:
+    old = _node({**BASE, T0: "0x1"})
+    assert admitted(policy, old, new, user) is allowed
 
 
 def test_lint_strict_with_the_controller(tmp_path: Path) -> None:
