@@ -62,23 +62,29 @@ def kueue_topology(
     }
 
 
+#: each tier's name, as HyperNodes carry it (``tierName``) and prefix their names with
+TIER_NAMES = ("leaf", "block")
+
+
 def hypernode_name(tier: int, value: str) -> str:
-    """A HyperNode's name: ``t<tier>-<value>`` (a DNS subdomain: values are lowercase)."""
-    return f"t{tier}-{value}"
+    """A HyperNode's name: ``leaf-<value>`` or ``block-<value>`` (a DNS subdomain: values
+    are lowercase)."""
+    return f"{TIER_NAMES[tier]}-{value}"
 
 
 def volcano_hypernodes(fmap: FabricMap) -> list[dict[str, object]]:
-    """Volcano ``HyperNode`` resources: tier 1 one per leaf group (its nodes by exact name),
-    tier 2 one per spine block (its leaf groups' HyperNodes)."""
+    """Volcano ``HyperNode`` resources: tier 1 (``tierName: leaf``) one per leaf group, its
+    nodes by exact name; tier 2 (``tierName: block``) one per spine block, its leaf groups'
+    HyperNodes. Volcano counts tiers from 1 where the labels count from 0."""
     out: list[dict[str, object]] = []
     leaf_groups = fmap.groups(LEAF)
     for value, nodes in leaf_groups.items():
-        out.append(_hypernode(hypernode_name(LEAF, value), 1, "Node", nodes))
+        out.append(_hypernode(hypernode_name(LEAF, value), LEAF, "Node", nodes))
     children: dict[str, list[str]] = {}
     for value in leaf_groups:
         children.setdefault(fmap.parent(LEAF, value), []).append(hypernode_name(LEAF, value))
     for block, kids in sorted(children.items()):
-        out.append(_hypernode(hypernode_name(BLOCK, block), 2, "HyperNode", sorted(kids)))
+        out.append(_hypernode(hypernode_name(BLOCK, block), BLOCK, "HyperNode", sorted(kids)))
     return out
 
 
@@ -90,7 +96,8 @@ def _hypernode(
         "kind": "HyperNode",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "fabricscope"}},
         "spec": {
-            "tier": tier,
+            "tier": tier + 1,
+            "tierName": TIER_NAMES[tier],
             "members": [{"type": kind, "selector": {"exactMatch": {"name": m}}} for m in members],
         },
     }

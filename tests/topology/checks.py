@@ -41,7 +41,7 @@ def check_all(fmap: FabricMap, keys: render.LabelKeys) -> None:
         for hn in hypernodes
         for m in hn["spec"]["members"]  # type: ignore[index]
     ]
-    assert sorted(members) == sorted([*labels, *(n for n in names if n.startswith("t0-"))])
+    assert sorted(members) == sorted([*labels, *(n for n in names if n.startswith("leaf-"))])
     conf = render.slurm_tree(fmap).splitlines()
     switches = [ln.split()[0].removeprefix("SwitchName=") for ln in conf[1:]]
     assert len(switches) == len(set(switches))
