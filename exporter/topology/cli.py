@@ -38,15 +38,18 @@ def _client(ns: argparse.Namespace) -> PrometheusClient:
     )
 
 
-def _keys(ns: argparse.Namespace) -> render.LabelKeys:
+def _keys(ns: argparse.Namespace) -> render.LabelKeys | None:
     try:
         return render.LabelKeys(ns.label_prefix)
     except ValueError as exc:
-        raise SystemExit(f"fabricscope topology: error: {exc}") from None
+        print(f"fabricscope {ns.command}: error: --label.prefix: {exc}", file=sys.stderr)
+        return None
 
 
 def cmd_topology(ns: argparse.Namespace) -> int:
     keys = _keys(ns)
+    if keys is None:
+        return 2
     try:
         got = source.read(
             _client(ns), time.time(), selector=ns.prom_selector, node_label=ns.prom_node_label
@@ -125,17 +128,33 @@ class _Collector:
         )
 
 
-def _serve(listen: str, counters: Counters) -> None:
+def _listen(listen: str) -> tuple[str, int] | None:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _serve(addr: tuple[str, int], counters: Counters) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    host, _, port = listen.rpartition(":")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(counters))  # type: ignore[arg-type]
-    start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0", registry=registry)
+    start_http_server(addr[1], addr=addr[0], registry=registry)
 
 
 def cmd_controller(ns: argparse.Namespace) -> int:
     keys = _keys(ns)
+    if keys is None:
+        return 2
+    addr = _listen(ns.listen) if ns.listen else None
+    if ns.listen and addr is None:
+        print(
+            f"fabricscope topology-controller: error: --web.listen-address {ns.listen!r} is "
+            "not [HOST]:PORT",
+            file=sys.stderr,
+        )
+        return 2
     if not 0 <= ns.max_removals <= 1:
         print(
             "fabricscope topology-controller: error: --max-removals is a fraction in [0, 1]",
@@ -169,8 +188,15 @@ def cmd_controller(ns: argparse.Namespace) -> int:
     if ns.once:
         ctl.run_pass()
         return 0 if ctl.counters.passes["ok"] else 1
-    if ns.listen:
-        _serve(ns.listen, ctl.counters)
+    if addr is not None:
+        try:
+            _serve(addr, ctl.counters)
+        except OSError as exc:
+            print(
+                f"fabricscope topology-controller: cannot serve {ns.listen}: {exc.strerror}",
+                file=sys.stderr,
+            )
+            return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

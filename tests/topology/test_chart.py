@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import celpy
+from celpy.adapter import json_to_cel
 import pytest
 
 from exporter.cli.argtypes import parse_known
@@ -117,9 +118,9 @@ def admitted(policy: dict[str, Any], old: dict[str, Any], new: dict[str, Any], u
         return env.program(env.compile(expr)).evaluate(act)
 
     act: dict[str, Any] = {
-        "object": celpy.json_to_cel(new),
-        "oldObject": celpy.json_to_cel(old),
-        "request": celpy.json_to_cel({"userInfo": {"username": user}, "operation": "UPDATE"}),
+        "object": json_to_cel(new),
+        "oldObject": json_to_cel(old),
+        "request": json_to_cel({"userInfo": {"username": user}, "operation": "UPDATE"}),
     }
     spec = policy["spec"]
     if not all(run(c["expression"], act) for c in spec["matchConditions"]):

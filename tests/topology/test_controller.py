@@ -6,9 +6,14 @@ lost the series unlabelling nobody, every refusal counted; and the command itsel
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 from pytest_httpserver import HTTPServer
@@ -21,6 +26,7 @@ from exporter.topology.kubeapi import KubeSettings
 from exporter.topology.kubeapi import NodesApi as Client
 from exporter.topology.model import FabricMap
 from tests.kubeapi import clear_proxies
+from tests.promharness import PROMTOOL, free_port
 from tests.topology.lab import Served
 from tests.topology.nodes_api import NodesApi
 from tests.topology.scenario import SCENARIO
@@ -211,3 +217,100 @@ def test_the_command_applies_once_with_no_hold_down(
     # h4's leaf is gone in the last phase: it had no labels and gets none
     assert {n for n, lb in ours(api).items() if lb} == set(SCENARIO.hosts) - {"h4"}
     assert "fabric labels set" in done.stderr
+
+
+def _scrape(url: str, deadline: float) -> str:
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                body: str = resp.read().decode()
+            if "fabricscope_topology_label_changes_total" in body and ('change="set"} 6.0' in body):
+                return body
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the controller's /metrics never showed its changes at {url}")
+        time.sleep(0.2)
+
+
+def test_the_running_controller_serves_its_counters_and_stops_on_sigterm(
+    scenario: Served, httpserver: HTTPServer, tmp_path: Path
+) -> None:
+    """The loop as the Deployment runs it: every second, no hold-down, its own /metrics
+    (lint-clean for promtool), SIGTERM ends it with status 0."""
+    api = NodesApi({h: dict(OTHER) for h in SCENARIO.hosts})
+    httpserver.expect_request("/api/v1/nodes").respond_with_handler(api.handle)
+    for name in api.labels:
+        httpserver.expect_request(f"/api/v1/nodes/{name}").respond_with_handler(api.handle)
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exporter.cli",
+            "topology-controller",
+            "--prometheus.url",
+            scenario.url,
+            "--kubernetes.api-url",
+            httpserver.url_for("").rstrip("/"),
+            "--kubernetes.token-file",
+            "",
+            "--interval",
+            "1s",
+            "--hold-down",
+            "0",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        body = _scrape(f"http://127.0.0.1:{port}/metrics", time.monotonic() + 60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert 'fabricscope_topology_label_changes_total{change="removed"} 0.0' in body
+    assert "fabricscope_topology_nodes_placed 6.0" in body  # h4's leaf is gone at "now"
+    assert "fabricscope_topology_nodes_pending 0.0" in body
+    assert re.search(r'fabricscope_topology_passes_total\{result="ok"\} [1-9]', body)
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text(body)
+    lint = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=body, capture_output=True, text=True, check=False
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert err.count("fabric labels set") == 6
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--label.prefix", "Bad/"], "--label.prefix"),
+        (["--web.listen-address", "nowhere"], "is not [HOST]:PORT"),
+        (["--max-removals", "2"], "--max-removals is a fraction"),
+    ],
+)
+def test_bad_flags_are_one_line_and_status_2(args: list[str], message: str) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exporter.cli",
+            "topology-controller",
+            "--prometheus.url",
+            "http://127.0.0.1:9",
+            "--kubernetes.api-url",
+            "http://127.0.0.1:9",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
