@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import celpy
-from celpy.adapter import json_to_cel
 import pytest
+from celpy.adapter import json_to_cel
 
 from exporter.cli.argtypes import parse_known
 from exporter.cli.main import build_parser
