@@ -53,19 +53,19 @@ def _agent(root: Path) -> AgentApp:
         ibpeer=IbPeerSettings(command_prefix=(str(root / "ibsim-wrap"),), interval_seconds=60.0),
     )
     latest = Latest()
-    specs = build_specs(config, SysfsReader(config.paths.sysfs), latest=latest, run_probes=False)
+    specs = build_specs(
+        config, SysfsReader(config.paths.sysfs), latest=latest, run_probes=False, once=True
+    )
     return AgentApp(specs, latest)
 
 
-def _pass(roots: dict[str, Path], passes: dict[str, int]) -> dict[str, bytes]:
-    """Each host's exposition after ``passes[host]`` passes of a fresh agent: the first
-    reads the neighbours, each later one a leaf's port table (one a pass) and the uplinks it
-    reads."""
+def _pass(roots: dict[str, Path]) -> dict[str, bytes]:
+    """Each host's exposition from one pass of a fresh agent as ``fabricscope agent --once``
+    runs it: the neighbours, every leaf's port table and the uplinks it reads in that pass (a
+    serving agent spreads them over its first passes and exports the same series)."""
     apps = {h: _agent(r) for h, r in roots.items()}
 
     def run(host: str) -> bytes:
-        for _ in range(passes[host] - 1):
-            apps[host].run_once()
         return apps[host].run_once()
 
     try:
@@ -102,8 +102,7 @@ def topology_run(work: Path, tree: Tree, changes: Sequence[Change | None]) -> It
             if change is not None:
                 change(lab, roots)
                 lab.run_opensm()
-            passes = {h: 1 + len(set(devs.values())) for h, devs in tree.hosts.items()}
-            for host, body in _pass(roots, passes).items():
+            for host, body in _pass(roots).items():
                 lines += openmetrics_lines(body, host, t)
     finally:
         lab.close()

@@ -140,3 +140,18 @@ def from_topograph_model(model: Mapping[str, object]) -> Tree:
                 host = name.lower()
                 hosts["n" + host if host[0].isdigit() else host] = {"mlx5_0": leaf}
     return Tree({s: tuple(u) for s, u in uplinks.items()}, hosts)
+
+
+def joined(*trees: Tree, top: str = "root") -> Tree:
+    """One fabric of several trees (switch and host names disjoint), their top switches cabled
+    to one more switch above them, so one subnet (one ibsim, one OpenSM) holds them all. The
+    agents read one hop past their leaves, so a switch above the trees' spines changes none of
+    the tiers they can see: each tree groups as it would alone."""
+    uplinks: dict[str, tuple[str, ...]] = {top: ()}
+    hosts: dict[str, Mapping[str, str]] = {}
+    for tree in trees:
+        assert not set(tree.uplinks) & set(uplinks) and not set(tree.hosts) & set(hosts)
+        for s, ups in tree.uplinks.items():
+            uplinks[s] = ups if ups else (top,)
+        hosts.update(tree.hosts)
+    return Tree(uplinks, hosts)
