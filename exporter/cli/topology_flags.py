@@ -12,9 +12,16 @@ from exporter.cli.argtypes import byte_count, duration, positive_duration
 OUTPUTS = ("labels", "kueue", "volcano", "slurm", "graph")
 
 
-def _prometheus(p: argparse.ArgumentParser) -> None:
+def _prometheus(p: argparse.ArgumentParser, required: bool = True) -> None:
     g = p.add_argument_group("Prometheus")
-    g.add_argument("--prometheus.url", dest="prom_url", required=True, metavar="URL")
+    g.add_argument(
+        "--prometheus.url",
+        dest="prom_url",
+        required=required,
+        default="",
+        metavar="URL",
+        help=None if required else "where the agents' series are (or --exposition.dir)",
+    )
     g.add_argument(
         "--prometheus.timeout",
         dest="prom_timeout",
@@ -77,9 +84,17 @@ def add_parsers(sub: Any) -> None:
         description="Derive each node's leaf and spine block from the InfiniBand neighbours "
         "the agents export, and print them for a scheduler.",
         epilog="Exit codes: 0 printed; 1 no node placed (no agent series matched); 2 could "
-        "not run (bad flags, Prometheus unreachable or refusing).",
+        "not run (bad flags, Prometheus unreachable or refusing, an unreadable directory).",
     )
-    _prometheus(p)
+    _prometheus(p, required=False)
+    p.add_argument(
+        "--exposition.dir",
+        dest="exposition_dir",
+        default="",
+        metavar="DIR",
+        help="instead of Prometheus: every NODE.prom file in DIR is node NODE's /metrics text "
+        "(e.g. written by `fabricscope agent --once` from cron)",
+    )
     _labels(p)
     p.add_argument(
         "--output",

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import yaml
 
 from exporter.explain.client import ClientSettings, PrometheusClient, PrometheusError
-from exporter.topology import render, source
+from exporter.topology import files, render, source
 from exporter.topology.controller import Controller, Counters, labels_reader
 from exporter.topology.hold import HoldDown
 from exporter.topology.kubeapi import KubeError, KubeSettings, NodesApi
@@ -50,19 +50,28 @@ def cmd_topology(ns: argparse.Namespace) -> int:
     keys = _keys(ns)
     if keys is None:
         return 2
-    try:
-        got = source.read(
-            _client(ns), time.time(), selector=ns.prom_selector, node_label=ns.prom_node_label
+    if bool(ns.prom_url) == bool(ns.exposition_dir):
+        print(
+            "fabricscope topology: error: give one of --prometheus.url and --exposition.dir",
+            file=sys.stderr,
         )
+        return 2
+    try:
+        if ns.exposition_dir:
+            fmap, _ = files.read_dir(ns.exposition_dir)
+            where = f"the *.prom files of {ns.exposition_dir}"
+        else:
+            fmap = source.read(
+                _client(ns), time.time(), selector=ns.prom_selector, node_label=ns.prom_node_label
+            ).fmap
+            where = f"series matching {ns.prom_selector!r}"
     except (PrometheusError, MapError) as exc:
         print(f"fabricscope topology: {exc}", file=sys.stderr)
         return 2
-    fmap = got.fmap
     if not fmap.places:
         print(
-            "fabricscope topology: no node placed: no fabricscope_infiniband_peer_info series "
-            f"of a switch neighbour matched {ns.prom_selector!r} (are the agents' ibpeer "
-            "samplers on?)",
+            "fabricscope topology: no node placed: no fabricscope_infiniband_peer_info of a "
+            f"switch neighbour in {where} (are the agents' ibpeer samplers on?)",
             file=sys.stderr,
         )
         return 1

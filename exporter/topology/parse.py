@@ -30,7 +30,7 @@ MAX_EDGES = 200_000
 
 PEER_QUERY = 'fabricscope_infiniband_peer_info{node_type="switch"}'
 UPLINK_QUERY = "fabricscope_infiniband_switch_link_info"
-#: a port counts only while the node's agent says it is up (the peer identity is the last
+#: a port the node's agent says is down does not count (the peer identity is the last
 #: one read, which outlives a link that went down between two topology reads)
 PORT_UP_QUERY = "fabricscope_infiniband_port_up"
 
@@ -93,13 +93,13 @@ def attachments(
     node_label: str = "instance",
     max_edges: int = MAX_EDGES,
 ) -> list[Attachment]:
-    """Node -> leaf edges from ``peer_info`` samples; with ``up`` (``port_up`` samples), only
-    ports whose latest state is up."""
-    up_ports: set[tuple[str, str, str]] | None = None
-    if up is not None:
-        up_ports = {
-            (s.get(node_label, ""), s.get("device", ""), s.get("port", "")) for s, v in up if v == 1
-        }
+    """Node -> leaf edges from ``peer_info`` samples, leaving out the ports ``up`` (the
+    ``port_up`` samples) says are down (a port it does not mention is not known to be down)."""
+    down_ports = {
+        (s.get(node_label, ""), s.get("device", ""), s.get("port", ""))
+        for s, v in (up or ())
+        if v == 0
+    }
     out: set[Attachment] = set()
     for labels, value in samples:
         node = labels.get(node_label, "")
@@ -114,7 +114,7 @@ def attachments(
             rejects.add("value")
             continue
         device, port = labels.get("device", ""), labels.get("port", "")
-        if up_ports is not None and (node, device, port) not in up_ports:
+        if (node, device, port) in down_ports:
             rejects.add("port_down")
             continue
         out.add(

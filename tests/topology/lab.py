@@ -44,6 +44,8 @@ class Served:
     url: str
     #: each phase's timestamp, in order
     times: tuple[float, ...]
+    #: each phase's expositions, by host
+    bodies: tuple[dict[str, bytes], ...]
 
 
 def _agent(root: Path) -> AgentApp:
@@ -96,13 +98,15 @@ def topology_run(work: Path, tree: Tree, changes: Sequence[Change | None]) -> It
     end = time.time() - 60.0
     times = tuple(end - GAP * (len(changes) - 1 - i) for i in range(len(changes)))
     lines: list[str] = []
+    bodies: list[dict[str, bytes]] = []
     try:
         roots = {h: write_host(work / h, h, sorted(devs)) for h, devs in tree.hosts.items()}
         for change, t in zip(changes, times, strict=True):
             if change is not None:
                 change(lab, roots)
                 lab.run_opensm()
-            for host, body in _pass(roots).items():
+            bodies.append(_pass(roots))
+            for host, body in bodies[-1].items():
                 lines += openmetrics_lines(body, host, t)
     finally:
         lab.close()
@@ -123,4 +127,4 @@ def topology_run(work: Path, tree: Tree, changes: Sequence[Change | None]) -> It
     if done.returncode != 0:
         raise RuntimeError(f"promtool create-blocks-from failed: {done.stderr[-2000:]}")
     with _start_prometheus(work / "prometheus", [], tsdb_path=tsdb) as prom:
-        yield Served(prom.url, times)
+        yield Served(prom.url, times, tuple(bodies))

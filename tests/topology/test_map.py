@@ -5,13 +5,15 @@ keys, and the Kubernetes client against hostile API answers."""
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from exporter.topology import model, parse, render
+from exporter.topology import files, model, parse, render
 from exporter.topology.kubeapi import KubeError, KubeSettings, NodesApi
 from tests.kubeapi import clear_proxies, status
 from tests.topology.checks import check_all
@@ -198,3 +200,34 @@ def test_a_slow_api_server_times_out(api: NodesApi, httpserver: HTTPServer) -> N
     with pytest.raises(KubeError, match="timed out"):
         api.list_labels()
     assert time.monotonic() - t0 < 2.5
+
+
+def test_hostile_files_are_skipped_one_line_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = (
+        'fabricscope_infiniband_peer_info{device="mlx5_0",port="1",peer_guid="'
+        + g(7)
+        + '",peer_port="3",node_type="switch",lid="2",peer_description="lf1"} 1\n'
+    )
+    (tmp_path / "n1.prom").write_text(good)
+    (tmp_path / "Bad_Name.prom").write_text(good)
+    (tmp_path / "n2.prom").write_text("fabricscope_infiniband_peer_info{device=\n")  # cut
+    (tmp_path / "n3.prom").write_text(good + "x" * 2000)
+    (tmp_path / "n4.prom").symlink_to(tmp_path / "n1.prom")
+    (tmp_path / "n5.prom").mkdir()
+    (tmp_path / "notes.txt").write_text("ignored")
+    monkeypatch.setattr("exporter.topology.files.MAX_FILE_BYTES", 1000)
+    fmap, rejects = files.read_dir(str(tmp_path))
+    assert [p.node for p in fmap.places] == ["n1"]
+    assert rejects == {"file_name": 1, "file": 4}
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 5 and all("\n" not in m for m in skipped)
+
+
+def test_a_fifo_never_blocks_the_read(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "n1.prom")
+    t0 = time.monotonic()
+    fmap, rejects = files.read_dir(str(tmp_path))
+    assert rejects == {"file": 1} and not fmap.places
+    assert time.monotonic() - t0 < 5

@@ -25,7 +25,7 @@ import yaml
 
 from exporter.cli.main import main
 from exporter.explain.client import ClientSettings, PrometheusClient
-from exporter.topology import render, source
+from exporter.topology import files, render, source
 from exporter.topology.model import FabricMap
 from tests.topology.checks import check_all
 from tests.topology.conftest import FIXTURES
@@ -166,3 +166,22 @@ def test_no_node_placed_is_status_1_and_one_line(
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "no node placed" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_agents_files_give_the_map_prometheus_gives(
+    scenario: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--exposition.dir``: each agent's ``--once`` output as NODE.prom, no Prometheus."""
+    for phase in (0, 1):
+        d = tmp_path / str(phase)
+        d.mkdir()
+        for host, body in scenario.bodies[phase].items():
+            (d / f"{host}.prom").write_bytes(body)
+        from_files, rejects = files.read_dir(str(d))
+        assert rejects == {}
+        assert render.node_labels(from_files, KEYS) == render.node_labels(
+            read(scenario, phase), KEYS
+        )
+        assert from_files.links == read(scenario, phase).links
+    assert main(["topology", "--exposition.dir", str(tmp_path / "1"), "--output", "slurm"]) == 0
+    assert capsys.readouterr().out.count("SwitchName=") == 6
