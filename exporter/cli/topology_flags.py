@@ -113,6 +113,15 @@ def add_parsers(sub: Any) -> None:
         help="Kueue's Topology version (v1beta1 for a Kueue that serves no v1beta2; "
         "default: %(default)s)",
     )
+    p.add_argument(
+        "--volcano.members",
+        dest="volcano_members",
+        choices=("name", "label"),
+        default="name",
+        help="a leaf HyperNode's nodes: by name (exactMatch), or by their tier-0 label "
+        "(labelMatch: follows the controller's labels; needs a Volcano whose HyperNode has "
+        "labelMatch) (default: %(default)s)",
+    )
     _logging(p)
 
     c = sub.add_parser(

@@ -82,7 +82,8 @@ def cmd_topology(ns: argparse.Namespace) -> int:
         topo = render.kueue_topology(keys, ns.kueue_name, ns.kueue_api_version)
         out.write(yaml.safe_dump(topo, sort_keys=False))
     elif ns.output == "volcano":
-        out.write(yaml.safe_dump_all(render.volcano_hypernodes(fmap), sort_keys=False))
+        hypernodes = render.volcano_hypernodes(fmap, keys, by_label=ns.volcano_members == "label")
+        out.write(yaml.safe_dump_all(hypernodes, sort_keys=False))
     elif ns.output == "slurm":
         out.write(render.slurm_tree(fmap))
     else:

@@ -72,34 +72,49 @@ def hypernode_name(tier: int, value: str) -> str:
     return f"{TIER_NAMES[tier]}-{value}"
 
 
-def volcano_hypernodes(fmap: FabricMap) -> list[dict[str, object]]:
-    """Volcano ``HyperNode`` resources: tier 1 (``tierName: leaf``) one per leaf group, its
-    nodes by exact name; tier 2 (``tierName: block``) one per spine block, its leaf groups'
-    HyperNodes. Volcano counts tiers from 1 where the labels count from 0."""
+def volcano_hypernodes(
+    fmap: FabricMap, keys: LabelKeys | None = None, *, by_label: bool = False
+) -> list[dict[str, object]]:
+    """Volcano ``HyperNode`` resources: tier 1 (``tierName: leaf``) one per leaf group,
+    tier 2 (``tierName: block``) one per spine block, its leaf groups' HyperNodes. Volcano
+    counts tiers from 1 where the labels count from 0.
+
+    A leaf group's nodes are listed by exact name, or with ``by_label`` selected by its
+    tier-0 label (``labelMatch``), so that a node the controller relabels moves between
+    existing HyperNodes without re-applying them."""
+    keys = keys or LabelKeys()
     out: list[dict[str, object]] = []
     leaf_groups = fmap.groups(LEAF)
     for value, nodes in leaf_groups.items():
-        out.append(_hypernode(hypernode_name(LEAF, value), LEAF, "Node", nodes))
+        if by_label:
+            members: list[dict[str, object]] = [
+                {
+                    "type": "Node",
+                    "selector": {"labelMatch": {"matchLabels": {keys.key(LEAF): value}}},
+                }
+            ]
+        else:
+            members = [_exact("Node", n) for n in nodes]
+        out.append(_hypernode(hypernode_name(LEAF, value), LEAF, members))
     children: dict[str, list[str]] = {}
     for value in leaf_groups:
         children.setdefault(fmap.parent(LEAF, value), []).append(hypernode_name(LEAF, value))
     for block, kids in sorted(children.items()):
-        out.append(_hypernode(hypernode_name(BLOCK, block), BLOCK, "HyperNode", sorted(kids)))
+        members = [_exact("HyperNode", k) for k in sorted(kids)]
+        out.append(_hypernode(hypernode_name(BLOCK, block), BLOCK, members))
     return out
 
 
-def _hypernode(
-    name: str, tier: int, kind: str, members: tuple[str, ...] | list[str]
-) -> dict[str, object]:
+def _exact(kind: str, name: str) -> dict[str, object]:
+    return {"type": kind, "selector": {"exactMatch": {"name": name}}}
+
+
+def _hypernode(name: str, tier: int, members: list[dict[str, object]]) -> dict[str, object]:
     return {
         "apiVersion": "topology.volcano.sh/v1alpha1",
         "kind": "HyperNode",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "fabricscope"}},
-        "spec": {
-            "tier": tier + 1,
-            "tierName": TIER_NAMES[tier],
-            "members": [{"type": kind, "selector": {"exactMatch": {"name": m}}} for m in members],
-        },
+        "spec": {"tier": tier + 1, "tierName": TIER_NAMES[tier], "members": members},
     }
 
 

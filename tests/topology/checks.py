@@ -26,7 +26,26 @@ def check_all(fmap: FabricMap, keys: render.LabelKeys) -> None:
         levels = [lv["nodeLabel"] for lv in topo["spec"]["levels"]]  # type: ignore[index]
         # the CRD's CEL rule: kubernetes.io/hostname, when present, is the last level
         assert levels[-1] == render.HOSTNAME and levels.count(render.HOSTNAME) == 1
-    hypernodes = render.volcano_hypernodes(fmap)
+    by_label = render.volcano_hypernodes(fmap, keys, by_label=True)
+    for hn in by_label:
+        validate(hn, "topology.volcano.sh_hypernodes.yaml", "v1alpha1")
+    selected = {
+        (hn["metadata"]["name"], node)  # type: ignore[index]
+        for hn in by_label
+        for m in hn["spec"]["members"]  # type: ignore[index]
+        if "labelMatch" in m["selector"]
+        for node, lb in labels.items()
+        if m["selector"]["labelMatch"]["matchLabels"].items() <= lb.items()
+    }
+    hypernodes = render.volcano_hypernodes(fmap, keys)
+    exact = {
+        (hn["metadata"]["name"], m["selector"]["exactMatch"]["name"])  # type: ignore[index]
+        for hn in hypernodes
+        for m in hn["spec"]["members"]  # type: ignore[index]
+        if hn["spec"]["tier"] == 1  # type: ignore[index]
+    }
+    # the label selectors pick exactly the nodes the names list
+    assert selected == exact
     names = set()
     for hn in hypernodes:
         validate(hn, "topology.volcano.sh_hypernodes.yaml", "v1alpha1")
