@@ -57,6 +57,7 @@ class Controller:
     max_removals: float = 0.1
     dry_run: bool = False
     counters: Counters = field(default_factory=Counters)
+    _warned_names: bool = False
 
     def run_pass(self, now: float | None = None) -> list[Change]:
         """One pass; the changes applied (or, dry, that would have been)."""
@@ -76,6 +77,14 @@ class Controller:
         ours = set(self.keys.keys)
         current = {n: {k: v for k, v in lb.items() if k in ours} for n, lb in every.items()}
         self.counters.placed = sum(1 for n in desired if n in current)
+        if desired and not self.counters.placed and not self._warned_names:
+            self._warned_names = True
+            log.warning(
+                "none of the %d nodes the map places (e.g. %s) is a node of the cluster: is "
+                "--prometheus.node-label the node's name (the chart relabels instance to it)?",
+                len(desired),
+                min(desired),
+            )
         due = self.hold.step(now, desired, current)
         removals = [c for c in due if c.removal]
         labelled = sum(1 for lb in current.values() if lb)

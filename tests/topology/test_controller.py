@@ -277,3 +277,23 @@ def test_bad_flags_are_one_line_and_status_2(args: list[str], message: str) -> N
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_map_of_names_the_cluster_lacks_changes_nothing_and_says_why(
+    httpserver: HTTPServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Series whose instance is the scrape address, not the node's name: nothing matches."""
+    api = NodesApi({"h1": dict(OTHER)})
+    httpserver.expect_request("/api/v1/nodes").respond_with_handler(api.handle)
+    ctl = Controller(
+        lambda: {"10.0.0.1:10118": {T0: "0x1", T1: "0x2"}},
+        Client(KubeSettings(httpserver.url_for("").rstrip("/"))),
+        KEYS,
+        HoldDown(0),
+    )
+    assert ctl.run_pass(0) == [] and ctl.run_pass(1) == []
+    assert ctl.counters.placed == 0 and api.patches == []
+    warnings = [
+        r.getMessage() for r in caplog.records if "is a node of the cluster" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and "10.0.0.1:10118" in warnings[0]
