@@ -7,6 +7,8 @@ agent (samplers, runner) and the exporter (catalog, server).
     fabricscope snapshot -o F    capture the sysfs files the samplers read
     fabricscope probe            run one NCCL probe now
     fabricscope explain          rank the causes of a job's slowdown (exporter/explain/)
+    fabricscope topology         the fabric's tiers for schedulers (exporter/topology/)
+    fabricscope topology-controller   keep nodes' fabric tier labels true
 
 The bodies of ``agent`` (``agent_run``), ``topo``, ``snapshot`` and ``probe`` are in their
 modules of this package, and so are the flags they share (``agent_flags``, ``*_flags``);
@@ -28,7 +30,14 @@ from agent import __version__
 from agent.core.errors import ConfigError, NoData
 from agent.core.logsetup import setup_logging
 from agent.core.reaper import serve_as_init
-from exporter.cli import agent_flags, explain_flags, probe_flags, ras_flags, throughput_flags
+from exporter.cli import (
+    agent_flags,
+    explain_flags,
+    probe_flags,
+    ras_flags,
+    throughput_flags,
+    topology_flags,
+)
 from exporter.cli.argtypes import Parser, count, parse_known, positive_duration
 
 DEFAULT_LISTEN = ":10118"
@@ -163,6 +172,7 @@ def build_parser() -> Parser:
     snap.add_argument("--output", "-o", required=True, metavar="FILE.tar.gz")
     probe_flags.add_probe_parser(sub)
     explain_flags.add_parser(sub)
+    topology_flags.add_parsers(sub)
     return parser
 
 
@@ -252,6 +262,18 @@ def cmd_explain(ns: argparse.Namespace) -> int:
     return explain_cli.cmd_explain(ns)
 
 
+def cmd_topology(ns: argparse.Namespace) -> int:
+    from exporter.topology import cli as topology_cli
+
+    return topology_cli.cmd_topology(ns)
+
+
+def cmd_topology_controller(ns: argparse.Namespace) -> int:
+    from exporter.topology import cli as topology_cli
+
+    return topology_cli.cmd_controller(ns)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -269,6 +291,8 @@ def _dispatch(ns: argparse.Namespace, args: list[str]) -> int:
         "snapshot": cmd_snapshot,
         "probe": cmd_probe,
         "explain": cmd_explain,
+        "topology": cmd_topology,
+        "topology-controller": cmd_topology_controller,
     }
     try:
         if ns.command in ("agent", "topo", "snapshot"):

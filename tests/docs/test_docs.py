@@ -20,6 +20,7 @@ PAGES = (
     "metrics.md",
     "performance.md",
     "development.md",
+    "topology.md",
 )
 
 

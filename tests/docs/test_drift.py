@@ -179,7 +179,7 @@ def help_flags(parser: argparse.ArgumentParser, top: bool) -> tuple[set[str], se
 
 def cli_sections() -> dict[str, str]:
     """docs/cli.md's section per command (``## fabricscope agent`` ...)."""
-    parts = re.split(r"^## (fabricscope(?: [a-z]+)*)\s*$", CLI_DOC.read_text(), flags=re.M)
+    parts = re.split(r"^## (fabricscope(?: [a-z][a-z-]*)*)\s*$", CLI_DOC.read_text(), flags=re.M)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 

@@ -128,3 +128,19 @@ metricRelabelings:
 {{- if not (hasSuffix "/" $base) -}}{{- $base = printf "%s/" $base -}}{{- end -}}
 {{- $base -}}
 {{- end -}}
+
+{{/* The topology controller's labels: a name of its own, so neither the agents' DaemonSet
+     nor their Service selects its pod. */}}
+{{- define "fabricscope.topologySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "fabricscope.name" . }}-topology
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "fabricscope.topologyLabels" -}}
+{{ include "fabricscope.topologySelectorLabels" . }}
+app.kubernetes.io/component: topology-controller
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: fabricscope
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}

@@ -1,0 +1,223 @@
+"""``fabricscope topology`` (print the map for a scheduler) and ``fabricscope
+topology-controller`` (keep the nodes' labels true): the commands' bodies."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import yaml
+
+from exporter.explain.client import ClientSettings, PrometheusClient, PrometheusError
+from exporter.topology import files, render, source
+from exporter.topology.controller import Controller, Counters, labels_reader
+from exporter.topology.hold import HoldDown
+from exporter.topology.kubeapi import KubeError, KubeSettings, NodesApi
+from exporter.topology.parse import MapError
+
+log = logging.getLogger(__name__)
+
+
+def _client(ns: argparse.Namespace) -> PrometheusClient:
+    return PrometheusClient(
+        ClientSettings(
+            url=ns.prom_url,
+            timeout=ns.prom_timeout,
+            max_body_bytes=ns.prom_max_body,
+            ca_file=ns.prom_ca,
+            username=ns.prom_user,
+            password_file=ns.prom_password_file,
+            bearer_token_file=ns.prom_token_file,
+        )
+    )
+
+
+def _keys(ns: argparse.Namespace) -> render.LabelKeys | None:
+    try:
+        return render.LabelKeys(ns.label_prefix)
+    except ValueError as exc:
+        print(f"fabricscope {ns.command}: error: --label.prefix: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_topology(ns: argparse.Namespace) -> int:
+    keys = _keys(ns)
+    if keys is None:
+        return 2
+    if bool(ns.prom_url) == bool(ns.exposition_dir):
+        print(
+            "fabricscope topology: error: give one of --prometheus.url and --exposition.dir",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        if ns.exposition_dir:
+            fmap, _ = files.read_dir(ns.exposition_dir)
+            where = f"the *.prom files of {ns.exposition_dir}"
+        else:
+            fmap = source.read(
+                _client(ns), time.time(), selector=ns.prom_selector, node_label=ns.prom_node_label
+            ).fmap
+            where = f"series matching {ns.prom_selector!r}"
+    except (PrometheusError, MapError) as exc:
+        print(f"fabricscope topology: {exc}", file=sys.stderr)
+        return 2
+    if not fmap.places:
+        print(
+            "fabricscope topology: no node placed: no fabricscope_infiniband_peer_info of a "
+            f"switch neighbour in {where} (are the agents' ibpeer samplers on?)",
+            file=sys.stderr,
+        )
+        return 1
+    out = sys.stdout
+    if ns.output == "labels":
+        out.write(json.dumps(render.node_labels(fmap, keys), indent=2, sort_keys=True) + "\n")
+    elif ns.output == "kueue":
+        topo = render.kueue_topology(keys, ns.kueue_name, ns.kueue_api_version)
+        out.write(yaml.safe_dump(topo, sort_keys=False))
+    elif ns.output == "volcano":
+        hypernodes = render.volcano_hypernodes(fmap, keys, by_label=ns.volcano_members == "label")
+        out.write(yaml.safe_dump_all(hypernodes, sort_keys=False))
+    elif ns.output == "slurm":
+        out.write(render.slurm_tree(fmap))
+    else:
+        out.write(json.dumps(render.graph(fmap, keys), indent=2) + "\n")
+    return 0
+
+
+class _Collector:
+    def __init__(self, counters: Counters) -> None:
+        self.c = counters
+
+    def collect(self) -> Iterator[object]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        p = "fabricscope_topology_"
+        changes = CounterMetricFamily(
+            p + "label_changes",
+            "Node label changes applied, by kind (set: tiers written or changed; removed: "
+            "the node left the map).",
+            labels=("change",),
+        )
+        for k, v in self.c.changes.items():
+            changes.add_metric((k,), v)
+        passes = CounterMetricFamily(
+            p + "passes", "Controller passes, by result.", labels=("result",)
+        )
+        for k, v in self.c.passes.items():
+            passes.add_metric((k,), v)
+        yield changes
+        yield passes
+        yield CounterMetricFamily(
+            p + "patch_errors",
+            "Node label patches the API refused or lost.",
+            value=self.c.patch_errors,
+        )
+        yield CounterMetricFamily(
+            p + "removals_refused",
+            "Passes whose removals were held back: more nodes would have lost their labels "
+            "than --max-removals allows.",
+            value=self.c.removals_refused,
+        )
+        yield GaugeMetricFamily(p + "nodes_placed", "Nodes the latest map places.", self.c.placed)
+        yield GaugeMetricFamily(
+            p + "nodes_pending",
+            "Nodes whose label change waits out the hold-down.",
+            self.c.pending,
+        )
+        yield GaugeMetricFamily(
+            p + "last_success_timestamp_seconds",
+            "When a pass last read the map and the nodes (Unix time).",
+            self.c.last_success,
+        )
+
+
+def _listen(listen: str) -> tuple[str, int] | None:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _serve(addr: tuple[str, int], counters: Counters) -> None:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(counters))  # type: ignore[arg-type]
+    start_http_server(addr[1], addr=addr[0], registry=registry)
+
+
+def cmd_controller(ns: argparse.Namespace) -> int:
+    keys = _keys(ns)
+    if keys is None:
+        return 2
+    addr = _listen(ns.listen) if ns.listen else None
+    if ns.listen and addr is None:
+        print(
+            f"fabricscope topology-controller: error: --web.listen-address {ns.listen!r} is "
+            "not [HOST]:PORT",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0 <= ns.max_removals <= 1:
+        print(
+            "fabricscope topology-controller: error: --max-removals is a fraction in [0, 1]",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        nodes = NodesApi(
+            KubeSettings.in_cluster(
+                ns.kube_url, ns.kube_token_file, ns.kube_ca_file, ns.kube_timeout
+            )
+        )
+    except KubeError as exc:
+        print(f"fabricscope topology-controller: {exc}", file=sys.stderr)
+        return 2
+    client = _client(ns)
+
+    def read() -> object:
+        return source.read(
+            client, time.time(), selector=ns.prom_selector, node_label=ns.prom_node_label
+        ).fmap
+
+    ctl = Controller(
+        labels_reader(read, keys),
+        nodes,
+        keys,
+        HoldDown(ns.hold_down),
+        max_removals=ns.max_removals,
+        dry_run=ns.dry_run,
+    )
+    if ns.once:
+        ctl.run_pass()
+        return 0 if ctl.counters.passes["ok"] else 1
+    if addr is not None:
+        try:
+            _serve(addr, ctl.counters)
+        except OSError as exc:
+            print(
+                f"fabricscope topology-controller: cannot serve {ns.listen}: {exc.strerror}",
+                file=sys.stderr,
+            )
+            return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info(
+        "topology controller: keys %s, every %gs, hold-down %gs%s",
+        ",".join(keys.keys),
+        ns.interval,
+        ns.hold_down,
+        " (dry run)" if ns.dry_run else "",
+    )
+    while not stop.is_set():
+        ctl.run_pass()
+        stop.wait(ns.interval)
+    return 0
