@@ -37,7 +37,7 @@ from agent.core.isolation import ChildSpec, IsolatedSampler, expect
 from agent.core.sysfs import ReadIssue, SysfsReader
 from agent.kubernetes.podwatch import PodIndex
 from agent.ras.addresses import NodeAddress, read_node_addresses
-from agent.ras.parse import MalformedAnswer, parse_status
+from agent.ras.parse import MalformedAnswer, OversizedAnswer, parse_status
 from agent.ras.targets import Endpoint, LocalProcess, plan
 from agent.ras.track import JobStatus, JobTracker, NamedRank
 from agent.ras.wire import QUERY_ERRORS, QueryError, query
@@ -164,6 +164,9 @@ class RasQuerier:
         self._clock = clock
         self._inputs = RasInputs()
         self._trackers: dict[str, JobTracker] = {}
+        #: one answer decoded at a time: the child's memory holds one decoded answer at most
+        #: (each bounded by agent.ras.parse), however many jobs answer at once
+        self._decoding = threading.Lock()
 
     def accept_inputs(self, value: object) -> None:
         self._inputs = expect(value, RasInputs)
@@ -184,12 +187,13 @@ class RasQuerier:
                 label, None, exc.reason, str(exc), cpu_seconds=time.thread_time() - cpu0
             )
         try:
-            parsed = parse_status(answer.data)
+            with self._decoding:
+                parsed = parse_status(answer.data)
         except MalformedAnswer as exc:
             return QueryOutcome(
                 label,
                 None,
-                "malformed",
+                "oversized" if isinstance(exc, OversizedAnswer) else "malformed",
                 str(exc),
                 answer.seconds,
                 time.thread_time() - cpu0,

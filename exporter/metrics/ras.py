@@ -43,10 +43,12 @@ QUERY_ERRORS_TOTAL = MetricSpec(
     _P + "query_errors_total",
     "counter",
     "RAS queries that produced no answer, by reason: malformed (not a RAS JSON status), "
-    "protocol (an unexpected handshake or another protocol version), refused (nothing "
-    "listens there), reset (the connection reset or closed before the answer ended), "
-    "timeout (--ras.timeout passed), too_large (past --ras.max-answer-bytes), unsupported "
-    "(the job's NCCL is older than 2.28.7 and has no JSON output).",
+    "oversized (an answer that could decode into more than 6 times its size in memory, "
+    "refused before decoding), protocol (an unexpected handshake or another protocol "
+    "version), refused (nothing listens there), reset (the connection reset or closed "
+    "before the answer ended), timeout (--ras.timeout passed), too_large (past "
+    "--ras.max-answer-bytes), unsupported (the job's NCCL is older than 2.28.7 and has no "
+    "JSON output).",
     (*_J, "reason"),
 )
 REPAIRED = MetricSpec(
