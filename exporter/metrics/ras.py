@@ -177,6 +177,15 @@ NODE_ADDRESS = MetricSpec(
     "node it runs on.",
     ("host", "netdev"),
 )
+SKIPPED = MetricSpec(
+    _P + "skipped_passes_total",
+    "counter",
+    "Passes that did not ask this job's RAS service because this node had more than 16 to "
+    "ask: each pass asks the 16 asked longest ago, so every job is asked at least once every "
+    "ceil(jobs / 16) passes; between its queries a job's other series are its latest "
+    "query's.",
+    _J,
+)
 QUERIES = MetricSpec(
     _P + "queries_total",
     "counter",
@@ -210,6 +219,7 @@ SPECS: tuple[MetricSpec, ...] = (
     RANK_BEHIND,
     ENDPOINT_PROCESSES,
     NODE_ADDRESS,
+    SKIPPED,
     QUERIES,
     QUERY_CPU,
 )
@@ -228,6 +238,9 @@ def render(snap: RasSnapshot, out: Families) -> None:
     out.add(QUERY_CPU, snap.query_cpu_seconds_total)
     for job in snap.jobs:
         j = (job.namespace, job.job_name, job.endpoint)
+        out.add(SKIPPED, job.skipped_total, *j)
+        if not job.asked:  # not asked yet (more than 16 to ask): nothing else to say
+            continue
         out.add(UP, job.status is not None, *j)
         errors = dict(job.errors_total)
         for reason in QUERY_ERRORS:
