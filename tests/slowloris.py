@@ -9,6 +9,8 @@ connections from one or more source addresses, reopened as soon as the server cl
 - ``--trickle N``: N connections that send a request one byte a second;
 - ``--tls``: the same inside TLS (handshake completed, certificate not checked);
 - ``--silent``: the idle connections send nothing at all (for non-HTTP ports);
+- ``--payload HEX``: the idle connections send these bytes instead, then wait (a probe
+  rendezvous hello, which needs no secret, or a few bytes of a frame);
 - ``--source``: repeatable; ``--idle`` and ``--trickle`` connections from each.
 
 Each connection is reopened at once when the server closes it (the worst case: a client
@@ -110,7 +112,10 @@ class Attack:
                         except TimeoutError:
                             continue
                 else:
-                    if not self.args.silent:
+                    if self.args.payload:
+                        writer.write(bytes.fromhex(self.args.payload))
+                        await writer.drain()
+                    elif not self.args.silent:
                         writer.write(HALF_REQUEST)
                         await writer.drain()
                     while await reader.read(65536):
@@ -154,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trickle", type=int, default=200)
     ap.add_argument("--tls", action="store_true")
     ap.add_argument("--silent", action="store_true", help="idle connections send nothing")
+    ap.add_argument("--payload", default="", help="hex bytes idle connections send, then wait")
     ap.add_argument("--duration", type=float, default=12.0, help="seconds")
     args = ap.parse_args(argv)
     args.source = args.source or ["127.0.0.2"]

@@ -39,10 +39,19 @@ missing rank is invalid JSON, healthy ones are valid). An answer JSON refuses is
 of that one defect, and only that (one linear pass of a pattern with bounded repetition,
 nothing else rewritten), then parsed again; :attr:`RasAnswer.repaired` says so.
 
-Bounds: the caller caps the bytes (:mod:`agent.ras.wire`); ``json.loads`` is linear; here
-every value's type and range is checked, strings are short and of a known shape, and the
-number of communicators, ranks and collective types is capped, so nothing an answer holds
-can grow what leaves this module beyond its size.
+Bounds: the caller caps the bytes (:mod:`agent.ras.wire`) and ``json.loads`` is linear, but
+the objects it builds are not bounded by the byte count: ``{},`` (3 bytes) becomes a dict
+and a list slot (72 bytes), ``[[]],`` 30 times its size, ``1.5,`` 8 times, and one
+``\\ud83d\\ude00`` escape makes a whole string 4 bytes a character. So before anything is
+decoded, :func:`decoded_bytes_bound` counts what the bytes can build (containers, values,
+strings, escapes: a few C-speed passes, nothing allocated) and prices each at what CPython
+spends on it at most; an answer whose bound passes ``max_decoded_bytes`` is refused whole
+(:class:`OversizedAnswer`) without being decoded. NCCL's own answers (indented, ASCII, about
+546 bytes a rank entry) price at 5 to 6 times their size, the amplifying shapes at 9 to 70
+times, and the default budget is 6 times the answer's size. After decoding, every value's
+type and range is checked, strings are short and of a known shape, and the number of
+communicators, ranks and collective types is capped, so nothing an answer holds can grow
+what leaves this module beyond its size.
 """
 
 from __future__ import annotations
@@ -96,6 +105,39 @@ _COUNT_MAX = (1 << 64) - 1
 
 class MalformedAnswer(ValueError):  # noqa: N818 - a reason, reported as data
     """The answer is not a RAS JSON status of the shape NCCL writes; the message says where."""
+
+
+class OversizedAnswer(MalformedAnswer):
+    """The answer would decode into more memory than ``max_decoded_bytes`` allows."""
+
+
+#: what CPython spends at most (64-bit, 3.11-3.13), in bytes, on what one byte of JSON opens:
+#: a container (``{`` or ``[``: an empty dict 64, a list 56, a small dict 184 plus its slots),
+#: a value or member (``,`` or ``:``: a list slot or dict entry, and a float's 24 or an
+#: int's 28-32 bytes), a quote (half a string: 49 bytes of header and its characters)
+_PER_CONTAINER = 160
+_PER_VALUE = 32
+_PER_QUOTE = 20
+#: the default budget: an answer may price at most this many times its size (NCCL's indented
+#: answers, recorded and synthetic, price at 5.1 to 5.8, a tiny one more; the amplifying
+#: shapes at 9 to 70), and at least :data:`MIN_DECODED_BYTES` whatever its size
+DECODED_PER_ANSWER_BYTE = 6
+MIN_DECODED_BYTES = 1 << 16
+
+
+def decoded_bytes_bound(data: bytes | bytearray) -> int:
+    """An upper bound of the memory ``json.loads(data)`` builds, from counts alone (a few
+    linear passes over ``data``, nothing decoded): each container, value and string priced
+    at what CPython spends on it at most, plus the text itself. A ``\\u`` escape may widen
+    a string to 4 bytes a character, so one (NCCL writes none) prices the whole text at 4
+    bytes a byte; a byte outside ASCII (NCCL writes none) at 4 as well."""
+    containers = data.count(b"{") + data.count(b"[")
+    values = data.count(b",") + data.count(b":")
+    quotes = data.count(b'"')
+    text = len(data)
+    if b"\\u" in data or not data.isascii():
+        text *= 4
+    return _PER_CONTAINER * containers + _PER_VALUE * values + _PER_QUOTE * quotes + text
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +321,7 @@ def _reject_constant(name: str) -> object:
     raise MalformedAnswer(f"the answer holds {name}, which JSON does not allow")
 
 
-def _load(data: bytes) -> object:
+def _load(data: bytes | bytearray) -> object:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -292,10 +334,23 @@ def _load(data: bytes) -> object:
         raise MalformedAnswer(f"not JSON: {exc.msg} at byte {exc.pos}") from None
 
 
-def parse_status(data: bytes) -> RasAnswer:
+def parse_status(data: bytes | bytearray, max_decoded_bytes: int | None = None) -> RasAnswer:
     """A RAS JSON status; :class:`MalformedAnswer` for anything else (not UTF-8, not JSON
     even once NCCL 2.28's missing comma is repaired, ``NaN``, nesting too deep, a field
-    missing, of another type or out of range)."""
+    missing, of another type or out of range), :class:`OversizedAnswer` (before anything is
+    decoded) when :func:`decoded_bytes_bound` passes ``max_decoded_bytes`` (by default
+    :data:`DECODED_PER_ANSWER_BYTE` times the answer's size, whatever its shape)."""
+    budget = (
+        max(DECODED_PER_ANSWER_BYTE * len(data), MIN_DECODED_BYTES)
+        if max_decoded_bytes is None
+        else max_decoded_bytes
+    )
+    bound = decoded_bytes_bound(data)
+    if bound > budget:
+        raise OversizedAnswer(
+            f"the answer's {len(data)} bytes could decode into {bound >> 20} MiB "
+            f"(at most {budget >> 20} MiB)"
+        )
     repaired = False
     try:
         doc = _load(data)

@@ -37,7 +37,7 @@ from agent.core.isolation import ChildSpec, IsolatedSampler, expect
 from agent.core.sysfs import ReadIssue, SysfsReader
 from agent.kubernetes.podwatch import PodIndex
 from agent.ras.addresses import NodeAddress, read_node_addresses
-from agent.ras.parse import MalformedAnswer, parse_status
+from agent.ras.parse import MalformedAnswer, OversizedAnswer, parse_status
 from agent.ras.targets import Endpoint, LocalProcess, plan
 from agent.ras.track import JobStatus, JobTracker, NamedRank
 from agent.ras.wire import QUERY_ERRORS, QueryError, query
@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 
 #: seconds the child may take past the query deadline (parsing, tracking, the frame)
 PASS_MARGIN_SECONDS = 3.0
-#: endpoints one pass asks at most (a node hosts a handful of jobs at most)
+#: endpoints one pass asks at most (a node hosts a handful of jobs at most); past that, each
+#: pass asks the ones asked longest ago, so every endpoint is asked within
+#: ceil(endpoints / MAX_QUERIED) passes, and one not asked in a pass is counted (``skipped``)
 MAX_QUERIED = 16
 
 
@@ -80,10 +82,12 @@ class RasAnswers:
 
 @dataclass(frozen=True, slots=True)
 class RasInputs:
-    """What the child needs each pass: the endpoints to ask and this node's addresses."""
+    """What the child needs each pass: the endpoints to ask and this node's addresses;
+    ``keep``: the other endpoints still planned (asked in a later pass: their trackers stay)."""
 
     endpoints: tuple[Endpoint, ...] = ()
     addresses: tuple[str, ...] = ()
+    keep: tuple[str, ...] = ()
 
 
 # -- the agent's snapshot ----------------------------------------------------------------------
@@ -101,6 +105,11 @@ class RasJob:
     errors_total: tuple[tuple[str, int], ...]
     #: answers that needed NCCL 2.28's missing comma repaired, since the agent started
     repaired_total: int = 0
+    #: passes that did not ask this endpoint (more than MAX_QUERIED to ask), since it appeared;
+    #: ``status`` and ``query_seconds`` are then its latest query's
+    skipped_total: int = 0
+    #: False until this endpoint is first asked (only ``skipped_total`` means anything)
+    asked: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +173,9 @@ class RasQuerier:
         self._clock = clock
         self._inputs = RasInputs()
         self._trackers: dict[str, JobTracker] = {}
+        #: one answer decoded at a time: the child's memory holds one decoded answer at most
+        #: (each bounded by agent.ras.parse), however many jobs answer at once
+        self._decoding = threading.Lock()
 
     def accept_inputs(self, value: object) -> None:
         self._inputs = expect(value, RasInputs)
@@ -184,12 +196,13 @@ class RasQuerier:
                 label, None, exc.reason, str(exc), cpu_seconds=time.thread_time() - cpu0
             )
         try:
-            parsed = parse_status(answer.data)
+            with self._decoding:
+                parsed = parse_status(answer.data)
         except MalformedAnswer as exc:
             return QueryOutcome(
                 label,
                 None,
-                "malformed",
+                "oversized" if isinstance(exc, OversizedAnswer) else "malformed",
                 str(exc),
                 answer.seconds,
                 time.thread_time() - cpu0,
@@ -209,7 +222,7 @@ class RasQuerier:
     def sample(self) -> RasAnswers:
         endpoints = self._inputs.endpoints[:MAX_QUERIED]
         addresses = frozenset(self._inputs.addresses)
-        live = {e.label for e in endpoints}
+        live = {e.label for e in endpoints} | set(self._inputs.keep)
         for gone in set(self._trackers) - live:
             del self._trackers[gone]
         results: dict[str, QueryOutcome] = {}
@@ -255,6 +268,17 @@ def child_sampler(
 # -- the agent's half --------------------------------------------------------------------------
 
 
+def rotate(wanted: Sequence[Endpoint], asked_in: dict[str, int]) -> tuple[Endpoint, ...]:
+    """The endpoints this pass asks: all of ``wanted`` when they are :data:`MAX_QUERIED` or
+    fewer, else the :data:`MAX_QUERIED` asked longest ago (never asked first), in plan order
+    among equals; ``asked_in`` maps an endpoint to the pass it was last asked in."""
+    if len(wanted) <= MAX_QUERIED:
+        return tuple(wanted)
+    order = sorted(range(len(wanted)), key=lambda i: (asked_in.get(wanted[i].label, -1), i))
+    chosen = set(order[:MAX_QUERIED])
+    return tuple(e for i, e in enumerate(wanted) if i in chosen)
+
+
 class RasSampler:
     """Plans, delegates the queries, keeps the counters (see the module docstring).
 
@@ -298,6 +322,11 @@ class RasSampler:
             self._local = child_sampler(**kwargs)  # type: ignore[arg-type]
         self._errors: dict[str, dict[str, int]] = {}
         self._repaired: dict[str, int] = {}
+        self._skipped: dict[str, int] = {}
+        #: endpoint -> the pass it was last asked in (the rotation's order) and its latest job
+        self._asked_in: dict[str, int] = {}
+        self._latest: dict[str, RasJob] = {}
+        self._passes = 0
         self._last: dict[str, str] = {}  # endpoint -> "ok" or the latest error reason
         self._states: dict[tuple[str, str, str], str] = {}
         self._queries = 0
@@ -338,10 +367,15 @@ class RasSampler:
         if not endpoints:
             raise NoData("no NCCL process on this node and no --ras.endpoint")
         self._log_states(endpoints)
-        asked = tuple(e for e in endpoints if e.state == "queried")[:MAX_QUERIED]
+        self._passes += 1
+        wanted = tuple(e for e in endpoints if e.state == "queried")
+        asked = rotate(wanted, self._asked_in)
+        skipped = tuple(e for e in wanted if e not in asked)
         outcomes: dict[str, QueryOutcome] = {}
         if asked:
-            inputs = RasInputs(asked, tuple(a.address for a in addresses))
+            inputs = RasInputs(
+                asked, tuple(a.address for a in addresses), tuple(e.label for e in skipped)
+            )
             outcomes = {o.endpoint: o for o in self._query(inputs).outcomes}
         elif self._child is not None:
             self._child.close()  # nothing to ask: no second process kept
@@ -358,21 +392,43 @@ class RasSampler:
             if o.status is not None and o.status.repaired:
                 self._repaired[ep.label] = self._repaired.get(ep.label, 0) + 1
             self._log_outcome(ep, o)
-            jobs.append(
-                RasJob(
-                    ep.label,
-                    ep.namespace,
-                    ep.job_name,
-                    o.status,
-                    o.seconds,
-                    tuple(sorted(counts.items())),
-                    self._repaired.get(ep.label, 0),
-                )
+            self._asked_in[ep.label] = self._passes
+            job = RasJob(
+                ep.label,
+                ep.namespace,
+                ep.job_name,
+                o.status,
+                o.seconds,
+                tuple(sorted(counts.items())),
+                self._repaired.get(ep.label, 0),
+                self._skipped.get(ep.label, 0),
             )
-        for gone in set(self._errors) - {e.label for e in asked}:
-            del self._errors[gone]
-            self._last.pop(gone, None)
-            self._repaired.pop(gone, None)
+            self._latest[ep.label] = job
+            jobs.append(job)
+        for ep in skipped:
+            n = self._skipped[ep.label] = self._skipped.get(ep.label, 0) + 1
+            if n == 1:
+                log.warning(
+                    "ras: more than %d endpoints to ask: %s is asked in turn, not every pass",
+                    MAX_QUERIED,
+                    ep.label,
+                )
+            before = self._latest.get(ep.label)
+            if before is not None:
+                jobs.append(replace(before, skipped_total=n))
+            else:  # not asked yet: no series of its answers, but the skip is counted
+                jobs.append(
+                    RasJob(ep.label, ep.namespace, ep.job_name, None, None, (), 0, n, asked=False)
+                )
+        place = {e.label: i for i, e in enumerate(wanted)}
+        jobs.sort(key=lambda j: place[j.endpoint])
+        live = set(place)
+        for table in (self._errors, self._last, self._repaired, self._skipped):
+            for gone in set(table) - live:
+                del table[gone]
+        for gone in set(self._asked_in) - live:
+            del self._asked_in[gone]
+            self._latest.pop(gone, None)
         return RasSnapshot(
             endpoints=endpoints,
             jobs=tuple(jobs),

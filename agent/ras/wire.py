@@ -43,6 +43,7 @@ MAX_LINE_BYTES = 256
 #: reasons a query fails, counted by fabricscope_nccl_ras_query_errors_total
 QUERY_ERRORS: tuple[str, ...] = (
     "malformed",  # an answer that is not a RAS JSON status (agent.ras.parse)
+    "oversized",  # an answer that would decode into more memory than allowed (agent.ras.parse)
     "protocol",  # an unexpected handshake line, or another protocol version
     "refused",  # nothing listens there (connection refused, unreachable)
     "reset",  # the connection was reset or closed before the answer ended
@@ -66,7 +67,7 @@ class Answer:
     """The raw answer and what the conversation cost: ``seconds`` wall time from connect to
     the server's close, ``attempts`` connections opened (2 after a handshake retry)."""
 
-    data: bytes
+    data: bytes | bytearray
     seconds: float
     attempts: int
 
@@ -121,14 +122,16 @@ class _Conversation:
         del self.buf[:end]
         return out
 
-    def rest(self, max_bytes: int) -> bytes:
+    def rest(self, max_bytes: int) -> bytearray:
         """Everything until the server closes, at most ``max_bytes``."""
         while True:
             if len(self.buf) > max_bytes:
                 raise QueryError("too_large", f"the answer passed {max_bytes} bytes")
             chunk = self._recv(self.deadline)
             if not chunk:
-                return bytes(self.buf)
+                # the buffer itself, not a copy: a 16 MiB answer is held once, not twice
+                out, self.buf = self.buf, bytearray()
+                return out
             self.buf += chunk
 
 
@@ -141,7 +144,9 @@ def _ok(reply: bytes, command: str) -> None:
         raise QueryError("protocol", f"{command} was answered with {what}, not OK")
 
 
-def _converse(c: _Conversation, *, command: bytes, ras_timeout: int, max_bytes: int) -> bytes:
+def _converse(
+    c: _Conversation, *, command: bytes, ras_timeout: int, max_bytes: int
+) -> bytes | bytearray:
     c.send(f"CLIENT PROTOCOL {PROTOCOL}\n".encode())
     hello = c.line(HANDSHAKE_SECONDS)
     m = _SERVER.fullmatch(hello)

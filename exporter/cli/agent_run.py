@@ -107,6 +107,7 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
     from exporter.http.limits import ConnectionLimits
     from exporter.http.server import serve, serve_health
     from exporter.http.webconfig import load_web_config
+    from exporter.metrics.httpstats import HEALTH_OWNER
 
     web_config = load_web_config(ns.web_config) if ns.web_config else None
     limits = ConnectionLimits(
@@ -119,7 +120,14 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
     server = serve(app.cache, ns.listen, web_config=web_config, ready=app.ready, limits=limits)
     try:
         health = (
-            serve_health(ns.health_listen, app.ready, limits=limits) if ns.health_listen else None
+            serve_health(
+                ns.health_listen,
+                app.ready,
+                limits=limits,
+                publish=lambda data: app.cache.set_fragment(HEALTH_OWNER, data),
+            )
+            if ns.health_listen
+            else None
         )
     except ConfigError:
         server.shutdown()

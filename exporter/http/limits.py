@@ -12,7 +12,10 @@ no parser, no timer), unless its complete request head is already waiting in the
 in which case the address's oldest pending connection is closed for it: a client that
 asks at once is preferred to one that holds a half-sent request. A new connection that
 would exceed ``max_connections`` in all closes the oldest non-busy connection of the
-address holding the most connections. Nothing busy is ever closed to make room.
+address holding the most connections, if that address holds more than the newcomer's
+would (else the newcomer's address's own oldest idle one, else it is refused): addresses
+holding as many as each other never take each other's connections, so a flood from many
+addresses at the cap does not churn. Nothing busy is ever closed to make room.
 
 So one address holding many idle, half-sent or slowly read connections only ever displaces
 its own, costs the server a refused ``accept`` per retry once at its cap, and a scraper at
@@ -97,11 +100,19 @@ class ConnectionTable(Generic[C]):
             if victim is None:
                 return None
         elif len(self._address) >= self.max_connections:
+            # only from an address that would still hold more than this one: a flood of
+            # equals at the cap replaces its own connections (or is refused), never each
+            # other's, so it cannot churn every connection and keep a newcomer waiting
+            mine = self.count(address) + 1
             heaviest = sorted(self._per_address, key=self._per_address.__getitem__, reverse=True)
             for other in heaviest:
+                if self._per_address[other] <= mine:
+                    break
                 victim = self._oldest(other, IDLE) or self._oldest(other, PENDING)
                 if victim is not None:
                     break
+            if victim is None:
+                victim = self._oldest(address, IDLE)
             if victim is None:
                 return None
         if victim is not None:

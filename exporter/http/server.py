@@ -27,8 +27,15 @@ Behaviour:
 - The listener defers accepting (``TCP_DEFER_ACCEPT``, ``header_timeout``): a connection
   that sends nothing costs the process nothing until then, and a newcomer's request is
   readable when it is accepted. Its queue is ``SOMAXCONN`` long.
-- Limits: more than ``max_requests`` ``/healthz`` requests being answered at once get
-  ``503 too many requests``. A new connection beyond ``max_per_address`` from one client address, or
+- ``/healthz`` costs one ``ready()`` call a second whatever the number of requests: its
+  answer is reused for :data:`HEALTH_REUSE_SECONDS`, and requests arriving while it runs
+  wait for that same call (one worker thread, never ``max_requests``), so a flood of
+  ``/healthz`` from any number of addresses is answered as cheaply as a cached scrape and a
+  kubelet probe among it gets the agent's real state, not a ``503``. Past
+  :data:`HEALTH_PER_ADDRESS_PER_SECOND` from one client address, ``/healthz`` is answered a
+  second late (counted ``health_delayed``): a flood's connections then cost the loop one
+  answer a second each, and a probe from another address is not kept waiting behind them.
+- Limits: a new connection beyond ``max_per_address`` from one client address, or
   ``max_connections`` in all, closes the oldest evictable connection instead (see
   ``exporter.http.limits``); it is refused (``503`` on plain HTTP) only when all are busy.
 - TLS, with client certificate verification when configured; a plain HTTP request on a TLS
@@ -57,7 +64,7 @@ from exporter.http.site import Request, Response, Site, accepts_gzip
 from exporter.http.tlsreload import ReloadingTLSContext
 from exporter.http.webconfig import WebConfig
 from exporter.metrics.exposition import ExpositionCache, render_text
-from exporter.metrics.httpstats import OWNER, HttpStats
+from exporter.metrics.httpstats import HEALTH_SPEC, OWNER, HttpStats
 from exporter.metrics.spec import Families
 
 __all__ = [
@@ -82,6 +89,13 @@ T = TypeVar("T")
 
 #: seconds before a refused credential check is answered (429 or 503)
 REFUSED_CHECK_DELAY = 1.0
+
+#: seconds one ``ready()`` result answers every ``/healthz`` request
+HEALTH_REUSE_SECONDS = 1.0
+#: ``/healthz`` requests one client address gets answered at once per second (a burst of as
+#: many); more are answered a second late, the connection evictable meanwhile. A kubelet
+#: probes a pod a few times every 5-20 s.
+HEALTH_PER_ADDRESS_PER_SECOND = 10.0
 
 #: Connections accepted per wake-up of the listener before other events get their turn.
 _ACCEPT_BATCH = 64
@@ -138,17 +152,25 @@ def serve(
 
 
 def serve_health(
-    address: str, ready: Callable[[], bool], *, limits: ConnectionLimits | None = None
+    address: str,
+    ready: Callable[[], bool],
+    *,
+    limits: ConnectionLimits | None = None,
+    publish: Callable[[bytes], None] | None = None,
 ) -> MetricsServer:
     """Serve ``/healthz`` alone (``200 ok`` / ``503 not ready``; every other path 404) over
     plain HTTP without credentials on ``address``: what a kubelet probe can reach when the
     metrics port requires a client certificate (``RequireAndVerifyClientCert``), which
     kubelet HTTPS probes never present. It tells only whether the agent is ready. The same
-    connection limits as the metrics server apply. ``ConfigError`` as :func:`serve`."""
+    connection limits as the metrics server apply; what they did is rendered as
+    ``fabricscope_http_health_connections_closed_total`` and handed to ``publish`` (the
+    agent's exposition cache). ``ConfigError`` as :func:`serve`."""
     limits = limits or ConnectionLimits()
     listener = listen(address, defer_accept=limits.header_timeout)
     site = Site(cache=ExpositionCache(), ready=ready, auth=None, health_only=True)
-    server = MetricsServer(listener, site, tls=None, limits=limits)
+    server = MetricsServer(
+        listener, site, tls=None, limits=limits, publish=publish, stats=HttpStats(HEALTH_SPEC)
+    )
     log.info("serving /healthz alone on %s (plain HTTP, no credentials)", server.address)
     return server
 
@@ -168,6 +190,7 @@ class MetricsServer:
         limits: ConnectionLimits,
         publish: Callable[[bytes], None] | None = None,
         auth_limits: AuthLimits | None = None,
+        stats: HttpStats | None = None,
     ) -> None:
         self._listener = listener
         self.site = site
@@ -187,8 +210,14 @@ class MetricsServer:
         self._closed = False
         self._warned: set[tuple[str, str]] = set()
         #: what the limits did, published into the cache's ``_http`` fragment once a second
-        self.stats = HttpStats()
+        self.stats = stats or HttpStats()
         self._publish = publish
+        #: the latest ready() result and when (loop time), and the connections waiting for
+        #: the call in flight (loop thread only)
+        self._health: tuple[float, bool] | None = None
+        self._health_waiting: list[HTTPConnection] = []
+        #: per client address: (tokens left, loop time they were counted) (loop thread only)
+        self._health_tokens: dict[str, tuple[float, float]] = {}
         host, port = listener.getsockname()[:2]
         self.port: int = port
         self.address = listening_address(listener)
@@ -347,12 +376,58 @@ class MetricsServer:
         if not self.site.is_health(req):
             self._check(conn, req)
             return
-        if self.in_flight >= self.limits.max_requests:
-            self.stats.count("too_many_requests")
-            conn.respond(self.site.status(503, b"too many requests\n"))
+        self._healthz(conn)
+
+    def _healthz(self, conn: HTTPConnection, *, delayed: bool = False) -> None:
+        """A recent ``ready()`` result at once, else wait for the one call in flight; a
+        second late past the address's budget."""
+        if not delayed and not self._health_token(conn.address):
+            self.stats.count("health_delayed")
+            self.table.pending(conn)
+            self.loop.call_later(1.0, lambda: self._healthz(conn, delayed=True))
             return
+        latest = self._health
+        if latest is not None and self.loop.time() - latest[0] < HEALTH_REUSE_SECONDS:
+            conn.respond(self.site.health(latest[1]))
+            return
+        self._health_waiting.append(conn)
+        if len(self._health_waiting) > 1:
+            return  # the call in flight answers it
         self.in_flight += 1
-        self._on_worker(self.workers, self.site.answer, req, conn, self._answered)
+        future = self.workers.submit(self.site.is_ready)
+
+        def done(f: Future[bool]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody to answer
+                self.loop.call_soon_threadsafe(self._ready_done, f)
+
+        future.add_done_callback(done)
+
+    def _health_token(self, address: str) -> bool:
+        """Take one of ``address``'s ``/healthz`` tokens (refilled at
+        :data:`HEALTH_PER_ADDRESS_PER_SECOND`); False when it has none left."""
+        now = self.loop.time()
+        rate = HEALTH_PER_ADDRESS_PER_SECOND
+        tokens, then = self._health_tokens.get(address, (rate, now))
+        tokens = min(rate, tokens + (now - then) * rate)
+        if tokens < 1.0:
+            self._health_tokens[address] = (tokens, now)
+            return False
+        if len(self._health_tokens) >= 4096 and address not in self._health_tokens:
+            # forget the addresses whose budget is whole again (they cost nothing to forget)
+            for other, (t, at) in list(self._health_tokens.items()):
+                if t + (now - at) * rate >= rate:
+                    del self._health_tokens[other]
+        self._health_tokens[address] = (tokens - 1.0, now)
+        return True
+
+    def _ready_done(self, future: Future[bool]) -> None:
+        self.in_flight -= 1
+        ok = not future.cancelled() and future.exception() is None and future.result()
+        self._health = (self.loop.time(), ok)
+        waiting, self._health_waiting = self._health_waiting, []
+        response = self.site.health(ok)
+        for conn in waiting:
+            conn.respond(response)
 
     def _check(self, conn: HTTPConnection, req: Request) -> None:
         """Credentials bcrypt must check: admitted by the gate or refused at once."""

@@ -119,6 +119,14 @@ class Site:
         only when the server's ``AuthGate`` admits it)."""
         return self.auth is None or self.auth.check(req.authorization)
 
+    def is_ready(self) -> bool:
+        """``ready()``, False when it raises (may block: run off the loop)."""
+        return _is_ready(self.ready)
+
+    def health(self, ready: bool) -> Response:
+        """``/healthz``'s answer for a ``ready()`` result."""
+        return self._reply(200, b"ok") if ready else self._reply(503, b"not ready")
+
     def too_many_checks(self, status: int, retry_after: int) -> Response:
         """``429`` (this client's failed logins, or a check of its already running) or
         ``503`` (checks in all at their cap), with ``Retry-After``; no bcrypt was run."""
@@ -138,9 +146,7 @@ class Site:
             return self._reply(405, b"method not allowed\n", extra=(("Allow", "GET, HEAD"),))
         path = _path(req)
         if path == "/healthz":
-            if _is_ready(self.ready):
-                return self._reply(200, b"ok")
-            return self._reply(503, b"not ready")
+            return self.health(self.is_ready())
         if self.health_only:
             return self._reply(404, b"not found\n")
         if not authorized:

@@ -43,10 +43,12 @@ QUERY_ERRORS_TOTAL = MetricSpec(
     _P + "query_errors_total",
     "counter",
     "RAS queries that produced no answer, by reason: malformed (not a RAS JSON status), "
-    "protocol (an unexpected handshake or another protocol version), refused (nothing "
-    "listens there), reset (the connection reset or closed before the answer ended), "
-    "timeout (--ras.timeout passed), too_large (past --ras.max-answer-bytes), unsupported "
-    "(the job's NCCL is older than 2.28.7 and has no JSON output).",
+    "oversized (an answer that could decode into more than 6 times its size in memory, "
+    "refused before decoding), protocol (an unexpected handshake or another protocol "
+    "version), refused (nothing listens there), reset (the connection reset or closed "
+    "before the answer ended), timeout (--ras.timeout passed), too_large (past "
+    "--ras.max-answer-bytes), unsupported (the job's NCCL is older than 2.28.7 and has no "
+    "JSON output).",
     (*_J, "reason"),
 )
 REPAIRED = MetricSpec(
@@ -175,6 +177,15 @@ NODE_ADDRESS = MetricSpec(
     "node it runs on.",
     ("host", "netdev"),
 )
+SKIPPED = MetricSpec(
+    _P + "skipped_passes_total",
+    "counter",
+    "Passes that did not ask this job's RAS service because this node had more than 16 to "
+    "ask: each pass asks the 16 asked longest ago, so every job is asked at least once every "
+    "ceil(jobs / 16) passes; between its queries a job's other series are its latest "
+    "query's.",
+    _J,
+)
 QUERIES = MetricSpec(
     _P + "queries_total",
     "counter",
@@ -208,6 +219,7 @@ SPECS: tuple[MetricSpec, ...] = (
     RANK_BEHIND,
     ENDPOINT_PROCESSES,
     NODE_ADDRESS,
+    SKIPPED,
     QUERIES,
     QUERY_CPU,
 )
@@ -226,6 +238,9 @@ def render(snap: RasSnapshot, out: Families) -> None:
     out.add(QUERY_CPU, snap.query_cpu_seconds_total)
     for job in snap.jobs:
         j = (job.namespace, job.job_name, job.endpoint)
+        out.add(SKIPPED, job.skipped_total, *j)
+        if not job.asked:  # not asked yet (more than 16 to ask): nothing else to say
+            continue
         out.add(UP, job.status is not None, *j)
         errors = dict(job.errors_total)
         for reason in QUERY_ERRORS:

@@ -43,10 +43,24 @@ def test_the_total_cap_takes_from_the_address_holding_the_most() -> None:
     for name in ("x1", "x2", "x3"):
         table.admit(name, "X")
     assert table.admit("y1", "Y") == ["x1"]
-    assert table.admit("y2", "Y") == ["x2"]
-    # S, X and Y hold 1, 1 and 2: Y is the heaviest now
-    assert table.admit("z1", "Z") == ["y1"]
+    # X holds 2, Y would: equals never take each other's connections; Y has none idle
+    assert table.admit("y2", "Y") is None
+    table.idle("y1")
+    assert table.admit("y2", "Y") == ["y1"]  # its own oldest idle one
+    # S, X and Y hold 1, 2 and 1: X is the heaviest, and holds more than Z would
+    assert table.admit("z1", "Z") == ["x2"]
     assert "scraper" in list(table)
+
+
+def test_a_flood_of_equals_at_the_total_cap_does_not_churn() -> None:
+    table: ConnectionTable[str] = ConnectionTable(max_connections=8, max_per_address=4)
+    for a in "ABCD":
+        for i in range(2):
+            table.admit(f"{a}{i}", a)
+    # every address holds 2: a third from any of them takes nobody's
+    assert all(table.admit(f"{a}9", a) is None for a in "ABCD")
+    # a newcomer holding none gets in
+    assert table.admit("probe", "K") == ["A0"]
 
 
 def test_nothing_busy_is_closed_to_make_room() -> None:

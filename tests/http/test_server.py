@@ -28,6 +28,7 @@ import exporter.http.basicauth as basicauth_module
 from agent.core.errors import ConfigError
 from exporter.http.authlimit import AuthLimits
 from exporter.http.server import (
+    HEALTH_REUSE_SECONDS,
     ConnectionLimits,
     MetricsServer,
     accepts_gzip,
@@ -313,6 +314,8 @@ def test_healthz_follows_ready(cache: ExpositionCache) -> None:
         r = fetch(srv, "/healthz")
         assert (r.status, r.body) == (503, b"not ready")
         state["ready"] = True
+        # the answer is reused for HEALTH_REUSE_SECONDS (a flood costs one ready() a second)
+        time.sleep(HEALTH_REUSE_SECONDS)
         r = fetch(srv, "/healthz")
         assert (r.status, r.body) == (200, b"ok")
 
@@ -640,31 +643,41 @@ def test_rotated_certificate_is_used_for_new_connections(
 # --- limits and lifecycle ----------------------------------------------------------------
 
 
-def test_requests_beyond_max_requests_get_503_but_scrapes_are_not_counted(
+def test_concurrent_healthz_share_one_ready_call_and_scrapes_are_not_delayed(
     cache: ExpositionCache,
 ) -> None:
     entered = threading.Event()
     release = threading.Event()
+    calls: list[float] = []
 
     def slow_ready() -> bool:
+        calls.append(time.monotonic())
         entered.set()
         return release.wait(10)
 
     with serve(cache, "127.0.0.1:0", ready=slow_ready, max_requests=1) as srv:
-        first: list[Response] = []
-        t = threading.Thread(target=lambda: first.append(fetch(srv, "/healthz")))
-        t.start()
+        answers: list[Response] = []
+        threads = [
+            threading.Thread(target=lambda: answers.append(fetch(srv, "/healthz")))
+            for _ in range(5)
+        ]
+        threads[0].start()
         try:
             assert entered.wait(10)
-            r = fetch(srv, "/healthz")
-            assert (r.status, r.body) == (503, b"too many requests\n")
-            # a scrape is answered on the loop, before the limit is counted
+            for t in threads[1:]:  # more than max_requests: they wait for the same call
+                t.start()
+            # a scrape is answered on the loop meanwhile
             assert fetch(srv, "/metrics").status == 200
         finally:
             release.set()
-            t.join(10)
-        assert first[0].status == 200
+            for t in threads:
+                t.join(10)
+        assert [a.status for a in answers] == [200] * 5
+        assert len(calls) == 1
+        # a second later the answer is asked again
+        time.sleep(HEALTH_REUSE_SECONDS)
         assert fetch(srv, "/healthz").status == 200
+        assert len(calls) == 2
 
 
 def test_a_new_connection_closes_the_oldest_idle_one_at_the_cap(cache: ExpositionCache) -> None:

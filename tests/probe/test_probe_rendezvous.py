@@ -483,6 +483,7 @@ def test_a_newcomer_displaces_the_oldest_unauthenticated_connection(
     wait_for(lambda: host.server.stats().pending == 1)
     # all slots taken by one that has not authenticated: a real guest displaces it
     assert propose("127.0.0.1", host.port, SECRET, GUEST_ID, OFFER, WAIT).accepted
+    assert silent.recv() == (ERROR, b"busy")  # told, as a newcomer turned away is
     assert silent.recv() is None
     wait_for(lambda: host.refused("too_many_pending") == 1)
     silent.close()
@@ -529,7 +530,8 @@ def test_silent_connections_are_displaced_before_one_that_sent_its_hello(
     silent = [Raw.connect(host.port, source=f"127.0.0.{i}") for i in (2, 3)]
     wait_for(lambda: host.server.stats().pending == 3)
     newcomers = [Raw.connect(host.port, source=f"127.0.0.{i}") for i in (4, 5)]
-    for raw in silent:  # ...yet the silent ones went
+    for raw in silent:  # ...yet the silent ones went, told busy
+        assert raw.recv() == (ERROR, b"busy")
         assert raw.recv() is None
     wait_for(lambda: host.refused("too_many_pending") == 2)
     proof_g = keyed(SECRET, b"guest", nonce_g + nonce_h, HOST_ID, GUEST_ID)

@@ -1,7 +1,8 @@
 """The probe rendezvous under a many-address attack: real sockets, a real attacking process.
 
-100 loopback addresses (127.0.0.2 - 127.0.0.101) each hold 10 silent connections to the
-host's rendezvous, reopened as soon as the host closes them (tests/slowloris.py, two
+100 loopback addresses (127.0.0.2 - 127.0.0.101) each hold 10 connections to the host's
+rendezvous, silent or having sent a hello without the secret, reopened as soon as the host
+closes them (tests/slowloris.py, two
 processes of 50 addresses). A real guest on 127.0.0.1 proposes 20 offers meanwhile, one
 after another, with the probe's own rendezvous timeout (10 s): every one must be answered,
 and within a second, i.e. without its SYN being dropped once. (Before, a 16-deep listen
@@ -27,7 +28,14 @@ import pytest
 from agent.probe.rendezvous.client import propose
 from agent.probe.rendezvous.messages import Answer, Offer
 from agent.probe.rendezvous.server import RendezvousServer
-from agent.probe.rendezvous.wire import MSG_CHALLENGE, MSG_ERROR, MSG_HELLO, frame, lp
+from agent.probe.rendezvous.wire import (
+    MSG_CHALLENGE,
+    MSG_ERROR,
+    MSG_HELLO,
+    NONCE_BYTES,
+    frame,
+    lp,
+)
 from agent.probe.run.guest import RENDEZVOUS_TIMEOUT_SECONDS
 from tests.loopnet import inside, private_net
 from tests.slowloris import raise_fd_limit
@@ -49,7 +57,17 @@ def enough_fds() -> Iterator[None]:
     yield
 
 
-def test_a_real_guest_is_answered_through_100_addresses_of_silent_reconnecting_sockets() -> None:
+#: what each attacking connection sends, then holds: nothing, or a well-formed hello (which
+#: needs no secret: the connection gets its challenge and sits between hello and offer, as a
+#: real guest does for a moment)
+HELLO = frame(MSG_HELLO, b"n" * NONCE_BYTES + lp(b"attacker"))
+PAYLOADS = {"silent": "", "hello": HELLO.hex()}
+
+
+@pytest.mark.parametrize("payload", sorted(PAYLOADS))
+def test_a_real_guest_is_answered_through_100_addresses_of_reconnecting_sockets(
+    payload: str,
+) -> None:
     answered: list[str] = []
 
     def on_offer(offer: Offer, guest: str) -> Answer:
@@ -60,6 +78,8 @@ def test_a_real_guest_is_answered_through_100_addresses_of_silent_reconnecting_s
         attacks = []
         for k in range(ATTACKERS):
             cmd = [sys.executable, str(SLOWLORIS), "--port", str(server.port), "--silent"]
+            if PAYLOADS[payload]:
+                cmd += ["--payload", PAYLOADS[payload]]
             cmd += ["--idle", str(PER_ADDRESS), "--trickle", "0", "--duration", "60"]
             for address in ADDRESSES[k::ATTACKERS]:
                 cmd += ["--source", address]
@@ -149,3 +169,41 @@ def test_the_addresses_of_one_ipv6_64_share_one_clients_connections() -> None:
             assert server.stats().refused("too_many_pending") == 1
             for sock in held:
                 sock.close()
+
+
+def test_a_guest_displaced_before_proving_the_secret_is_told_busy_and_asks_again() -> None:
+    """A real guest between its hello and its offer displaced by a newcomer (the host at its
+    cap) reads ERROR busy, as a newcomer turned away does, so it asks again rather than
+    recording ``peer_unreachable`` (before, its connection was closed without a word)."""
+    with RendezvousServer(
+        "127.0.0.1",
+        0,
+        SECRET,
+        HOST_ID,
+        lambda o, g: Answer.decline(o.probe_id, "gpu_busy"),
+        max_pending=1,
+    ) as server:
+        guest = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        guest.sendall(frame(MSG_HELLO, b"g" * NONCE_BYTES + lp(GUEST_ID.encode())))
+        assert _read_frame(guest)[0] == MSG_CHALLENGE  # the guest is between hello and offer
+        newcomer = socket.create_connection(
+            ("127.0.0.1", server.port), timeout=5, source_address=("127.0.0.2", 0)
+        )
+        newcomer.sendall(HELLO)
+        try:
+            assert _read_frame(guest) == (MSG_ERROR, b"busy")
+            assert _read_frame(newcomer)[0] == MSG_CHALLENGE
+            assert server.stats().refused("too_many_pending") == 1
+        finally:
+            guest.close()
+            newcomer.close()
+        # and the client asks again on busy: a proposal through the same cap is answered
+        answer = propose(
+            "127.0.0.1",
+            server.port,
+            SECRET,
+            GUEST_ID,
+            Offer("r", "sendrecv", "gloo", (1024,), 5, 1),
+            10,
+        )
+        assert answer.reason == "gpu_busy"

@@ -20,7 +20,9 @@ offer from being answered:
   connection that has not authenticated: one that has not sent a hello yet before one
   that has, from the client holding the most, the oldest first. A peer that has proved the
   secret is never displaced, and a real guest, which sends its hello with its connection,
-  is displaced only when every other connection has sent one too;
+  is displaced only when every other connection has sent one too; a displaced connection
+  is told ``busy``, as a newcomer turned away is, so a real guest asks again (within its
+  timeout) rather than recording the host unreachable;
 - the listen queue is the kernel's longest (``SOMAXCONN``), and a wake-up of the listener
   accepts up to 64 connections: clients reconnecting in a loop do not fill it, so a real
   guest's SYN is not dropped (a dropped SYN costs it 1 s, then 3 s, then 7 s).
@@ -294,8 +296,11 @@ class RendezvousServer:
                 self._pending[sock] = conn
                 self._per_address[address] = self._per_address.get(address, 0) + 1
         if victim is not None:
-            # counted before its peer can hear of it
+            # counted before its peer can hear of it; told busy, as a newcomer turned away
+            # is, so that a real guest displaced before it proved the secret asks again
+            # instead of recording the host unreachable
             self._refuse(victim, "too_many_pending", "displaced by a newer connection")
+            _tell_busy(victim.sock)
             self._drop(victim)
         if not admitted:
             self._refuse(conn, "too_many_pending", "too many pending rendezvous")
@@ -501,13 +506,18 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
         log.debug("probe rendezvous: could not send an error: %s", exc)
 
 
-def _refuse_busy(sock: socket.socket) -> None:
-    """ERROR busy and close, at once. What the client already sent is read first (one
-    non-blocking read), so that closing does not reset the connection and destroy the
+def _tell_busy(sock: socket.socket) -> None:
+    """ERROR busy, before the socket is closed. What the client already sent is read first
+    (one non-blocking read), so that closing does not reset the connection and destroy the
     ERROR before the guest reads it (it asks again on busy, not on a reset)."""
     with contextlib.suppress(OSError):  # nothing sent yet, or gone: nothing to read
         sock.recv(65536, socket.MSG_DONTWAIT)
     _send_quietly(sock, wire.frame(wire.MSG_ERROR, b"busy"))
+
+
+def _refuse_busy(sock: socket.socket) -> None:
+    """ERROR busy and close, at once (see :func:`_tell_busy`)."""
+    _tell_busy(sock)
     sock.close()
 
 
