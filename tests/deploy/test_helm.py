@@ -49,6 +49,9 @@ NAMED_LISTS = frozenset({"env", "volumes", "volumeMounts", "ports"})
 #: rules select) stays "fabricscope" whatever the release is called; kustomize's job was the
 #: Service's name, always "fabricscope"
 JOB_RELABEL = {"targetLabel": "job", "replacement": "fabricscope", "action": "replace"}
+#: and the one that drops the agent pod's own target labels (the Operator's namespace, service,
+#: pod, container), which kustomize's monitor kept: a rollout renamed every series
+TARGET_LABELS_DROP = {"action": "labeldrop", "regex": "(namespace|service|pod|container)"}
 
 
 def kustomize_build(name: str) -> list[Doc]:
@@ -70,8 +73,15 @@ def normalise(node: Any, key: str = "") -> Any:
             # the memory request and limit were set again from a measurement
             # (bench/bench_sizing.py); tests/test_deploy.py holds the values
             out = {k: {n: q for n, q in v.items() if n != "memory"} for k, v in out.items()}
+        if out.get("kind") == "ClusterRole" and "rules" in out:
+            # kustomize's ClusterRole also granted get on pods, which no code uses
+            out["rules"] = [
+                {**r, "verbs": [v for v in r["verbs"] if v != "get"]} for r in out["rules"]
+            ]
         if "relabelings" in out:
-            out["relabelings"] = [r for r in out["relabelings"] if r != JOB_RELABEL]
+            out["relabelings"] = [
+                r for r in out["relabelings"] if r not in (JOB_RELABEL, TARGET_LABELS_DROP)
+            ]
         return out
     if isinstance(node, list):
         items = [normalise(v) for v in node]
@@ -112,6 +122,7 @@ def test_renders_what_kustomize_deployed(build: str, tmp_path: Path) -> None:
         assert normalise(doc) == normalise(old[identity]), identity
     for monitor in (d for d in new.values() if d["kind"] == "ServiceMonitor"):
         assert JOB_RELABEL in monitor["spec"]["endpoints"][0]["relabelings"]
+        assert TARGET_LABELS_DROP in monitor["spec"]["endpoints"][0]["relabelings"]
 
 
 def test_normalise_still_sees_a_change(tmp_path: Path) -> None:

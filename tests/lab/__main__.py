@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     live.add_argument("--down-after", type=float, default=20.0)
     ns = p.parse_args(argv)
+    # SIGTERM stops everything as Ctrl-C does: the context managers stop Prometheus (and, live,
+    # the agents and Alertmanager), which an unhandled SIGTERM would leave running
+    signal.signal(signal.SIGTERM, _interrupt)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("agent").setLevel(logging.WARNING)
     if ns.command == "list":
@@ -55,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _live(nodes: int, out: Path, down: str | None, down_after: float) -> int:
     from tests.lab.live import LiveLab
 
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # SIGTERM stops everything as Ctrl-C does
-
-    signal.signal(signal.SIGTERM, stop)
     with LiveLab(SCENARIOS["healthy"], out, nodes=nodes) as lab:
         print(f"Prometheus {lab.prometheus.url}, Alertmanager {lab.alertmanager.url}")
         print(f"webhook {lab.webhook.url}; agents: " + ", ".join(a.target for a in lab.agents))

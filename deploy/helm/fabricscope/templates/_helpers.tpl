@@ -77,7 +77,8 @@ port: metrics
      "fabricscope" whatever the release is called: the alert rules select up{job="fabricscope"}.
      honorLabels: pod attribution series carry the *workload's* namespace/pod/container; the
      agent exports no job or instance label. Host network: the target address is the node's
-     IP, so the instance is named after the node. */}}
+     IP, so the instance is named after the node. The agent pod's own target labels are
+     dropped, so a rollout (new pod names) changes no series' identity. */}}
 {{- define "fabricscope.endpoint" -}}
 {{- $m := .monitor -}}
 path: /metrics
@@ -100,6 +101,12 @@ relabelings:
   - targetLabel: job
     replacement: fabricscope
     action: replace
+  # The Operator gives every target the agent pod's namespace, service, pod and container
+  # labels: the pod's name changes at every rollout, and with it every series' identity. A
+  # series carries job, instance (the node) and endpoint, and its own labels (pod attribution's
+  # namespace/pod/container are the workload's, kept by honorLabels).
+  - action: labeldrop
+    regex: (namespace|service|pod|container)
   {{- with $m.relabelings }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
