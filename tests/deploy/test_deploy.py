@@ -396,6 +396,143 @@ def test_host_paths_are_few_and_read_only(built: dict[str, list[Doc]], build: st
     assert "--path.sysfs=/host/sys" in args and "--path.procfs=/host/proc" in args
 
 
+#: the kubelet's root directory per distribution, as docs/install.md ("Distributions") lists
+#: them: k0s and MicroK8s move it; the others keep the kubelet's default
+DISTRIBUTIONS = {
+    "kubeadm": "/var/lib/kubelet",
+    "k0s": "/var/lib/k0s/kubelet",
+    "microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
+}
+
+
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_the_kubelet_paths_follow_the_distribution(distribution: str, tmp_path: Path) -> None:
+    root = DISTRIBUTIONS[distribution]
+    docs = render({"hostPaths": {"kubeletRoot": root}}, tmp_path)
+    mounts = host_mounts(docs)
+    # on the node: the distribution's directory; in the container: where the agent looks
+    assert mounts[f"{root}/pod-resources"] == (POD_RESOURCES, True)
+    assert mounts[POD_LOGS] == (POD_LOGS, True)
+    install = (DEPLOY.parent / "docs" / "install.md").read_text()
+    assert f"hostPaths.kubeletRoot={root}" in install or distribution == "kubeadm"
+
+
+def test_the_pod_resources_and_log_directories_can_be_set_alone(tmp_path: Path) -> None:
+    docs = render(
+        {
+            "hostPaths": {
+                "kubeletRoot": "/var/lib/kubelet/",
+                "podResources": "/run/kubelet/pod-resources",
+                "podLogs": "/data/pod-logs",
+            }
+        },
+        tmp_path,
+    )
+    mounts = host_mounts(docs)
+    assert mounts["/run/kubelet/pod-resources"] == (POD_RESOURCES, True)
+    assert mounts["/data/pod-logs"] == (POD_LOGS, True)
+    # a trailing slash on the root is not doubled
+    root_only = host_mounts(render({"hostPaths": {"kubeletRoot": "/srv/kubelet/"}}, tmp_path))
+    assert "/srv/kubelet/pod-resources" in root_only
+
+
+# --- the GPU Operator's driver upgrades (docs/install.md, "The GPU Operator") -----------------
+
+CLIENT_LABEL = "nvidia.com/gpu.deploy.client"
+
+
+def matches(expression: Doc, labels: dict[str, str]) -> bool:
+    """One nodeSelectorRequirement, as the scheduler and the DaemonSet controller read it."""
+    key, op = expression["key"], expression["operator"]
+    if op == "In":
+        return key in labels and labels[key] in expression["values"]
+    if op == "NotIn":
+        return key not in labels or labels[key] not in expression["values"]
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    raise AssertionError(f"operator {op} not modelled")
+
+
+def runs_on(spec: Doc, labels: dict[str, str]) -> bool:
+    """Whether a DaemonSet pod with this spec is placed on (and kept on) a node with these
+    labels: nodeSelector ANDed with the required node affinity, whose terms are ORed and
+    whose expressions within a term are ANDed (Kubernetes' NodeSelector semantics)."""
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (
+        (spec.get("affinity") or {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    if not required:
+        return True
+    return any(
+        all(matches(e, labels) for e in term.get("matchExpressions", []))
+        for term in required["nodeSelectorTerms"]
+    )
+
+
+def driver_manager_waits_for(spec: Doc) -> bool:
+    """k8s-driver-manager's WaitForPodsWithNodeSelector: a DaemonSet pod whose nodeSelector
+    has the client label's key (its affinity is not read)."""
+    return CLIENT_LABEL in (spec.get("nodeSelector") or {})
+
+
+GPU = {"nvidia.com/gpu.present": "true"}
+#: the client label through a driver upgrade (k8s-driver-manager's maybeSetPaused) and a MIG
+#: change (mig-parted), and on a node no GPU Operator 26.7+ labelled
+NODES = {
+    "labelled": {**GPU, CLIENT_LABEL: "true"},
+    "older-operator": dict(GPU),
+    "driver-upgrade": {**GPU, CLIENT_LABEL: "paused-for-driver-upgrade"},
+    "mig-change": {**GPU, CLIENT_LABEL: "paused-for-mig-change"},
+    "clients-off": {**GPU, CLIENT_LABEL: "false"},
+    "no-gpu": {CLIENT_LABEL: "true"},
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "placed", "waited_for"),
+    [
+        ("affinity", {"labelled", "older-operator"}, False),
+        ("nodeSelector", {"labelled"}, True),
+        (
+            "none",
+            {"labelled", "older-operator", "driver-upgrade", "mig-change", "clients-off"},
+            False,
+        ),
+    ],
+)
+def test_the_agent_steps_aside_for_a_driver_upgrade(
+    mode: str, placed: set[str], waited_for: bool, tmp_path: Path
+) -> None:
+    spec = pod_spec(render({"gpuOperator": {"clientLabel": mode}}, tmp_path))
+    assert {name for name, labels in NODES.items() if runs_on(spec, labels)} == placed
+    assert driver_manager_waits_for(spec) is waited_for
+
+
+def test_the_client_label_keeps_the_users_affinity(built: dict[str, list[Doc]]) -> None:
+    """A user's required node affinity still applies: each of its terms is ANDed with the
+    client label's two alternatives."""
+    spec = pod_spec(built["everything"])
+    h200 = {**GPU, "nvidia.com/gpu.product": "NVIDIA-H200"}
+    h100 = {**GPU, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert runs_on(spec, {**h200, CLIENT_LABEL: "true"}) and runs_on(spec, h200)
+    assert not runs_on(spec, {**h200, CLIENT_LABEL: "paused-for-driver-upgrade"})
+    assert not runs_on(spec, {**h100, CLIENT_LABEL: "true"})
+
+
+def test_runs_on_sees_each_operator() -> None:
+    labels = {"a": "1"}
+    assert matches({"key": "a", "operator": "In", "values": ["1"]}, labels)
+    assert not matches({"key": "a", "operator": "NotIn", "values": ["1"]}, labels)
+    assert matches({"key": "a", "operator": "Exists"}, labels)
+    assert not matches({"key": "a", "operator": "DoesNotExist"}, labels)
+    assert not runs_on({"nodeSelector": {"a": "2"}}, labels)
+
+
 def test_every_writable_path_is_a_bounded_emptydir(built: dict[str, list[Doc]]) -> None:
     for build in BUILDS:
         spec = pod_spec(built[build])

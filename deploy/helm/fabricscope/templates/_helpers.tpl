@@ -135,3 +135,53 @@ metricRelabelings:
 {{- if not (hasSuffix "/" $base) -}}{{- $base = printf "%s/" $base -}}{{- end -}}
 {{- $base -}}
 {{- end -}}
+
+{{/* The node's directory holding the kubelet's pod-resources socket: hostPaths.podResources,
+     else <hostPaths.kubeletRoot>/pod-resources. */}}
+{{- define "fabricscope.podResourcesPath" -}}
+{{- $h := .Values.hostPaths -}}
+{{- if $h.podResources -}}
+{{- $h.podResources -}}
+{{- else -}}
+{{- printf "%s/pod-resources" (trimSuffix "/" $h.kubeletRoot) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The GPU Operator's label for third-party GPU clients (gpuOperator.clientLabel): "true"
+     while they may run on the node; the driver manager sets paused-for-driver-upgrade
+     (mig-parted: paused-for-mig-change) and back. */}}
+{{- define "fabricscope.gpuClientLabel" -}}nvidia.com/gpu.deploy.client{{- end -}}
+
+{{/* nodeSelector: the value, plus the client label with gpuOperator.clientLabel=nodeSelector
+     (the driver manager waits for DaemonSet pods whose nodeSelector has that key). */}}
+{{- define "fabricscope.nodeSelector" -}}
+{{- $sel := deepCopy (default dict .Values.nodeSelector) -}}
+{{- if eq .Values.gpuOperator.clientLabel "nodeSelector" -}}
+{{- $_ := set $sel (include "fabricscope.gpuClientLabel" .) "true" -}}
+{{- end -}}
+{{- with $sel }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* affinity: the value, with gpuOperator.clientLabel=affinity each required node selector
+     term (or one empty term) ANDed with "the client label is true" or, as a second term,
+     "the client label is absent" (a node no GPU Operator labelled). Terms are ORed. */}}
+{{- define "fabricscope.affinity" -}}
+{{- $aff := deepCopy (default dict .Values.affinity) -}}
+{{- if eq .Values.gpuOperator.clientLabel "affinity" -}}
+{{- $key := include "fabricscope.gpuClientLabel" . -}}
+{{- $node := default dict $aff.nodeAffinity -}}
+{{- $req := default dict $node.requiredDuringSchedulingIgnoredDuringExecution -}}
+{{- $terms := list -}}
+{{- range $term := (default (list dict) $req.nodeSelectorTerms) -}}
+{{- range $rule := list (dict "key" $key "operator" "In" "values" (list "true")) (dict "key" $key "operator" "DoesNotExist") -}}
+{{- $t := deepCopy $term -}}
+{{- $_ := set $t "matchExpressions" (append (default list $t.matchExpressions) $rule) -}}
+{{- $terms = append $terms $t -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $req "nodeSelectorTerms" $terms -}}
+{{- $_ = set $node "requiredDuringSchedulingIgnoredDuringExecution" $req -}}
+{{- $_ = set $aff "nodeAffinity" $node -}}
+{{- end -}}
+{{- with $aff }}{{ toYaml . }}{{ end -}}
+{{- end -}}
