@@ -382,16 +382,20 @@ def host_mounts(docs: list[Doc]) -> dict[str, tuple[str, bool]]:
 def test_host_paths_are_few_and_read_only(built: dict[str, list[Doc]], build: str) -> None:
     mounts = host_mounts(built[build])
     # nonroot: no pod attribution, so no pod-resources socket and no pod logs to pick from
-    kube = {POD_RESOURCES, POD_LOGS}
+    # the node's directories: the defaults, or where hostPaths puts them
+    paths = VALUES[build].get("hostPaths", {})
+    node_resources = paths.get("kubeletRoot", "/var/lib/kubelet") + "/pod-resources"
+    node_logs = paths.get("podLogs", POD_LOGS)
+    kube = {node_resources, node_logs}
     expected = {"/sys", "/proc"} | (kube if "nonroot" not in build else set())
     assert set(mounts) == expected
     assert all(read_only for _, read_only in mounts.values())
     assert mounts["/sys"][0] == "/host/sys" and mounts["/proc"][0] == "/host/proc"
-    if POD_RESOURCES in mounts:
+    if node_resources in mounts:
         # the agent's default socket path (agent/kubernetes/podresources.py) lies under the mount
-        assert mounts[POD_RESOURCES][0] == POD_RESOURCES
-    if POD_LOGS in mounts:  # where --path.pod-logs looks by default
-        assert mounts[POD_LOGS][0] == DEFAULT_POD_LOGS == POD_LOGS
+        assert mounts[node_resources][0] == POD_RESOURCES
+    if node_logs in mounts:  # where --path.pod-logs looks by default
+        assert mounts[node_logs][0] == DEFAULT_POD_LOGS == POD_LOGS
     args = agent_container(built[build])["args"]
     assert "--path.sysfs=/host/sys" in args and "--path.procfs=/host/proc" in args
 
