@@ -334,3 +334,27 @@ def test_helm_package(tmp_path: Path) -> None:
         timeout=120,
     )
     assert refused.returncode != 0 and "'enable' not allowed" in refused.stderr
+
+
+def test_notes_warn_of_a_tls_scrape_without_a_server_name(tmp_path: Path) -> None:
+    """The targets are node IPs: without serverName the certificate must hold every node's IP,
+    which the install notes say (``helm install --dry-run`` renders them offline)."""
+
+    def notes(values: Doc) -> str:
+        out = run_helm(
+            "install",
+            "--dry-run",
+            RELEASE,
+            str(CHART),
+            "-n",
+            NAMESPACE,
+            values=values,
+            tmp=tmp_path,
+        )
+        return out[out.index("NOTES:") :]
+
+    web = {"existingSecret": "fabricscope-web", "tls": True}
+    assert "tlsConfig.serverName is empty" in notes({"web": web})
+    named = {"web": web, "serviceMonitor": {"tlsConfig": {"serverName": "fabricscope"}}}
+    assert "tlsConfig.serverName" not in notes(named)
+    assert "tlsConfig.serverName" not in notes({})
