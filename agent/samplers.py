@@ -111,6 +111,7 @@ def build_samplers(
             procfs=procfs,
             socket_path=k8s.pod_resources_socket,
             node_name=k8s.node_name,
+            rdma_unanswered=unanswered(latest, "infiniband"),
         )
         out.append(attribution)
     if "workload" in enabled:
@@ -250,6 +251,18 @@ def build_samplers(
             )
         )
     return sorted(out, key=lambda s: s.name)
+
+
+def unanswered(latest: Latest, name: str) -> Callable[[], bool]:
+    """True while sampler ``name`` runs but has no current answer: no pass yet, or its last
+    pass failed (a pass past its timeout on a busy node); False once its last pass answered
+    with data or with no data, and when it is not running at all."""
+
+    def pending() -> bool:
+        status = latest.status(name)
+        return status is not None and not status.success
+
+    return pending
 
 
 def probe_allocation(attribution_on: bool, node_name: str | None, latest: Latest) -> GpuAllocation:

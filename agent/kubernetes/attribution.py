@@ -286,6 +286,9 @@ class AttributionSampler:
     builds the API client (default: in-cluster config, else kubeconfig). ``procfs`` reads
     ``<pid>/cgroup`` below ``--path.procfs``. ``first_sync_wait_seconds``: how long the first
     pass may wait for the pod index (0: never wait; useful for one-shot runs).
+    ``rdma_unanswered``: True while the InfiniBand sampler has no current answer (no pass
+    yet, or its last one failed): RDMA attributions keep its last answer, or wait for its
+    first, rather than appear once without their device.
     """
 
     name = "attribution"
@@ -302,9 +305,12 @@ class AttributionSampler:
         api_client: Callable[[], ApiClient] | None = None,
         watch: WatchSettings | None = None,
         first_sync_wait_seconds: float = 0.0,
+        rdma_unanswered: Callable[[], bool] = lambda: False,
     ) -> None:
         self._gpus = gpus
         self._rdma = rdma
+        self._rdma_unanswered = rdma_unanswered
+        self._last_ib: InfinibandSnapshot | None = None
         self._procfs = procfs
         self.errors = ErrorCounts()
         self._kubelet = (
@@ -335,7 +341,15 @@ class AttributionSampler:
             if self._first_wait > 0:
                 self.watcher.wait_synced(self._first_wait)
                 self._first_wait = 0.0
+        # asked once, before the snapshot: InfiniBand may answer between the two reads
+        rdma_waiting = self._rdma_unanswered()
         nvml, ib = self._gpus(), self._rdma()
+        if ib is not None:
+            self._last_ib = ib
+        elif rdma_waiting:
+            # InfiniBand's last pass failed: its last answer stands, so the RDMA rows keep
+            # their device and PCI address (None when it has never answered)
+            ib = self._last_ib
         issues = Issues(self._procfs)
 
         allocations = self._list_kubelet()
@@ -344,6 +358,12 @@ class AttributionSampler:
         cpus: list[ContainerCpus] = []
         if allocations is not None:
             gpus, rdma, cpus = attribute_allocations(allocations, nvml, ib)
+            if ib is None and rdma_waiting:
+                # InfiniBand has not answered yet (the two start together; its first pass
+                # may also time out on a busy node): the RDMA rows would lack their device
+                # and PCI address now and gain them a pass later, a second identity for each
+                # series at every start. They wait for its answer.
+                rdma = []
 
         index = self.watcher.index if self.watcher is not None else None
         if index is not None and nvml is not None:

@@ -41,6 +41,7 @@ Doc = dict[str, Any]
 HOST = "127.0.0.2"
 #: what the agent pod is called before and after the roll (a DaemonSet's generated names)
 OLD_POD, NEW_POD = "fabricscope-7xk2p", "fabricscope-q9d4m"
+UNRESOLVED = 'fabricscope_pod_rdma_info{device=""}[5m]'
 
 
 def one(docs: list[Doc], kind: str) -> Doc:
@@ -61,6 +62,7 @@ class Node:
         return f"{HOST}:{self.port}"
 
     def start(self) -> None:
+        self.stop()  # one agent per node address, as on a node
         self.generation += 1
         env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
         env["PYTHONPATH"] = str(ROOT)
@@ -88,6 +90,10 @@ class Node:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
+
+    def log_tail(self) -> str:
+        log = self.logs / f"agent-{self.generation}.log"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-15:])
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -200,7 +206,9 @@ def test_a_rollout_changes_no_series_identity(monitor: str, lab_node: Node, tmp_
     config["scrape_interval"] = config["scrape_timeout"] = "1s"  # the test's pace, not 30s
     lab_node.start()
     begin = time.time()
-    with start_prometheus(tmp_path / "prometheus", [config]) as prom:
+    with ExitStack() as stack:
+        stack.callback(lab_node.stop)
+        prom = stack.enter_context(start_prometheus(tmp_path / "prometheus", [config]))
         # the pod's attribution series (the workload's namespace/pod) are there too
         for info in ("fabricscope_pod_gpu_info", "fabricscope_pod_rdma_info"):
             prom.wait_for_query(f'count({info}{{job="fabricscope"}}) > 0', timeout=60)
@@ -212,9 +220,12 @@ def test_a_rollout_changes_no_series_identity(monitor: str, lab_node: Node, tmp_
         rolled = time.time()
         wait_until(lambda: scraped_by(prom, NEW_POD, rolled), timeout=60, what="the new pod")
         after = settled(prom, begin)
+        renamed = {dict(n)["__name__"] for n in after - before}
         assert after == before, (
-            f"new series: {sorted(map(sorted, after - before))[:5]}; "
-            f"gone: {sorted(map(sorted, before - after))[:5]}"
+            f"new series: {[dict(s) for s in after - before][:3]}; before, of those names: "
+            f"{[dict(s) for s in before if dict(s)['__name__'] in renamed][:3]}; the new "
+            f"agent's log: {lab_node.log_tail()}; rolled at {rolled}: "
+            f"{prom.api('query', {'query': UNRESOLVED})}"
         )
         names = {dict(s)["__name__"] for s in before}
         assert len(before) > 100 and "fabricscope_infiniband_port_up" in names

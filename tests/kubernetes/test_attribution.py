@@ -1016,3 +1016,34 @@ def test_specs_use_the_label_vocabulary() -> None:
     for spec in render_attribution.SPECS:
         assert len(spec.labels) <= 12
     assert "source" not in {label for spec in render_attribution.SPECS for label in spec.labels}
+
+
+def test_rdma_rows_keep_their_device_while_infiniband_has_no_answer(
+    kubelet: tuple[Lister, Path], samplers: list[AttributionSampler]
+) -> None:
+    """At agent start attribution and InfiniBand run their first passes together, and a busy
+    node can time an InfiniBand pass out. A row attributed while InfiniBand has no answer
+    would lack its device and PCI address and regain them a pass later: two identities for
+    one series (a rollout renamed it; tests/deploy/test_rollout.py). The rows wait for
+    InfiniBand's first answer and keep its last one through a failed pass; once it answers
+    that there is no InfiniBand, an unresolved row is what the node really has."""
+    _, path = kubelet
+    ib: list[InfinibandSnapshot | None] = [None]
+    unanswered = [True]
+    s = AttributionSampler(
+        gpus=lambda: NVML,
+        rdma=lambda: ib[0],
+        procfs=SysfsReader(PROCFS),
+        socket_path=str(path),
+        rdma_unanswered=lambda: unanswered[0],
+    )
+    samplers.append(s)
+    first = s.sample()
+    assert first.rdma == () and first.gpus == (TRAINER_GPU,)
+    ib[0], unanswered[0] = IB, False
+    assert s.sample().rdma == (TRAINER_VF,)
+    ib[0], unanswered[0] = None, True  # a failed pass: no snapshot now
+    assert s.sample().rdma == (TRAINER_VF,)
+    ib[0], unanswered[0] = None, False  # answered: no InfiniBand here
+    (unresolved,) = s.sample().rdma
+    assert unresolved.device is None and unresolved.device_id == TRAINER_VF.device_id
