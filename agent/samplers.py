@@ -112,6 +112,7 @@ def build_samplers(
             socket_path=k8s.pod_resources_socket,
             node_name=k8s.node_name,
             rdma_unanswered=unanswered(latest, "infiniband"),
+            gpus_unanswered=unanswered(latest, "nvml"),
         )
         out.append(attribution)
     if "workload" in enabled:

@@ -129,6 +129,10 @@ class AttributionSnapshot:
     #: None when this pass established which GPUs pods hold, else why not (a reason of
     #: :data:`agent.kubernetes.allocation.UNKNOWN_REASONS`)
     allocation_unknown: str | None = None
+    #: NVML had not answered yet when this pass ran: the GPU rows lack their index and PCI
+    #: address and would gain them a pass later (a second identity for each series), so they
+    #: are not exported this pass; they still count for the allocation above
+    gpus_pending: bool = False
 
     @property
     def pods(self) -> int:
@@ -288,7 +292,8 @@ class AttributionSampler:
     pass may wait for the pod index (0: never wait; useful for one-shot runs).
     ``rdma_unanswered``: True while the InfiniBand sampler has no current answer (no pass
     yet, or its last one failed): RDMA attributions keep its last answer, or wait for its
-    first, rather than appear once without their device.
+    first, rather than appear once without their device. ``gpus_unanswered``: the same for
+    NVML; GPU rows are kept for the allocation but not exported until NVML first answers.
     """
 
     name = "attribution"
@@ -306,11 +311,14 @@ class AttributionSampler:
         watch: WatchSettings | None = None,
         first_sync_wait_seconds: float = 0.0,
         rdma_unanswered: Callable[[], bool] = lambda: False,
+        gpus_unanswered: Callable[[], bool] = lambda: False,
     ) -> None:
         self._gpus = gpus
         self._rdma = rdma
         self._rdma_unanswered = rdma_unanswered
+        self._gpus_unanswered = gpus_unanswered
         self._last_ib: InfinibandSnapshot | None = None
+        self._nvml_answered = False
         self._procfs = procfs
         self.errors = ErrorCounts()
         self._kubelet = (
@@ -343,7 +351,10 @@ class AttributionSampler:
                 self._first_wait = 0.0
         # asked once, before the snapshot: InfiniBand may answer between the two reads
         rdma_waiting = self._rdma_unanswered()
+        gpus_waiting = self._gpus_unanswered()
         nvml, ib = self._gpus(), self._rdma()
+        if nvml is not None:
+            self._nvml_answered = True
         if ib is not None:
             self._last_ib = ib
         elif rdma_waiting:
@@ -386,6 +397,7 @@ class AttributionSampler:
             errors_total=self.errors.totals(),
             issues=issues.freeze(),
             allocation_unknown=unknown,
+            gpus_pending=nvml is None and gpus_waiting and not self._nvml_answered,
         )
 
     def _allocation_unknown(

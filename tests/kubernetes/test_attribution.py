@@ -1047,3 +1047,37 @@ def test_rdma_rows_keep_their_device_while_infiniband_has_no_answer(
     ib[0], unanswered[0] = None, False  # answered: no InfiniBand here
     (unresolved,) = s.sample().rdma
     assert unresolved.device is None and unresolved.device_id == TRAINER_VF.device_id
+
+
+def test_gpu_rows_are_exported_from_nvmls_first_answer(
+    kubelet: tuple[Lister, Path], samplers: list[AttributionSampler]
+) -> None:
+    """Before NVML first answers (its child starts with the agent) a GPU row lacks its index
+    and PCI address; exported, it would be a second identity of the series a pass later. The
+    row stays in the snapshot (the probe's allocation fails closed on it) but is not
+    exported until NVML has answered."""
+    _, path = kubelet
+    nvml: list[NvmlSnapshot | None] = [None]
+    unanswered = [True]
+    s = AttributionSampler(
+        gpus=lambda: nvml[0],
+        rdma=lambda: IB,
+        procfs=SysfsReader(PROCFS),
+        socket_path=str(path),
+        gpus_unanswered=lambda: unanswered[0],
+    )
+    samplers.append(s)
+
+    def exported(snap: AttributionSnapshot) -> str:
+        out = Families()
+        render_attribution.render(snap, out)
+        return render_text(out).decode()
+
+    first = s.sample()
+    assert first.gpus_pending and first.gpus and first.allocation_unknown is not None
+    assert "fabricscope_pod_gpu_info{" not in exported(first)
+    nvml[0], unanswered[0] = NVML, False
+    answered = s.sample()
+    assert not answered.gpus_pending and 'gpu="0"' in exported(answered)
+    nvml[0], unanswered[0] = None, True  # a failed pass after an answer: exported as it is
+    assert not s.sample().gpus_pending
