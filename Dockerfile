@@ -23,15 +23,19 @@ ARG BASE=debian:bookworm-slim
 # the two C tools the sampler runs need only libibmad5 and libibumad3 (ldd), so those are
 # installed and the two binaries taken from the same version's package (~0.3 MB in all).
 FROM ${BASE} AS system
-# python3's version is Debian 12's (security updates wanted); the base's digest pins the rest.
+# No version pins: Debian replaces a point release (44.0-2 -> 44.0-2+deb12u1) in place, and a
+# pinned version that the mirror no longer carries fails the build. The base's digest and the
+# suite (bookworm) fix what is installed; a stable update brings security fixes. The two tools
+# are taken from the infiniband-diags of exactly the version of the libraries installed, so
+# binaries and libraries always match.
 # hadolint ignore=DL3008,DL3003
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 libibmad5=44.0-2 libibumad3=44.0-2 \
+    && apt-get install -y --no-install-recommends python3 libibmad5 libibumad3 \
     && cd /tmp \
-    && apt-get download infiniband-diags=44.0-2 \
-    && dpkg-deb -x infiniband-diags_44.0-2_*.deb diags \
+    && apt-get download "infiniband-diags=$(dpkg-query -W -f='${Version}' libibumad3)" \
+    && dpkg-deb -x infiniband-diags_*.deb diags \
     && cp diags/usr/sbin/smpquery diags/usr/sbin/perfquery /usr/sbin/ \
-    && rm -r diags infiniband-diags_44.0-2_*.deb \
+    && rm -r diags infiniband-diags_*.deb \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 
 # --- builder: the fabricscope wheel, installed with its pinned dependencies into a venv ---

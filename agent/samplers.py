@@ -113,6 +113,8 @@ def build_samplers(
             node_name=k8s.node_name,
             sysfs=sysfs,
             cdi_root=k8s.cdi_dir,
+            rdma_unanswered=unanswered(latest, "infiniband"),
+            gpus_unanswered=unanswered(latest, "nvml"),
         )
         out.append(attribution)
     if "workload" in enabled:
@@ -252,6 +254,18 @@ def build_samplers(
             )
         )
     return sorted(out, key=lambda s: s.name)
+
+
+def unanswered(latest: Latest, name: str) -> Callable[[], bool]:
+    """True while sampler ``name`` runs but has no current answer: no pass yet, or its last
+    pass failed (a pass past its timeout on a busy node); False once its last pass answered
+    with data or with no data, and when it is not running at all."""
+
+    def pending() -> bool:
+        status = latest.status(name)
+        return status is not None and not status.success
+
+    return pending
 
 
 def probe_allocation(attribution_on: bool, node_name: str | None, latest: Latest) -> GpuAllocation:

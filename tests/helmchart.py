@@ -29,7 +29,10 @@ PROBE: Doc = {"probe": {"enabled": True, "existingSecret": PROBE_SECRET, "member
 TLS: Doc = {
     "web": {"existingSecret": "fabricscope-web", "tls": True},
     "serviceMonitor": {
-        "tlsConfig": {"ca": {"secret": {"name": "fabricscope-ca", "key": "ca.crt"}}},
+        "tlsConfig": {
+            "ca": {"secret": {"name": "fabricscope-ca", "key": "ca.crt"}},
+            "serverName": "fabricscope",
+        },
         "basicAuth": {
             "username": {"name": "fabricscope-scrape", "key": "username"},
             "password": {"name": "fabricscope-scrape", "key": "password"},
@@ -51,6 +54,11 @@ VALUES: dict[str, Doc] = {
         "capabilities": {"acs": True, "workloadEnviron": True},
     },
     "tls": TLS,
+    # a distribution with the kubelet elsewhere, and GPU Operator 26.7+'s client label
+    "distribution": {
+        "hostPaths": {"kubeletRoot": "/var/lib/k0s/kubelet", "podLogs": "/data/pod-logs"},
+        "gpuOperator": {"clientLabel": "nodeSelector"},
+    },
     "all-off": {
         "rbac": {"create": False},
         "serviceAccount": {"create": False},

@@ -151,6 +151,10 @@ class AttributionSnapshot:
     #: None when this pass established which GPUs pods hold, else why not (a reason of
     #: :data:`agent.kubernetes.allocation.UNKNOWN_REASONS`)
     allocation_unknown: str | None = None
+    #: NVML had not answered yet when this pass ran: the GPU rows lack their index and PCI
+    #: address and would gain them a pass later (a second identity for each series), so they
+    #: are not exported this pass; they still count for the allocation above
+    gpus_pending: bool = False
 
     @property
     def pods(self) -> int:
@@ -367,6 +371,10 @@ class AttributionSampler:
     reads a VF's ``physfn`` link and a ``uverbs`` node's RDMA device (None: not resolved);
     ``cdi_root``: the CDI spec directory claims' devices are looked up in (None: claims are
     resolved by device name only).
+    ``rdma_unanswered``: True while the InfiniBand sampler has no current answer (no pass
+    yet, or its last one failed): RDMA attributions keep its last answer, or wait for its
+    first, rather than appear once without their device. ``gpus_unanswered``: the same for
+    NVML; GPU rows are kept for the allocation but not exported until NVML first answers.
     """
 
     name = "attribution"
@@ -385,11 +393,17 @@ class AttributionSampler:
         first_sync_wait_seconds: float = 0.0,
         sysfs: SysfsReader | None = None,
         cdi_root: str | None = DEFAULT_CDI_ROOT,
+        rdma_unanswered: Callable[[], bool] = lambda: False,
+        gpus_unanswered: Callable[[], bool] = lambda: False,
     ) -> None:
         self._sysfs = sysfs
         self._cdi = CdiRegistry(cdi_root) if cdi_root else None
         self._gpus = gpus
         self._rdma = rdma
+        self._rdma_unanswered = rdma_unanswered
+        self._gpus_unanswered = gpus_unanswered
+        self._last_ib: InfinibandSnapshot | None = None
+        self._nvml_answered = False
         self._procfs = procfs
         self.errors = ErrorCounts()
         self._kubelet = (
@@ -420,7 +434,18 @@ class AttributionSampler:
             if self._first_wait > 0:
                 self.watcher.wait_synced(self._first_wait)
                 self._first_wait = 0.0
+        # asked once, before the snapshot: InfiniBand may answer between the two reads
+        rdma_waiting = self._rdma_unanswered()
+        gpus_waiting = self._gpus_unanswered()
         nvml, ib = self._gpus(), self._rdma()
+        if nvml is not None:
+            self._nvml_answered = True
+        if ib is not None:
+            self._last_ib = ib
+        elif rdma_waiting:
+            # InfiniBand's last pass failed: its last answer stands, so the RDMA rows keep
+            # their device and PCI address (None when it has never answered)
+            ib = self._last_ib
         issues = Issues(self._procfs)
 
         allocations = self._list_kubelet()
@@ -438,6 +463,12 @@ class AttributionSampler:
             gpus, rdma, cpus = attribute_allocations(allocations, nvml, ib, host, physfn)
             if sys_issues is not None:
                 issues.items.extend(sys_issues.items)
+            if ib is None and rdma_waiting:
+                # InfiniBand has not answered yet (the two start together; its first pass
+                # may also time out on a busy node): the RDMA rows would lack their device
+                # and PCI address now and gain them a pass later, a second identity for each
+                # series at every start. They wait for its answer.
+                rdma = []
 
         index = self.watcher.index if self.watcher is not None else None
         if index is not None and nvml is not None:
@@ -460,6 +491,7 @@ class AttributionSampler:
             errors_total=self.errors.totals(),
             issues=issues.freeze(),
             allocation_unknown=unknown,
+            gpus_pending=nvml is None and gpus_waiting and not self._nvml_answered,
         )
 
     def _host_view(self, issues: Issues, sys_issues: Issues | None) -> HostView:

@@ -81,7 +81,9 @@ def _label(value: object) -> str:
 
 
 def render(snap: AttributionSnapshot, out: Families) -> None:
-    for g in snap.gpus:
+    # before NVML's first answer the rows lack gpu and pci_bus_id: exported a pass later,
+    # whole, so each series has one identity
+    for g in () if snap.gpus_pending else snap.gpus:
         out.add(
             POD_GPU_INFO,
             1,

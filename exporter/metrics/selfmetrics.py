@@ -83,8 +83,9 @@ SAMPLER_RENDER_ERRORS = MetricSpec(
 SAMPLER_CHILD_RESTARTS = MetricSpec(
     "fabricscope_sampler_child_restarts_total",
     "counter",
-    "Child processes started to replace one that crashed or hung, for samplers run in a "
-    "supervised child process (nvml).",
+    "Child processes started to replace one that crashed or hung, for the samplers run in a "
+    "supervised child process (nvml, throughput, ibpeer); absent for samplers that run in "
+    "the agent.",
     ("sampler",),
 )
 

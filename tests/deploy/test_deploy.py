@@ -32,6 +32,7 @@ import jsonschema
 import pytest
 import yaml
 
+from agent.cdi.registry import DEFAULT_CDI_ROOT
 from agent.config import DEFAULT_POD_LOGS, DEFAULT_PROBE_PORT
 from agent.probe.schedule.membership import parse_peers
 from exporter.cli.main import build_parser
@@ -242,8 +243,8 @@ def test_custom_resources_validate_against_the_operator_crds(
 ) -> None:
     custom = [d for d in built[build] if is_custom(d)]
     expected = {"ServiceMonitor", "PrometheusRule"} if build != "all-off" else set()
-    if build == "everything":
-        expected.add("PodMonitor")
+    if build == "everything":  # podMonitor.enabled: the PodMonitor replaces the ServiceMonitor
+        expected = {"PodMonitor", "PrometheusRule"}
     assert {d["kind"] for d in custom} == expected
     for doc in custom:
         validate_custom(doc)
@@ -287,9 +288,8 @@ def test_rbac_is_exactly_read_pods(built: dict[str, list[Doc]], build: str) -> N
     else:
         assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     role = one(docs, "ClusterRole")
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-    ]
+    # list and watch: the code never reads one pod by name (agent/kubernetes/podwatch.py)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -383,18 +383,162 @@ def host_mounts(docs: list[Doc]) -> dict[str, tuple[str, bool]]:
 def test_host_paths_are_few_and_read_only(built: dict[str, list[Doc]], build: str) -> None:
     mounts = host_mounts(built[build])
     # nonroot: no pod attribution, so no pod-resources socket and no pod logs to pick from
-    kube = {POD_RESOURCES, POD_LOGS}
+    # the node's directories: the defaults, or where hostPaths puts them
+    paths = VALUES[build].get("hostPaths", {})
+    node_resources = paths.get("kubeletRoot", "/var/lib/kubelet") + "/pod-resources"
+    node_logs = paths.get("podLogs", POD_LOGS)
+    node_cdi = paths.get("cdi", DEFAULT_CDI_ROOT)
+    kube = {node_resources, node_logs, node_cdi}
     expected = {"/sys", "/proc"} | (kube if "nonroot" not in build else set())
     assert set(mounts) == expected
     assert all(read_only for _, read_only in mounts.values())
     assert mounts["/sys"][0] == "/host/sys" and mounts["/proc"][0] == "/host/proc"
-    if POD_RESOURCES in mounts:
+    if node_resources in mounts:
         # the agent's default socket path (agent/kubernetes/podresources.py) lies under the mount
-        assert mounts[POD_RESOURCES][0] == POD_RESOURCES
-    if POD_LOGS in mounts:  # where --path.pod-logs looks by default
-        assert mounts[POD_LOGS][0] == DEFAULT_POD_LOGS == POD_LOGS
+        assert mounts[node_resources][0] == POD_RESOURCES
+    if node_logs in mounts:  # where --path.pod-logs looks by default
+        assert mounts[node_logs][0] == DEFAULT_POD_LOGS == POD_LOGS
+    if node_cdi in mounts:  # where --path.cdi looks by default
+        assert mounts[node_cdi][0] == DEFAULT_CDI_ROOT
     args = agent_container(built[build])["args"]
     assert "--path.sysfs=/host/sys" in args and "--path.procfs=/host/proc" in args
+
+
+#: the kubelet's root directory per distribution, as docs/install.md ("Distributions") lists
+#: them: k0s and MicroK8s move it; the others keep the kubelet's default
+DISTRIBUTIONS = {
+    "kubeadm": "/var/lib/kubelet",
+    "k0s": "/var/lib/k0s/kubelet",
+    "microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
+}
+
+
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_the_kubelet_paths_follow_the_distribution(distribution: str, tmp_path: Path) -> None:
+    root = DISTRIBUTIONS[distribution]
+    docs = render({"hostPaths": {"kubeletRoot": root}}, tmp_path)
+    mounts = host_mounts(docs)
+    # on the node: the distribution's directory; in the container: where the agent looks
+    assert mounts[f"{root}/pod-resources"] == (POD_RESOURCES, True)
+    assert mounts[POD_LOGS] == (POD_LOGS, True)
+    install = (DEPLOY.parent / "docs" / "install.md").read_text()
+    assert f"hostPaths.kubeletRoot={root}" in install or distribution == "kubeadm"
+
+
+def test_the_pod_resources_and_log_directories_can_be_set_alone(tmp_path: Path) -> None:
+    docs = render(
+        {
+            "hostPaths": {
+                "kubeletRoot": "/var/lib/kubelet/",
+                "podResources": "/run/kubelet/pod-resources",
+                "podLogs": "/data/pod-logs",
+            }
+        },
+        tmp_path,
+    )
+    mounts = host_mounts(docs)
+    assert mounts["/run/kubelet/pod-resources"] == (POD_RESOURCES, True)
+    assert mounts["/data/pod-logs"] == (POD_LOGS, True)
+    # a trailing slash on the root is not doubled
+    root_only = host_mounts(render({"hostPaths": {"kubeletRoot": "/srv/kubelet/"}}, tmp_path))
+    assert "/srv/kubelet/pod-resources" in root_only
+
+
+# --- the GPU Operator's driver upgrades (docs/install.md, "The GPU Operator") -----------------
+
+CLIENT_LABEL = "nvidia.com/gpu.deploy.client"
+
+
+def matches(expression: Doc, labels: dict[str, str]) -> bool:
+    """One nodeSelectorRequirement, as the scheduler and the DaemonSet controller read it."""
+    key, op = expression["key"], expression["operator"]
+    if op == "In":
+        return key in labels and labels[key] in expression["values"]
+    if op == "NotIn":
+        return key not in labels or labels[key] not in expression["values"]
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    raise AssertionError(f"operator {op} not modelled")
+
+
+def runs_on(spec: Doc, labels: dict[str, str]) -> bool:
+    """Whether a DaemonSet pod with this spec is placed on (and kept on) a node with these
+    labels: nodeSelector ANDed with the required node affinity, whose terms are ORed and
+    whose expressions within a term are ANDed (Kubernetes' NodeSelector semantics)."""
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (
+        (spec.get("affinity") or {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    if not required:
+        return True
+    return any(
+        all(matches(e, labels) for e in term.get("matchExpressions", []))
+        for term in required["nodeSelectorTerms"]
+    )
+
+
+def driver_manager_waits_for(spec: Doc) -> bool:
+    """k8s-driver-manager's WaitForPodsWithNodeSelector: a DaemonSet pod whose nodeSelector
+    has the client label's key (its affinity is not read)."""
+    return CLIENT_LABEL in (spec.get("nodeSelector") or {})
+
+
+GPU = {"nvidia.com/gpu.present": "true"}
+#: the client label through a driver upgrade (k8s-driver-manager's maybeSetPaused) and a MIG
+#: change (mig-parted), and on a node no GPU Operator 26.7+ labelled
+NODES = {
+    "labelled": {**GPU, CLIENT_LABEL: "true"},
+    "older-operator": dict(GPU),
+    "driver-upgrade": {**GPU, CLIENT_LABEL: "paused-for-driver-upgrade"},
+    "mig-change": {**GPU, CLIENT_LABEL: "paused-for-mig-change"},
+    "clients-off": {**GPU, CLIENT_LABEL: "false"},
+    "no-gpu": {CLIENT_LABEL: "true"},
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "placed", "waited_for"),
+    [
+        ("affinity", {"labelled", "older-operator"}, False),
+        ("nodeSelector", {"labelled"}, True),
+        (
+            "none",
+            {"labelled", "older-operator", "driver-upgrade", "mig-change", "clients-off"},
+            False,
+        ),
+    ],
+)
+def test_the_agent_steps_aside_for_a_driver_upgrade(
+    mode: str, placed: set[str], waited_for: bool, tmp_path: Path
+) -> None:
+    spec = pod_spec(render({"gpuOperator": {"clientLabel": mode}}, tmp_path))
+    assert {name for name, labels in NODES.items() if runs_on(spec, labels)} == placed
+    assert driver_manager_waits_for(spec) is waited_for
+
+
+def test_the_client_label_keeps_the_users_affinity(built: dict[str, list[Doc]]) -> None:
+    """A user's required node affinity still applies: each of its terms is ANDed with the
+    client label's two alternatives."""
+    spec = pod_spec(built["everything"])
+    h200 = {**GPU, "nvidia.com/gpu.product": "NVIDIA-H200"}
+    h100 = {**GPU, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert runs_on(spec, {**h200, CLIENT_LABEL: "true"}) and runs_on(spec, h200)
+    assert not runs_on(spec, {**h200, CLIENT_LABEL: "paused-for-driver-upgrade"})
+    assert not runs_on(spec, {**h100, CLIENT_LABEL: "true"})
+
+
+def test_runs_on_sees_each_operator() -> None:
+    labels = {"a": "1"}
+    assert matches({"key": "a", "operator": "In", "values": ["1"]}, labels)
+    assert not matches({"key": "a", "operator": "NotIn", "values": ["1"]}, labels)
+    assert matches({"key": "a", "operator": "Exists"}, labels)
+    assert not matches({"key": "a", "operator": "DoesNotExist"}, labels)
+    assert not runs_on({"nodeSelector": {"a": "2"}}, labels)
 
 
 def test_every_writable_path_is_a_bounded_emptydir(built: dict[str, list[Doc]]) -> None:
@@ -561,12 +705,16 @@ def test_probe_peers_need_peers_membership(tmp_path: Path) -> None:
 def test_monitoring_labels_reach_every_object_prometheus_selects(tmp_path: Path) -> None:
     """kube-prometheus-stack selects ServiceMonitors, PodMonitors and PrometheusRules by its
     release label: one value gives it to all three (the install command sets it)."""
-    docs = render(
-        {"monitoringLabels": {"release": "kps"}, "podMonitor": {"enabled": True}}, tmp_path
-    )
-    kinds = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
-    labelled = {d["kind"] for d in docs if d["metadata"]["labels"].get("release") == "kps"}
-    assert labelled == kinds
+    for pod_monitor, kinds in (
+        (False, {"ServiceMonitor", "PrometheusRule"}),
+        (True, {"PodMonitor", "PrometheusRule"}),
+    ):
+        docs = render(
+            {"monitoringLabels": {"release": "kps"}, "podMonitor": {"enabled": pod_monitor}},
+            tmp_path,
+        )
+        labelled = {d["kind"] for d in docs if d["metadata"]["labels"].get("release") == "kps"}
+        assert labelled == kinds
     for doc in (DEPLOY.parent / "docs" / "install.md", DEPLOY.parent / "README.md"):
         install = re.findall(r"helm install fabricscope .*?(?:\n\n|```)", doc.read_text(), re.S)
         assert install and all("monitoringLabels.release=" in i for i in install), doc
@@ -633,6 +781,33 @@ def test_service_and_servicemonitor_find_the_agent(built: dict[str, list[Doc]]) 
     assert pod_endpoint["port"] == "metrics" and pod_endpoint["honorLabels"] is True
     assert pod_endpoint["relabelings"] == endpoint["relabelings"]
     assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_one_monitor_never_both(built: dict[str, list[Doc]], build: str) -> None:
+    """ServiceMonitor or PodMonitor: with both, every node is scraped twice under the same job
+    and instance. podMonitor.enabled replaces the ServiceMonitor (serviceMonitor.enabled is on
+    by default, so asking for the PodMonitor must be enough)."""
+    monitors = [d["kind"] for d in built[build] if d["kind"] in ("ServiceMonitor", "PodMonitor")]
+    assert len(monitors) <= 1, monitors
+    if VALUES[build].get("podMonitor", {}).get("enabled"):
+        assert monitors == ["PodMonitor"]
+
+
+def test_every_monitor_drops_the_agent_pods_target_labels(built: dict[str, list[Doc]]) -> None:
+    """The Operator adds namespace, service, pod and container to every target; the chart's
+    relabelings drop them after the Operator's own (which come first in the generated
+    config), so the agent pod's name never reaches a series (tests/deploy/test_rollout.py
+    shows a rollout against a real Prometheus)."""
+    drop = {"action": "labeldrop", "regex": "(namespace|service|pod|container)"}
+    for monitor, key in (
+        (one(built["standard"], "ServiceMonitor"), "endpoints"),
+        (one(built["everything"], "PodMonitor"), "podMetricsEndpoints"),
+    ):
+        relabelings = monitor["spec"][key][0]["relabelings"]
+        assert drop in relabelings
+        # after the chart's instance and job, before anything the user appends
+        assert relabelings.index(drop) == 2
 
 
 def test_network_policy(built: dict[str, list[Doc]]) -> None:
@@ -795,7 +970,11 @@ def test_dockerfile_targets() -> None:
     # two libraries (ibpeer), and nothing else: no pip, no venv module, no compiler, no perl
     # (tests/deploy/test_image.py checks the image)
     (install,) = [i for i in stages["system"][1] if i.startswith("RUN")]
-    assert "--no-install-recommends python3 libibmad5=44.0-2 libibumad3=44.0-2 " in install
+    assert "--no-install-recommends python3 libibmad5 libibumad3 " in install
+    # no Debian version pin (pkg=1.2-3): a stable point release replaces the pinned version on
+    # the mirror and the build fails; the diags are taken at the libraries' installed version
+    assert not re.search(r"[a-z0-9][a-z0-9.+-]*=[0-9]", install.replace("${Version}", "")), install
+    assert "infiniband-diags=$(dpkg-query -W -f='${Version}' libibumad3)" in install
     assert "cp diags/usr/sbin/smpquery diags/usr/sbin/perfquery /usr/sbin/ " in install
     runtime = " ".join(stages["runtime"][1])
     assert "torch" not in runtime and "--from=venv " in runtime

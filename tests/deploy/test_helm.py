@@ -23,12 +23,16 @@ import yaml
 from agent.probe.schedule.membership import parse_peers
 from tests.helmchart import (
     CHART,
+    NAMESPACE,
     PROBE_SECRET,
+    RELEASE,
     ROOT,
     VALUES,
+    helm,
     render,
     render_fails,
     run_helm,
+    template_args,
 )
 
 Doc = dict[str, Any]
@@ -49,6 +53,9 @@ NAMED_LISTS = frozenset({"env", "volumes", "volumeMounts", "ports"})
 #: rules select) stays "fabricscope" whatever the release is called; kustomize's job was the
 #: Service's name, always "fabricscope"
 JOB_RELABEL = {"targetLabel": "job", "replacement": "fabricscope", "action": "replace"}
+#: and the one that drops the agent pod's own target labels (the Operator's namespace, service,
+#: pod, container), which kustomize's monitor kept: a rollout renamed every series
+TARGET_LABELS_DROP = {"action": "labeldrop", "regex": "(namespace|service|pod|container)"}
 
 
 def kustomize_build(name: str) -> list[Doc]:
@@ -70,8 +77,15 @@ def normalise(node: Any, key: str = "") -> Any:
             # the memory request and limit were set again from a measurement
             # (bench/bench_sizing.py); tests/test_deploy.py holds the values
             out = {k: {n: q for n, q in v.items() if n != "memory"} for k, v in out.items()}
+        if out.get("kind") == "ClusterRole" and "rules" in out:
+            # kustomize's ClusterRole also granted get on pods, which no code uses
+            out["rules"] = [
+                {**r, "verbs": [v for v in r["verbs"] if v != "get"]} for r in out["rules"]
+            ]
         if "relabelings" in out:
-            out["relabelings"] = [r for r in out["relabelings"] if r != JOB_RELABEL]
+            out["relabelings"] = [
+                r for r in out["relabelings"] if r not in (JOB_RELABEL, TARGET_LABELS_DROP)
+            ]
         return out
     if isinstance(node, list):
         items = [normalise(v) for v in node]
@@ -95,7 +109,8 @@ def test_renders_what_kustomize_deployed(build: str, tmp_path: Path) -> None:
     new = by_identity(
         [
             d
-            for d in render(VALUES[build], tmp_path)
+            # the GPU Operator's client-label affinity is new in the chart (test_deploy.py)
+            for d in render({**VALUES[build], "gpuOperator": {"clientLabel": "none"}}, tmp_path)
             # generated from their sources, compared with them below and in test_deploy.py
             if d["kind"] != "PrometheusRule"
             and "grafana_dashboard" not in d["metadata"].get("labels", {})
@@ -112,6 +127,7 @@ def test_renders_what_kustomize_deployed(build: str, tmp_path: Path) -> None:
         assert normalise(doc) == normalise(old[identity]), identity
     for monitor in (d for d in new.values() if d["kind"] == "ServiceMonitor"):
         assert JOB_RELABEL in monitor["spec"]["endpoints"][0]["relabelings"]
+        assert TARGET_LABELS_DROP in monitor["spec"]["endpoints"][0]["relabelings"]
 
 
 def test_normalise_still_sees_a_change(tmp_path: Path) -> None:
@@ -225,6 +241,12 @@ def test_another_release_name(tmp_path: Path) -> None:
         ({"probe": {"secret": "x"}}, "additional properties 'secret' not allowed"),
         ({"image": {"digest": "latest"}}, "/image/digest"),
         ({"port": 0}, "/port"),
+        ({"hostPaths": {"podLogs": "var/log/pods"}}, "/hostPaths/podLogs"),
+        ({"hostPaths": {"kubeletRoot": ""}}, "/hostPaths/kubeletRoot"),
+        ({"serviceMonitor": {"tlsConfig": {"ca": {"secret": {"name": "x"}}}}}, "missing"),
+        ({"serviceMonitor": {"tlsConfig": {"servername": "x"}}}, "'servername' not allowed"),
+        ({"podLabels": {"tier": 1}}, "/podLabels/tier"),
+        ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
         ({"probe": {"enabled": True, "existingSecret": "s", "peers": ["a b"]}}, "/probe/peers"),
         ({"serviceMonitor": {"enabled": True}, "service": {"enabled": False}}, "needs service"),
         ({"web": {"tls": True}}, "web.tls needs web.existingSecret"),
@@ -241,3 +263,98 @@ def test_digest_wins_over_the_tag(tmp_path: Path) -> None:
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == f"registry.invalid/fabricscope@{digest}"
+
+
+#: values that take a Kubernetes type the schema does not restate: checked where it lands, by
+#: kubernetes-validate --strict on the rendered DaemonSet (tests/deploy/test_deploy.py)
+FREE_FORM = {"affinity": "a core/v1 Affinity"}
+
+
+def schema_gaps(values: Any, schema: Doc, path: str = "") -> list[str]:
+    """Every place values.yaml and the schema disagree: a value the schema does not name, an
+    object that accepts unknown keys, a schema entry values.yaml no longer has."""
+    gaps = []
+    if isinstance(values, dict) and "properties" in schema:
+        if schema.get("additionalProperties") is not False:
+            gaps.append(f"{path or '/'}: accepts unknown keys")
+        props = schema["properties"]
+        for key, value in values.items():
+            if key not in props:
+                gaps.append(f"{path}/{key}: not in the schema")
+            else:
+                gaps += schema_gaps(value, props[key], f"{path}/{key}")
+        if values:  # an empty default ({}) is an optional Operator/Kubernetes object
+            gaps += [
+                f"{path}/{k}: in the schema, not in values.yaml" for k in props if k not in values
+            ]
+    elif isinstance(values, dict) and path.lstrip("/") not in FREE_FORM:
+        # a map of free keys: its values must still be typed (labels: strings)
+        if not isinstance(schema.get("additionalProperties"), dict):
+            gaps.append(f"{path}: a map whose values are not typed")
+    elif not isinstance(values, dict) and not {"type", "enum", "anyOf"} & set(schema):
+        gaps.append(f"{path}: untyped")
+    return gaps
+
+
+def test_the_schema_covers_every_value() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert schema_gaps(values, schema) == []
+
+
+def test_schema_gaps_sees_a_gap() -> None:
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}}},
+    }
+    assert schema_gaps({"a": {"b": "x", "c": 1}, "d": {"e": "f"}}, schema) == [
+        "/a: accepts unknown keys",
+        "/a/c: not in the schema",
+        "/d: not in the schema",
+    ]
+
+
+def test_helm_package(tmp_path: Path) -> None:
+    """``helm package`` makes the archive a chart repository serves, and the archive renders
+    as the directory does (every template, file and the schema are in it)."""
+    run_helm("package", str(CHART), "--destination", str(tmp_path))
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    archive = tmp_path / f"{chart['name']}-{chart['version']}.tgz"
+    assert archive.is_file()
+    from_dir = run_helm(*template_args())
+    from_archive = run_helm("template", RELEASE, str(archive), "--namespace", NAMESPACE)
+    assert from_archive == from_dir
+    # the schema travels with it: a misspelt key is refused from the archive too
+    refused = subprocess.run(
+        [helm(), "template", "x", str(archive), "--set", "serviceMonitor.enable=true"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert refused.returncode != 0 and "'enable' not allowed" in refused.stderr
+
+
+def test_notes_warn_of_a_tls_scrape_without_a_server_name(tmp_path: Path) -> None:
+    """The targets are node IPs: without serverName the certificate must hold every node's IP,
+    which the install notes say (``helm install --dry-run`` renders them offline)."""
+
+    def notes(values: Doc) -> str:
+        out = run_helm(
+            "install",
+            "--dry-run",
+            RELEASE,
+            str(CHART),
+            "-n",
+            NAMESPACE,
+            values=values,
+            tmp=tmp_path,
+        )
+        return out[out.index("NOTES:") :]
+
+    web = {"existingSecret": "fabricscope-web", "tls": True}
+    assert "tlsConfig.serverName is empty" in notes({"web": web})
+    named = {"web": web, "serviceMonitor": {"tlsConfig": {"serverName": "fabricscope"}}}
+    assert "tlsConfig.serverName" not in notes(named)
+    assert "tlsConfig.serverName" not in notes({})

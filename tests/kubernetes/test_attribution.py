@@ -1018,3 +1018,68 @@ def test_specs_use_the_label_vocabulary() -> None:
     for spec in render_attribution.SPECS:
         assert len(spec.labels) <= 12
     assert "source" not in {label for spec in render_attribution.SPECS for label in spec.labels}
+
+
+def test_rdma_rows_keep_their_device_while_infiniband_has_no_answer(
+    kubelet: tuple[Lister, Path], samplers: list[AttributionSampler]
+) -> None:
+    """At agent start attribution and InfiniBand run their first passes together, and a busy
+    node can time an InfiniBand pass out. A row attributed while InfiniBand has no answer
+    would lack its device and PCI address and regain them a pass later: two identities for
+    one series (a rollout renamed it; tests/deploy/test_rollout.py). The rows wait for
+    InfiniBand's first answer and keep its last one through a failed pass; once it answers
+    that there is no InfiniBand, an unresolved row is what the node really has."""
+    _, path = kubelet
+    ib: list[InfinibandSnapshot | None] = [None]
+    unanswered = [True]
+    s = AttributionSampler(
+        gpus=lambda: NVML,
+        rdma=lambda: ib[0],
+        procfs=SysfsReader(PROCFS),
+        socket_path=str(path),
+        rdma_unanswered=lambda: unanswered[0],
+    )
+    samplers.append(s)
+    first = s.sample()
+    assert first.rdma == () and first.gpus == (TRAINER_GPU,)
+    ib[0], unanswered[0] = IB, False
+    assert s.sample().rdma == (TRAINER_VF,)
+    ib[0], unanswered[0] = None, True  # a failed pass: no snapshot now
+    assert s.sample().rdma == (TRAINER_VF,)
+    ib[0], unanswered[0] = None, False  # answered: no InfiniBand here
+    (unresolved,) = s.sample().rdma
+    assert unresolved.device is None and unresolved.device_id == TRAINER_VF.device_id
+
+
+def test_gpu_rows_are_exported_from_nvmls_first_answer(
+    kubelet: tuple[Lister, Path], samplers: list[AttributionSampler]
+) -> None:
+    """Before NVML first answers (its child starts with the agent) a GPU row lacks its index
+    and PCI address; exported, it would be a second identity of the series a pass later. The
+    row stays in the snapshot (the probe's allocation fails closed on it) but is not
+    exported until NVML has answered."""
+    _, path = kubelet
+    nvml: list[NvmlSnapshot | None] = [None]
+    unanswered = [True]
+    s = AttributionSampler(
+        gpus=lambda: nvml[0],
+        rdma=lambda: IB,
+        procfs=SysfsReader(PROCFS),
+        socket_path=str(path),
+        gpus_unanswered=lambda: unanswered[0],
+    )
+    samplers.append(s)
+
+    def exported(snap: AttributionSnapshot) -> str:
+        out = Families()
+        render_attribution.render(snap, out)
+        return render_text(out).decode()
+
+    first = s.sample()
+    assert first.gpus_pending and first.gpus and first.allocation_unknown is not None
+    assert "fabricscope_pod_gpu_info{" not in exported(first)
+    nvml[0], unanswered[0] = NVML, False
+    answered = s.sample()
+    assert not answered.gpus_pending and 'gpu="0"' in exported(answered)
+    nvml[0], unanswered[0] = None, True  # a failed pass after an answer: exported as it is
+    assert not s.sample().gpus_pending

@@ -77,7 +77,8 @@ port: metrics
      "fabricscope" whatever the release is called: the alert rules select up{job="fabricscope"}.
      honorLabels: pod attribution series carry the *workload's* namespace/pod/container; the
      agent exports no job or instance label. Host network: the target address is the node's
-     IP, so the instance is named after the node. */}}
+     IP, so the instance is named after the node. The agent pod's own target labels are
+     dropped, so a rollout (new pod names) changes no series' identity. */}}
 {{- define "fabricscope.endpoint" -}}
 {{- $m := .monitor -}}
 path: /metrics
@@ -100,6 +101,12 @@ relabelings:
   - targetLabel: job
     replacement: fabricscope
     action: replace
+  # The Operator gives every target the agent pod's namespace, service, pod and container
+  # labels: the pod's name changes at every rollout, and with it every series' identity. A
+  # series carries job, instance (the node) and endpoint, and its own labels (pod attribution's
+  # namespace/pod/container are the workload's, kept by honorLabels).
+  - action: labeldrop
+    regex: (namespace|service|pod|container)
   {{- with $m.relabelings }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
@@ -143,4 +150,54 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: fabricscope
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The node's directory holding the kubelet's pod-resources socket: hostPaths.podResources,
+     else <hostPaths.kubeletRoot>/pod-resources. */}}
+{{- define "fabricscope.podResourcesPath" -}}
+{{- $h := .Values.hostPaths -}}
+{{- if $h.podResources -}}
+{{- $h.podResources -}}
+{{- else -}}
+{{- printf "%s/pod-resources" (trimSuffix "/" $h.kubeletRoot) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The GPU Operator's label for third-party GPU clients (gpuOperator.clientLabel): "true"
+     while they may run on the node; the driver manager sets paused-for-driver-upgrade
+     (mig-parted: paused-for-mig-change) and back. */}}
+{{- define "fabricscope.gpuClientLabel" -}}nvidia.com/gpu.deploy.client{{- end -}}
+
+{{/* nodeSelector: the value, plus the client label with gpuOperator.clientLabel=nodeSelector
+     (the driver manager waits for DaemonSet pods whose nodeSelector has that key). */}}
+{{- define "fabricscope.nodeSelector" -}}
+{{- $sel := deepCopy (default dict .Values.nodeSelector) -}}
+{{- if eq .Values.gpuOperator.clientLabel "nodeSelector" -}}
+{{- $_ := set $sel (include "fabricscope.gpuClientLabel" .) "true" -}}
+{{- end -}}
+{{- with $sel }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* affinity: the value, with gpuOperator.clientLabel=affinity each required node selector
+     term (or one empty term) ANDed with "the client label is true" or, as a second term,
+     "the client label is absent" (a node no GPU Operator labelled). Terms are ORed. */}}
+{{- define "fabricscope.affinity" -}}
+{{- $aff := deepCopy (default dict .Values.affinity) -}}
+{{- if eq .Values.gpuOperator.clientLabel "affinity" -}}
+{{- $key := include "fabricscope.gpuClientLabel" . -}}
+{{- $node := default dict $aff.nodeAffinity -}}
+{{- $req := default dict $node.requiredDuringSchedulingIgnoredDuringExecution -}}
+{{- $terms := list -}}
+{{- range $term := (default (list dict) $req.nodeSelectorTerms) -}}
+{{- range $rule := list (dict "key" $key "operator" "In" "values" (list "true")) (dict "key" $key "operator" "DoesNotExist") -}}
+{{- $t := deepCopy $term -}}
+{{- $_ := set $t "matchExpressions" (append (default list $t.matchExpressions) $rule) -}}
+{{- $terms = append $terms $t -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $req "nodeSelectorTerms" $terms -}}
+{{- $_ = set $node "requiredDuringSchedulingIgnoredDuringExecution" $req -}}
+{{- $_ = set $aff "nodeAffinity" $node -}}
+{{- end -}}
+{{- with $aff }}{{ toYaml . }}{{ end -}}
 {{- end -}}
