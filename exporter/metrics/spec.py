@@ -101,6 +101,9 @@ LABELS: dict[str, str] = {
     "rank": "an NCCL rank: its number in the largest communicator it belongs to",
     "format": "the log format whose parser read a throughput line (composer, hf_trainer, "
     "megatron, deepspeed, torchtitan, lightning, nanogpt, custom)",
+    "mtu": "a network interface's MTU in bytes, on its info series",
+    "speed": "a link's negotiated speed in bytes per second, on its info series (empty while "
+    "unknown)",
     "child": "the sampler whose supervised child process a process_* series is about "
     "(nvml, throughput, ibpeer); empty (absent) for the agent's main process",
 }
