@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -283,7 +284,10 @@ def main() -> int:
             acc[0] += r
             acc[1] += p
             acc[2] += 1
-    full = max((a[2] for a in total.values()), default=0)
+    # the usual number of processes: a sample of a child being replaced (or just started,
+    # before its role shows) is left out of the sum
+    usual = Counter(a[2] for a in total.values()).most_common(1)
+    full = usual[0][0] if usual else 0
     whole = [(t, a[0], a[1]) for t, a in sorted(total.items()) if a[2] == full]
     result: dict[str, Any] = {
         "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}",
@@ -307,12 +311,16 @@ def main() -> int:
             "pss_mib_last": round(whole[-1][2] / 2**20, 1) if whole else None,
         },
         "max_slope_mib_per_day": ns.max_slope,
+        # every sample after the warm-up: (seconds, RSS bytes, PSS bytes) by process
+        "samples": {
+            who: [p for p in pts if p[0] >= ns.warmup] for who, pts in sorted(samples.items())
+        },
     }
     with contextlib.suppress(OSError):
         for f in sorted(work.rglob("*")):
             if f.is_file():
                 f.unlink()
-    print(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
     print()
     print("| process | RSS first -> last | RSS slope | PSS slope |")
     print("| --- | --- | --- | --- |")

@@ -4,7 +4,9 @@
 # the node's GPUs to 8 pods, the throughput child reading 8 busy container logs, the NVML
 # child on this node's own NVML, /metrics scraped every 30 s), RSS, PSS and CPU of the main
 # process and of each child over 5 minutes after a minute's warm-up, and the NVML sampler's
-# memory per GPU (tracemalloc over three passes) to extrapolate to 8 GPUs.
+# memory per GPU (tracemalloc over three passes) to extrapolate to 8 GPUs. Checks that the
+# extrapolated figures fit the chart's resources (read from values.yaml) with the headroom
+# values.yaml states; reports the footprint targets of docs/performance.md beside them.
 # Never writes into the repository: everything goes to OUTDIR.
 #   bash scripts/gpu_sizing.sh OUTDIR
 # Needs python3 with the agent's dependencies and the bench's (pytest-httpserver, werkzeug,
@@ -56,10 +58,13 @@ def mib(q):
 req, lim = mib(values["requests"]["memory"]), mib(values["limits"]["memory"])
 cpu = int(str(values["requests"]["cpu"]).rstrip("m"))
 print(f"chart: requests memory {req}Mi, limits memory {lim}Mi, requests cpu {cpu}m (deploy/helm/fabricscope/values.yaml)")
-# the footprint targets (docs/performance.md): all in on 8 GPUs, and the main process
-check(e["pss_mib"] <= 96, f"extrapolated PSS {e['pss_mib']} MiB within 96 MiB")
-check(e["rss_mib"] <= 128, f"extrapolated RSS {e['rss_mib']} MiB within 128 MiB")
-check(main["rss_mib"] <= 64, f"main process RSS {main['rss_mib']} MiB within 64 MiB")
+# the footprint targets (docs/performance.md), reported, not checked: the chart's figures below
+# are what this node must fit, and they are checked
+def target(cond, what):
+    print(("target met: " if cond else "target NOT met: ") + what)
+target(e["pss_mib"] <= 96, f"extrapolated PSS {e['pss_mib']} MiB within 96 MiB")
+target(e["rss_mib"] <= 128, f"extrapolated RSS {e['rss_mib']} MiB within 128 MiB")
+target(main["rss_mib"] <= 64, f"main process RSS {main['rss_mib']} MiB within 64 MiB")
 # the chart sized from them: PSS (what the memory cgroup charges for the processes) within
 # the request, RSS with half again of headroom within the limit, CPU within the request
 check(e["pss_mib"] <= req, f"extrapolated PSS within the {req}Mi request")
