@@ -377,15 +377,22 @@ class _ListReader:
         self.saw_items = False
 
     def _fill(self, want: int = 0) -> None:
+        """Read at least ``want`` more bytes (one read's worth at least), or to the end: a
+        read returns what has arrived, often far less than asked."""
         if self._eof:
             raise ValueError("pod list ends early")
-        data = self._read(max(self._chunk, want))
-        rest = self._buf[self._pos :]
-        if not data:
-            self._eof = True
-            self._buf = rest + self._text.decode(b"", final=True)
-        else:
-            self._buf = rest + self._text.decode(data)
+        parts, got = [self._buf[self._pos :]], 0
+        while True:
+            data = self._read(max(self._chunk, want - got))
+            if not data:
+                self._eof = True
+                parts.append(self._text.decode(b"", final=True))
+                break
+            parts.append(self._text.decode(data))
+            got += len(data)
+            if got >= want:
+                break
+        self._buf = "".join(parts)
         self._pos = 0
 
     def _peek(self) -> str:
