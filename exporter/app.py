@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from agent.core.procstat import ProcessStats, read_process
 from agent.core.runner import Runner, SamplerSpec, SamplerStatus
 from agent.core.sampler import Snapshot
 from agent.samplers import DEPENDENT, Latest
@@ -32,8 +33,12 @@ class AgentApp:
         *,
         wall_clock: Callable[[], float] = time.time,
         detail: Detail = "default",
+        memory_limit_bytes: int | None = None,
+        process_stats: Callable[[], ProcessStats | None] | None = read_process,
     ) -> None:
         self.detail: Detail = detail
+        self._memory_limit = memory_limit_bytes
+        self._process_stats = process_stats
         self.cache = ExpositionCache()
         self._render_errors: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -45,7 +50,14 @@ class AgentApp:
     def _self_families(self) -> Families:
         with self._lock:
             errors = dict(self._render_errors)
-        return render_self(self.runner.statuses(), errors, self.detail)
+        main = self._process_stats() if self._process_stats is not None else None
+        return render_self(
+            self.runner.statuses(),
+            errors,
+            self.detail,
+            main=main,
+            memory_limit_bytes=self._memory_limit,
+        )
 
     def _on_update(self, name: str) -> None:
         try:

@@ -1,7 +1,7 @@
 """The series budget in CI: bench/series_budget.py counts what the real agent exports for an
 8-GPU, 8-NIC node (the DGX fixture tree, the 2x H200 NVML recording, modelled netdevs) and
-fails when the InfiniBand node's default detail costs more than 1,200 series, the ibpeer
-sampler's fabric map included. The counts the docs quote (docs/performance.md,
+fails when the InfiniBand or the RoCE node's default detail costs more than 1,200 series, the
+ibpeer sampler's fabric map included. The counts the docs quote (docs/performance.md,
 docs/install.md, the README) are the ones the script writes."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_default_detail_is_within_the_budget_and_full_keeps_everything(
         for node, by_detail in counts.items()
         for detail, c in by_detail.items()
     }
-    assert totals[("ib", "default")] <= 1200
+    assert totals[("ib", "default")] <= 1200 and totals[("roce", "default")] <= 1200
     # the fabric map: 7 cables' far ends and 7 uplinks read (the 8th port is down)
     assert counts["ib"]["default"]["ibpeer"] == 28  # type: ignore[index]
     for node in ("ib", "roce"):
@@ -66,6 +66,18 @@ def test_the_script_fails_above_the_budget(tmp_path: Path) -> None:
     proc, _ = run(tmp_path, "--budget", "1000")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL" in proc.stdout and "over the budget of 1000" in proc.stdout
+
+
+def test_the_script_checks_the_roce_node_too(budget: tuple[str, Counts], tmp_path: Path) -> None:
+    """A budget the InfiniBand node meets and the RoCE node does not fails on RoCE alone."""
+    _, counts = budget
+    ib = counts["ib"]["default"]["total"]  # type: ignore[index]
+    roce = counts["roce"]["default"]["total"]  # type: ignore[index]
+    assert ib < roce, "the RoCE node (12 Ethernet ports) exports more than the InfiniBand one"
+    proc, _ = run(tmp_path, "--budget", str(ib))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"8-GPU RoCE node exports {roce} series" in proc.stdout
+    assert "InfiniBand node exports" not in proc.stdout
 
 
 #: the rows of docs/performance.md's table and the script's areas each sums

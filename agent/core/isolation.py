@@ -92,6 +92,7 @@ from typing import BinaryIO, TypeAlias, TypeVar, cast
 
 from agent.core.errors import NoData, SamplerFailure
 from agent.core.logsetup import JsonFormatter, setup_logging
+from agent.core.procstat import ProcessStats, boot_time, read_process
 from agent.core.reaper import become_subreaper, kill_descendants, kill_tree, reap_strays
 from agent.core.sampler import Sampler, Snapshot
 
@@ -123,15 +124,9 @@ class ChildSpec:
     kwargs: Mapping[str, Setting] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class ChildStats:
-    """The child as it reported itself after its latest pass."""
-
-    pid: int
-    #: user + system CPU time since the child started
-    cpu_seconds: float
-    #: resident set size now
-    rss_bytes: int
+#: the child as it reported itself after its latest pass (pid, CPU seconds, resident bytes,
+#: open file descriptors, start time)
+ChildStats = ProcessStats
 
 
 class ChildError(RuntimeError):
@@ -329,6 +324,15 @@ class IsolatedSampler:
         proc = self._proc
         return None if proc is None else proc.pid
 
+    @property
+    def child_stats(self) -> ProcessStats | None:
+        """The running child as it reported itself after its latest pass; None while no
+        child runs (before the first pass, after a failure, on a node without hardware)."""
+        stats, proc = self.last_stats, self._proc
+        if proc is None or stats is None or stats.pid != proc.pid:
+            return None
+        return stats
+
     def call_deadline_seconds(self) -> float:
         """How long the next ``sample()`` may take before it kills its child and returns:
         the runner waits that long (plus a margin) instead of its own timeout."""
@@ -437,8 +441,14 @@ class IsolatedSampler:
         self._fresh = False
         kind = reply[0]
         stats = reply[-1]
-        if isinstance(stats, tuple) and len(stats) == 3:
-            self.last_stats = ChildStats(int(stats[0]), float(stats[1]), int(stats[2]))
+        if isinstance(stats, tuple) and len(stats) == 5:
+            self.last_stats = ProcessStats(
+                int(stats[0]),
+                float(stats[1]),
+                int(stats[2]),
+                None if stats[3] is None else int(stats[3]),
+                None if stats[4] is None else float(stats[4]),
+            )
         if kind == "ok":
             self._backoff = self._backoff_min
             snapshot = cast(Snapshot, reply[1])
@@ -549,16 +559,14 @@ def _die_with_parent(parent: int, every: float = 1.0) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _stats() -> tuple[int, float, int]:
-    """(pid, CPU seconds, RSS bytes): plain values, since the child runs this module as
-    ``__main__`` and its classes would not unpickle in the agent."""
-    t = os.times()
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        rss = 0
-    return os.getpid(), t.user + t.system, rss
+def _stats(booted: float | None) -> tuple[int, float, int, int | None, float | None]:
+    """(pid, CPU seconds, RSS bytes, open fds, start time): plain values, since the child
+    runs this module as ``__main__`` and its classes would not unpickle in the agent."""
+    st = read_process(booted=booted)
+    if st is None:  # /proc unreadable: what the process knows of itself
+        t = os.times()
+        return os.getpid(), t.user + t.system, 0, None, None
+    return st.pid, st.cpu_seconds, st.rss_bytes, st.open_fds, st.start_time_seconds
 
 
 def _build(factory: str, kwargs: Mapping[str, Setting]) -> Sampler:
@@ -584,6 +592,7 @@ def child_main() -> int:
     _die_with_parent(int(cast(int, parent)))
     sampler = _build(str(factory), cast(Mapping[str, Setting], kwargs))
     passes = 0
+    booted = boot_time()
     try:
         while True:
             request = read_frame(inp)
@@ -622,9 +631,9 @@ def child_main() -> int:
                 reply = ("error", text)
             faulthandler.cancel_dump_traceback_later()
             try:
-                frame = encode((*reply, _stats()))
+                frame = encode((*reply, _stats(booted)))
             except Exception as exc:  # a snapshot that does not pickle: a bug, reported
-                frame = encode(("error", f"cannot send the answer: {exc!r}", _stats()))
+                frame = encode(("error", f"cannot send the answer: {exc!r}", _stats(booted)))
             out.write(frame)
     finally:
         close = getattr(sampler, "close", None)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from agent.core.errors import NoData, SamplerFailure
+from agent.core.procstat import ProcessStats
 from agent.core.sampler import Sampler, Snapshot
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class SamplerStatus:
     generation: int = 0
     #: children started to replace a crashed or hung one (None: not run in a child)
     child_restarts_total: int | None = None
+    #: the sampler's running child process as of its latest pass (None: none runs)
+    child: ProcessStats | None = None
 
     def error_count(self, reason: str) -> int:
         return dict(self.errors_total).get(reason, 0)
@@ -242,11 +245,13 @@ class Runner:
         with self._lock:
             st = slot.status
             restarts = getattr(slot.spec.sampler, "restarts_total", None)
+            child = getattr(slot.spec.sampler, "child_stats", None)
             st = replace(
                 st,
                 attempts_total=st.attempts_total + 1,
                 generation=st.generation + 1,
                 child_restarts_total=restarts if isinstance(restarts, int) else None,
+                child=child if isinstance(child, ProcessStats) else None,
             )
             if outcome == "ok":
                 assert snapshot is not None

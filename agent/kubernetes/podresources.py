@@ -13,7 +13,8 @@ hung kubelet.
 The wire types come from ``agent/kubernetes/podresources.proto`` (the upstream messages, subset);
 this
 module turns them into plain frozen records at once, so nothing past it sees protobuf. The
-generated module (which needs protobuf 7) is imported when the kubelet is first asked, so an
+generated module (which needs protobuf 7) and grpc (about 20 MiB resident) are imported when the
+kubelet is first asked (its socket exists), so an
 agent that never asks (attribution off) starts without protobuf installed.
 """
 
@@ -25,9 +26,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-import grpc
-
 if TYPE_CHECKING:
+    import grpc
+
     from agent.kubernetes import podresources_pb2 as pb
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -178,6 +179,8 @@ class PodResourcesClient:
             call = self._list
             if call is None:
                 call = self._connect()
+        import grpc  # ~20 MiB, paid only on a node with a kubelet socket
+
         try:
             resp = call(_messages().ListPodResourcesRequest(), timeout=self.timeout_seconds)
         except grpc.RpcError as exc:
@@ -191,6 +194,8 @@ class PodResourcesClient:
     def _connect(
         self,
     ) -> grpc.UnaryUnaryMultiCallable[pb.ListPodResourcesRequest, pb.ListPodResourcesResponse]:
+        import grpc
+
         channel = grpc.insecure_channel(
             "unix://" + os.path.abspath(self.socket_path),
             options=[

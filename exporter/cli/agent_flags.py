@@ -169,6 +169,16 @@ def add_samplers(p: argparse.ArgumentParser) -> None:
         "level drops (default: %(default)s)",
     )
     g.add_argument(
+        "--agent.memory-limit",
+        dest="memory_limit",
+        type=count_or_zero,
+        default=0,
+        metavar="BYTES",
+        help="the container's memory limit, exported as fabricscope_agent_memory_limit_bytes "
+        "for the alert that warns before the agent reaches it (the chart passes its limit; "
+        "default: 0, none)",
+    )
+    g.add_argument(
         "--nvml.isolate",
         dest="nvml_isolate",
         action=argparse.BooleanOptionalAction,

@@ -64,7 +64,9 @@ def cmd_agent(ns: argparse.Namespace) -> int:
             latest=latest,
             once=ns.once,
         )
-        app = AgentApp(specs, latest, detail=ns.collector_detail)
+        app = AgentApp(
+            specs, latest, detail=ns.collector_detail, memory_limit_bytes=ns.memory_limit or None
+        )
         if not ns.once:
             return _serve(app, ns)
         sys.stdout.buffer.write(app.run_once())

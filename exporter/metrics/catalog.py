@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.core.procstat import ProcessStats
 from agent.core.runner import SamplerStatus
 from exporter.metrics import (
     attribution,
@@ -82,7 +83,12 @@ def render_self(
     statuses: Mapping[str, SamplerStatus],
     render_errors: Mapping[str, int] | None = None,
     detail: Detail = "full",
+    *,
+    main: ProcessStats | None = None,
+    memory_limit_bytes: int | None = None,
 ) -> Families:
     out = Families(detail)
-    selfmetrics.render(statuses, render_errors or {}, out)
+    selfmetrics.render(
+        statuses, render_errors or {}, out, main=main, memory_limit_bytes=memory_limit_bytes
+    )
     return out

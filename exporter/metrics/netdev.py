@@ -24,6 +24,8 @@ _PRIORITY_FOLD = (
     "Below full, only priorities whose pause counters the driver exposes (mlx5 does for "
     "PFC-enabled priorities only) or with a non-zero counter."
 )
+#: error counters no rule, board or check reads: below full, exported once non-zero
+_ZERO_FOLD = "Below full, only once non-zero (no rule or board reads a zero)."
 
 #: generic ethtool statistics levels below full keep (``re.fullmatch``)
 DEFAULT_DETAIL_STATISTICS: re.Pattern[str] = re.compile(
@@ -36,8 +38,9 @@ INFO = MetricSpec(
     "fabricscope_netdev_info",
     "gauge",
     "A constant 1 per sampled network interface, labelled with its bound kernel driver "
-    "(empty for virtual interfaces, or when sysfs shows another network namespace).",
-    ("netdev", "driver"),
+    "(empty for virtual interfaces, or when sysfs shows another network namespace), its MTU "
+    "in bytes and its negotiated speed in bytes per second (empty while unknown or down).",
+    ("netdev", "driver", "mtu", "speed"),
 )
 OPERSTATE = MetricSpec(
     "fabricscope_netdev_operstate",
@@ -62,18 +65,19 @@ CARRIER_CHANGES = MetricSpec(
 MTU = MetricSpec(
     "fabricscope_netdev_mtu_bytes",
     "gauge",
-    "Interface MTU.",
+    "Interface MTU (below full: the mtu label of fabricscope_netdev_info).",
     ("netdev",),
     unit="bytes",
-    detail="default",
+    detail="full",
 )
 SPEED = MetricSpec(
     "fabricscope_netdev_speed_bytes_per_second",
     "gauge",
-    "Negotiated link speed (sysfs speed, converted from Mb/s); absent while unknown or down.",
+    "Negotiated link speed (sysfs speed, converted from Mb/s); absent while unknown or down "
+    "(below full: the speed label of fabricscope_netdev_info).",
     ("netdev",),
     unit="bytes_per_second",
-    detail="default",
+    detail="full",
 )
 BYTES = MetricSpec(
     "fabricscope_netdev_bytes_total",
@@ -93,6 +97,7 @@ ERRORS = MetricSpec(
     "counter",
     "Packets with receive or transmit errors (rx_errors, tx_errors).",
     ("netdev", "direction"),
+    fold=_ZERO_FOLD,
 )
 ERRORS_BY_REASON = MetricSpec(
     "fabricscope_netdev_errors_by_reason_total",
@@ -149,6 +154,7 @@ PAUSE_STORM_WARNINGS = MetricSpec(
     "tx_pause_storm_warning_events).",
     ("netdev",),
     detail="default",
+    fold=_ZERO_FOLD,
 )
 PAUSE_STORM_ERRORS = MetricSpec(
     "fabricscope_netdev_pause_storm_error_events_total",
@@ -179,7 +185,7 @@ PRIORITY_DISCARDS = MetricSpec(
     "(rx_prio<p>_discards), host_buffer (rx_prio<p>_buf_discard), host_congestion "
     "(rx_prio<p>_cong_discard).",
     ("netdev", "queue", "reason"),
-    fold=_PRIORITY_FOLD,
+    fold=_PRIORITY_FOLD[:-1] + "; of those, only counters once non-zero.",
 )
 ECN_MARKED = MetricSpec(
     "fabricscope_netdev_ecn_marked_packets_total",
@@ -187,7 +193,7 @@ ECN_MARKED = MetricSpec(
     "Received packets the device ECN-marked for host congestion, per priority (queue) (mlx5 "
     "rx_prio<p>_marked).",
     ("netdev", "queue"),
-    fold=_PRIORITY_FOLD,
+    fold=_PRIORITY_FOLD[:-1] + "; of those, only counters once non-zero.",
 )
 PCIE_STALLED_READS = MetricSpec(
     "fabricscope_netdev_pcie_stalled_reads_ratio",
@@ -216,7 +222,8 @@ ETHTOOL_COUNTER = MetricSpec(
     detail="default",
     fold="Below full, only the PHY error and BER inputs, link-down and transceiver events, "
     "device out-of-buffer drops and RoCE unicast bytes (DEFAULT_DETAIL_STATISTICS in "
-    "exporter/metrics/netdev.py); the rest of --netdev.ethtool-include at full.",
+    "exporter/metrics/netdev.py), each once non-zero; the rest of --netdev.ethtool-include "
+    "at full.",
 )
 ETHTOOL_GAUGE = MetricSpec(
     "fabricscope_netdev_ethtool_statistic",
@@ -267,7 +274,8 @@ def render(snap: NetdevSnapshot, out: Families) -> None:
 
 def _render_link(nd: NetdevSample, out: Families) -> None:
     n = nd.name
-    out.add(INFO, 1, n, nd.driver or "")
+    mtu, speed = nd.mtu_bytes, nd.speed_bytes_per_second
+    out.add(INFO, 1, n, nd.driver or "", _label(mtu), _label(speed))
     if nd.operstate is not None:
         for state in OPERSTATES:
             if state == nd.operstate or not out.folds:
@@ -278,13 +286,22 @@ def _render_link(nd: NetdevSample, out: Families) -> None:
     out.add(SPEED, nd.speed_bytes_per_second, n)
 
 
+def _label(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _nonzero(value: int | float | None, out: Families) -> int | float | None:
+    """``value``, or None (absent) below full when it is 0."""
+    return None if out.folds and not value else value
+
+
 def _render_stats(n: str, s: LinkStats64, out: Families) -> None:
     out.add(BYTES, s.rx_bytes, n, "rx")
     out.add(BYTES, s.tx_bytes, n, "tx")
     out.add(PACKETS, s.rx_packets, n, "rx")
     out.add(PACKETS, s.tx_packets, n, "tx")
-    out.add(ERRORS, s.rx_errors, n, "rx")
-    out.add(ERRORS, s.tx_errors, n, "tx")
+    out.add(ERRORS, _nonzero(s.rx_errors, out), n, "rx")
+    out.add(ERRORS, _nonzero(s.tx_errors, out), n, "tx")
     out.add(DROPPED, s.rx_dropped, n, "rx")
     out.add(DROPPED, s.tx_dropped, n, "tx")
     out.add(MULTICAST, s.multicast, n)
@@ -332,13 +349,14 @@ def _render_ethtool(n: str, e: EthtoolStats, out: Families) -> None:
         out.add(PFC_PAUSE_FRAMES, p.tx_pause_frames, n, "tx", q)
         out.add(PFC_PAUSE_DURATION, p.rx_pause_duration_seconds, n, "rx", q)
         out.add(PFC_PAUSE_DURATION, p.tx_pause_duration_seconds, n, "tx", q)
-        out.add(PRIORITY_DISCARDS, p.rx_discarded_no_buffer, n, q, "no_buffer")
-        out.add(PRIORITY_DISCARDS, p.rx_discarded_host_buffer, n, q, "host_buffer")
-        out.add(PRIORITY_DISCARDS, p.rx_discarded_host_congestion, n, q, "host_congestion")
-        out.add(ECN_MARKED, p.rx_ecn_marked, n, q)
+        out.add(PRIORITY_DISCARDS, _nonzero(p.rx_discarded_no_buffer, out), n, q, "no_buffer")
+        out.add(PRIORITY_DISCARDS, _nonzero(p.rx_discarded_host_buffer, out), n, q, "host_buffer")
+        congestion = _nonzero(p.rx_discarded_host_congestion, out)
+        out.add(PRIORITY_DISCARDS, congestion, n, q, "host_congestion")
+        out.add(ECN_MARKED, _nonzero(p.rx_ecn_marked, out), n, q)
     out.add(PAUSE_FRAMES, e.rx_pause_frames, n, "rx")
     out.add(PAUSE_FRAMES, e.tx_pause_frames, n, "tx")
-    out.add(PAUSE_STORM_WARNINGS, e.pause_storm_warning_events, n)
+    out.add(PAUSE_STORM_WARNINGS, _nonzero(e.pause_storm_warning_events, out), n)
     out.add(PAUSE_STORM_ERRORS, e.pause_storm_error_events, n)
     out.add(PHY_DISCARDS, e.rx_discards_phy, n, "rx")
     out.add(PHY_DISCARDS, e.tx_discards_phy, n, "tx")
@@ -346,7 +364,7 @@ def _render_ethtool(n: str, e: EthtoolStats, out: Families) -> None:
     out.add(PCIE_STALLED_READS, e.pcie_stalled_reads_ratio, n)
     out.add(PCIE_STALLED_WRITES, e.pcie_stalled_writes_ratio, n)
     for stat in e.counters:
-        if not folds or DEFAULT_DETAIL_STATISTICS.fullmatch(stat.name):
+        if not folds or (stat.value and DEFAULT_DETAIL_STATISTICS.fullmatch(stat.name)):
             out.add(ETHTOOL_COUNTER, stat.value, n, stat.name)
     for stat in e.gauges:
         out.add(ETHTOOL_GAUGE, stat.value, n, stat.name)

@@ -6,6 +6,7 @@ import platform
 from collections.abc import Mapping
 
 from agent import __version__
+from agent.core.procstat import ProcessStats
 from agent.core.runner import CHILD_REASONS, ERROR_REASONS, SamplerStatus
 from exporter.metrics.spec import Families, MetricSpec
 
@@ -89,7 +90,46 @@ SAMPLER_CHILD_RESTARTS = MetricSpec(
     ("sampler",),
 )
 
+_MAIN = 'the agent\'s main process has child="" (no label)'
+PROCESS_RESIDENT = MetricSpec(
+    "process_resident_memory_bytes",
+    "gauge",
+    f"Resident memory of the agent's processes, each child's as of its latest pass; {_MAIN}.",
+    ("child",),
+    unit="bytes",
+)
+PROCESS_CPU = MetricSpec(
+    "process_cpu_seconds_total",
+    "counter",
+    f"User and system CPU time the agent's processes spent; {_MAIN}.",
+    ("child",),
+    unit="seconds",
+)
+PROCESS_OPEN_FDS = MetricSpec(
+    "process_open_fds",
+    "gauge",
+    f"Open file descriptors of the agent's processes; {_MAIN}.",
+    ("child",),
+)
+PROCESS_START = MetricSpec(
+    "process_start_time_seconds",
+    "gauge",
+    f"Unix time the agent's processes started (a child's changes when it is replaced); {_MAIN}.",
+    ("child",),
+    unit="seconds",
+)
+MEMORY_LIMIT = MetricSpec(
+    "fabricscope_agent_memory_limit_bytes",
+    "gauge",
+    "The memory limit the agent's container was given (--agent.memory-limit, which the "
+    "chart sets from its limit); absent when none was given.",
+    unit="bytes",
+)
+PROCESS_SPECS = (PROCESS_RESIDENT, PROCESS_CPU, PROCESS_OPEN_FDS, PROCESS_START)
+
 SPECS = (
+    *PROCESS_SPECS,
+    MEMORY_LIMIT,
     SAMPLER_RENDER_ERRORS,
     SAMPLER_CHILD_RESTARTS,
     BUILD_INFO,
@@ -104,12 +144,29 @@ SPECS = (
 )
 
 
+def _process(stats: ProcessStats | None, child: str, out: Families) -> None:
+    if stats is None:
+        return
+    out.add(PROCESS_RESIDENT, stats.rss_bytes, child)
+    out.add(PROCESS_CPU, stats.cpu_seconds, child)
+    out.add(PROCESS_OPEN_FDS, stats.open_fds, child)
+    out.add(PROCESS_START, stats.start_time_seconds, child)
+
+
 def render(
-    statuses: Mapping[str, SamplerStatus], render_errors: Mapping[str, int], out: Families
+    statuses: Mapping[str, SamplerStatus],
+    render_errors: Mapping[str, int],
+    out: Families,
+    *,
+    main: ProcessStats | None = None,
+    memory_limit_bytes: int | None = None,
 ) -> None:
+    """The agent's own series; ``main``: the main process now (None: no process_* of it)."""
     out.add(BUILD_INFO, 1, __version__, platform.python_version())
     for spec in SPECS:
         out.declare(spec)
+    _process(main, "", out)
+    out.add(MEMORY_LIMIT, memory_limit_bytes)
     for name, n in render_errors.items():
         if name not in statuses:  # a renderer that joins samplers ("findings")
             out.add(SAMPLER_RENDER_ERRORS, n, name)
@@ -122,6 +179,7 @@ def render(
                 out.add(SAMPLER_ERRORS, st.error_count(reason), name, reason)
         if st.child_restarts_total is not None:
             out.add(SAMPLER_CHILD_RESTARTS, st.child_restarts_total, name)
+        _process(st.child, name, out)
         for reason, count in st.read_errors_total:
             out.add(SAMPLER_READ_ERRORS, count, name, reason)
         if st.attempts_total == 0:

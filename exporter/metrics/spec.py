@@ -107,9 +107,15 @@ LABELS: dict[str, str] = {
     "rank": "an NCCL rank: its number in the largest communicator it belongs to",
     "format": "the log format whose parser read a throughput line (composer, hf_trainer, "
     "megatron, deepspeed, torchtitan, lightning, nanogpt, custom)",
+    "mtu": "a network interface's MTU in bytes, on its info series",
+    "speed": "a link's negotiated speed in bytes per second, on its info series (empty while "
+    "unknown)",
+    "child": "the sampler whose supervised child process a process_* series is about "
+    "(nvml, throughput, ibpeer); empty (absent) for the agent's main process",
 }
 
-_NAME = re.compile(r"^fabricscope_[a-z0-9_]+$")
+#: the agent's own names, and the standard process_* names every exporter publishes itself
+_NAME = re.compile(r"^(fabricscope_[a-z0-9_]+|process_[a-z_]+)$")
 _UNITS = ("bytes", "seconds", "bytes_per_second", "transfers_per_second", "ratio", "celsius")
 
 
@@ -149,7 +155,7 @@ def spec_problems(spec: MetricSpec) -> list[str]:
     """Convention violations of one spec (empty when it follows Prometheus conventions)."""
     out = []
     if not _NAME.match(spec.name):
-        out.append("name must be fabricscope_ followed by [a-z0-9_]")
+        out.append("name must be fabricscope_ (or the standard process_) followed by [a-z0-9_]")
     if spec.type == "counter" and not spec.name.endswith("_total"):
         out.append("counters end in _total")
     if spec.type != "counter" and spec.name.endswith("_total"):

@@ -567,8 +567,8 @@ def test_nvidia_runtime_environment(built: dict[str, list[Doc]]) -> None:
 
 def test_resources(built: dict[str, list[Doc]]) -> None:
     assert agent_container(built["standard"])["resources"] == {
-        "requests": {"cpu": "50m", "memory": "192Mi"},
-        "limits": {"memory": "512Mi"},
+        "requests": {"cpu": "50m", "memory": "128Mi"},
+        "limits": {"memory": "256Mi"},
     }
     probe = agent_container(built["probe"])["resources"]
     assert "cpu" not in probe["limits"]
@@ -633,10 +633,26 @@ def test_web_config_comes_from_the_administrators_secret(built: dict[str, list[D
 # --- flags ------------------------------------------------------------------------------------
 
 
+#: what the kubelet puts in for a $(VAR) the downward API fills with a number: the container's
+#: memory limit in bytes (resourceFieldRef limits.memory, divisor 1); 256Mi here
+KUBELET_NUMBERS = {"MEMORY_LIMIT": str(256 * 2**20)}
+
+
+def kubelet_expanded(args: list[str]) -> list[str]:
+    """``args`` as the agent receives them where a $(VAR) is a number: the kubelet expands
+    it from the container's env before the process starts."""
+    out = []
+    for a in args:
+        for var, value in KUBELET_NUMBERS.items():
+            a = a.replace(f"$({var})", value)
+        out.append(a)
+    return out
+
+
 def parse_agent_args(args: list[str]) -> list[str]:
     """Parse with the agent's own parser; returns the pending flags it did not know yet."""
     parser = build_parser()
-    ns, unknown = parser.parse_known_args(args)
+    ns, unknown = parser.parse_known_args(kubelet_expanded(args))
     assert ns.command == "agent"
     names = [u.split("=", 1)[0] for u in unknown]
     assert all(n.startswith("--") for n in names), f"stray arguments {unknown}"
@@ -648,7 +664,7 @@ def parse_agent_args(args: list[str]) -> list[str]:
 def test_standard_args_are_flags_the_agent_has(built: dict[str, list[Doc]]) -> None:
     args = agent_container(built["standard"])["args"]
     assert parse_agent_args(args) == []
-    ns = build_parser().parse_args(args)
+    ns = build_parser().parse_args(kubelet_expanded(args))
     assert ns.listen == ":10118"
 
 
@@ -1138,7 +1154,7 @@ def test_deploy_doc_covers_what_it_must() -> None:
         "IPC_LOCK",
     ):
         assert re.search(rf"^\| `{cap}` \|", table, re.MULTILINE), cap
-    for phrase in ("hostNetwork", "What is unverified", "192Mi", "512Mi", "system-node-critical"):
+    for phrase in ("hostNetwork", "What is unverified", "128Mi", "256Mi", "system-node-critical"):
         assert phrase in doc, phrase
     # every top-level value is documented
     values = yaml.safe_load((DEPLOY / "helm" / "fabricscope" / "values.yaml").read_text())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.netdev.stats import (
     EthtoolStat,
     EthtoolStats,
@@ -14,7 +16,7 @@ from agent.netdev.stats import (
 from exporter.metrics import netdev
 from exporter.metrics.catalog import all_specs
 from exporter.metrics.exposition import render_text
-from exporter.metrics.spec import Families
+from exporter.metrics.spec import Detail, Families
 
 Series = dict[tuple[str, tuple[str, ...]], float]
 
@@ -109,8 +111,8 @@ def test_render_exact_series() -> None:
         )
     }  # fmt: skip
     expected: Series = {
-        ("fabricscope_netdev_info", (n, "mlx5_core")): 1,
-        ("fabricscope_netdev_info", ("ib0", "")): 1,
+        ("fabricscope_netdev_info", (n, "mlx5_core", "4200", "50000000000")): 1,
+        ("fabricscope_netdev_info", ("ib0", "", "", "")): 1,
         **operstates,
         ("fabricscope_netdev_carrier", (n,)): 1,
         ("fabricscope_netdev_carrier_changes_total", (n,)): 6,
@@ -147,6 +149,60 @@ def test_render_exact_series() -> None:
         ("fabricscope_netdev_ethtool_statistic", (n, "peer_ifindex")): 9,
     }
     assert rendered(NetdevSnapshot(netdevs=(ROCE, BARE))) == expected
+
+
+def rendered_at(snap: NetdevSnapshot, detail: Detail) -> Series:
+    out = Families(detail)
+    netdev.render(snap, out)
+    return {
+        (spec.name, labels): value for spec, samples in out.items() for labels, value in samples
+    }
+
+
+def test_below_full_every_nonzero_error_counter_stays_and_zeros_and_constants_fold() -> None:
+    """At the default detail: zero error counters no rule reads are left out, every non-zero
+    one is exported; MTU and speed are the info series' labels, not series of their own."""
+    n = "ens1f0np0"
+    zero_stats = replace(ROCE.stats, rx_errors=0, tx_errors=4) if ROCE.stats else None
+    assert ROCE.ethtool is not None
+    ethtool = replace(
+        ROCE.ethtool,
+        pause_storm_warning_events=0,
+        counters=(
+            EthtoolStat("rx_corrected_bits_phy", 1234),
+            EthtoolStat("rx_symbol_err_phy", 0),
+            EthtoolStat("link_down_events_phy", 0),
+            EthtoolStat("rx_crc_errors_phy", 2),
+            EthtoolStat("rx_vport_rdma_unicast_bytes", 0),
+        ),
+        priorities=tuple(replace(p, rx_discarded_host_buffer=0) for p in ROCE.ethtool.priorities),
+    )
+    sample = replace(ROCE, stats=zero_stats, ethtool=ethtool)
+    got = rendered_at(NetdevSnapshot(netdevs=(sample,)), "default")
+    stat = "fabricscope_netdev_ethtool_statistic_total"
+    assert got[(stat, (n, "rx_corrected_bits_phy"))] == 1234
+    assert got[(stat, (n, "rx_crc_errors_phy"))] == 2
+    assert not {k for k in got if k[0] == stat} - {
+        (stat, (n, "rx_corrected_bits_phy")),
+        (stat, (n, "rx_crc_errors_phy")),
+    }
+    assert ("fabricscope_netdev_errors_total", (n, "rx")) not in got
+    assert got[("fabricscope_netdev_errors_total", (n, "tx"))] == 4
+    assert ("fabricscope_netdev_pause_storm_warning_events_total", (n,)) not in got
+    assert got[("fabricscope_netdev_pause_storm_error_events_total", (n,))] == 24
+    discards = "fabricscope_netdev_priority_discarded_packets_total"
+    assert (discards, (n, "3", "host_buffer")) not in got
+    assert got[(discards, (n, "3", "no_buffer"))] == 13
+    # what rules read stays even at zero
+    assert got[("fabricscope_netdev_dropped_packets_total", (n, "tx"))] == 0
+    assert got[("fabricscope_netdev_info", (n, "mlx5_core", "4200", "50000000000"))] == 1
+    assert not [
+        k for k in got if k[0].startswith(("fabricscope_netdev_mtu", "fabricscope_netdev_speed"))
+    ]
+    full = rendered_at(NetdevSnapshot(netdevs=(sample,)), "full")
+    assert full[(stat, (n, "rx_symbol_err_phy"))] == 0
+    assert full[("fabricscope_netdev_errors_total", (n, "rx"))] == 0
+    assert full[("fabricscope_netdev_mtu_bytes", (n,))] == 4200
 
 
 def test_render_empty_snapshot_has_no_series() -> None:

@@ -41,9 +41,10 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Callable, Mapping
+import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from agent.kubernetes.podwatch import (
     ListWatch,
@@ -56,7 +57,7 @@ from agent.kubernetes.podwatch import (
 )
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient, CoreV1Api
+    from agent.kubernetes.podwatch import ClientFactory
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class KubernetesMembers(ListWatch):
         namespace: str,
         label_selector: str,
         *,
-        api_client: Callable[[], ApiClient] | None = None,
+        api_client: ClientFactory | None = None,
         self_node: str | None = None,
         resync_seconds: float = 300,
         settings: WatchSettings | None = None,
@@ -226,12 +227,15 @@ class KubernetesMembers(ListWatch):
 
     # -- the list+watch ------------------------------------------------------------------
 
-    def _request(self, api: CoreV1Api, **kwargs: Any) -> object:
-        return api.list_namespaced_pod(self.namespace, label_selector=self.label_selector, **kwargs)
+    def _path(self) -> tuple[str, dict[str, str]]:
+        path = f"/api/v1/namespaces/{urllib.parse.quote(self.namespace, safe='')}/pods"
+        return path, {"labelSelector": self.label_selector}
+
+    def _parse(self, item: object) -> AgentPod | None:
+        return parse_agent_pod(item)
 
     def _replace(self, items: list[object]) -> str:
-        pods = (parse_agent_pod(item) for item in items)
-        self._pods = {p.uid: p for p in pods if p is not None}
+        self._pods = {p.uid: p for p in cast("list[AgentPod]", items)}
         self._publish()
         return f"{len(self._members)} members"
 
