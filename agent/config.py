@@ -172,6 +172,9 @@ class InfinibandSettings:
     perfquery: str = "auto"
     command_prefix: tuple[str, ...] = ()
     reset_saturated: bool = False
+    #: where the PMA step keeps what must outlive the agent (``agent/infiniband/memory.py``;
+    #: ``--infiniband.state-file``); ``None``: nothing kept (one-shot commands)
+    state_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.perfquery not in PERFQUERY_MODES:

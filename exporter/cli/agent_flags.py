@@ -82,6 +82,24 @@ def add_kubernetes(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: where the agent keeps the PMA counts that must outlive it (the chart mounts a hostPath)
+DEFAULT_STATE_FILE = "/var/lib/fabricscope/infiniband-counters.json"
+
+
+def add_agent_state(p: argparse.ArgumentParser) -> None:
+    """The serving agent's own flags about what it keeps across restarts."""
+    p.add_argument(
+        "--infiniband.state-file",
+        dest="infiniband_state_file",
+        default=DEFAULT_STATE_FILE,
+        metavar="FILE",
+        help="where the agent keeps what its PMA counters must carry across a restart (what "
+        "--infiniband.reset-saturated has cleared, the counters read 64-bit): put it on a "
+        "volume that outlives the container, or a restart shows as a counter reset; written "
+        "only once a port has something to keep; empty: nothing kept (default: %(default)s)",
+    )
+
+
 def _expected_rate(text: str) -> ExpectedRate:
     try:
         return parse_expected_rate(text)
@@ -301,6 +319,7 @@ def _infiniband_settings(ns: argparse.Namespace) -> InfinibandSettings:
             perfquery=getattr(ns, "infiniband_perfquery", "auto"),
             command_prefix=prefix,
             reset_saturated=getattr(ns, "infiniband_reset_saturated", False),
+            state_file=getattr(ns, "infiniband_state_file", None) or None,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc

@@ -54,6 +54,7 @@ def build_parser() -> Parser:
     agent_flags.add_common(agent)
     agent_flags.add_samplers(agent)
     agent_flags.add_kubernetes(agent)
+    agent_flags.add_agent_state(agent)
     agent.add_argument(
         "--web.listen-address",
         dest="listen",
@@ -194,7 +195,11 @@ def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:
                     f"{flag} has no effect with --snapshot (a snapshot replays its own sysfs, "
                     "and holds no process state): give one or the other"
                 )
-        for flag in ("--infiniband.perfquery", "--infiniband.reset-saturated"):
+        for flag in (
+            "--infiniband.perfquery",
+            "--infiniband.reset-saturated",
+            "--infiniband.state-file",
+        ):
             if _given(argv, flag):
                 raise ConfigError(
                     f"{flag} has no effect with --snapshot (a snapshot holds no PMA to ask)"
