@@ -17,6 +17,7 @@ instead of its timeout, so the sampler's own verdict is the one counted. Its opt
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -86,6 +87,32 @@ class _Slot:
     inflight: threading.Thread | None = None
     failing_paths: frozenset[str] = field(default_factory=frozenset)
     last_outcome: str = ""
+
+
+#: outcomes after which a good pass is a recovery
+_FAILED = frozenset({"timeout", "still_running", "exception", "backoff", "crashed", "hung"})
+
+
+def found(snapshot: object) -> str:
+    """What a pass found, for the log: the snapshot's own ``describe()`` where it has one,
+    else the length of each of its non-empty collections (``2 devices``), and its
+    unreadable files."""
+    describe = getattr(snapshot, "describe", None)
+    if callable(describe):
+        return str(describe())
+    parts: list[str] = []
+    issues = 0
+    if dataclasses.is_dataclass(snapshot) and not isinstance(snapshot, type):
+        for f in dataclasses.fields(snapshot):
+            value = getattr(snapshot, f.name)
+            if f.name == "issues" and isinstance(value, tuple | list):
+                issues = len(value)
+            elif isinstance(value, tuple | list | dict | frozenset | set) and value:
+                parts.append(f"{len(value)} {f.name.replace('_', ' ')}")
+    text = ", ".join(parts) if parts else "nothing found"
+    if issues:
+        text += f" ({issues} unreadable or malformed, logged below)"
+    return text
 
 
 class Runner:
@@ -302,10 +329,18 @@ class Runner:
         restart backoff). Never one line per pass."""
         name = slot.spec.sampler.name
         if outcome != previous:
-            if outcome == "ok" and previous:
-                log.info("sampler %s recovered", name)
+            if outcome == "ok" and previous in _FAILED:
+                log.info("sampler %s recovered: %s", name, found(snapshot))
+            elif outcome == "ok":  # the first pass, or hardware that appeared
+                log.info(
+                    "sampler %s: %s%s",
+                    name,
+                    "" if not previous else "hardware appeared: ",
+                    found(snapshot),
+                )
             elif outcome == "nodata":
-                log.debug("sampler %s: no hardware: %s", name, exc)
+                # at INFO once (the first pass, or the hardware going): why it has nothing
+                log.info("sampler %s: nothing to sample: %s", name, exc)
             elif outcome == "timeout":
                 log.error("sampler %s timed out after %.1fs", name, slot.spec.timeout_seconds)
             elif outcome == "still_running":

@@ -283,10 +283,15 @@ def add_samplers(p: argparse.ArgumentParser) -> None:
 def config_from_args(ns: argparse.Namespace) -> AgentConfig:
     enabled = frozenset(n for n in SAMPLER_NAMES if getattr(ns, f"sampler_{n}"))
     timeout = ns.sampling_timeout
-    if timeout is None:  # not given: follows the interval
-        timeout = min(DEFAULT_SAMPLING_TIMEOUT, ns.sampling_interval)
+    interval = ns.sampling_interval
+    if getattr(ns, "once", False) or ns.command == "snapshot":
+        # one pass, no next one (--sampling.interval is refused there): only the timeout
+        timeout = DEFAULT_SAMPLING_TIMEOUT if timeout is None else timeout
+        interval = max(interval, timeout)
+    elif timeout is None:  # not given: follows the interval
+        timeout = min(DEFAULT_SAMPLING_TIMEOUT, interval)
     try:
-        sampling = Sampling(enabled, ns.sampling_interval, timeout)
+        sampling = Sampling(enabled, interval, timeout)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     return AgentConfig(

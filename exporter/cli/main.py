@@ -29,7 +29,7 @@ from agent.core.errors import ConfigError, NoData
 from agent.core.logsetup import setup_logging
 from agent.core.reaper import serve_as_init
 from exporter.cli import agent_flags, explain_flags, probe_flags, ras_flags, throughput_flags
-from exporter.cli.argtypes import Parser, count, parse_known, positive_duration
+from exporter.cli.argtypes import Parser, count, error_line, parse_known, positive_duration
 
 DEFAULT_LISTEN = ":10118"
 
@@ -117,7 +117,7 @@ def build_parser() -> Parser:
     )
     agent.add_argument(
         "--once",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="sample every enabled sampler once, print the exposition to "
         "stdout and exit (for node_exporter's textfile collector)",
     )
@@ -186,8 +186,12 @@ def _given(argv: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
+#: flags that set when the next pass comes: a command that takes one pass has none
+_SCHEDULE_FLAGS = ("--sampling.interval", "--ibpeer.interval", "--ibpeer.topology-interval")
+
+
 def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:
-    """Refuse flags that would be silently ignored in the mode asked for."""
+    """Refuse flags that would be silently ignored in the mode asked for, saying why."""
     if getattr(ns, "snapshot", None):
         for flag in ("--path.sysfs", "--path.procfs"):
             if _given(argv, flag):
@@ -204,6 +208,13 @@ def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:
                 raise ConfigError(
                     f"{flag} has no effect with --snapshot (a snapshot holds no PMA to ask)"
                 )
+    if ns.command == "snapshot":
+        for flag in _SCHEDULE_FLAGS:
+            if _given(argv, flag):
+                raise ConfigError(
+                    f"{flag} has no effect on snapshot: a snapshot takes one pass, so there is "
+                    "no next one to schedule"
+                )
     if ns.command != "agent" or not ns.once:
         return
     if ns.probe_enabled:
@@ -214,6 +225,12 @@ def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:
     for flag in _WEB_FLAGS:
         if _given(argv, flag):
             raise ConfigError(f"{flag} has no effect with --once: nothing is served")
+    for flag in _SCHEDULE_FLAGS:
+        if _given(argv, flag):
+            raise ConfigError(
+                f"{flag} has no effect with --once: one pass is taken, so there is no next "
+                "one to schedule (--sampling.timeout still bounds it)"
+            )
 
 
 def _check_roots(ns: argparse.Namespace) -> None:
@@ -281,7 +298,7 @@ def _dispatch(ns: argparse.Namespace, args: list[str]) -> int:
             _check_roots(ns)
         return commands[ns.command](ns)
     except ConfigError as exc:
-        print(f"fabricscope: error: {exc}", file=sys.stderr)
+        print(error_line(f"fabricscope {ns.command}", str(exc)), file=sys.stderr)
         return 2
     except NoData as exc:
         print(f"fabricscope: {exc}", file=sys.stderr)
