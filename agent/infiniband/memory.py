@@ -10,7 +10,7 @@ must not be handed back to its stuck 32-bit sysfs twin by a restarted agent whos
 64-bit read failed.
 
 So per port the step keeps, in a JSON file (``--infiniband.state-file``) on a volume that
-outlives the agent's container (the chart mounts a hostPath for it):
+outlives the agent's container (in Kubernetes a hostPath: an emptyDir goes with the pod):
 
 - ``cleared``: per counter, what the agent has cleared from it in all;
 - ``last``: per counter, the hardware value the agent last exported (a value below it at

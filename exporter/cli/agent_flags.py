@@ -82,7 +82,7 @@ def add_kubernetes(p: argparse.ArgumentParser) -> None:
     )
 
 
-#: where the agent keeps the PMA counts that must outlive it (the chart mounts a hostPath)
+#: where the agent keeps the PMA counts that must outlive it (a hostPath in Kubernetes)
 DEFAULT_STATE_FILE = "/var/lib/fabricscope/infiniband-counters.json"
 
 
