@@ -18,9 +18,9 @@ the restarts, to a node while it is down, and to every node while all are down. 
 keeps its state file (``--infiniband.state-file``) in its node's directory, as the chart's
 hostPath keeps it across pods. Before that file existed, every cleared counter dropped from
 "cleared + hardware" to the hardware value at each restart: a counter reset to Prometheus
-(``resets()`` above 0), whose hardware value ``increase()`` counted again, so the
-``saturated`` nodes' symbol errors rose by about twice the true count, past
-``FabricscopeInfinibandSymbolErrorsRising``'s 10.
+(this test, run with ``--infiniband.state-file=`` on 6 nodes, fails at ``resets()``), whose
+hardware value ``increase()`` counts again: the ``saturated`` nodes' symbol errors would rise
+by about twice the true count, past ``FabricscopeInfinibandSymbolErrorsRising``'s 10.
 
 While an agent restarts, a scrape may fail: ``up`` is 0 for it and ``FabricscopeAgentDown``
 (``for: 15m``) may turn pending for a second. That one is allowed pending; nothing may fire,
