@@ -130,7 +130,12 @@ class Runner:
         on_update: Callable[[str], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        announce: bool = False,
     ) -> None:
+        """``announce``: say at INFO what each sampler's first pass found or why it has
+        nothing, and hardware appearing or going (the agent); else at DEBUG (one-shot
+        commands that print their own result: topo, snapshot)."""
+        self._announce = logging.INFO if announce else logging.DEBUG
         names = [s.sampler.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate sampler names: {names}")
@@ -332,7 +337,8 @@ class Runner:
             if outcome == "ok" and previous in _FAILED:
                 log.info("sampler %s recovered: %s", name, found(snapshot))
             elif outcome == "ok":  # the first pass, or hardware that appeared
-                log.info(
+                log.log(
+                    self._announce,
                     "sampler %s: %s%s",
                     name,
                     "" if not previous else "hardware appeared: ",
@@ -340,7 +346,7 @@ class Runner:
                 )
             elif outcome == "nodata":
                 # at INFO once (the first pass, or the hardware going): why it has nothing
-                log.info("sampler %s: nothing to sample: %s", name, exc)
+                log.log(self._announce, "sampler %s: nothing to sample: %s", name, exc)
             elif outcome == "timeout":
                 log.error("sampler %s timed out after %.1fs", name, slot.spec.timeout_seconds)
             elif outcome == "still_running":

@@ -153,7 +153,7 @@ def test_one_info_line_per_sampler_at_start_and_recovered_only_after_a_failure(
     caplog.set_level("INFO", logger="agent.core.runner")
     quiet = Counting("quiet", ["nodata", "ok", "ok"])
     flaky = Counting("flaky", ["ok", "raise", "ok", "ok"])
-    runner = Runner([SamplerSpec(quiet, 1, 1), SamplerSpec(flaky, 1, 1)])
+    runner = Runner([SamplerSpec(quiet, 1, 1), SamplerSpec(flaky, 1, 1)], announce=True)
     runner.run_once()
     mine = ("sampler quiet", "sampler flaky")
     first = [
@@ -173,3 +173,10 @@ def test_one_info_line_per_sampler_at_start_and_recovered_only_after_a_failure(
     assert not any("quiet recovered" in line for line in lines)
     assert sum("sampler flaky recovered" in line for line in lines) == 1
     assert sum("sampler flaky failed" in line for line in lines) == 1
+
+
+def test_one_shot_commands_keep_the_start_lines_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    """topo and snapshot print their own result: their runner says nothing at INFO."""
+    caplog.set_level("INFO", logger="agent.core.runner")
+    Runner([SamplerSpec(Counting("quiet1", ["nodata"]), 1, 1)]).run_once()
+    assert not [r for r in caplog.records if r.getMessage().startswith("sampler quiet1")]
