@@ -30,6 +30,49 @@ def parse_duration(text: str) -> float:
     return sum(int(g) * unit for g, unit in zip(m.groups(), _DURATION_UNITS, strict=True) if g)
 
 
+#: A byte size: plain bytes (``16777216``), or an integer with a unit: SI (``k``/``K``, ``M``,
+#: ``G``, ``T``, with or without ``B``: powers of 1000) or IEC (``Ki``, ``Mi``, ``Gi``, ``Ti``,
+#: with or without ``B``: powers of 1024), as Kubernetes quantities and ``ls -h`` write them.
+_BYTES = re.compile(r"^(\d{1,20})\s*(?:([kKMGT])(i?)B?|B)?$")
+_BYTE_UNITS = {"k": 1, "K": 1, "M": 2, "G": 3, "T": 4}
+
+
+def parse_bytes(text: str) -> int:
+    """``"16MiB"``, ``"16Mi"`` -> ``16777216``; ``"16M"``, ``"16MB"`` -> ``16000000``;
+    ``"4096"`` -> ``4096``. One syntax for every byte-size flag of every command. ValueError
+    for anything else (negative, fractions, ``16 MiBs``, empty)."""
+    m = _BYTES.match(text.strip())
+    if m is None:
+        raise ValueError(
+            f"not a byte size: {text!r} (e.g. 16MiB, 16Mi, 16M, 512KiB, or plain bytes)"
+        )
+    number, unit, iec = m.groups()
+    if unit is None:
+        return int(number)
+    scale: int = (1024 if iec else 1000) ** _BYTE_UNITS[unit]
+    return int(number) * scale
+
+
+def format_bytes(n: int) -> str:
+    """``16777216`` -> ``"16MiB"``; ``16000000`` -> ``"16MB"``; ``1001`` -> ``"1001B"``: how
+    a byte size is shown back (the unit, IEC or SI, that writes it shortest)."""
+    best = f"{n}B"
+    units = (
+        (1 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+        (10**12, "TB"),
+        (10**9, "GB"),
+        (10**6, "MB"),
+        (10**3, "kB"),
+    )
+    for unit, name in units:
+        if n and n % unit == 0:
+            best = min(best, f"{n // unit}{name}", key=len)
+    return best
+
+
 def format_duration(seconds: float) -> str:
     """``90.0`` -> ``"1m30s"``; ``0.5`` -> ``"500ms"``: how a duration is shown back."""
     if seconds <= 0:
@@ -172,6 +215,9 @@ class InfinibandSettings:
     perfquery: str = "auto"
     command_prefix: tuple[str, ...] = ()
     reset_saturated: bool = False
+    #: where the PMA step keeps what must outlive the agent (``agent/infiniband/memory.py``;
+    #: ``--infiniband.state-file``); ``None``: nothing kept (one-shot commands)
+    state_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.perfquery not in PERFQUERY_MODES:

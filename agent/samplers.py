@@ -136,6 +136,7 @@ def build_samplers(
             mode=ib.perfquery,
             reset=ib.reset_saturated,
             prefix=ib.command_prefix,
+            state_file=ib.state_file,
             # well inside the pass: the sysfs counters are exported whatever perfquery does
             pass_budget=min(5.0, max(config.sampling.timeout_seconds / 2, 0.5)),
         )

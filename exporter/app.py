@@ -42,7 +42,7 @@ class AgentApp:
         self.cache = ExpositionCache()
         self._render_errors: dict[str, int] = {}
         self._lock = threading.Lock()
-        self.runner = Runner(specs, on_update=self._on_update, wall_clock=wall_clock)
+        self.runner = Runner(specs, on_update=self._on_update, wall_clock=wall_clock, announce=True)
         if latest is not None:
             latest.bind(self._latest, self._status)
         self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))

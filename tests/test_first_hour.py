@@ -58,7 +58,7 @@ def test_snapshot_output_is_checked_first(
         ["snapshot", "-o", output.format(tmp=tmp_path), f"--path.sysfs={dgx_sys_root}"]
     )
     line = one_line_error(proc)
-    assert said in line and line.startswith("fabricscope: error: "), line
+    assert said in line and line.startswith("fabricscope snapshot: error: "), line
     assert "sampling" not in proc.stderr  # refused before the samplers ran
     assert time.monotonic() - began < 20
 
@@ -87,14 +87,20 @@ def test_a_nonexistent_sysfs_root_is_an_error(once: bool) -> None:
     else:
         args.append("--web.listen-address=127.0.0.1:0")
     line = one_line_error(fabricscope(args, timeout=60))
-    assert line == "fabricscope: error: --path.sysfs /nonexistent/sys does not exist"
+    assert line == (
+        "fabricscope agent: error: --path.sysfs /nonexistent/sys does not exist "
+        "(see fabricscope agent --help)"
+    )
 
 
 def test_a_file_as_procfs_root_is_an_error(tmp_path: Path) -> None:
     f = tmp_path / "proc"
     f.write_text("")
     line = one_line_error(fabricscope(["topo", f"--path.procfs={f}", f"--path.sysfs={tmp_path}"]))
-    assert line == f"fabricscope: error: --path.procfs {f} is not a directory"
+    assert line == (
+        f"fabricscope topo: error: --path.procfs {f} is not a directory "
+        "(see fabricscope topo --help)"
+    )
 
 
 # --- the HTTP server: no asyncio warning per TLS request; the address it listens on ---------
@@ -294,27 +300,27 @@ def test_a_dual_function_nic_on_one_narrow_link_is_one_alert(
 # --- durations, the timeout that follows the interval -----------------------------------------
 
 
-@pytest.mark.parametrize("interval", ["1s", "1", "1m30s", "0.5"])
-def test_one_duration_syntax_for_the_sampling_interval(interval: str, tmp_path: Path) -> None:
-    """No --sampling.timeout: it follows the interval (10 s, or the interval when shorter)."""
+@pytest.mark.parametrize("timeout", ["1s", "1", "1m30s", "0.5"])
+def test_one_duration_syntax_for_the_sampling_timeout(timeout: str, tmp_path: Path) -> None:
+    """--once takes one pass: its timeout in any duration syntax, no interval to fit under."""
     proc = fabricscope(
-        ["agent", "--once", f"--sampling.interval={interval}", f"--path.sysfs={tmp_path}"]
+        ["agent", "--once", f"--sampling.timeout={timeout}", f"--path.sysfs={tmp_path}"]
     )
     assert proc.returncode == 0, proc.stderr
 
 
 def test_a_timeout_longer_than_the_interval_given_is_an_error() -> None:
-    proc = fabricscope(["agent", "--once", "--sampling.interval=5s", "--sampling.timeout=10s"])
+    proc = fabricscope(["agent", "--sampling.interval=5s", "--sampling.timeout=10s"])
     assert one_line_error(proc) == (
-        "fabricscope: error: --sampling.timeout 10s is longer than --sampling.interval 5s: "
-        "a pass must end before the next one starts"
+        "fabricscope agent: error: --sampling.timeout 10s is longer than --sampling.interval "
+        "5s: a pass must end before the next one starts (see fabricscope agent --help)"
     )
 
 
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["agent", "--once", "--sampling.interval=1.5m"], "not a duration: '1.5m'"),
+        (["agent", "--sampling.interval=1.5m"], "not a duration: '1.5m'"),
         (["agent", "--once", "--web.idle-timeout=30s5m"], "not a duration"),
         (["agent", "--once", "--probe.round-seconds=soon"], "not a duration"),
         (["explain", "--prometheus.url=http://x", "--job=j", "--window=1.5h"], "not a duration"),
@@ -439,7 +445,8 @@ def test_version_and_help_import_no_sampler_or_server(args: list[str]) -> None:
 )
 def test_flags_that_would_be_ignored_are_refused(args: list[str], said: str) -> None:
     line = one_line_error(fabricscope(args))
-    assert line.startswith(f"fabricscope: error: {said}"), line
+    assert line.startswith(f"fabricscope {args[0]}: error: {said}"), line
+    assert line.endswith(f"(see fabricscope {args[0]} --help)"), line
 
 
 # --- probe plan assumes the agent's defaults and says so --------------------------------------

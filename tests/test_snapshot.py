@@ -143,7 +143,7 @@ def _killed_snapshot(sysfs: Path, out: Path, sig: int) -> int:
         [
             *(sys.executable, "-m", "exporter.cli", "snapshot", f"--path.sysfs={sysfs}"),
             *("--no-sampler.netdev", "--no-sampler.nvml", "--no-sampler.throughput"),
-            *("--sampling.interval=60s", "--sampling.timeout=60s", "-o", str(out)),
+            *("--sampling.timeout=60s", "-o", str(out)),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -69,7 +69,9 @@ _KINDS: tuple[FindingKind, ...] = (
         "FabricscopeInfinibandCounterSaturated",
         "The alert fires once per node (the number of such counters), after 15 minutes, at "
         "info: blind evidence is a monitoring gap to fix (a 64-bit copy or clearing), not a "
-        "fault that costs a job.",
+        "fault that costs a job. On a RoCE or iWARP port nothing can clear it (PMA clears go "
+        "through an InfiniBand subnet): the finding points at the netdev's 64-bit ethtool "
+        "statistics instead.",
     ),
     FindingKind(
         "ib_peer_errors",

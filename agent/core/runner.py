@@ -17,6 +17,7 @@ instead of its timeout, so the sampler's own verdict is the one counted. Its opt
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -91,6 +92,32 @@ class _Slot:
     last_outcome: str = ""
 
 
+#: outcomes after which a good pass is a recovery
+_FAILED = frozenset({"timeout", "still_running", "exception", "backoff", "crashed", "hung"})
+
+
+def found(snapshot: object) -> str:
+    """What a pass found, for the log: the snapshot's own ``describe()`` where it has one,
+    else the length of each of its non-empty collections (``2 devices``), and its
+    unreadable files."""
+    describe = getattr(snapshot, "describe", None)
+    if callable(describe):
+        return str(describe())
+    parts: list[str] = []
+    issues = 0
+    if dataclasses.is_dataclass(snapshot) and not isinstance(snapshot, type):
+        for f in dataclasses.fields(snapshot):
+            value = getattr(snapshot, f.name)
+            if f.name == "issues" and isinstance(value, tuple | list):
+                issues = len(value)
+            elif isinstance(value, tuple | list | dict | frozenset | set) and value:
+                parts.append(f"{len(value)} {f.name.replace('_', ' ')}")
+    text = ", ".join(parts) if parts else "nothing found"
+    if issues:
+        text += f" ({issues} unreadable or malformed, logged below)"
+    return text
+
+
 class Runner:
     """Runs samplers on their schedules and keeps the latest status of each.
 
@@ -106,7 +133,12 @@ class Runner:
         on_update: Callable[[str], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        announce: bool = False,
     ) -> None:
+        """``announce``: say at INFO what each sampler's first pass found or why it has
+        nothing, and hardware appearing or going (the agent); else at DEBUG (one-shot
+        commands that print their own result: topo, snapshot)."""
+        self._announce = logging.INFO if announce else logging.DEBUG
         names = [s.sampler.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate sampler names: {names}")
@@ -307,10 +339,19 @@ class Runner:
         restart backoff). Never one line per pass."""
         name = slot.spec.sampler.name
         if outcome != previous:
-            if outcome == "ok" and previous:
-                log.info("sampler %s recovered", name)
+            if outcome == "ok" and previous in _FAILED:
+                log.info("sampler %s recovered: %s", name, found(snapshot))
+            elif outcome == "ok":  # the first pass, or hardware that appeared
+                log.log(
+                    self._announce,
+                    "sampler %s: %s%s",
+                    name,
+                    "" if not previous else "hardware appeared: ",
+                    found(snapshot),
+                )
             elif outcome == "nodata":
-                log.debug("sampler %s: no hardware: %s", name, exc)
+                # at INFO once (the first pass, or the hardware going): why it has nothing
+                log.log(self._announce, "sampler %s: nothing to sample: %s", name, exc)
             elif outcome == "timeout":
                 log.error("sampler %s timed out after %.1fs", name, slot.spec.timeout_seconds)
             elif outcome == "still_running":

@@ -55,6 +55,19 @@ def findings(snap: InfinibandSnapshot) -> list[Finding]:
 
 def _stuck(dev: IbDevice, port: IbPort, c: PortCounter) -> str:
     where = f"{c.source}/{c.name} on {dev.name} port {port.port}"
+    if port.link_layer is not None and port.link_layer != "InfiniBand":
+        # perfquery reads and clears a PMA through an InfiniBand subnet (a LID, MADs to the
+        # port's PerfMgt agent): a RoCE or iWARP port has neither, so nothing clears it
+        netdev = f" ({', '.join(port.netdevs)})" if port.netdevs else ""
+        return (
+            f"{where} sits at {c.raw}, the maximum of its {c.width}-bit width, and no remedy "
+            f"exists on this {port.link_layer} port: PMA counters are cleared through an "
+            "InfiniBand subnet, which a RoCE or iWARP port has none of (--infiniband.reset-"
+            "saturated and perfquery -R skip it). Read the link's wide counters on its netdev"
+            f"{netdev} instead: the driver's 64-bit ethtool statistics (mlx5: "
+            "rx_vport_rdma_unicast_bytes, rx_symbol_err_phy, rx_crc_errors_phy), exported as "
+            "fabricscope_netdev_ethtool_statistic_total."
+        )
     src = port.counter_source
     if src is not None and src.source == SOURCE_CLEARED:
         return (

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field, replace
 
 from agent.core.sysfs import ReadIssue, SysfsReader
 from agent.core.tools import ToolError, ToolTimeout, run_tool
+from agent.infiniband.memory import PortMemory, StateFile
 from agent.infiniband.parse import (
     IB_DATA_UNIT_BYTES,
     PMA_DATA_COUNTERS,
@@ -225,21 +226,30 @@ class PmaReader:
     tool_timeout: float = 2.0
     pass_budget: float = 5.0
     dev_root: str = "/dev"
+    state_file: str | None = None
     clock: Callable[[], float] = time.monotonic
     _states: dict[tuple[str, int], _PortState] = field(default_factory=dict)
     _tool: bool = True
+    _memory: StateFile | None = None
+    _loaded: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"perfquery mode must be one of {', '.join(MODES)}")
         if self.mode != "off":
             self._tool = shutil.which(self.prefix[0] if self.prefix else TOOL) is not None
+            if self.state_file:
+                self._memory = StateFile(self.state_file)
 
     def update(self, snap: InfinibandSnapshot) -> InfinibandSnapshot:
         """``snap`` with its InfiniBand ports' counters merged from their PMA and each such
         port's :class:`CounterSource` set."""
         run = _Pass(self.prefix, self.tool_timeout, time.monotonic() + self.pass_budget)
         issues = list(snap.issues)
+        if self._memory is not None and self._loaded is None:
+            self._loaded = self._restore()
+            if self._loaded:
+                issues.append(ReadIssue(self._memory.path, "parse", self._loaded))
         umad = umad_ports(self.sys) if self.mode == "auto" else {}
         devices: list[IbDevice] = []
         present: set[tuple[str, int]] = set()
@@ -254,9 +264,32 @@ class PmaReader:
             devices.append(replace(dev, ports=tuple(ports)))
         for gone in set(self._states) - present:
             del self._states[gone]
+        if self._memory is not None:
+            failed = self._memory.save(
+                {
+                    key: PortMemory(dict(st.cleared), dict(st.last), set(st.extended), st.resets)
+                    for key, st in self._states.items()
+                }
+            )
+            if failed:
+                issues.append(ReadIssue(self._memory.path, "io", failed))
         return InfinibandSnapshot(
             tuple(devices), tuple(issues), snap.tool_calls + run.calls, run.seconds
         )
+
+    def _restore(self) -> str:
+        """Take back what the previous run kept (:mod:`agent.infiniband.memory`); "" or why
+        nothing was taken."""
+        assert self._memory is not None
+        kept, why = self._memory.load()
+        for key, m in kept.items():
+            self._states[key] = _PortState(
+                extended=set(m.extended),
+                cleared=dict(m.cleared),
+                last=dict(m.last),
+                resets=m.resets,
+            )
+        return why
 
     # -- one port ----------------------------------------------------------------------
 

@@ -92,6 +92,24 @@ def add_kubernetes(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: where the agent keeps the PMA counts that must outlive it (a hostPath in Kubernetes)
+DEFAULT_STATE_FILE = "/var/lib/fabricscope/infiniband-counters.json"
+
+
+def add_agent_state(p: argparse.ArgumentParser) -> None:
+    """The serving agent's own flags about what it keeps across restarts."""
+    p.add_argument(
+        "--infiniband.state-file",
+        dest="infiniband_state_file",
+        default=DEFAULT_STATE_FILE,
+        metavar="FILE",
+        help="where the agent keeps what its PMA counters must carry across a restart (what "
+        "--infiniband.reset-saturated has cleared, the counters read 64-bit): put it on a "
+        "volume that outlives the container, or a restart shows as a counter reset; written "
+        "only once a port has something to keep; empty: nothing kept (default: %(default)s)",
+    )
+
+
 def _expected_rate(text: str) -> ExpectedRate:
     try:
         return parse_expected_rate(text)
@@ -285,10 +303,15 @@ def add_samplers(p: argparse.ArgumentParser) -> None:
 def config_from_args(ns: argparse.Namespace) -> AgentConfig:
     enabled = frozenset(n for n in SAMPLER_NAMES if getattr(ns, f"sampler_{n}"))
     timeout = ns.sampling_timeout
-    if timeout is None:  # not given: follows the interval
-        timeout = min(DEFAULT_SAMPLING_TIMEOUT, ns.sampling_interval)
+    interval = ns.sampling_interval
+    if getattr(ns, "once", False) or ns.command == "snapshot":
+        # one pass, no next one (--sampling.interval is refused there): only the timeout
+        timeout = DEFAULT_SAMPLING_TIMEOUT if timeout is None else timeout
+        interval = max(interval, timeout)
+    elif timeout is None:  # not given: follows the interval
+        timeout = min(DEFAULT_SAMPLING_TIMEOUT, interval)
     try:
-        sampling = Sampling(enabled, ns.sampling_interval, timeout)
+        sampling = Sampling(enabled, interval, timeout)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     return AgentConfig(
@@ -322,6 +345,7 @@ def _infiniband_settings(ns: argparse.Namespace) -> InfinibandSettings:
             perfquery=getattr(ns, "infiniband_perfquery", "auto"),
             command_prefix=prefix,
             reset_saturated=getattr(ns, "infiniband_reset_saturated", False),
+            state_file=getattr(ns, "infiniband_state_file", None) or None,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc

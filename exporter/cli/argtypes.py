@@ -8,7 +8,13 @@ import difflib
 import sys
 from typing import Any, NoReturn
 
-from agent.config import parse_duration
+from agent.config import parse_bytes, parse_duration
+
+
+def error_line(prog: str, message: str) -> str:
+    """The one format of every command-line error, from argparse or from checking the
+    settings: ``fabricscope agent: error: ... (see fabricscope agent --help)``."""
+    return f"{prog}: error: {message} (see {prog} --help)"
 
 
 class Parser(argparse.ArgumentParser):
@@ -26,7 +32,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, error_line(self.prog, message) + "\n")
 
     def unknown(self, extras: list[str]) -> NoReturn:
         """Refuse arguments this (sub)command does not take, naming the nearest flag."""
@@ -110,8 +116,25 @@ def count_or_zero(text: str) -> int:
     return value
 
 
-def byte_count(text: str) -> int:
-    return _at_least_one(text, "a number of bytes", " byte")
+def byte_size(text: str) -> int:
+    """A byte size of at least 1 byte: ``16MiB``, ``16Mi``, ``16M`` (10^6), ``16MB``, or
+    plain bytes (:func:`agent.config.parse_bytes`)."""
+    try:
+        value = parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {text!r}")
+    return value
+
+
+def whole_seconds(text: str) -> int:
+    """A positive duration that is a whole number of seconds (``5s``, ``1m``, ``5``): for
+    settings handed to a program that counts in seconds."""
+    value = positive_duration(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"must be a whole number of seconds: {text!r}")
+    return int(value)
 
 
 def warn(message: str) -> None:

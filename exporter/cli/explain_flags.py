@@ -4,10 +4,11 @@ every subcommand shares (:mod:`exporter.cli.argtypes`)."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from agent.core.logsetup import LEVELS
-from exporter.cli.argtypes import byte_count, count, duration
+from exporter.cli.argtypes import byte_size, count, duration
 from exporter.explain.times import parse_time
 
 
@@ -42,10 +43,11 @@ def add_parser(sub: Any) -> None:
     g.add_argument(
         "--prometheus.max-body-bytes",
         dest="prom_max_body",
-        type=byte_count,
+        type=byte_size,
         default=None,  # the client's DEFAULT_MAX_BODY_BYTES: not imported to build the parser
-        metavar="BYTES",
-        help="the largest answer read; a bigger one is an error (default: 67108864, 64 MiB)",
+        metavar="SIZE",
+        help="the largest answer read (64MiB, 64Mi, 64M or plain bytes); a bigger one is an "
+        "error (default: 64MiB)",
     )
     g.add_argument(
         "--prometheus.max-nodes-per-query",
@@ -75,7 +77,7 @@ def add_parser(sub: Any) -> None:
     g.add_argument(
         "--prometheus.insecure-skip-verify",
         dest="prom_insecure",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="do not verify the server's certificate",
     )
     g.add_argument("--prometheus.username", dest="prom_user", metavar="NAME")

@@ -38,7 +38,7 @@ from exporter.cli import (
     throughput_flags,
     topology_flags,
 )
-from exporter.cli.argtypes import Parser, count, parse_known, positive_duration
+from exporter.cli.argtypes import Parser, count, error_line, parse_known, positive_duration
 
 DEFAULT_LISTEN = ":10118"
 
@@ -63,6 +63,7 @@ def build_parser() -> Parser:
     agent_flags.add_common(agent)
     agent_flags.add_samplers(agent)
     agent_flags.add_kubernetes(agent)
+    agent_flags.add_agent_state(agent)
     agent.add_argument(
         "--web.listen-address",
         dest="listen",
@@ -125,7 +126,7 @@ def build_parser() -> Parser:
     )
     agent.add_argument(
         "--once",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="sample every enabled sampler once, print the exposition to "
         "stdout and exit (for node_exporter's textfile collector)",
     )
@@ -195,8 +196,12 @@ def _given(argv: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
+#: flags that set when the next pass comes: a command that takes one pass has none
+_SCHEDULE_FLAGS = ("--sampling.interval", "--ibpeer.interval", "--ibpeer.topology-interval")
+
+
 def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:
-    """Refuse flags that would be silently ignored in the mode asked for."""
+    """Refuse flags that would be silently ignored in the mode asked for, saying why."""
     if getattr(ns, "snapshot", None):
         for flag in ("--path.sysfs", "--path.procfs"):
             if _given(argv, flag):
@@ -204,10 +209,21 @@ def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:
                     f"{flag} has no effect with --snapshot (a snapshot replays its own sysfs, "
                     "and holds no process state): give one or the other"
                 )
-        for flag in ("--infiniband.perfquery", "--infiniband.reset-saturated"):
+        for flag in (
+            "--infiniband.perfquery",
+            "--infiniband.reset-saturated",
+            "--infiniband.state-file",
+        ):
             if _given(argv, flag):
                 raise ConfigError(
                     f"{flag} has no effect with --snapshot (a snapshot holds no PMA to ask)"
+                )
+    if ns.command == "snapshot":
+        for flag in _SCHEDULE_FLAGS:
+            if _given(argv, flag):
+                raise ConfigError(
+                    f"{flag} has no effect on snapshot: a snapshot takes one pass, so there is "
+                    "no next one to schedule"
                 )
     if ns.command != "agent" or not ns.once:
         return
@@ -219,6 +235,12 @@ def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:
     for flag in _WEB_FLAGS:
         if _given(argv, flag):
             raise ConfigError(f"{flag} has no effect with --once: nothing is served")
+    for flag in _SCHEDULE_FLAGS:
+        if _given(argv, flag):
+            raise ConfigError(
+                f"{flag} has no effect with --once: one pass is taken, so there is no next "
+                "one to schedule (--sampling.timeout still bounds it)"
+            )
 
 
 def _check_roots(ns: argparse.Namespace) -> None:
@@ -300,7 +322,7 @@ def _dispatch(ns: argparse.Namespace, args: list[str]) -> int:
             _check_roots(ns)
         return commands[ns.command](ns)
     except ConfigError as exc:
-        print(f"fabricscope: error: {exc}", file=sys.stderr)
+        print(error_line(f"fabricscope {ns.command}", str(exc)), file=sys.stderr)
         return 2
     except NoData as exc:
         print(f"fabricscope: {exc}", file=sys.stderr)

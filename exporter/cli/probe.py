@@ -58,6 +58,7 @@ from agent.probe.run.guest import GuestOutcome, guest_probe
 from agent.probe.run.specs import at_master, default_sizes, guest_spec, intra_specs
 from agent.probe.schedule.membership import normalize_host
 from agent.probe.schedule.plan import main_plan
+from exporter.cli.argtypes import error_line
 
 log = logging.getLogger("fabricscope.probe")
 
@@ -429,7 +430,7 @@ def cmd_probe(ns: argparse.Namespace) -> int:
             return _pair(ns, local, abort)
         return _intra(ns, local, abort)
     except (ProbeCliError, ConfigError) as exc:
-        print(f"fabricscope: error: {exc}", file=sys.stderr)
+        print(error_line("fabricscope probe", str(exc)), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         abort.set()  # workers of pairs still running are killed by their launchers

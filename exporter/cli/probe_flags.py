@@ -12,7 +12,14 @@ from pathlib import Path
 from agent.config import DEFAULT_PROBE_PORT, PROBE_BACKENDS, PROBE_KINDS, ProbeSettings
 from agent.core.errors import ConfigError
 from agent.core.logsetup import LEVELS
-from exporter.cli.argtypes import Parser, count, duration, positive, positive_duration
+from exporter.cli.argtypes import (
+    Parser,
+    count,
+    count_or_zero,
+    duration,
+    positive,
+    positive_duration,
+)
 
 _SIZE = re.compile(r"^(\d+)([KMG]?)(i?B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -74,7 +81,7 @@ def add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument(
         "--probe.force",
         dest="probe_force",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="also probe GPUs that run compute processes",
     )
     p.add_argument(
@@ -107,7 +114,7 @@ def add_probe_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     )
     p.add_argument(
         "--matrix",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="sendrecv of every (local GPU, remote GPU) pair with --peer, at 256M on GPUs "
         "(1M on CPU) unless --probe.sizes; writes --csv and --png",
     )
@@ -132,7 +139,7 @@ def add_probe_parser(sub: argparse._SubParsersAction[Parser]) -> None:
         help="this host's name to the peer (default: the host name)",
     )
     p.add_argument("--iterations", type=count, default=20, help="timed iterations (20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (5)")
+    p.add_argument("--warmup", type=count_or_zero, default=5, help="untimed iterations first (5)")
     p.add_argument(
         "--csv", type=Path, default=Path("fabricscope-matrix.csv"), help="matrix CSV output"
     )

@@ -9,10 +9,11 @@ from agent.config import (
     RAS_LEADER_POLICIES,
     RasEndpointFlag,
     RasSettings,
+    format_bytes,
     parse_ras_endpoint,
 )
 from agent.core.errors import ConfigError
-from exporter.cli.argtypes import byte_count, count, positive_duration
+from exporter.cli.argtypes import byte_size, count, positive_duration, whole_seconds
 
 
 def _endpoint(text: str) -> RasEndpointFlag:
@@ -49,20 +50,22 @@ def add_agent_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--ras.gather-timeout",
         dest="ras_gather_timeout",
-        type=count,
+        type=whole_seconds,
         default=d.ras_timeout_seconds,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="what NCCL is told each leg of its gather may take (its TIMEOUT command; the "
-        "whole gather may take this plus 5s x NCCL_RAS_TIMEOUT_FACTOR) (default: %(default)s)",
+        "whole gather may take this plus 5s x NCCL_RAS_TIMEOUT_FACTOR; whole seconds, as "
+        "NCCL takes it) (default: %(default)ss)",
     )
     g.add_argument(
         "--ras.max-answer-bytes",
         dest="ras_max_answer_bytes",
-        type=byte_count,
+        type=byte_size,
         default=d.max_answer_bytes,
-        metavar="BYTES",
-        help="the largest answer read; a larger one fails the query, counted as too_large "
-        "(default: %(default)s, about 30,000 ranks' entries)",
+        metavar="SIZE",
+        help="the largest answer read (16MiB, 16Mi, 16M or plain bytes); a larger one fails "
+        f"the query, counted as too_large (default: {format_bytes(d.max_answer_bytes)}, about "
+        "30,000 ranks' entries)",
     )
     g.add_argument(
         "--ras.leader",

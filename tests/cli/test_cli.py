@@ -64,7 +64,7 @@ def test_topo_without_anything_says_so(tmp_path: Path) -> None:
 def test_bad_flags_are_clear_errors() -> None:
     proc = fabricscope(["agent", "--once", "--netdev.include=("])
     assert proc.returncode == 2 and "invalid regular expression" in proc.stderr
-    proc = fabricscope(["agent", "--once", "--sampling.interval=5", "--sampling.timeout=10"])
+    proc = fabricscope(["agent", "--sampling.interval=5", "--sampling.timeout=10"])
     assert proc.returncode == 2 and "--sampling.timeout 10s is longer than" in proc.stderr
     assert "Traceback" not in proc.stderr
 

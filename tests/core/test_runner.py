@@ -142,3 +142,41 @@ def test_file_issue_transitions_are_logged_once(caplog: pytest.LogCaptureFixture
 def test_duplicate_names_rejected() -> None:
     with pytest.raises(ValueError, match="duplicate"):
         Runner([SamplerSpec(Counting("a")), SamplerSpec(Counting("a"))])
+
+
+def test_one_info_line_per_sampler_at_start_and_recovered_only_after_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first pass says what each sampler found, or why it has nothing, at INFO; a good
+    pass after no hardware is "hardware appeared", never "recovered"; "recovered" follows a
+    failure only; each line once, not every pass."""
+    caplog.set_level("INFO", logger="agent.core.runner")
+    quiet = Counting("quiet", ["nodata", "ok", "ok"])
+    flaky = Counting("flaky", ["ok", "raise", "ok", "ok"])
+    runner = Runner([SamplerSpec(quiet, 1, 1), SamplerSpec(flaky, 1, 1)], announce=True)
+    runner.run_once()
+    mine = ("sampler quiet", "sampler flaky")
+    first = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "INFO" and r.getMessage().startswith(mine)
+    ]
+    assert first == [
+        "sampler quiet: nothing to sample: no such hardware",
+        "sampler flaky: nothing found",
+    ]
+    caplog.clear()
+    for _ in range(3):
+        runner.run_once()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(mine)]
+    assert lines.count("sampler quiet: hardware appeared: nothing found") == 1
+    assert not any("quiet recovered" in line for line in lines)
+    assert sum("sampler flaky recovered" in line for line in lines) == 1
+    assert sum("sampler flaky failed" in line for line in lines) == 1
+
+
+def test_one_shot_commands_keep_the_start_lines_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    """topo and snapshot print their own result: their runner says nothing at INFO."""
+    caplog.set_level("INFO", logger="agent.core.runner")
+    Runner([SamplerSpec(Counting("quiet1", ["nodata"]), 1, 1)]).run_once()
+    assert not [r for r in caplog.records if r.getMessage().startswith("sampler quiet1")]

@@ -932,3 +932,32 @@ def test_exposition_passes_promtool_lint(
     for root in (procfs_sys_root, node_exporter_sys_root, roce_sys_root):
         ib_metrics.render(sample(root), out)
     promtool_check_metrics(render_text(out))
+
+
+def test_a_saturated_roce_counter_is_told_no_remedy_exists_never_a_clear(
+    roce_sys_root: Path, tmp_path: Path
+) -> None:
+    """On an Ethernet-link port nothing can clear a PMA counter (perfquery needs an InfiniBand
+    subnet; the PMA step skips such ports, reset mode or not): the finding says so and points
+    at the netdev's 64-bit ethtool statistics, never at --infiniband.reset-saturated or
+    perfquery -R as a remedy. (The value is planted at the 32-bit maximum.)"""
+    from agent.infiniband.pma import PmaReader
+
+    p = roce_sys_root / "class/infiniband/mlx5_0/ports/1/counters/port_xmit_wait"
+    p.write_text(f"{2**32 - 1}\n")
+    pma = PmaReader(SysfsReader(roce_sys_root), mode="on", reset=True, prefix=("false",))
+    snap = InfinibandSampler(SysfsReader(roce_sys_root), pma=pma).sample()
+    assert snap.tool_calls == 0  # nothing was even tried
+    (found,) = [f for f in findings(snap) if f.kind == "counter_saturated"]
+    assert found.subject == "mlx5_0/1/port_xmit_wait"
+    assert "no remedy exists on this Ethernet port" in found.detail
+    assert "until it is cleared" not in found.detail
+    assert "on its netdev (eth2)" in found.detail
+    assert "fabricscope_netdev_ethtool_statistic_total" in found.detail
+    # the statistics it names are ones the netdev sampler reads and keeps at default detail
+    from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE
+    from exporter.metrics.netdev import DEFAULT_DETAIL_STATISTICS
+
+    for name in ("rx_vport_rdma_unicast_bytes", "rx_symbol_err_phy", "rx_crc_errors_phy"):
+        assert name in found.detail
+        assert DEFAULT_ETHTOOL_INCLUDE.fullmatch(name) and DEFAULT_DETAIL_STATISTICS.fullmatch(name)

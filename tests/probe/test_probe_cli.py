@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -64,7 +65,9 @@ def mark() -> Iterator[str]:
 def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("fabricscope: error:")]
+    lines = [
+        line for line in proc.stderr.splitlines() if re.match(r"fabricscope( \w+)?: error:", line)
+    ]
     assert len(lines) == 1, proc.stderr
     for needle in needles:
         assert needle in lines[0]
@@ -306,8 +309,8 @@ def test_once_takes_no_probes(mark: str, tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     assert proc.stderr.strip() == (
-        "fabricscope: error: --probe has no effect with --once: probes run on the serving "
-        "agent's schedule (`fabricscope probe` runs one now)"
+        "fabricscope agent: error: --probe has no effect with --once: probes run on the serving "
+        "agent's schedule (`fabricscope probe` runs one now) (see fabricscope agent --help)"
     )
 
 

@@ -33,7 +33,6 @@ def test_once_reads_a_400000_line_log_whole(tmp_path: Path) -> None:
         [f"{log}=llm"],
         tmp_path,
         "--throughput.stream-cpu-budget=10ms",
-        "--sampling.interval=120s",
         "--sampling.timeout=120s",
     )
     assert done.returncode == 0, done.stderr
@@ -46,9 +45,7 @@ def test_once_reads_a_400000_line_log_whole(tmp_path: Path) -> None:
 def test_once_that_cannot_read_whole_in_time_says_so(tmp_path: Path) -> None:
     log = tmp_path / "train.log"
     composer_log(log, LINES)
-    done = throughput_once(
-        [f"{log}=llm"], tmp_path, "--sampling.interval=2s", "--sampling.timeout=2s"
-    )
+    done = throughput_once([f"{log}=llm"], tmp_path, "--sampling.timeout=2s")
     assert done.returncode == 0, done.stderr
     assert value(done.stdout, "fabricscope_throughput_tokens_per_second") is None  # not stale
     assert "not read whole within --sampling.timeout (2s)" in done.stderr

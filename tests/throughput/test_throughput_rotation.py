@@ -135,7 +135,6 @@ def test_two_thousand_logs_under_a_soft_limit_of_1024_files(tmp_path: Path) -> N
                 *(sys.executable, "-m", "exporter.cli", "agent", "--once"),
                 *(f"--path.pod-logs={pods}", "--throughput.pods=all", *OTHERS),
                 f"--throughput.max-open-files={bound}",
-                "--sampling.interval=120s",
                 "--sampling.timeout=120s",
                 "--log.level=error",
             ],
