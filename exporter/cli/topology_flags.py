@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from agent.core.logsetup import LEVELS
-from exporter.cli.argtypes import byte_count, duration, positive_duration
+from exporter.cli.argtypes import byte_size, duration, positive_duration
 
 OUTPUTS = ("labels", "kueue", "volcano", "slurm", "graph")
 
@@ -33,7 +33,7 @@ def _prometheus(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument(
         "--prometheus.max-body-bytes",
         dest="prom_max_body",
-        type=byte_count,
+        type=byte_size,
         default=64 << 20,
         metavar="BYTES",
         help="the largest answer read; a bigger one is an error (default: 67108864, 64 MiB)",
@@ -190,12 +190,14 @@ def add_parsers(sub: Any) -> None:
     c.add_argument(
         "--dry-run",
         dest="dry_run",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="log and count the changes, patch nothing",
     )
     c.add_argument(
         "--once",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="one pass, then exit (a hold-down longer than 0 then applies nothing)",
     )
     c.add_argument(

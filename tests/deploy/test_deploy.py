@@ -35,6 +35,7 @@ import yaml
 from agent.cdi.registry import DEFAULT_CDI_ROOT
 from agent.config import DEFAULT_POD_LOGS, DEFAULT_PROBE_PORT
 from agent.probe.schedule.membership import parse_peers
+from exporter.cli.agent_flags import DEFAULT_STATE_FILE
 from exporter.cli.main import build_parser
 from tests.helmchart import PROBE_SECRET, VALUES, render, render_fails
 
@@ -388,10 +389,16 @@ def test_host_paths_are_few_and_read_only(built: dict[str, list[Doc]], build: st
     node_resources = paths.get("kubeletRoot", "/var/lib/kubelet") + "/pod-resources"
     node_logs = paths.get("podLogs", POD_LOGS)
     node_cdi = paths.get("cdi", DEFAULT_CDI_ROOT)
-    kube = {node_resources, node_logs, node_cdi}
+    node_state = paths.get("state", STATE_DIR)
+    kube = {node_resources, node_logs, node_cdi, node_state}
     expected = {"/sys", "/proc"} | (kube if "nonroot" not in build else set())
     assert set(mounts) == expected
-    assert all(read_only for _, read_only in mounts.values())
+    # every host directory read-only but the agent's own state, where --infiniband.state-file
+    # lies by default
+    assert all(ro for path, (_, ro) in mounts.items() if path != node_state)
+    if node_state in mounts:
+        assert mounts[node_state] == (STATE_DIR, False)
+        assert Path(DEFAULT_STATE_FILE).parent == Path(STATE_DIR)
     assert mounts["/sys"][0] == "/host/sys" and mounts["/proc"][0] == "/host/proc"
     if node_resources in mounts:
         # the agent's default socket path (agent/kubernetes/podresources.py) lies under the mount
@@ -546,6 +553,11 @@ def test_every_writable_path_is_a_bounded_emptydir(built: dict[str, list[Doc]]) 
         spec = pod_spec(built[build])
         volumes = {v["name"]: v for v in spec["volumes"]}
         for m in agent_container(built[build])["volumeMounts"]:
+            if m["mountPath"] == STATE_DIR:
+                # the one host directory written: the agent writes one file there, by rename,
+                # and refuses to read one over 1 MiB (agent/infiniband/memory.py)
+                assert volumes[m["name"]]["hostPath"]["type"] == "DirectoryOrCreate"
+                continue
             if not m.get("readOnly"):
                 assert "emptyDir" in volumes[m["name"]], (build, m)
                 assert volumes[m["name"]]["emptyDir"]["sizeLimit"], (build, m)
@@ -633,6 +645,9 @@ def test_web_config_comes_from_the_administrators_secret(built: dict[str, list[D
 # --- flags ------------------------------------------------------------------------------------
 
 
+#: the agent's state directory inside the container (the chart's hostPaths.state)
+STATE_DIR = "/var/lib/fabricscope"
+
 #: what the kubelet puts in for a $(VAR) the downward API fills with a number: the container's
 #: memory limit in bytes (resourceFieldRef limits.memory, divisor 1); 256Mi here
 KUBELET_NUMBERS = {"MEMORY_LIMIT": str(256 * 2**20)}
@@ -642,10 +657,11 @@ def kubelet_expanded(args: list[str]) -> list[str]:
     """``args`` as the agent receives them where a $(VAR) is a number: the kubelet expands
     it from the container's env before the process starts."""
     out = []
-    for a in args:
+    for arg in args:
+        expanded = arg
         for var, value in KUBELET_NUMBERS.items():
-            a = a.replace(f"$({var})", value)
-        out.append(a)
+            expanded = expanded.replace(f"$({var})", value)
+        out.append(expanded)
     return out
 
 
@@ -688,6 +704,7 @@ def test_probe_args(built: dict[str, list[Doc]]) -> None:
     assert {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")} == {
         "/tmp",
         "/dev/shm",
+        STATE_DIR,
     }
     # the base's flags are all still there (args is replaced as a whole by the overlay)
     assert set(agent_container(built["standard"])["args"]) <= set(args)
