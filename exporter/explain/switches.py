@@ -23,21 +23,21 @@ counters (``fabricscope_infiniband_switch_port_*``). This module joins them for 
    single leaf can never name it (``K = N`` makes every tail 1): nothing tells the leaf from
    the job then.
 2. **Uplinks.** An uplink whose end (either: the switch end counts, so a cable whose errors
-   show only at the spine is found) scores at least :data:`~exporter.explain.checks.
-   THRESHOLD` is evidence. A spine is named when uplinks of at least two of the job's
-   leaves to it err and chance does not explain them (:func:`spine_chance`): each of the
-   job's uplinks is taken to err on its own with probability ``q``, estimated from the
-   job's uplinks to the *other* spines (the share of them that err, drawn towards a prior
-   of one uplink in fifty that weighs as much as ten uplinks seen: :data:`PRIOR_FAULTS`
-   in :data:`PRIOR_UPLINKS`); the binomial tail of ``k`` or more of the spine's ``n``
-   uplinks erring, times the number of
-   spines tested, must fall under :data:`ALPHA`. Placement alone cannot decide this (with
-   ``S`` spines, two erring uplinks land on one spine by chance one time in about ``S``):
-   what names the spine is that one fault explains what would otherwise take two or more
-   independent cable faults in one window, and that the job's other uplinks stay clean
-   (a fabric-wide event errs on every spine's uplinks and names none). Two or more uplinks
-   of one leaf, not taken by a spine, name the leaf; a single uplink is named as the cable
-   it is.
+   show only at the spine is found) scores at least :data:`MEMBER_SCORE` is evidence for a
+   spine (at least one of the spine's at :data:`~exporter.explain.checks.THRESHOLD`); a
+   leaf's or a cable's needs the threshold. A spine is named when uplinks of at least two
+   of the job's leaves to it err and chance does not explain them (:func:`spine_chance`):
+   each of the job's uplinks is taken to err on its own with probability ``q``, estimated
+   from the job's uplinks to the *other* spines (the share of them that err, drawn towards
+   a prior of one uplink in fifty that weighs as much as ten uplinks seen:
+   :data:`PRIOR_FAULTS` in :data:`PRIOR_UPLINKS`); the binomial tail of ``k`` or more of
+   the spine's ``n`` uplinks erring, times the number of spines tested, must fall under
+   :data:`ALPHA`. Placement alone cannot decide this (with ``S`` spines, two erring
+   uplinks land on one spine by chance one time in about ``S``): what names the spine is
+   that one fault explains what would otherwise take two or more independent cable faults
+   in one window, and that the job's other uplinks stay clean (a fabric-wide event errs on
+   every spine's uplinks and names none). Two or more uplinks of one leaf, not taken by a
+   spine, name the leaf; a single uplink is named as the cable it is.
 
 A leaf named for several kinds (and for its uplinks) is one finding. Its score is its
 strongest port's or uplink's (at least the threshold: the group stands out even when no
@@ -485,7 +485,7 @@ def _group_uplinks(
     best: dict[SwitchPort, list[tuple[Measurement, str]]] = defaultdict(list)
     for r in uplink_results:
         for m in r.measurements:
-            if m.score < THRESHOLD:
+            if m.score < MEMBER_SCORE:
                 continue
             at = (m.labels.get("switch_guid", ""), m.labels.get("switch_port", ""))
             if at in topo.uplinks:
@@ -504,7 +504,7 @@ def _group_uplinks(
     for spine, ups in sorted(by_spine.items()):
         hit = [u for u in ups if u in best]
         leaves = {u[0] for u in hit}
-        if len(leaves) < 2:
+        if len(leaves) < 2 or max(best[u][0][0].score for u in hit) < THRESHOLD:
             continue
         others = len(topo.uplinks) - len(ups)
         p, q = spine_chance(len(hit), len(ups), len(best) - len(hit), others)
@@ -530,7 +530,7 @@ def _group_uplinks(
         taken |= set(hit)
     by_leaf: dict[str, list[SwitchPort]] = defaultdict(list)
     for u in best:
-        if u not in taken:
+        if u not in taken and best[u][0][0].score >= THRESHOLD:
             by_leaf[u[0]].append(u)
     for leaf, ups in sorted(by_leaf.items()):
         if len(ups) >= 2:

@@ -294,3 +294,32 @@ def test_saturated_counters_make_their_checks_blind_and_the_rest_still_rank() ->
     )
     assert by_device["mlx5_0"].score > 1 and out[0].counts().unavailable == 1
     assert out[1].measurements[0].score > 1  # the port's other evidence still ranks
+
+
+def test_a_class_of_checks_left_out_for_lack_of_scope_could_not_judge() -> None:
+    """The job runs in pods (its throughput series name them), but explain cannot say in
+    which namespace, or finds no attribution for them: the verdict is "could not judge",
+    naming what was left out, never "no fabric cause found"."""
+    from exporter.explain.discover import Footprint, JobSpec, Throughput, scope_gaps
+    from exporter.explain.discover import with_namespace as named_ns
+    from exporter.explain.report import Checked, _verdict
+
+    tp = Throughput("m", "tokens/s", "", None, ("llm-0", "llm-1"), ("n0", "n1"))
+    spread = Throughput("m", "", "", None, ("llm-0",), ("n0",), namespaces=("a", "b"))
+    one = Throughput("m", "", "", None, ("llm-0",), ("n0",), namespaces=("training",))
+    assert named_ns(JobSpec("llm"), one).namespace == "training"
+    assert named_ns(JobSpec("llm"), spread).namespace == ""
+    assert named_ns(JobSpec("llm", "given"), one).namespace == "given"
+    empty = Footprint(("n0", "n1"), ("llm-0", "llm-1"), (), ())
+    placed = Footprint(("n0",), ("llm-0",), (("n0", "0"),), ())
+    assert scope_gaps(JobSpec("llm", "training"), tp, placed) == ()
+    gaps = scope_gaps(JobSpec("llm", "training"), tp, empty)
+    assert gaps and "no pods found for job 'llm' in namespace 'training'" in gaps[0]
+    assert "carry namespaces a, b; give --namespace" in scope_gaps(JobSpec("llm"), spread, empty)[0]
+    # bare metal (no pods in the throughput series): nothing is missing
+    bare = Throughput("m", "", "", None, (), ("n0",))
+    assert scope_gaps(JobSpec("llm"), bare, Footprint(("n0",), (), (), ())) == ()
+    checked = tuple(Checked(f"c{i}", "ib_link", "", 2, 0.0, judged=2) for i in range(9))
+    assert _verdict([], checked, 2, 2, "") == ("no fabric cause found", "")
+    verdict, reason = _verdict([], checked, 2, 2, "", gaps=gaps)
+    assert verdict == "could not judge" and reason == gaps[0]
