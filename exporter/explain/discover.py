@@ -103,15 +103,17 @@ def with_namespace(job: JobSpec, tp: Throughput) -> JobSpec:
 
 def scope_gaps(job: JobSpec, tp: Throughput, fp: Footprint) -> tuple[str, ...]:
     """The classes of checks that cannot run for lack of scope, one line each: the job runs
-    in pods (its throughput series name them) and explain cannot say which (no namespace),
-    or finds none of their GPUs and HCAs (no attribution series for them)."""
+    in pods (its throughput series name them) and explain cannot say in which namespace
+    (its series carry several), or finds none of their GPUs and HCAs (no attribution series
+    for them)."""
     if not tp.pods:
         return ()
-    if not job.namespace:
-        spread = ", ".join(tp.namespaces) or "none"
+    if not job.namespace:  # series without a namespace: not a Kubernetes pod's (no gap)
+        if len(tp.namespaces) < 2:
+            return ()
         return (
             f"could not judge NCCL, placement and the pods' GPUs: the job's throughput series "
-            f"carry namespaces {spread}; give --namespace",
+            f"carry namespaces {', '.join(tp.namespaces)}; give --namespace",
         )
     if not fp.gpus and not fp.hcas:
         return (

@@ -316,6 +316,8 @@ def test_a_class_of_checks_left_out_for_lack_of_scope_could_not_judge() -> None:
     gaps = scope_gaps(JobSpec("llm", "training"), tp, empty)
     assert gaps and "no pods found for job 'llm' in namespace 'training'" in gaps[0]
     assert "carry namespaces a, b; give --namespace" in scope_gaps(JobSpec("llm"), spread, empty)[0]
+    # series naming pods but no namespace (a log file read on bare metal): not Kubernetes
+    assert scope_gaps(JobSpec("llm"), tp, empty) == ()
     # bare metal (no pods in the throughput series): nothing is missing
     bare = Throughput("m", "", "", None, (), ("n0",))
     assert scope_gaps(JobSpec("llm"), bare, Footprint(("n0",), (), (), ())) == ()
