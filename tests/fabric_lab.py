@@ -53,6 +53,10 @@ from tests.promharness import start_prometheus as _start_prometheus
 
 HOSTS = tuple(f"host{i}" for i in range(1, 9))
 DEVICES = ("mlx5_0", "mlx5_1")
+#: the spine fabric (``spine_run``): 3 leaves of 3, 2 and 1 hosts, 3 spines
+SPINE_HOSTS = tuple(f"host{i}" for i in range(1, 7))
+SPINE_PER_LEAF = (3, 2, 1)
+SPINES = 3
 #: 4-byte words each port sends and receives per second (~53 MB/s): a job moving data
 WORDS_PER_SECOND = 13_333_333
 
@@ -77,6 +81,7 @@ class Planter:
     def __init__(self, lab: IbsimLab, roots: dict[str, Path], step: float) -> None:
         self.lab = lab
         self.roots = roots
+        self.hosts = tuple(roots)
         self.scale = step / 15.0  # the rates below are per 15 s
         self.switch: dict[tuple[str, int, str], int] = defaultdict(int)
         self.host: dict[tuple[str, str, str], int] = defaultdict(int)
@@ -95,13 +100,17 @@ class Planter:
         self.host[key] += by
         set_counter(self.roots[host], device, name, self.host[key])
 
-    def step(self, i: int, faulty: bool) -> None:
-        for host in HOSTS:
+    def traffic(self) -> None:
+        """Every host's data moving, every step."""
+        for host in self.hosts:
             for dev in DEVICES:
                 for name in ("port_xmit_data", "port_rcv_data"):
                     self.host_add(host, dev, name, self.words)
                 for name in ("port_xmit_packets", "port_rcv_packets"):
                     self.host_add(host, dev, name, self.words // 1024)
+
+    def step(self, i: int, faulty: bool) -> None:
+        self.traffic()
         # the background, in both parts: a trickle nobody should be blamed for
         self.switch_add("leaf4", 1, "SymbolErrorCounter", 1)
         if i % 2:
@@ -119,6 +128,21 @@ class Planter:
                 self.host_add(host, dev, "port_xmit_wait", self.words // 2)
         self.switch_add("leaf3", 1, "SymbolErrorCounter", 5)  # (c) one cable
         self.switch_add("leaf3", 1, "PortRcvErrors", 3)
+
+    def spine_step(self, i: int, faulty: bool) -> None:
+        """The spine fabric: a background trickle on a host cable of each of leaf1 and
+        leaf3 and on leaf2's uplink to spine1 (leaf end); once faulty, spine2's ports to
+        leaf1 and leaf3 (its own end of those two uplinks) count symbol errors."""
+        self.traffic()
+        if i % 2:
+            self.switch_add("leaf1", 2, "SymbolErrorCounter", 1)
+            self.switch_add("leaf2", 5, "SymbolErrorCounter", 1)
+        if i % 3 == 1:
+            self.host_add("host6", "mlx5_1", "symbol_error", 1)
+        if not faulty:
+            return
+        for port in (1, 3):  # spine2's port k is cabled to leaf k
+            self.switch_add("spine2", port, "SymbolErrorCounter", 5)
 
 
 class _Now:
@@ -156,20 +180,28 @@ def _backfill(lines: list[str], work: Path) -> Path:
 
 
 @contextmanager
-def fabric_run(work: Path, *, healthy: int, faulty: int, step: float) -> Iterator[Served]:
+def fabric_run(
+    work: Path, *, healthy: int, faulty: int, step: float, spine: bool = False
+) -> Iterator[Served]:
     """Play ``healthy`` then ``faulty`` steps of ``step`` seconds ending now, backfill them
-    and serve them from a real Prometheus until the context ends."""
+    and serve them from a real Prometheus until the context ends. ``spine``: the spine
+    fabric (3 leaves of 3, 2 and 1 hosts under 3 spines, :meth:`Planter.spine_step`)
+    instead of the 4 x 2 tree of the module docstring."""
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"install ibsim-utils infiniband-diags opensm: {missing}")
-    tree = fat_tree(HOSTS, DEVICES, leaves=4, spines=2)
+    hosts = SPINE_HOSTS if spine else HOSTS
+    if spine:
+        tree = fat_tree(hosts, DEVICES, leaves=3, spines=SPINES, per_leaf=SPINE_PER_LEAF)
+    else:
+        tree = fat_tree(hosts, DEVICES, leaves=4, spines=2)
     lab = IbsimLab(work, tree.net)
     old = os.environ.get("IBSIM_SOCKNAME")
     os.environ["IBSIM_SOCKNAME"] = lab.sockname
     apps: dict[str, AgentApp] = {}
     try:
-        roots = {h: write_host(work / h, h, DEVICES) for h in HOSTS}
-        apps.update((h, _agent(roots[h])) for h in HOSTS)
+        roots = {h: write_host(work / h, h, DEVICES) for h in hosts}
+        apps.update((h, _agent(roots[h])) for h in hosts)
         planter = Planter(lab, roots, step)
         steps = healthy + faulty
         end = (time.time() // step) * step - step
@@ -178,9 +210,9 @@ def fabric_run(work: Path, *, healthy: int, faulty: int, step: float) -> Iterato
         with ThreadPoolExecutor(4) as pool:
             for i in range(steps):
                 _Now.t = start + i * step
-                planter.step(i, i >= healthy)
-                bodies = list(pool.map(lambda h: apps[h].run_once(), HOSTS))
-                for host, body in zip(HOSTS, bodies, strict=True):
+                (planter.spine_step if spine else planter.step)(i, i >= healthy)
+                bodies = list(pool.map(lambda h: apps[h].run_once(), hosts))
+                for host, body in zip(hosts, bodies, strict=True):
                     lines += openmetrics_lines(body, host, _Now.t)
         tsdb = _backfill(lines, work)
     finally:

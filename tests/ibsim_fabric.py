@@ -81,22 +81,27 @@ def fat_tree(
     spines: int,
     rails: bool = False,
     switch_ports: int = 0,
+    per_leaf: Sequence[int] = (),
 ) -> FatTree:
     """A two-tier fat tree. ``rails=False``: hosts fill the leaves in order, the same number
-    on each (``len(hosts)`` must divide by ``leaves``), every device of a host on its leaf;
-    ``rails=True``: ``leaves == len(devices)``, device ``r`` of every host on leaf ``r``.
-    Switches get ``switch_ports`` ports (default: just enough)."""
+    on each (``len(hosts)`` must divide by ``leaves``), or ``per_leaf[i]`` on leaf ``i``
+    when given (uneven leaves), every device of a host on its leaf; ``rails=True``:
+    ``leaves == len(devices)``, device ``r`` of every host on leaf ``r``. Switches get
+    ``switch_ports`` ports (default: just enough)."""
     if rails and leaves != len(devices):
         raise ValueError("a rail-optimised tree has one leaf per device")
-    if not rails and len(hosts) % leaves:
+    if per_leaf and (len(per_leaf) != leaves or sum(per_leaf) != len(hosts) or rails):
+        raise ValueError("per_leaf: one count per leaf, summing to the hosts (no rails)")
+    if not rails and not per_leaf and len(hosts) % leaves:
         raise ValueError("hosts must fill the leaves evenly")
     leaf_names = [f"leaf{i + 1}" for i in range(leaves)]
     spine_names = [f"spine{i + 1}" for i in range(spines)]
     down: dict[str, list[tuple[str, str]]] = {lf: [] for lf in leaf_names}
-    per_leaf = len(hosts) // leaves
+    counts = list(per_leaf) or [len(hosts) // leaves] * leaves
+    host_leaf = [li for li, n in enumerate(counts) for _ in range(n)]
     for i, host in enumerate(hosts):
         for r, dev in enumerate(devices):
-            leaf = leaf_names[r] if rails else leaf_names[i // per_leaf]
+            leaf = leaf_names[r] if rails else leaf_names[host_leaf[i]]
             down[leaf].append((host, dev))
     need = max(len(d) for d in down.values()) + spines
     ports = max(switch_ports, need, leaves)

@@ -148,6 +148,9 @@ class Check:
     counts: bool | None = None
     axis: str = ""
     whole_job: bool = False
+    #: ``{peers}`` selects the far end of the device's cable: the identity's labels as the
+    #: far end's series name them (an uplink: ``peer_guid``, ``peer_port``)
+    far_labels: tuple[str, ...] = ()
 
     @property
     def job_named(self) -> bool:
@@ -204,7 +207,12 @@ class Check:
 
     def peer_selector(self, labels: Mapping[str, str]) -> str:
         """The matchers of the device's peers for ``{peers}``: its node (its pod's namespace
-        for a pod-scoped check)."""
+        for a pod-scoped check; the far end of the cable for ``far_labels``)."""
+        if self.far_labels:
+            return ",".join(
+                f'{far}="{_escape(labels.get(own, ""))}"'
+                for far, own in zip(self.far_labels, self.identity, strict=True)
+            )
         if self.scope == "pod" and labels.get("pod"):
             return f'namespace="{_escape(labels.get("namespace", ""))}"'
         return f'instance="{_escape(labels.get("instance", ""))}"'

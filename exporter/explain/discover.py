@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from exporter.explain.checks import Check, _escape
 from exporter.explain.client import PrometheusClient, PrometheusError, Sample, Series
@@ -60,6 +60,8 @@ class Throughput:
     instances: tuple[str, ...]
     #: (pod, instance) of every throughput series that names both
     pod_instances: tuple[tuple[str, str], ...] = ()
+    #: the namespaces the job's throughput series carry (its pods' namespace)
+    namespaces: tuple[str, ...] = ()
 
 
 def throughput(
@@ -77,6 +79,7 @@ def throughput(
         placed = tuple(
             sorted({(s["pod"], s["instance"]) for s in rows if s.get("pod") and s.get("instance")})
         )
+        namespaces = tuple(sorted({s["namespace"] for s in rows if s.get("namespace")}))
         inner = f"avg({metric}{{{job.matchers()}}})"
         expr = f"1 / {inner}" if metric.endswith("_step_seconds") else inner
         result = client.query_range(expr, start, end, step)
@@ -86,8 +89,39 @@ def throughput(
                 f"Prometheus answered only NaN or infinite values for the job's throughput "
                 f"({expr}): no slowdown can be judged from them"
             )
-        return Throughput(metric, unit, expr, series, pods, instances, placed)
+        return Throughput(metric, unit, expr, series, pods, instances, placed, namespaces)
     return Throughput("", "", "", None, (), ())
+
+
+def with_namespace(job: JobSpec, tp: Throughput) -> JobSpec:
+    """``job`` with the namespace its throughput series carry, when none was given and they
+    carry exactly one (the pods are found, and the pod checks run, as with it given)."""
+    if job.namespace or len(tp.namespaces) != 1:
+        return job
+    return replace(job, namespace=tp.namespaces[0])
+
+
+def scope_gaps(job: JobSpec, tp: Throughput, fp: Footprint) -> tuple[str, ...]:
+    """The classes of checks that cannot run for lack of scope, one line each: the job runs
+    in pods (its throughput series name them) and explain cannot say in which namespace
+    (its series carry several), or finds none of their GPUs and HCAs (no attribution series
+    for them)."""
+    if not tp.pods:
+        return ()
+    if not job.namespace:  # series without a namespace: not a Kubernetes pod's (no gap)
+        if len(tp.namespaces) < 2:
+            return ()
+        return (
+            f"could not judge NCCL, placement and the pods' GPUs: the job's throughput series "
+            f"carry namespaces {', '.join(tp.namespaces)}; give --namespace",
+        )
+    if not fp.gpus and not fp.hcas:
+        return (
+            f"could not judge placement and the pods' GPUs and HCAs: no pods found for job "
+            f"{job.job!r} in namespace {job.namespace!r} in the attribution series "
+            "(fabricscope_pod_gpu_info, fabricscope_pod_rdma_info)",
+        )
+    return ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,12 @@ from the series itself, for every check alike:
   tiles of its own baseline: ``noise`` is the standard deviation of the baseline's tile
   values, a tile being shorter than the period, so a figure over the whole period wanders
   less than that. For event counters (``Check.counts``) the counting noise of both periods
-  under the baseline's rate, Poisson (variance = the count), is added in quadrature. The
+  under the baseline's rate, Poisson (variance = the count), is added in quadrature. A
+  rate's baseline count is taken at the upper end of its one-sigma Poisson interval
+  (:func:`poisson_upper`), never at the count itself: a trickle seen 0 times in a short
+  baseline has not shown a rate of 0, and 0 then 1 is what such a trickle does by chance
+  (a rate of 0.5/min counts 0 in 52 s and 1 or more in the next 67 s in about a quarter
+  of windows). The
   change scores against ``max(significant, Z * noise)`` (:data:`Z`): a series that did
   not change stays below 1 whatever its level, and a change that clears both its
   significance level and its series' own noise scores as before.
@@ -80,11 +85,21 @@ class Tiles:
         return statistics.stdev(vals)
 
 
+def poisson_upper(count: float) -> float:
+    """The upper end of the one-sigma (84 %) Poisson interval of a count ``count``
+    (Gehrels 1986: ``n + sqrt(n + 3/4) + 1``, within a few per cent of the exact bound;
+    1.87 at 0, where the exact is 1.84)."""
+    n = max(count, 0.0)
+    return n + math.sqrt(n + 0.75) + 1.0
+
+
 def poisson_rate_sigma(base_rate: float, base_seconds: float, slow_seconds: float) -> float:
-    """The standard deviation of (slow rate - baseline rate) for events counted at
-    ``base_rate`` per second in both periods (the counts' variance is the count)."""
-    rate = max(base_rate, 0.0)
-    return math.sqrt(rate / max(base_seconds, 1.0) + rate / max(slow_seconds, 1.0))
+    """The standard deviation of (slow rate - baseline rate) for events counted at the
+    baseline's rate in both periods (the counts' variance is the count), the baseline's
+    count taken at :func:`poisson_upper` (so a count of 0 still allows a trickle)."""
+    bw = max(base_seconds, 1.0)
+    rate = poisson_upper(max(base_rate, 0.0) * bw) / bw
+    return math.sqrt(rate / bw + rate / max(slow_seconds, 1.0))
 
 
 def poisson_events_sigma(base_count: float, ratio: float) -> float:

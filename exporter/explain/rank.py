@@ -32,7 +32,9 @@ class Finding:
     promql: str
     link: str  # the dashboard panel ("" without --grafana.url)
     peer: str = ""  # probe findings: the pair's other node
-    #: what each evidence line says, in the same order (job-wide findings: none)
+    #: what each evidence line says, in the same order (job-wide findings: none; a switch
+    #: finding: the measurements of its port and uplink lines, strongest first, after its
+    #: lines that say what crowded there)
     measurements: tuple[Measurement, ...] = ()
     promql_at: float = 0.0
 

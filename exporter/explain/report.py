@@ -14,7 +14,9 @@
    (``switches.group``);
 6. findings ranked by score; those at or above ``checks.THRESHOLD`` stand out;
 7. the verdict: causes found, no fabric cause found (only when enough checks judged data
-   of enough of the job's nodes), or could not judge (:data:`MIN_JUDGED_CHECKS`).
+   of enough of the job's nodes, and no class of checks was left out for lack of scope:
+   ``discover.scope_gaps``), or could not judge (:data:`MIN_JUDGED_CHECKS`, or the gap).
+   Without ``--namespace`` the namespace is the one the job's throughput series carry.
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ def explain(
             f"{_iso(start)} and {_iso(end)} (looked for {names}); "
             "give --change-at to compare before and after a time instead"
         )
+    job = discover.with_namespace(job, tp)
     lo, hi, note = _data_window(tp, start, end, step)
     shift = None
     if change_at is None and tp.series is not None:
@@ -165,6 +168,7 @@ def explain(
         )
     periods = evidence.Periods(lo, split - step, split, hi)
     fp = discover.footprint(client, job, tp, start, end)
+    gaps = discover.scope_gaps(job, tp, fp)
     scope = evidence.Scope(fp.instances, job.namespace, fp.pods, max_names, job.job)
     with ThreadPoolExecutor(max_workers=4) as pool:
         inv_future = pool.submit(
@@ -233,7 +237,10 @@ def explain(
     for n in counts:
         judged |= n.instances
     nodes = judged & set(fp.instances)
-    verdict, reason = _verdict(findings, checked, len(nodes), len(fp.instances), note)
+    verdict, reason = _verdict(findings, checked, len(nodes), len(fp.instances), note, gaps=gaps)
+    warning = "; ".join(
+        w for w in (discover.unknown_warning(job, tp, inv), *gaps) if w and w != reason
+    )
     return Report(
         job,
         start,
@@ -248,7 +255,7 @@ def explain(
         tuple(findings),
         checked,
         time.monotonic() - t0,
-        warning=discover.unknown_warning(job, tp, inv),
+        warning=warning,
         unavailable=tuple(unavailable),
         data_note=note,
         judged_nodes=len(nodes),
@@ -284,9 +291,15 @@ def _verdict(
     judged_nodes: int,
     nodes: int,
     note: str,
+    *,
+    gaps: tuple[str, ...] = (),
 ) -> tuple[Verdict, str]:
+    """Causes found; else no fabric cause found only when enough was judged and no class of
+    checks was left out for lack of scope (``gaps``: then could not judge, saying which)."""
     if rank.standing_out(findings):
         return "causes found", ""
+    if gaps:
+        return "could not judge", "; ".join(gaps)
     judged = sum(1 for c in checked if c.judged)
     if judged >= MIN_JUDGED_CHECKS and judged_nodes >= MIN_JUDGED_NODES * nodes:
         return "no fabric cause found", ""

@@ -23,10 +23,21 @@ counters (``fabricscope_infiniband_switch_port_*``). This module joins them for 
    single leaf can never name it (``K = N`` makes every tail 1): nothing tells the leaf from
    the job then.
 2. **Uplinks.** An uplink whose end (either: the switch end counts, so a cable whose errors
-   show only at the spine is found) scores at least :data:`~exporter.explain.checks.
-   THRESHOLD` is evidence. Uplinks of at least two leaves to one spine, crowding onto it as
-   above, name the spine; two or more uplinks of one leaf name the leaf; a single uplink is
-   named as the cable it is.
+   show only at the spine is found) scores at least :data:`MEMBER_SCORE` is evidence for a
+   spine (at least one of the spine's at :data:`~exporter.explain.checks.THRESHOLD`); a
+   leaf's or a cable's needs the threshold. A spine is named when uplinks of at least two
+   of the job's leaves to it err and chance does not explain them (:func:`spine_chance`):
+   each of the job's uplinks is taken to err on its own with probability ``q``, estimated
+   from the job's uplinks to the *other* spines (the share of them that err, drawn towards
+   a prior of one uplink in fifty that weighs as much as ten uplinks seen:
+   :data:`PRIOR_FAULTS` in :data:`PRIOR_UPLINKS`); the binomial tail of ``k`` or more of
+   the spine's ``n`` uplinks erring, times the number of spines tested, must fall under
+   :data:`ALPHA`. Placement alone cannot decide this (with ``S`` spines, two erring
+   uplinks land on one spine by chance one time in about ``S``): what names the spine is
+   that one fault explains what would otherwise take two or more independent cable faults
+   in one window, and that the job's other uplinks stay clean (a fabric-wide event errs on
+   every spine's uplinks and names none). Two or more uplinks of one leaf, not taken by a
+   spine, name the leaf; a single uplink is named as the cable it is.
 
 A leaf named for several kinds (and for its uplinks) is one finding. Its score is its
 strongest port's or uplink's (at least the threshold: the group stands out even when no
@@ -42,23 +53,30 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from exporter.explain.checks import CAUSES, THRESHOLD, Check, _escape
+from exporter.explain.checks import CAUSES, THRESHOLD, Check
 from exporter.explain.client import PrometheusClient, Sample
 from exporter.explain.evidence import (
     CheckResult,
     Measurement,
     Periods,
+    Window,
     _alternation,
     compare,
+    queries,
 )
 from exporter.explain.plan import MAX_NAMES_PER_QUERY, groups
-from exporter.explain.rank import Finding, display_range
+from exporter.explain.rank import Finding
 
 #: a port's score for a cause that makes it an evidence port of that cause
 MEMBER_SCORE = 0.5
 #: the chance (after Bonferroni over the job's leaves or spines) under which a crowd of
 #: evidence ports on one switch is not the job's placement alone
 ALPHA = 0.05
+#: the spine test's prior for the chance that one uplink errs on its own in a window
+#: (:func:`spine_chance`): PRIOR_FAULTS erring uplinks in PRIOR_UPLINKS, one in fifty, as
+#: much weight as ten uplinks seen (a Beta(0.2, 9.8) prior)
+PRIOR_FAULTS = 0.2
+PRIOR_UPLINKS = 10.0
 #: the port causes tested for crowding under a leaf
 GROUPED_CAUSES = ("ib_link", "drops", "ib_congestion", "port_rate", "rail_share")
 #: what each of them is called in a switch's evidence
@@ -84,6 +102,23 @@ def _sw(counter: str) -> str:
     )
 
 
+def _sw_or_zero(counter: str) -> str:
+    """:func:`_sw`, and 0 for every uplink end the fabric map knows in the range (below full
+    detail an end's error counter is exported only once non-zero): the leaf ends from
+    ``switch_link_info`` as labelled (``{sel}``), the far ends from the same series'
+    ``peer_*`` labels (``{peers}``: the far end's selector)."""
+    link = "fabricscope_infiniband_switch_link_info"
+    far = (
+        f"label_replace(label_replace(last_over_time({link}{{{{{{peers}}}}}}[{{d}}]), "
+        '"switch_guid", "$1", "peer_guid", "(.*)"), "switch_port", "$1", "peer_port", "(.*)")'
+    )
+    return (
+        f"{_sw(counter)} "
+        f"or 0 * max by (switch_guid, switch_port) (last_over_time({link}{{{{{{sel}}}}}}[{{d}}])) "
+        f"or 0 * max by (switch_guid, switch_port) ({far})"
+    )
+
+
 def _uplink_check(name: str, cause: str, what: str, template: str, significant: float) -> Check:
     per_min = cause != "ib_congestion"
     return Check(
@@ -97,6 +132,7 @@ def _uplink_check(name: str, cause: str, what: str, template: str, significant: 
         _SWITCH_KEY,
         unit="/min" if per_min else "",
         scale=60.0 if per_min else 1.0,
+        far_labels=("peer_guid", "peer_port"),
     )
 
 
@@ -104,20 +140,24 @@ def _uplink_check(name: str, cause: str, what: str, template: str, significant: 
 #: labelled by the switch and port they were read at); ``max by`` folds the readers
 UPLINK_CHECKS: tuple[Check, ...] = (
     _uplink_check(
-        "uplink_symbol_errors", "ib_link", "uplink symbol errors", _sw("symbol_errors"), 1 / 60
+        "uplink_symbol_errors",
+        "ib_link",
+        "uplink symbol errors",
+        _sw_or_zero("symbol_errors"),
+        1 / 60,
     ),
     _uplink_check(
         "uplink_receive_errors",
         "ib_link",
         "uplink receive errors",
-        _sw("receive_errors"),
+        _sw_or_zero("receive_errors"),
         1 / 60,
     ),
     _uplink_check(
         "uplink_transmit_discards",
         "drops",
         "uplink transmit discards",
-        _sw("transmit_discards"),
+        _sw_or_zero("transmit_discards"),
         1 / 60,
     ),
     _uplink_check(
@@ -242,8 +282,9 @@ def evaluate_uplinks(
 
     def run(job: tuple[Check, str]) -> tuple[list[Sample], list[Sample]]:
         check, sel = job
-        base = client.query(check.template.format(sel=sel, d=base_d), periods.base_end)
-        slow = client.query(check.template.format(sel=sel, d=slow_d), periods.slow_end)
+        far = sel.replace("switch_guid=~", "peer_guid=~", 1)
+        base = client.query(check.expr(sel, base_d, far), periods.base_end)
+        slow = client.query(check.expr(sel, slow_d, far), periods.slow_end)
         return base, slow
 
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -253,21 +294,18 @@ def evaluate_uplinks(
     for (check, _), (base, slow) in zip(jobs, answers, strict=True):
         base_of[check.name] += base
         slow_of[check.name] += slow
-    # below full detail an uplink end's error counter is exported once non-zero: an end the
-    # topology knows, absent from the baseline, counted 0 there
-    ends = {e for near, far in topo.uplinks.items() for e in (near, far)}
-    for c in checks:
-        if c.mode != "rate":
-            continue
-        have = {
-            (s.labels.get("switch_guid", ""), s.labels.get("switch_port", ""))
-            for s in base_of[c.name]
-        }
-        base_of[c.name] += [
-            Sample({"switch_guid": g, "switch_port": p}, 0.0) for g, p in sorted(ends - have)
-        ]
     ratio = periods.slow_seconds / periods.base_seconds
-    return [compare(c, base_of[c.name], slow_of[c.name], ratio) for c in checks]
+    return [
+        compare(
+            c,
+            base_of[c.name],
+            slow_of[c.name],
+            ratio,
+            base_window=Window(periods.base_seconds, periods.base_end),
+            slow_window=Window(periods.slow_seconds, periods.slow_end),
+        )
+        for c in checks
+    ]
 
 
 def crowding(k: int, population: int, on_switch: int, evidence: int) -> float:
@@ -283,6 +321,24 @@ def crowding(k: int, population: int, on_switch: int, evidence: int) -> float:
         for i in range(k, top + 1)
     )
     return num / math.comb(population, evidence)
+
+
+def binomial_tail(k: int, n: int, q: float) -> float:
+    """``P(X >= k)`` for ``X`` binomial with ``n`` trials of probability ``q``."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    return sum(math.comb(n, i) * q**i * (1.0 - q) ** (n - i) for i in range(k, n + 1))
+
+
+def spine_chance(hit: int, uplinks: int, others_hit: int, others: int) -> tuple[float, float]:
+    """The chance that ``hit`` or more of a spine's ``uplinks`` err as independent cable
+    faults, and the per-uplink chance ``q`` it assumed: the posterior mean of the share of
+    the job's ``others`` uplinks to other spines that err (``others_hit`` of them) under
+    the prior (:data:`PRIOR_FAULTS` in :data:`PRIOR_UPLINKS`)."""
+    q = (max(others_hit, 0) + PRIOR_FAULTS) / (max(others, 0) + PRIOR_UPLINKS)
+    return binomial_tail(hit, uplinks, min(q, 1.0)), q
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +357,8 @@ class _Named:
     lines: list[tuple[float, str]] = field(default_factory=list)
     top: float = 0.0
     nodes: set[str] = field(default_factory=set)
-    promql: str = ""
+    #: the measurements its evidence lines show (each with the PromQL of its figures)
+    measurements: list[Measurement] = field(default_factory=list)
 
 
 def _port_evidence(
@@ -345,7 +402,6 @@ def group(
     for key, c in population.items():
         by_leaf[c.switch_guid].append(key)
     leaves_tested = sum(1 for ports in by_leaf.values() if len(ports) >= 2)
-    rng = display_range(step)
     for cause, per_port in sorted(_port_evidence(results).items()):
         evidence = {
             k: ms for k, ms in per_port.items() if k in population and ms[0].score >= MEMBER_SCORE
@@ -381,17 +437,16 @@ def group(
                 sw.lines.append(
                     (m.score, f"{k[0]} {k[1]}/{k[2]} (port {cable.switch_port}): {m.text}")
                 )
+                sw.measurements.append(m)
                 for cm in evidence[k]:
                     folded.add((cm.check.cause, *k))
-            if not sw.promql:
-                inst = "|".join(sorted({k[0] for k in hit}))
-                sel = f'instance=~"{_escape(inst)}"'
-                sw.promql = top.check.template.format(sel=sel, d=rng)
-    _group_uplinks(uplink_results, topo, named, extra, rng)
+    _group_uplinks(uplink_results, topo, named, extra, periods)
     out = list(extra)
     for sw in named.values():
         lines = [t for _, t in sorted(sw.lines, key=lambda x: -x[0])]
         score = max(THRESHOLD, sw.top) + 0.5 * math.log2(max(len(sw.nodes), 1))
+        ms = tuple(sorted(sw.measurements, key=lambda m: -m.score))
+        promql, at = _reproduce(ms, periods)
         out.append(
             Finding(
                 "switch",
@@ -400,11 +455,22 @@ def group(
                 "",
                 round(score, 2),
                 tuple(lines),
-                sw.promql,
+                promql,
                 link,
+                measurements=ms,
+                promql_at=at,
             )
         )
     return Grouping(tuple(out), frozenset(folded))
+
+
+def _reproduce(ms: Sequence[Measurement], periods: Periods) -> tuple[str, float]:
+    """The strongest measurement's slow-period PromQL and the time it returns its figure."""
+    for m in ms:
+        _, slow = queries(m)
+        if slow is not None:
+            return slow.promql, slow.at
+    return "", periods.slow_end
 
 
 def _group_uplinks(
@@ -412,14 +478,14 @@ def _group_uplinks(
     topo: Topology,
     named: dict[str, _Named],
     extra: list[Finding],
-    rng: str,
+    periods: Periods,
 ) -> None:
     """Uplink evidence into spine, leaf or single-cable findings (module docstring, 2)."""
     far_to_near = {far: near for near, far in topo.uplinks.items()}
     best: dict[SwitchPort, list[tuple[Measurement, str]]] = defaultdict(list)
     for r in uplink_results:
         for m in r.measurements:
-            if m.score < THRESHOLD:
+            if m.score < MEMBER_SCORE:
                 continue
             at = (m.labels.get("switch_guid", ""), m.labels.get("switch_port", ""))
             if at in topo.uplinks:
@@ -438,9 +504,10 @@ def _group_uplinks(
     for spine, ups in sorted(by_spine.items()):
         hit = [u for u in ups if u in best]
         leaves = {u[0] for u in hit}
-        if len(leaves) < 2:
+        if len(leaves) < 2 or max(best[u][0][0].score for u in hit) < THRESHOLD:
             continue
-        p = crowding(len(hit), len(topo.uplinks), len(ups), len(best))
+        others = len(topo.uplinks) - len(ups)
+        p, q = spine_chance(len(hit), len(ups), len(best) - len(hit), others)
         p_adj = min(1.0, p * max(spines_tested, 1))
         if p_adj > ALPHA:
             continue
@@ -451,18 +518,19 @@ def _group_uplinks(
             (
                 sw.top + 100.0,
                 f"{len(hit)} of the job's leaves' {len(ups)} uplinks to it, from "
-                f"{len(leaves)} leaves, show faults; {len(best)} of {len(topo.uplinks)} "
-                f"uplinks do: by chance p = {_fmt_p(p_adj)} (hypergeometric, "
+                f"{len(leaves)} leaves, show faults, {len(best) - len(hit)} of their "
+                f"{others} uplinks to other spines do: as independent cable faults p = "
+                f"{_fmt_p(p_adj)} (binomial, each uplink erring with q = {q:.2g}, "
                 f"x{max(spines_tested, 1)} spines)",
             )
         )
         for u in hit:
             sw.lines += [(m.score, _uplink_line(topo, u, m, end)) for m, end in best[u][:2]]
+            sw.measurements += [m for m, _ in best[u][:2]]
         taken |= set(hit)
-        sw.promql = sw.promql or _uplink_promql(best[hit[0]][0][0], spine, rng)
     by_leaf: dict[str, list[SwitchPort]] = defaultdict(list)
     for u in best:
-        if u not in taken:
+        if u not in taken and best[u][0][0].score >= THRESHOLD:
             by_leaf[u[0]].append(u)
     for leaf, ups in sorted(by_leaf.items()):
         if len(ups) >= 2:
@@ -476,11 +544,13 @@ def _group_uplinks(
             )
             for u in sorted(ups):
                 sw.lines += [(m.score, _uplink_line(topo, u, m, end)) for m, end in best[u][:2]]
-            sw.promql = sw.promql or _uplink_promql(best[ups[0]][0][0], leaf, rng)
+                sw.measurements += [m for m, _ in best[u][:2]]
             continue
         u = ups[0]
         far = topo.uplinks[u]
         top = best[u][0][0]
+        shown = tuple(m for m, _ in best[u])
+        promql, when = _reproduce(shown, periods)
         extra.append(
             Finding(
                 "switch",
@@ -490,8 +560,10 @@ def _group_uplinks(
                 "",
                 round(top.score, 2),
                 tuple(_uplink_line(topo, u, m, end) for m, end in best[u]),
-                _uplink_promql(top, u[0], rng),
+                promql,
                 "",
+                measurements=shown,
+                promql_at=when,
             )
         )
 
@@ -502,10 +574,6 @@ def _uplink_line(topo: Topology, u: SwitchPort, m: Measurement, end: str) -> str
         f"uplink {topo.short(u[0])} port {u[1]} -> {topo.short(far[0])} port {far[1]}, "
         f"{end}: {m.text}"
     )
-
-
-def _uplink_promql(m: Measurement, guid: str, rng: str) -> str:
-    return m.check.template.format(sel=f'switch_guid="{_escape(guid)}"', d=rng)
 
 
 def without(

@@ -192,11 +192,31 @@ def test_tiles_coverage_span_and_spread() -> None:
     assert Tiles(60.0, ()).coverage == 0.0 and Tiles(60.0, ((60.0, None),)).span is None
 
 
+def test_a_trickle_seen_zero_times_then_once_is_not_a_cause() -> None:
+    """0 symbol errors in a 52 s baseline, 1 in the 67 s slow period: a 0.5/min trickle
+    does that in about a quarter of windows. It scored 0.93 held to the count alone (0:
+    no noise); held to the count's Poisson interval it stays far below 1, while a real
+    new rate (10 in the slow period) still stands out."""
+    from exporter.explain import noise
+
+    check = CHECKS_BY_NAME["symbol_errors"]
+    assert score(check, 0.0, 1 / 67, 67 / 52) == pytest.approx(0.93, abs=0.01)
+    sigma = noise.poisson_rate_sigma(0.0, 52, 67)
+    assert score(check, 0.0, 1 / 67, 67 / 52, sigma) < 0.5
+    assert score(check, 0.0, 10 / 67, 67 / 52, sigma) >= 1.0
+    # the chance claimed above, of such a trickle: P(0 in 52 s) * P(>= 1 in 67 s)
+    lam = 0.5 / 60
+    assert math.exp(-lam * 52) * (1 - math.exp(-lam * 67)) == pytest.approx(0.28, abs=0.01)
+
+
 def test_poisson_sigmas() -> None:
     from exporter.explain import noise
 
-    # 10 events/s over 100 s in each period: counts 1000 +- 31.6, rates +- 0.316 each
-    assert noise.poisson_rate_sigma(10.0, 100, 100) == pytest.approx(math.sqrt(0.2))
+    # 10 events/s over 100 s in each period: counts 1000 +- 31.6, rates +- 0.316 each (the
+    # baseline count at its interval's upper end, 1000 + 31.6 + 1: 3 % more)
+    upper = (1000 + math.sqrt(1000.75) + 1) / 100
+    assert noise.poisson_rate_sigma(10.0, 100, 100) == pytest.approx(math.sqrt(upper / 50))
+    assert noise.poisson_upper(0) == pytest.approx(1.866, abs=1e-3)
     # 4 events in the baseline, the slow period twice as long: expected 8 +- sqrt(8 + 16)
     assert noise.poisson_events_sigma(4.0, 2.0) == pytest.approx(math.sqrt(24))
     assert noise.bar(1.0, 0.1) == 1.0 and noise.bar(1.0, 1.0) == noise.Z
@@ -274,3 +294,34 @@ def test_saturated_counters_make_their_checks_blind_and_the_rest_still_rank() ->
     )
     assert by_device["mlx5_0"].score > 1 and out[0].counts().unavailable == 1
     assert out[1].measurements[0].score > 1  # the port's other evidence still ranks
+
+
+def test_a_class_of_checks_left_out_for_lack_of_scope_could_not_judge() -> None:
+    """The job runs in pods (its throughput series name them), but explain cannot say in
+    which namespace, or finds no attribution for them: the verdict is "could not judge",
+    naming what was left out, never "no fabric cause found"."""
+    from exporter.explain.discover import Footprint, JobSpec, Throughput, scope_gaps
+    from exporter.explain.discover import with_namespace as named_ns
+    from exporter.explain.report import Checked, _verdict
+
+    tp = Throughput("m", "tokens/s", "", None, ("llm-0", "llm-1"), ("n0", "n1"))
+    spread = Throughput("m", "", "", None, ("llm-0",), ("n0",), namespaces=("a", "b"))
+    one = Throughput("m", "", "", None, ("llm-0",), ("n0",), namespaces=("training",))
+    assert named_ns(JobSpec("llm"), one).namespace == "training"
+    assert named_ns(JobSpec("llm"), spread).namespace == ""
+    assert named_ns(JobSpec("llm", "given"), one).namespace == "given"
+    empty = Footprint(("n0", "n1"), ("llm-0", "llm-1"), (), ())
+    placed = Footprint(("n0",), ("llm-0",), (("n0", "0"),), ())
+    assert scope_gaps(JobSpec("llm", "training"), tp, placed) == ()
+    gaps = scope_gaps(JobSpec("llm", "training"), tp, empty)
+    assert gaps and "no pods found for job 'llm' in namespace 'training'" in gaps[0]
+    assert "carry namespaces a, b; give --namespace" in scope_gaps(JobSpec("llm"), spread, empty)[0]
+    # series naming pods but no namespace (a log file read on bare metal): not Kubernetes
+    assert scope_gaps(JobSpec("llm"), tp, empty) == ()
+    # bare metal (no pods in the throughput series): nothing is missing
+    bare = Throughput("m", "", "", None, (), ("n0",))
+    assert scope_gaps(JobSpec("llm"), bare, Footprint(("n0",), (), (), ())) == ()
+    checked = tuple(Checked(f"c{i}", "ib_link", "", 2, 0.0, judged=2) for i in range(9))
+    assert _verdict([], checked, 2, 2, "") == ("no fabric cause found", "")
+    verdict, reason = _verdict([], checked, 2, 2, "", gaps=gaps)
+    assert verdict == "could not judge" and reason == gaps[0]

@@ -14,8 +14,10 @@ from exporter.explain.switches import (
     UPLINK_CHECKS,
     Cable,
     Topology,
+    binomial_tail,
     crowding,
     group,
+    spine_chance,
     without,
 )
 
@@ -165,15 +167,57 @@ def test_two_uplinks_of_a_leaf_name_the_leaf() -> None:
 
 def test_uplinks_of_several_leaves_to_one_spine_name_the_spine() -> None:
     topo = tree(8, 2)
-    # half of the 16 uplinks go to each spine: 4 of them crowding onto spine1 happens by
-    # chance (p = 0.077 for 2 spines), 6 does not
     four = [(leaf(i), "5") for i in range(4)]
-    assert all(
-        d.startswith("uplink cable") for d in named(topo, uplinks=[uplink(topo, 2.0, *four)])
-    )
-    six = [(leaf(i), "5") for i in range(6)]
-    found = named(topo, uplinks=[uplink(topo, 2.0, *six)])
+    found = named(topo, uplinks=[uplink(topo, 2.0, *four)])
     assert list(found) == ["spine1 (0x0000000000300000)"]
+    assert (
+        found["spine1 (0x0000000000300000)"]
+        .evidence[0]
+        .startswith(
+            "4 of the job's leaves' 8 uplinks to it, from 4 leaves, show faults, 0 of their 8"
+        )
+    )
+
+
+@pytest.mark.parametrize(("leaves", "spines"), [(3, 3), (2, 2), (3, 4), (4, 8)])
+def test_two_leaves_uplinks_to_one_spine_name_it_with_few_spines(leaves: int, spines: int) -> None:
+    """The placement test could never name a spine of fewer than 11: p >= 1/(2S - 1). Two
+    leaves' uplinks to one spine erring, the job's other uplinks clean, name the spine."""
+    topo = tree(leaves, 2, uplinks_to=spines)
+    target = spine(spines - 1)
+    ups = [u for u, far in topo.uplinks.items() if far[0] == target][:2]
+    found = named(topo, uplinks=[uplink(topo, 2.0, *ups)])
+    assert list(found) == [f"spine{spines} ({target})"]
+
+
+def test_a_spine_is_named_from_its_own_ends_of_the_cables() -> None:
+    """The errors counted only at the spine's ports (the far ends) name it as well."""
+    topo = tree(3, 2, uplinks_to=3)
+    found = named(topo, uplinks=[uplink(topo, 2.0, (spine(1), "1"), (spine(1), "3"))])
+    f = found["spine2 (0x0000000000300001)"]
+    assert all("far end" in e for e in f.evidence[1:])
+    assert [m.labels["switch_guid"] for m in f.measurements] == [spine(1), spine(1)]
+
+
+def test_uplinks_erring_on_every_spine_name_no_spine() -> None:
+    """A fabric-wide event (every spine's uplinks err): no spine is singled out."""
+    topo = tree(3, 2, uplinks_to=3)
+    ups = [u for u, far in topo.uplinks.items() if far[1] in ("1", "2")]
+    found = named(topo, uplinks=[uplink(topo, 2.0, *ups)])
+    assert not [d for d in found if d.startswith("spine")], list(found)
+
+
+def test_spine_chance_is_the_binomial_tail_with_the_others_share() -> None:
+    # 2 of a spine's 3 uplinks, none of the 6 others: q = 0.2 / 16
+    p, q = spine_chance(2, 3, 0, 6)
+    assert q == pytest.approx(0.0125)
+    assert p == pytest.approx(3 * q**2 * (1 - q) + q**3)
+    # many clean others: q falls towards what they show
+    assert spine_chance(2, 32, 0, 224)[1] == pytest.approx(0.2 / 234)
+    # most others err: 2 of 3 is what chance gives
+    p, q = spine_chance(2, 3, 5, 6)
+    assert q == pytest.approx(5.2 / 16) and p > 0.2
+    assert binomial_tail(0, 3, 0.1) == 1.0 and binomial_tail(4, 3, 0.1) == 0.0
 
 
 def test_the_uplinks_and_the_ports_of_one_leaf_are_one_finding() -> None:

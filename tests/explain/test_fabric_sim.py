@@ -9,6 +9,11 @@ hosts congest, (c) host5's cable errs at the switch end, (d) leaf4 keeps the bac
 trickle of errors the whole run has. explain must name leaf1 and leaf2 (as switches),
 host5's cable (as that cable, not leaf3), and nothing on leaf4 or the spines; over the
 healthy part alone, nothing.
+
+The spine fabric (``fabric_run(spine=True)``): 3 leaves of 3, 2 and 1 hosts under 3
+spines, background trickles on host cables and on one uplink; spine2's own ends of its
+cables to leaf1 and leaf3 start counting symbol errors. explain must name spine2 (not two
+uplink cables, not a leaf), every figure of it reproducing; over the healthy part, nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from exporter.explain.checks import THRESHOLD
 from exporter.explain.client import ClientSettings, PrometheusClient
 from exporter.explain.discover import JobSpec
 from exporter.explain.report import Report, explain
-from tests.fabric_lab import HOSTS, Served, fabric_run
+from tests.explain.reproduce import assert_every_figure_reproduces
+from tests.fabric_lab import HOSTS, SPINE_HOSTS, Served, fabric_run
 
 STEP = 15.0
 #: healthy steps (120 s: explain's shortest window), then faulty ones
@@ -38,9 +44,11 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield served
 
 
-def _explain(served: Served, start: float, end: float, change: float) -> Report:
+def _explain(
+    served: Served, start: float, end: float, change: float, hosts: tuple[str, ...] = HOSTS
+) -> Report:
     client = PrometheusClient(ClientSettings(served.url))
-    job = JobSpec("fabric", nodes=HOSTS)
+    job = JobSpec("fabric", nodes=hosts)
     return explain(client, job, start, end, change_at=change)
 
 
@@ -118,3 +126,46 @@ def test_explain_finds_nothing_in_the_healthy_part(fabric: Served) -> None:
     assert healthy.causes == [], [(f.cause, f.device, f.score) for f in healthy.causes]
     # the background was there, and below the threshold
     assert max(c.worst for c in healthy.checked) < THRESHOLD
+
+
+def test_every_figure_of_the_switch_findings_reproduces(fabric: Served, faulty: Report) -> None:
+    """The switches' and the cable's evidence included: each printed query returns its
+    figure (an uplink's, read at the spine end, selects the spine's GUID)."""
+    client = PrometheusClient(ClientSettings(fabric.url))
+    switches = [f for f in faulty.causes if f.cause == "switch"]
+    assert switches and all(f.measurements and f.promql_at > 0 for f in switches)
+    assert assert_every_figure_reproduces(client, faulty) >= 2 * len(faulty.causes)
+
+
+@pytest.fixture(scope="module")
+def spine_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    work = tmp_path_factory.mktemp("spine")
+    with fabric_run(work, healthy=HEALTHY, faulty=FAULTY, step=STEP, spine=True) as served:
+        yield served
+
+
+SPINE2 = f"spine2 (0x{0x200000 + 3 + 1:016x})"
+
+
+def test_a_spine_with_few_spines_is_named(spine_fabric: Served) -> None:
+    """3 spines: the placement test could not name one (p >= 1/5); the binomial test
+    against the job's other uplinks does, as one switch, not two uplink cables."""
+    served = spine_fabric
+    report = _explain(served, served.start, served.end, served.change, SPINE_HOSTS)
+    causes = report.causes
+    assert [(f.cause, f.device) for f in causes] == [("switch", SPINE2)], [
+        (f.cause, f.device, f.score, f.evidence) for f in report.findings[:5]
+    ]
+    ev = causes[0].evidence
+    assert ev[0].startswith("2 of the job's leaves' 3 uplinks to it, from 2 leaves, show faults")
+    assert sum("far end" in e for e in ev) == 2
+    client = PrometheusClient(ClientSettings(served.url))
+    assert assert_every_figure_reproduces(client, report) >= 2
+
+
+def test_the_spine_fabric_is_healthy_before(spine_fabric: Served) -> None:
+    served = spine_fabric
+    healthy = _explain(
+        served, served.start, served.change - STEP, served.start + 4 * STEP, SPINE_HOSTS
+    )
+    assert healthy.causes == [], [(f.cause, f.device, f.score) for f in healthy.causes]
