@@ -72,6 +72,10 @@ RECORDED_SERIES: dict[str, tuple[str, ...]] = {
     "fabricscope:node_cnp_sent_rate:max5m": ("instance",),
     "fabricscope:node_sampler_duration:max": ("instance",),
     "fabricscope:node_sampler_failures:count": ("instance",),
+    # non-root PCIe bridges with the ACS series per node and bridge model
+    # (deploy/rules/hardware.rules.yaml)
+    "fabricscope:acs_p2p_bridges:count": ("instance", "vendor", "model"),
+    "fabricscope:acs_p2p_redirect_bridges:count": ("instance", "vendor", "model"),
 }
 
 
