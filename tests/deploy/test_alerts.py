@@ -28,7 +28,11 @@ RUNBOOK_BASE = "https://github.com/fabricscope/fabricscope/blob/main/docs/alerts
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 #: Series Prometheus makes itself (name -> labels of its own).
-PROMETHEUS_SERIES: dict[str, tuple[str, ...]] = {"up": ()}
+PROMETHEUS_SERIES: dict[str, tuple[str, ...]] = {
+    "up": (),
+    # kube-state-metrics, when Prometheus scrapes it (the maintenance rules)
+    "kube_node_spec_unschedulable": ("node",),
+}
 
 #: Labels the scrape puts on every series (the ServiceMonitor's target labels).
 TARGET_LABELS = frozenset(
@@ -258,6 +262,7 @@ def test_rule_files_exist_and_every_rule_is_an_alert() -> None:
         "agent.rules.yaml",
         "fleet.rules.yaml",
         "hardware.rules.yaml",
+        "maintenance.rules.yaml",
         "probe.rules.yaml",
         "ras.rules.yaml",
         "throughput.rules.yaml",
