@@ -39,10 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import platform
+import re
 import shutil
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -173,6 +176,7 @@ def report(
     delivery: Delivery | None,
     timings: dict[str, float],
     max_pages: float,
+    families: set[str],
 ) -> tuple[dict[str, Any], str, list[str]]:
     p = history.plan
     slot_start = history.start + fleet_week.WARMUP
@@ -237,6 +241,11 @@ def report(
             "suppressed": len(delivery.suppressed),
             "recorded_info": len(delivery.recorded),
         }
+    by_alert = {r["alert"]: r["per_1000_node_days"] for r in rows}
+    every = {
+        name: {"modelled": m, "per_1000_node_days": by_alert.get(name, 0.0) if m else None}
+        for name, m in modelled(families).items()
+    }
     data = {
         "nodes": wk.nodes,
         "days": wk.days,
@@ -257,6 +266,7 @@ def report(
         "background_critical": len(critical),
         "background_info_per_1000_node_days": round(info, 1),
         "alertmanager": notified,
+        "every_alert": every,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs), {platform.platform()}",
         "date": time.strftime("%Y-%m-%d"),
@@ -312,6 +322,27 @@ class Run:
     panels: list[dict[str, Any]]
     delivery: Delivery | None
     timings: dict[str, float]
+    #: the metric names in the history (recorded series included)
+    families: set[str]
+
+
+def label_values(url: str, label: str) -> list[str]:
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+        f"{url}/api/v1/label/{label}/values", timeout=300
+    ) as r:
+        values: list[str] = json.load(r)["data"]
+        return values
+
+
+def modelled(families: set[str]) -> dict[str, bool]:
+    """Each alert -> whether every series its expression reads is in the history (else its
+    figure says nothing: the week does not model its source)."""
+    out = {}
+    for r in load_rules():
+        if r.alert:
+            names = set(re.findall(r"\b(?:fabricscope[:_][a-z0-9_:]+|kube_[a-z_]+)", r.expr))
+            out[r.name] = names <= families
+    return out
 
 
 def run(
@@ -354,6 +385,7 @@ def run(
                     Episode(e.alert, e.severity, e.labels, e.start, e.end, attribute(e, history))
                 )
         timings["alerts"] = time.perf_counter() - t1
+        families = set(label_values(url, "__name__"))
         span = (history.start + fleet_week.WARMUP, history.end, step)
         panels = fleet_panel_counts(url, *span)
         if preview_dir:
@@ -373,7 +405,7 @@ def run(
         delivery = deliver(label_sets, work / "alertmanager")
         timings["alertmanager"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - t0
-    return Run(history, wk, episodes, panels, delivery, timings)
+    return Run(history, wk, episodes, panels, delivery, timings, families)
 
 
 def main() -> int:
@@ -389,15 +421,25 @@ def main() -> int:
     ap.add_argument("--preview", type=Path, default=None, help="draw the Fleet preview here")
     ap.add_argument("--max-pages-per-1000-node-days", type=float, default=1.0)
     ap.add_argument("--keep", action="store_true", help="keep the history in --workdir")
-    ns = ap.parse_args()
-    r = run(
-        ns.nodes, ns.days, ns.step, ns.seed, ns.workdir,
-        sample=ns.sample, job_size=ns.job_size, preview_dir=ns.preview,
-        log=lambda m: print(m, file=sys.stderr, flush=True),
+    ap.add_argument(
+        "--report-from", type=Path, default=None,
+        help="write the report of a run saved by an earlier invocation (its run.pickle)",
     )  # fmt: skip
+    ns = ap.parse_args()
+    saved = ns.workdir / f"{ns.nodes}n-{ns.days:g}d-{ns.step:g}s-{ns.seed}.pickle"
+    if ns.report_from:
+        r = pickle.loads(ns.report_from.read_bytes())
+    else:
+        r = run(
+            ns.nodes, ns.days, ns.step, ns.seed, ns.workdir,
+            sample=ns.sample, job_size=ns.job_size, preview_dir=ns.preview,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )  # fmt: skip
+        saved.write_bytes(pickle.dumps(r))
     data, md, problems = report(
         r.history, r.week, r.episodes,
         delivery=r.delivery, timings=r.timings, max_pages=ns.max_pages_per_1000_node_days,
+        families=r.families,
     )  # fmt: skip
     data["command"] = "python bench/alert_noise.py " + " ".join(sys.argv[1:])
     ns.out.mkdir(parents=True, exist_ok=True)
