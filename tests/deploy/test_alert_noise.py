@@ -78,8 +78,10 @@ def test_single_flaps_are_info_records_of_twenty_minutes(fleet: alert_noise.Run)
     flaps = [e for e in background(fleet) if e.alert.startswith("FabricscopeInfinibandLink")]
     assert flaps, "the week's single flaps raised nothing at all"
     assert {(e.alert, e.severity) for e in flaps} == {("FabricscopeInfinibandLinkFlapped", "info")}
-    for e in flaps:
-        assert 15 * 60 <= e.end - e.start + fleet.history.step <= 30 * 60, e
+    for e in flaps:  # a flap in a window's last 20 minutes is cut off by the window's end
+        assert e.end - e.start + fleet.history.step <= 30 * 60, e
+        if e.end < fleet.history.end:
+            assert e.end - e.start + fleet.history.step >= 15 * 60, e
 
 
 def test_application_xids_never_page(fleet: alert_noise.Run) -> None:
