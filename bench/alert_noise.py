@@ -155,6 +155,8 @@ def weigh(ep: Episode, wk: fleet_week.Week, slot_start: float) -> tuple[str, flo
     """Where a background episode comes from, and how many of the week's it stands for."""
     inst = ep.labels.get("instance", "")
     if ep.start <= slot_start:
+        if inst in wk.weights:  # begun in an earlier slot: counted in that slot's window
+            return "carried in", 0.0
         return "standing", 1.0  # firing when the week's first slot starts: counted once
     if inst in wk.weights:
         return "event window", wk.weights[inst]
@@ -186,7 +188,8 @@ def report(
     rows = []
     for a in sorted({e.alert for e in counted}):
         es = [e for e in counted if e.alert == a]
-        bg = [(e, where, w) for e, where, w in weighed if e.alert == a]
+        carried = sum(1 for e, where, _ in weighed if e.alert == a and where == "carried in")
+        bg = [(e, where, w) for e, where, w in weighed if e.alert == a and where != "carried in"]
         week = sum(w for _, _, w in bg)
         rows.append({
             "alert": a,
@@ -195,6 +198,7 @@ def report(
             "planted_episodes": sum(1 for e in es if e.fault),
             "background_episodes": len(bg),
             "standing": sum(1 for _, where, _ in bg if where == "standing"),
+            "carried_in": carried,
             "by_source": {s: sum(1 for _, where, _ in bg if where == s)
                           for s in sorted({where for _, where, _ in bg})},
             "week_estimate": round(week, 1),
@@ -308,8 +312,8 @@ def report(
             f"Through a real Alertmanager running deploy/alertmanager/alertmanager.yml, the "
             f"{notified['alerts_sent']:,} alerts of this history made "
             f"{n.get('fabricscope-page', 0)} page and {n.get('fabricscope-ticket', 0)} ticket "
-            f"notifications; {notified['recorded_info']} info alerts were recorded without one "
-            f"and {notified['suppressed']} symptoms were inhibited."
+            f"notifications; {notified['recorded_info']} info alerts were recorded without one; "
+            f"symptoms inhibited under their cause: {notified['suppressed']}."
         )
     return data, "\n".join(md) + "\n", problems
 
@@ -441,7 +445,9 @@ def main() -> int:
         delivery=r.delivery, timings=r.timings, max_pages=ns.max_pages_per_1000_node_days,
         families=r.families,
     )  # fmt: skip
-    data["command"] = "python bench/alert_noise.py " + " ".join(sys.argv[1:])
+    data["command"] = (
+        f"python bench/alert_noise.py --nodes {ns.nodes} --days {ns.days:g} --sample {ns.sample:g}"
+    )
     ns.out.mkdir(parents=True, exist_ok=True)
     (ns.out / "alert_noise.json").write_text(json.dumps(data, indent=2) + "\n")
     (ns.out / "alert_noise.md").write_text(md)
