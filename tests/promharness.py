@@ -644,18 +644,25 @@ def start_alertmanager(
     with ``config``, that configuration as it is. No clustering
     (``--cluster.listen-address=`` empty: it would gossip on 0.0.0.0:9094)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    config = dict(config) if config is not None else {
-        "route": {
-            "receiver": "webhook",
-            "group_by": ["alertname", "instance"],
-            "group_wait": group_wait,
-            "group_interval": group_interval,
-            "repeat_interval": "1h",
-        },
-        "receivers": [
-            {"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
-        ],
-    }
+    config = (
+        dict(config)
+        if config is not None
+        else {
+            "route": {
+                "receiver": "webhook",
+                "group_by": ["alertname", "instance"],
+                "group_wait": group_wait,
+                "group_interval": group_interval,
+                "repeat_interval": "1h",
+            },
+            "receivers": [
+                {
+                    "name": "webhook",
+                    "webhook_configs": [{"url": webhook_url, "send_resolved": True}],
+                }
+            ],
+        }
+    )
     config_path = workdir / "alertmanager.yml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
