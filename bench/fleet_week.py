@@ -3,7 +3,7 @@
 A week at 1,000 nodes at one-minute resolution is about 2.4 billion samples, more than a
 benchmark can write and a Prometheus can evaluate on a development machine. Alerts only
 start where something changes, so the week is cut into two-hour slots per node (84 a node)
-and rendered where it matters, at the same one-minute resolution as the 2-hour run:
+and rendered where it matters, at the same one-minute resolution as the earlier 2-hour benchmark:
 
 - **the fleet window**: every node over the week's first slot (with an hour of warm-up
   before it), with the background drawn at the week's rates, the fleet-wide settings
@@ -21,7 +21,7 @@ once. What is not rendered is said by the report: rates between the sampled wind
 extrapolated, not measured.
 
 The week's event rates, each with its source (``RATES``): where no public fleet figure was
-found, the rate is the 2-hour run's own, and says so.
+found, the rate is the earlier 2-hour benchmark's, and says so.
 """
 
 from __future__ import annotations
@@ -46,13 +46,14 @@ class Rate:
 RATES: dict[str, Rate] = {
     "single link flaps": Rate(
         48.0,
-        "the 2-hour run's rate (one an hour in 500 nodes); ByteDance acts on a network "
-        "alert only when it repeats within 5 minutes because single flaps heal themselves",
+        "model: the earlier 2-hour benchmark's one an hour in 500 nodes (no public fleet "
+        "figure found); ByteDance acts on a network alert only when it repeats within 5 "
+        "minutes because single flaps heal themselves",
     ),
     "application XIDs": Rate(
         192.0,
-        "the 2-hour run's rate (four an hour in 500 nodes; 13 and 31 followed half the "
-        "time by 45, NVIDIA's Xid catalog)",
+        "model: the earlier 2-hour benchmark's four an hour in 500 nodes (no public fleet "
+        "figure found); 13 and 31 followed half the time by 45, NVIDIA's Xid catalog",
     ),
     "reboots (8 min, counters reset)": Rate(20.0, "model: 2 % of nodes a day"),
     "drains (cordoned, down 1-3 h)": Rate(
@@ -143,8 +144,8 @@ def week(
 ) -> Week:
     rng = random.Random(seed)
     seconds = WARMUP + SLOT
-    # the fleet window: the 2-hour run's fleet (its faults in the slot), with the week's
-    # background in place of its own
+    # the fleet window: the earlier 2-hour benchmark's fleet (its faults in the slot), with
+    # the week's background in place of its own
     base = fh.plan(nodes, seconds / 3600, step, seed, job_size)
     for n in base.nodes:
         n.flaps.clear()
