@@ -1,35 +1,37 @@
-"""The fleet alert budget: the shipped rules over a 500-node fleet's history, in a real
-Prometheus, and what fires.
+"""The fleet alert budget: the shipped rules over a week of a 1,000-node fleet, in a real
+Prometheus, what fires per 1,000 node-days, and what a real Alertmanager running the shipped
+routing (deploy/alertmanager/alertmanager.yml) notifies.
 
-The history (``bench/fleet_history.py``): DGX-class nodes rendered by the real agent, with the
-background a large fleet always has (rails whose 32-bit ``port_xmit_wait`` stopped at its
-maximum long ago, application XIDs a few an hour, a single link flap an hour, two nodes
-rebooting, one node with 0.1 % of the fleet's ports administratively disabled, ports counting
-a few symbol errors an hour, training jobs whose every rank prints tokens/s with a checkpoint
-dip every 30 minutes) and four planted faults in its last third (a bad cable, a port
-retrained at half its rate, a NIC at PCIe x8, a lost GPU), each slowing or ending its job.
+The week (``bench/fleet_week.py``): DGX-class nodes rendered by the real agent
+(``bench/fleet_history.py``), over the week's first two-hour slot for the whole fleet (with
+the fleet-wide settings: 32-bit counters stopped, ACS redirect on every PCIe switch port;
+job churn; five planted faults: a bad cable, a port retrained at half its rate, a NIC at PCIe
+x8, a lost GPU, a hung rank) and over every later node slot with a background event (single
+flaps, application XIDs, reboots, drains with kube-state-metrics' cordon flag), a fraction
+``--sample`` of them rendered, at one-minute resolution throughout. Symbol errors count at
+bit-error rates below the 1e-12 ibdiagnet fails a port at.
 
 The rules are whatever ``deploy/rules/*.rules.yaml`` holds now. Recording rules are backfilled
 with ``promtool tsdb create-blocks-from rules`` (in dependency order, a Prometheus restart
 between levels); every alerting rule's expression is then evaluated by Prometheus as a range
-query at one-minute steps over the history (Prometheus 2.42 cannot evaluate alerts over the
-past), and its ``for`` is applied here the way the rule manager does: an alert is pending from
-the first evaluation that returns its label set and fires once it has been returned for
-``for`` without a gap. An episode is one label set's run of firing evaluations.
+query at one-minute steps (Prometheus 2.42 cannot evaluate alerts over the past), and its
+``for`` is applied here the way the rule manager does: an alert is pending from the first
+evaluation that returns its label set and fires once it has been returned for ``for`` without
+a gap. An episode is one label set's run of firing evaluations; it belongs to the slot it
+starts in. Alerts firing when the slot starts are the week's standing alerts, counted once.
 
 Each episode is attributed to a planted fault when it names the fault's node (or, for the
-throughput alerts, its job) and starts after the fault; everything else is background. The
-first hour is the rules' warm-up (their windows reach an hour back): an episode counts when it
-fires at or after it.
+throughput alerts, its job) and starts after the fault; everything else is background, scaled
+to the week (``fleet_week``'s docstring says how) and counted per 1,000 node-days.
 
-    python bench/alert_noise.py [--nodes 500] [--hours 2] [--workdir DIR]
+    python bench/alert_noise.py [--nodes 1000] [--days 7] [--sample 0.1] [--workdir DIR]
         [--out bench/results] [--preview dashboards/previews]
 
-Writes ``alert_noise.json`` and ``alert_noise.md`` (the tables docs/performance.md quotes) and
-``fleet_panels.json`` (each Fleet dashboard panel's series count on this history) into
-``--out``; with ``--preview``, the Fleet dashboard's preview drawn from this history. Exits 1
-when a planted fault raises no alert or the background pages (warning or critical) more than
-``--max-background-pages`` times.
+Writes ``alert_noise.json`` and ``alert_noise.md`` (the tables the README and
+docs/performance.md quote) and ``fleet_panels.json`` (each Fleet dashboard panel's series
+count on this history) into ``--out``; with ``--preview``, the Fleet dashboard's preview.
+Exits 1 when a planted fault raises no alert, or the background's warnings and criticals
+exceed ``--max-pages-per-1000-node-days`` (1) or any is critical.
 """
 
 from __future__ import annotations
@@ -37,10 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import platform
+import re
 import shutil
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,11 +60,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "dashboards"))
 
 import fleet_history  # noqa: E402
+import fleet_week  # noqa: E402
 
+from tests.alert_routing import Delivery, deliver  # noqa: E402
 from tests.promharness import backfill_recording_rules, start_prometheus  # noqa: E402
 from tests.rule_eval import Episode, Rule, api, evaluate, load_rules, record_levels  # noqa: E402
 
-WARMUP = 3600.0
 #: what an episode's labels say in the report's examples
 EXAMPLE_LABELS = ("instance", "device", "gpu", "reason", "counter", "job_name", "pci_bus_id")
 
@@ -142,26 +148,63 @@ def substitute(expr: str, span: float) -> str:
 
 # --- report --------------------------------------------------------------------------------
 
+PAGES = ("warning", "critical")
 
-def report(history: fleet_history.History, episodes: list[Episode], timings: dict[str, float],
-           max_background_pages: int) -> tuple[dict[str, Any], str, list[str]]:  # fmt: skip
+
+def weigh(ep: Episode, wk: fleet_week.Week, slot_start: float) -> tuple[str, float]:
+    """Where a background episode comes from, and how many of the week's it stands for."""
+    inst = ep.labels.get("instance", "")
+    if ep.start <= slot_start:
+        if inst in wk.weights:  # begun in an earlier slot: counted in that slot's window
+            return "carried in", 0.0
+        return "standing", 1.0  # firing when the week's first slot starts: counted once
+    if inst in wk.weights:
+        return "event window", wk.weights[inst]
+    if inst in wk.busy:
+        return "first-slot event", 1.0
+    if inst in wk.fleet_nodes:
+        quiet = len(wk.fleet_nodes) - len(wk.busy)
+        return "quiet sample", (wk.quiet_slots + quiet) / max(1, quiet)
+    if "job_name" in ep.labels:
+        return "job churn", wk.job_transitions / max(1, wk.fleet_job_transitions)
+    return "fleet-wide", 1.0
+
+
+def report(
+    history: fleet_history.History,
+    wk: fleet_week.Week,
+    episodes: list[Episode],
+    *,
+    delivery: Delivery | None,
+    timings: dict[str, float],
+    max_pages: float,
+    families: set[str],
+) -> tuple[dict[str, Any], str, list[str]]:
     p = history.plan
-    eval_from = history.start + WARMUP
-    counted = [e for e in episodes if e.end >= eval_from]
-    alerts = sorted({e.alert for e in counted})
+    slot_start = history.start + fleet_week.WARMUP
+    node_days = wk.nodes * wk.days
+    counted = [e for e in episodes if e.end >= slot_start]
+    weighed = [(e, *weigh(e, wk, slot_start)) for e in counted if not e.fault]
     rows = []
-    for a in alerts:
+    for a in sorted({e.alert for e in counted}):
         es = [e for e in counted if e.alert == a]
-        bg = [e for e in es if not e.fault]
+        carried = sum(1 for e, where, _ in weighed if e.alert == a and where == "carried in")
+        bg = [(e, where, w) for e, where, w in weighed if e.alert == a and where != "carried in"]
+        week = sum(w for _, _, w in bg)
         rows.append({
             "alert": a,
             "severity": es[0].severity,
             "planted": sorted({e.fault for e in es if e.fault}),
-            "planted_episodes": len(es) - len(bg),
+            "planted_episodes": sum(1 for e in es if e.fault),
             "background_episodes": len(bg),
-            "background_firing_at_end": sum(1 for e in bg if e.end >= history.end - history.step),
+            "standing": sum(1 for _, where, _ in bg if where == "standing"),
+            "carried_in": carried,
+            "by_source": {s: sum(1 for _, where, _ in bg if where == s)
+                          for s in sorted({where for _, where, _ in bg})},
+            "week_estimate": round(week, 1),
+            "per_1000_node_days": round(week / node_days * 1000, 2),
             "background_examples": [
-                {k: v for k, v in e.labels.items() if k in EXAMPLE_LABELS} for e in bg[:3]
+                {k: v for k, v in e.labels.items() if k in EXAMPLE_LABELS} for e, _, _ in bg[:3]
             ],
         })  # fmt: skip
     faults = []
@@ -181,43 +224,75 @@ def report(history: fleet_history.History, episodes: list[Episode], timings: dic
         })  # fmt: skip
         if not names:
             problems.append(f"planted fault {f.kind} on {f.node} raised no alert")
-    pages = [e for e in counted if not e.fault and e.severity in ("warning", "critical")]
-    info = [e for e in counted if not e.fault and e.severity not in ("warning", "critical")]
-    if len(pages) > max_background_pages:
+    pages = [(e, w) for e, _, w in weighed if e.severity in PAGES]
+    per_1000 = sum(w for _, w in pages) / node_days * 1000
+    critical = [e for e, _ in pages if e.severity == "critical"]
+    info = sum(w for e, _, w in weighed if e.severity not in PAGES) / node_days * 1000
+    if per_1000 > max_pages:
         problems.append(
-            f"the background paged {len(pages)} times (at most {max_background_pages}): "
-            + ", ".join(sorted({e.alert for e in pages}))
+            f"the background pages {per_1000:.2f} times per 1,000 node-days (at most "
+            f"{max_pages:g}): " + ", ".join(sorted({e.alert for e, _ in pages}))
         )
+    if critical:
+        problems.append("the background raised critical alerts: " + ", ".join(
+            sorted({e.alert for e in critical})))  # fmt: skip
+    notified = None
+    if delivery is not None:
+        notified = {
+            "alerts_sent": sum(1 for _ in counted),
+            "notifications": dict(delivery.notifications),
+            "alerts_notified": dict(delivery.alerts),
+            "suppressed": len(delivery.suppressed),
+            "recorded_info": len(delivery.recorded),
+        }
+    by_alert = {r["alert"]: r["per_1000_node_days"] for r in rows}
+    every = {
+        name: {"modelled": m, "per_1000_node_days": by_alert.get(name, 0.0) if m else None}
+        for name, m in modelled(families).items()
+    }
     data = {
-        "nodes": len(p.nodes),
-        "hours": p.seconds / 3600,
+        "nodes": wk.nodes,
+        "days": wk.days,
+        "node_days": node_days,
         "step_s": p.step,
         "samples": history.samples,
-        "evaluated_from_s": WARMUP,
+        "series": history.series,
+        "rendered_nodes": len(p.nodes),
         "background": p.background,
+        "rates_per_1000_node_days": {
+            k: {"rate": r.per_1000_node_days, "source": r.source}
+            for k, r in fleet_week.RATES.items()
+        },
         "rules": sorted({r.file for r in load_rules()}),
         "alerts": rows,
         "faults": faults,
-        "background_pages": len(pages),
-        "background_info": len(info),
+        "background_pages_per_1000_node_days": round(per_1000, 2),
+        "background_critical": len(critical),
+        "background_info_per_1000_node_days": round(info, 1),
+        "alertmanager": notified,
+        "every_alert": every,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs), {platform.platform()}",
         "date": time.strftime("%Y-%m-%d"),
     }
     md = [
-        f"{len(p.nodes)} nodes, {p.seconds / 3600:g} h at {p.step:g} s "
-        f"({history.samples:,} samples), alerts counted from minute {WARMUP / 60:.0f}; "
-        f"background: " + ", ".join(f"{v} {k}" for k, v in p.background.items()) + ".",
+        f"{wk.nodes:,} nodes over {wk.days:g} days ({node_days:,.0f} node-days), sampled: the "
+        f"whole fleet over the week's first 2-hour slot and {len(p.nodes) - wk.nodes:,} event "
+        f"windows of later slots, at {p.step:g} s ({history.samples:,} samples); background: "
+        + ", ".join(
+            f"{v:,} {k}" for k, v in p.background.items() if k not in ("nodes", "node-days")
+        )
+        + ".",
         "",
-        "| alert | severity | planted faults it caught (episodes) | background episodes "
-        "(firing at the end) |",
-        "| --- | --- | --- | --- |",
+        "| alert | severity | planted faults it caught (episodes) | background episodes rendered "
+        "(standing) | background per 1,000 node-days |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         caught = ", ".join(r["planted"]) + f" ({r['planted_episodes']})" if r["planted"] else "-"
         md.append(
             f"| {r['alert']} | {r['severity']} | {caught} | {r['background_episodes']} "
-            f"({r['background_firing_at_end']}) |"
+            f"({r['standing']}) | {r['per_1000_node_days']:g} |"
         )
     md += ["", "| planted fault | node | alerts | first alert after |", "| --- | --- | --- | --- |"]
     for f in faults:
@@ -228,110 +303,156 @@ def report(history: fleet_history.History, episodes: list[Episode], timings: dic
         md.append(f"| {f['fault']}: {f['description']} | {f['node']} | {names} | {after} |")
     md += [
         "",
-        f"Background pages (warning or critical): {len(pages)}; background info alerts: "
-        f"{len(info)}.",
+        f"Background warnings and criticals: {per_1000:.2f} per 1,000 node-days "
+        f"({len(critical)} critical); background info: {info:.1f} per 1,000 node-days.",
     ]
+    if notified:
+        n = notified["notifications"]
+        md.append(
+            f"Through a real Alertmanager running deploy/alertmanager/alertmanager.yml, the "
+            f"{notified['alerts_sent']:,} alerts of this history made "
+            f"{n.get('fabricscope-page', 0)} page and {n.get('fabricscope-ticket', 0)} ticket "
+            f"notifications; {notified['recorded_info']} info alerts were recorded without one; "
+            f"symptoms inhibited under their cause: {notified['suppressed']}."
+        )
     return data, "\n".join(md) + "\n", problems
 
 
 @dataclass
 class Run:
     history: fleet_history.History
+    week: fleet_week.Week
     episodes: list[Episode]
     panels: list[dict[str, Any]]
+    delivery: Delivery | None
     timings: dict[str, float]
+    #: the metric names in the history (recorded series included)
+    families: set[str]
+
+
+def label_values(url: str, label: str) -> list[str]:
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+        f"{url}/api/v1/label/{label}/values", timeout=300
+    ) as r:
+        values: list[str] = json.load(r)["data"]
+        return values
+
+
+def modelled(families: set[str]) -> dict[str, bool]:
+    """Each alert -> whether every series its expression reads is in the history (else its
+    figure says nothing: the week does not model its source)."""
+    out = {}
+    for r in load_rules():
+        if r.alert:
+            names = set(re.findall(r"\b(?:fabricscope[:_][a-z0-9_:]+|kube_[a-z_]+)", r.expr))
+            out[r.name] = names <= families
+    return out
 
 
 def run(
     nodes: int,
-    hours: float,
+    days: float,
     step: float,
     seed: int,
     workdir: Path,
     *,
-    reuse: bool = False,
+    sample: float = 1.0,
+    job_size: int = 50,
+    notify: bool = True,
     preview_dir: Path | None = None,
     log: Any = None,
 ) -> Run:
-    """Build (or reuse) the history in ``workdir``, evaluate every shipped rule over it,
-    count the Fleet dashboard's series; with ``preview_dir``, draw the Fleet preview."""
+    """Build the week's history in ``workdir``, evaluate every shipped rule over it, count
+    the Fleet dashboard's series, send the alerts through a real Alertmanager (``notify``);
+    with ``preview_dir``, draw the Fleet preview."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    work = workdir / f"{nodes}n-{hours:g}h-{step:g}s-{seed}"
-    meta = work / "history.json"
+    work = workdir / f"{nodes}n-{days:g}d-{step:g}s-{seed}"
     rules = load_rules()
-    if reuse and meta.exists():  # the same history (the plan is the seed's), rules recorded
-        m = json.loads(meta.read_text())
-        plan = fleet_history.plan(nodes, hours, step, seed)
-        history = fleet_history.History(
-            work / "tsdb", m["start"], m["end"], step, plan, m["samples"], m["series"]
-        )
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        history = fleet_history.build(work, nodes, hours, step, seed=seed, log=log or print)
-        timings["history"] = time.perf_counter() - t0
-        timings["recording_rules"] = backfill_records(
-            history.tsdb, history.start, history.end, rules
-        )
-        kept = {"start": history.start, "end": history.end}
-        kept |= {"samples": history.samples, "series": history.series}
-        meta.write_text(json.dumps(kept))
+    wk = fleet_week.week(nodes, days, step, seed, sample=sample, job_size=job_size)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    history = fleet_history.build(
+        work, nodes, 0, step, seed=seed, log=log or print, fleet=wk.plan, acs=True
+    )
+    timings["history"] = time.perf_counter() - t0
+    timings["recording_rules"] = backfill_records(history.tsdb, history.start, history.end, rules)
     t1 = time.perf_counter()
     episodes: list[Episode] = []
     with serve(history.tsdb) as url:
-        q_start = history.start + WARMUP - max(r.for_s for r in rules if r.alert) - history.step
+        q_start = history.start + fleet_week.WARMUP - max(r.for_s for r in rules if r.alert)
         for r in rules:
             if not r.alert:
                 continue
-            for e in evaluate(url, r, max(history.start, q_start), history.end, history.step):
+            for e in evaluate(url, r, max(history.start, q_start - step), history.end, step):
                 episodes.append(
                     Episode(e.alert, e.severity, e.labels, e.start, e.end, attribute(e, history))
                 )
         timings["alerts"] = time.perf_counter() - t1
-        panels = fleet_panel_counts(url, history.start + WARMUP, history.end, history.step)
+        families = set(label_values(url, "__name__"))
+        span = (history.start + fleet_week.WARMUP, history.end, step)
+        panels = fleet_panel_counts(url, *span)
         if preview_dir:
             import preview
 
             preview_dir.mkdir(parents=True, exist_ok=True)
-            span = (history.start + WARMUP, history.end, history.step)
             note = f"{nodes}-node fleet history, bench/alert_noise.py"
             path = preview.render_board(
                 preview.generate.FLEET, url, span, "", preview_dir, source=note
             )
             print(path, file=sys.stderr)
+    delivery = None
+    if notify:
+        t2 = time.perf_counter()
+        counted = [e for e in episodes if e.end >= history.start + fleet_week.WARMUP]
+        label_sets = [{"alertname": e.alert, **e.labels} for e in counted]
+        delivery = deliver(label_sets, work / "alertmanager")
+        timings["alertmanager"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - t0
-    return Run(history, episodes, panels, timings)
+    return Run(history, wk, episodes, panels, delivery, timings, families)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=500)
-    ap.add_argument("--hours", type=float, default=2.0)
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--days", type=float, default=7.0)
     ap.add_argument("--step", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=35)
+    ap.add_argument("--sample", type=float, default=0.1, help="fraction of event windows drawn")
+    ap.add_argument("--job-size", type=int, default=50, help="nodes per training job")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/fabricscope-alert-noise"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--preview", type=Path, default=None, help="draw the Fleet preview here")
-    ap.add_argument("--max-background-pages", type=int, default=5)
-    ap.add_argument(
-        "--reuse",
-        action="store_true",
-        help="use the history a previous run left in --workdir (kept with --keep)",
-    )
+    ap.add_argument("--max-pages-per-1000-node-days", type=float, default=1.0)
     ap.add_argument("--keep", action="store_true", help="keep the history in --workdir")
-    ns = ap.parse_args()
-    r = run(
-        ns.nodes, ns.hours, ns.step, ns.seed, ns.workdir,
-        reuse=ns.reuse, preview_dir=ns.preview,
-        log=lambda m: print(m, file=sys.stderr, flush=True),
+    ap.add_argument(
+        "--report-from", type=Path, default=None,
+        help="write the report of a run saved by an earlier invocation (its run.pickle)",
     )  # fmt: skip
-    data, md, problems = report(r.history, r.episodes, r.timings, ns.max_background_pages)
+    ns = ap.parse_args()
+    saved = ns.workdir / f"{ns.nodes}n-{ns.days:g}d-{ns.step:g}s-{ns.seed}.pickle"
+    if ns.report_from:
+        r = pickle.loads(ns.report_from.read_bytes())
+    else:
+        r = run(
+            ns.nodes, ns.days, ns.step, ns.seed, ns.workdir,
+            sample=ns.sample, job_size=ns.job_size, preview_dir=ns.preview,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )  # fmt: skip
+        saved.write_bytes(pickle.dumps(r))
+    data, md, problems = report(
+        r.history, r.week, r.episodes,
+        delivery=r.delivery, timings=r.timings, max_pages=ns.max_pages_per_1000_node_days,
+        families=r.families,
+    )  # fmt: skip
+    data["command"] = (
+        f"python bench/alert_noise.py --nodes {ns.nodes} --days {ns.days:g} --sample {ns.sample:g}"
+    )
     ns.out.mkdir(parents=True, exist_ok=True)
     (ns.out / "alert_noise.json").write_text(json.dumps(data, indent=2) + "\n")
     (ns.out / "alert_noise.md").write_text(md)
     (ns.out / "fleet_panels.json").write_text(
-        json.dumps({"nodes": ns.nodes, "hours": ns.hours, "panels": r.panels}, indent=2) + "\n"
+        json.dumps({"nodes": ns.nodes, "days": ns.days, "panels": r.panels}, indent=2) + "\n"
     )
     print(md)
     for row in r.panels:
@@ -339,7 +460,7 @@ def main() -> int:
     for problem in problems:
         print(f"FAIL: {problem}", file=sys.stderr)
     if not ns.keep:
-        shutil.rmtree(ns.workdir / f"{ns.nodes}n-{ns.hours:g}h-{ns.step:g}s-{ns.seed}",
+        shutil.rmtree(ns.workdir / f"{ns.nodes}n-{ns.days:g}d-{ns.step:g}s-{ns.seed}",
                       ignore_errors=True)  # fmt: skip
     return 1 if problems else 0
 

@@ -219,8 +219,10 @@ def _eight_gpus(samples: list[Sample]) -> list[Sample]:
 STATES = ("healthy", "saturated-1", "saturated-2", "saturated-4", "disabled", "rate", "x8", "lost")
 
 
-def agent_states(work: Path, keep: set[str]) -> dict[str, list[Sample]]:
-    """Each node state's series, from the real agent (two runs a state: sysfs, NVML)."""
+def agent_states(work: Path, keep: set[str], *, acs: bool = False) -> dict[str, list[Sample]]:
+    """Each node state's series, from the real agent (two runs a state: sysfs, NVML); with
+    ``acs``, the ACS series of a fleet that grants ``capabilities.acs`` (the tree's bridges
+    with the redirect on, as the fixture was captured: a BIOS default every node shares)."""
     common = [
         "--no-sampler.attribution",
         "--no-sampler.workload",
@@ -240,7 +242,7 @@ def agent_states(work: Path, keep: set[str]) -> dict[str, list[Sample]]:
             ["--snapshot", str(snap), "--no-sampler.infiniband", "--no-sampler.pci", *common]
         )
         out = _parse(sysfs, keep) + _eight_gpus(_parse(nvml, keep))
-        return [x for x in out if x.name != "fabricscope_pci_acs_p2p_redirect_enabled"]
+        return [x for x in out if acs or x.name != "fabricscope_pci_acs_p2p_redirect_enabled"]
 
     with ThreadPoolExecutor(2) as pool:
         return dict(zip(STATES, pool.map(run, STATES), strict=True))
@@ -279,6 +281,11 @@ class NodePlan:
     slowdowns: list[tuple[float, float]] = field(default_factory=list)
     job_gone: float | None = None  # the job's pods ended at (seconds)
     noisy_ports: dict[str, float] = field(default_factory=dict)  # device -> symbol errors/h
+    job_start: float = 0.0  # the job's pods started at (seconds; job churn)
+    hung_at: float | None = None  # a rank hung: its log stops, its pods keep their GPUs
+    next_job: tuple[float, str, str] | None = None  # (from, job, pod): the next job here
+    #: (from, to): cordoned (kube-state-metrics' kube_node_spec_unschedulable 1)
+    cordons: list[tuple[float, float]] = field(default_factory=list)
 
     def state_at(self, t: float) -> str:
         state = self.segments[0][1]
@@ -309,8 +316,9 @@ def _node(i: int) -> str:
     return f"node-{i:03d}"
 
 
-def plan(nodes: int, hours: float, step: float, seed: int = 35) -> Plan:
-    """The fleet's story. Faults start in the last third; background events anywhere."""
+def plan(nodes: int, hours: float, step: float, seed: int = 35, job_size: int = 50) -> Plan:
+    """The fleet's story. Faults start in the last third; background events anywhere.
+    Training jobs of ``job_size`` nodes each."""
     rng = random.Random(seed)
     seconds = hours * 3600
     out = [NodePlan(_node(i), [(0.0, "healthy")]) for i in range(nodes)]
@@ -403,8 +411,8 @@ def plan(nodes: int, hours: float, step: float, seed: int = 35) -> Plan:
                 noisy += 1
     # jobs: 50 nodes each, every rank printing tokens/s; a fault slows its job
     for i, n in enumerate(out):
-        job = f"job-{i // 50:02d}"
-        n.job, n.pod = job, f"{job}-{i % 50}"
+        job = f"job-{i // job_size:02d}"
+        n.job, n.pod = job, f"{job}-{i % job_size}"
     slow = {"bad_cable": 0.7, "degraded_port": 0.75, "nic_x8": 0.8}
     for f in faults:
         job = by_name[f.node].job
@@ -427,7 +435,9 @@ def plan(nodes: int, hours: float, step: float, seed: int = 35) -> Plan:
             "application XIDs": app_xids,
             "node reboots (8 min)": reboots,
             "ports counting a few symbol errors an hour": noisy,
-            "training jobs (50 nodes, every rank printing tokens/s)": math.ceil(nodes / 50),
+            f"training jobs ({job_size} nodes, every rank printing tokens/s)": math.ceil(
+                nodes / job_size
+            ),
         },
     )
 
@@ -568,11 +578,51 @@ def write_node(
             [None if s is None else 0.0 for s in state_at],
         )
 
-    # the job's pod on this node: its 8 GPUs, and its throughput as every rank prints it
-    def alive(i: int) -> bool:
-        return state_at[i] is not None and (n.job_gone is None or times[i] < n.job_gone)
+    # kube-state-metrics' cordon flag, when the plan drains nodes
+    if n.cordons:
+        w.series(
+            "kube_node_spec_unschedulable",
+            _labels((("instance", "kube-state-metrics:8080"), ("job", "kube-state-metrics"),
+                     ("node", n.name))),
+            [1.0 if any(a <= t < b for a, b in n.cordons) else 0.0 for t in times],
+        )  # fmt: skip
+    if not n.job:
+        return
 
-    pod = (("namespace", "training"), ("pod", n.pod), ("container", "trainer"))
+    _job_series(
+        w, n, job=n.job, pod_name=n.pod, span=(n.job_start, n.job_gone), state_at=state_at, rng=rng
+    )
+    if n.next_job:
+        start, job, pod = n.next_job
+        _job_series(w, n, job=job, pod_name=pod, span=(start, None), state_at=state_at, rng=rng)
+
+
+def _job_series(
+    w: Writer,
+    n: NodePlan,
+    *,
+    job: str,
+    pod_name: str,
+    span: tuple[float, float | None],
+    state_at: Sequence[str | None],
+    rng: random.Random,
+) -> None:
+    """The job's pod on this node: its 8 GPUs, and its throughput as every rank prints it,
+    from ``span[0]`` until ``span[1]`` (None: the history's end)."""
+    step = w.step
+    times = [i * step for i in range(len(state_at))]
+    inst = (("instance", n.name), ("job", JOB))
+    start, gone = span
+
+    def alive(i: int) -> bool:
+        if state_at[i] is None or times[i] < start:
+            return False
+        return gone is None or times[i] < gone
+
+    def printing(i: int) -> bool:
+        return alive(i) and (n.hung_at is None or times[i] < n.hung_at)
+
+    pod = (("namespace", "training"), ("pod", pod_name), ("container", "trainer"))
     for g in range(GPUS):
         lab = (
             *pod,
@@ -584,13 +634,16 @@ def write_node(
         w.series(
             attribution.POD_GPU_INFO.name,
             _labels(sorted(lab + inst)),
-            [1.0 if alive(i) else None for i in range(steps)],
+            [1.0 if alive(i) else None for i in range(len(times))],
         )
-    tp = (*pod, ("job_name", n.job), ("format", "composer"))
-    tokens = []
+    tp = (*pod, ("job_name", job), ("format", "composer"))
+    tokens: list[float | None] = []
     for i, t in enumerate(times):
         if not alive(i):
             tokens.append(None)
+            continue
+        if not printing(i):  # hung: the agent keeps exporting the last line's rate
+            tokens.append(next((v for v in reversed(tokens) if v is not None), None))
             continue
         ratio = 1.0
         for at, r in n.slowdowns:
@@ -602,7 +655,12 @@ def write_node(
     w.series(
         "fabricscope_throughput_last_parsed_timestamp_seconds",
         _labels(sorted(tp[:-1] + inst)),
-        [w.t0 + t - rng.uniform(1, 20) if alive(i) else None for i, t in enumerate(times)],
+        [
+            w.t0 + min(t, n.hung_at if n.hung_at is not None else t) - rng.uniform(1, 20)
+            if alive(i)
+            else None
+            for i, t in enumerate(times)
+        ],
     )
 
 
@@ -625,34 +683,42 @@ def build(
     *,
     seed: int = 35,
     log: Callable[[str], None] = print,
+    fleet: Plan | None = None,
+    acs: bool = False,
+    chunk: int = 200,
 ) -> History:
-    """The fleet's history backfilled into ``work``/tsdb (raw series only; see
-    :func:`record`)."""
+    """The fleet's history backfilled into ``work``/tsdb (raw series only; the recording
+    rules are backfilled by the caller): ``fleet``, or the plan of ``nodes`` over ``hours``.
+    Written ``chunk`` nodes at a time (one OpenMetrics file, then blocks, each), so the disk
+    holds one chunk's text at most; Prometheus merges the overlapping blocks."""
     import time as _time
 
     t_build = _time.perf_counter()
-    keep = referenced_families() - LEFT_OUT
-    states_list = agent_states(work / "states", keep)
+    keep = referenced_families() - (set() if acs else LEFT_OUT)
+    states_list = agent_states(work / "states", keep, acs=acs)
     states = {k: {(s.name, s.labels): s for s in v} for k, v in states_list.items()}
     log(f"agent states rendered in {_time.perf_counter() - t_build:.0f} s")
-    p = plan(nodes, hours, step, seed)
+    p = fleet if fleet is not None else plan(nodes, hours, step, seed)
     steps = int(p.seconds // step) + 1
     # aligned to two hours, so a history of up to two hours is one block
     t0 = math.floor((_time.time() - p.seconds - 3600) / 7200) * 7200
-    om = work / "fleet.om"
-    w = Writer(om, t0, steps, step)
-    rng = random.Random(seed)
-    for n in p.nodes:
-        write_node(w, n, states, steps, rng)
-    w.close()
-    t1 = _time.perf_counter()
-    log(f"{w.samples:,} samples written in {t1 - t_build:.0f} s")
     tsdb = work / "tsdb"
-    subprocess.run(
-        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
-        check=True,
-        capture_output=True,
-    )
-    om.unlink()
-    log(f"blocks in {_time.perf_counter() - t1:.0f} s")
-    return History(tsdb, t0, t0 + (steps - 1) * step, step, p, w.samples, w.series_count)
+    rng = random.Random(seed)
+    samples = series = 0
+    for k in range(0, len(p.nodes), chunk):
+        om = work / f"fleet-{k}.om"
+        w = Writer(om, t0, steps, step)
+        for n in p.nodes[k : k + chunk]:
+            write_node(w, n, states, steps, rng)
+        w.close()
+        samples += w.samples
+        series += w.series_count
+        subprocess.run(
+            [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
+            check=True,
+            capture_output=True,
+        )
+        om.unlink()
+        log(f"{min(k + chunk, len(p.nodes))} of {len(p.nodes)} nodes: {samples:,} samples")
+    log(f"history in {_time.perf_counter() - t_build:.0f} s")
+    return History(tsdb, t0, t0 + (steps - 1) * step, step, p, samples, series)

@@ -632,24 +632,37 @@ class Alertmanager(Prometheus):
 
 
 def start_alertmanager(
-    workdir: Path, webhook_url: str, *, group_wait: str = "1s", group_interval: str = "1s"
+    workdir: Path,
+    webhook_url: str,
+    *,
+    group_wait: str = "1s",
+    group_interval: str = "1s",
+    config: Mapping[str, object] | None = None,
 ) -> Alertmanager:
     """Alertmanager 0.25 on a free 127.0.0.1 port routing every alert to ``webhook_url``
-    (``send_resolved``), grouped by alert name and instance, with short group timers; no
-    clustering (``--cluster.listen-address=`` empty: it would gossip on 0.0.0.0:9094)."""
+    (``send_resolved``), grouped by alert name and instance, with short group timers; or,
+    with ``config``, that configuration as it is. No clustering
+    (``--cluster.listen-address=`` empty: it would gossip on 0.0.0.0:9094)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    config = {
-        "route": {
-            "receiver": "webhook",
-            "group_by": ["alertname", "instance"],
-            "group_wait": group_wait,
-            "group_interval": group_interval,
-            "repeat_interval": "1h",
-        },
-        "receivers": [
-            {"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
-        ],
-    }
+    config = (
+        dict(config)
+        if config is not None
+        else {
+            "route": {
+                "receiver": "webhook",
+                "group_by": ["alertname", "instance"],
+                "group_wait": group_wait,
+                "group_interval": group_interval,
+                "repeat_interval": "1h",
+            },
+            "receivers": [
+                {
+                    "name": "webhook",
+                    "webhook_configs": [{"url": webhook_url, "send_resolved": True}],
+                }
+            ],
+        }
+    )
     config_path = workdir / "alertmanager.yml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 

@@ -1,12 +1,14 @@
-"""The fleet alert budget, small: ``bench/alert_noise.py`` on 24 nodes over 2 hours (the real
-agent's series for each node state, the background of a large fleet, four planted faults,
-every shipped rule evaluated by a real Prometheus; docs/performance.md has the 500-node run).
+"""The fleet alert budget, small: ``bench/alert_noise.py``'s week on 24 nodes (the real
+agent's series for each node state, the week's background in event windows, five
+planted faults, every shipped rule evaluated by a real Prometheus, the alerts through a real
+Alertmanager running deploy/alertmanager/alertmanager.yml; docs/performance.md has the
+1,000-node week).
 
-Every planted fault raises an alert that names it (its node and its port, GPU or PCI
-function, or its job); the background pages (warning or critical) at most a handful of
-times, and never through the alerts this budget was drawn for: application XIDs, single
-flaps kept short, reboots, administratively disabled ports. The Fleet dashboard's panels stay
-bounded.
+Every planted fault raises an alert that names it within its stated time; the background
+raises no critical and no warning but the one fleet-wide decision (ACS redirect on every
+node's PCIe switch ports: one alert, not one per node or bridge); single flaps, application
+XIDs, stopped counters and drains are info, recorded without a notification. The Fleet
+dashboard's panels stay bounded.
 """
 
 from __future__ import annotations
@@ -21,69 +23,113 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import alert_noise  # noqa: E402
+import fleet_week  # noqa: E402
 
 NODES = 24
-HOURS = 2.0
-#: single link flaps page once each, by design (they cost in-flight operations); two in
-#: two hours, plus room for one more
-BACKGROUND_PAGES = 3
+DAYS = 7.0
+#: the stated times: a bad cable in 1 minute (2 at most, a scrape late), a degraded port in
+#: 5, a NIC at x8 in 15 (its rule's `for`), a lost GPU at once, a hung rank in 20 (its log
+#: stopped for 15 minutes and 5 more)
+STATED_MIN = {"bad_cable": 2, "degraded_port": 5, "nic_x8": 15, "lost_gpu": 0, "hung_rank": 21}
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> alert_noise.Run:
     return alert_noise.run(
-        NODES, HOURS, 60.0, 35, tmp_path_factory.mktemp("alert-noise"), log=lambda _: None
-    )
+        NODES, DAYS, 60.0, 35, tmp_path_factory.mktemp("alert-noise"),
+        sample=1.0, job_size=4, log=lambda _: None,
+    )  # fmt: skip
 
 
-def pages(r: alert_noise.Run) -> list[alert_noise.Episode]:
-    counted = [e for e in r.episodes if e.end >= r.history.start + alert_noise.WARMUP]
-    return [e for e in counted if not e.fault and e.severity in ("warning", "critical")]
+def counted(r: alert_noise.Run) -> list[alert_noise.Episode]:
+    return [e for e in r.episodes if e.end >= r.history.start + fleet_week.WARMUP]
 
 
-def test_every_planted_fault_alerts(fleet: alert_noise.Run) -> None:
-    caught = {e.fault for e in fleet.episodes if e.fault}
-    planted = {f.kind for f in fleet.history.plan.faults}
-    assert planted == {"bad_cable", "degraded_port", "nic_x8", "lost_gpu"}
-    assert caught == planted
+def background(r: alert_noise.Run) -> list[alert_noise.Episode]:
+    return [e for e in counted(r) if not e.fault]
+
+
+def test_every_planted_fault_alerts_within_its_stated_time(fleet: alert_noise.Run) -> None:
+    planted = {f.kind: f for f in fleet.history.plan.faults}
+    assert set(planted) == set(STATED_MIN)
+    for kind, f in planted.items():
+        mine = [e for e in counted(fleet) if e.fault == kind]
+        assert mine, f"{kind} raised no alert"
+        first = min(e.start for e in mine) - (fleet.history.start + f.at)
+        assert first <= STATED_MIN[kind] * 60, (kind, first)
     # the lost GPU pages once, as lost: its XID 79 is not a second page
     lost = [e for e in fleet.episodes if e.fault == "lost_gpu"]
     assert {e.alert for e in lost} == {"FabricscopeGpuLost"}
 
 
+def test_the_background_never_pages_but_for_one_fleet_wide_decision(
+    fleet: alert_noise.Run,
+) -> None:
+    pages = [e for e in background(fleet) if e.severity in ("warning", "critical")]
+    assert [(e.alert, e.severity) for e in pages] == [
+        ("FabricscopeAcsP2pRedirectFleetwide", "warning")
+    ], Counter(e.alert for e in pages)
+    # one alert for the whole fleet, naming how many nodes: none per node
+    assert pages[0].labels.get("vendor")
+    assert not [e for e in counted(fleet) if e.alert == "FabricscopeAcsP2pRedirectEnabled"]
+
+
+def test_single_flaps_are_info_records_of_twenty_minutes(fleet: alert_noise.Run) -> None:
+    flaps = [e for e in background(fleet) if e.alert.startswith("FabricscopeInfinibandLink")]
+    assert flaps, "the week's single flaps raised nothing at all"
+    assert {(e.alert, e.severity) for e in flaps} == {("FabricscopeInfinibandLinkFlapped", "info")}
+    for e in flaps:  # a flap in a window's last 20 minutes is cut off by the window's end
+        assert e.end - e.start + fleet.history.step <= 30 * 60, e
+        if e.end < fleet.history.end:
+            assert e.end - e.start + fleet.history.step >= 15 * 60, e
+
+
 def test_application_xids_never_page(fleet: alert_noise.Run) -> None:
-    xids = [e for e in fleet.episodes if e.labels.get("reason") in ("13", "31", "43", "45")]
+    xids = [e for e in counted(fleet) if e.labels.get("reason") in ("13", "31", "43", "45")]
     assert xids, "the background's application XIDs raised nothing at all"
     assert {(e.alert, e.severity) for e in xids} == {("FabricscopeGpuApplicationXid", "info")}
 
 
-def test_a_single_flap_resolves_within_half_an_hour(fleet: alert_noise.Run) -> None:
-    flaps = {(n.name, d) for n in fleet.history.plan.nodes for _, d in n.flaps}
-    episodes = [
-        e
-        for e in fleet.episodes
-        if e.alert == "FabricscopeInfinibandLinkDowned"
-        and (e.labels["instance"], e.labels["device"]) in flaps
-    ]
-    assert episodes
-    for e in episodes:
-        assert 15 * 60 <= e.end - e.start + fleet.history.step <= 30 * 60, e
-
-
-def test_the_background_pages_a_handful_at_most(fleet: alert_noise.Run) -> None:
-    others = pages(fleet)
-    assert len(others) <= BACKGROUND_PAGES, Counter(e.alert for e in others)
-    assert {e.alert for e in others} <= {"FabricscopeInfinibandLinkDowned"}
+def test_drained_nodes_are_cordoned_not_down(fleet: alert_noise.Run) -> None:
+    drained = {n.name for n in fleet.history.plan.nodes if n.cordons}
+    assert drained, "the sample holds no drain"
+    names = {e.alert for e in background(fleet) if e.labels.get("instance") in drained}
+    assert "FabricscopeNodeCordoned" in names
+    assert "FabricscopeAgentDown" not in names
 
 
 def test_saturated_counters_raise_one_info_alert_per_node(fleet: alert_noise.Run) -> None:
-    """Where no 64-bit copy is read (the chart's default, without the umad devices) stopped
-    counters are evidence really lost: one info alert per node, never a page."""
     saturated = [e for e in fleet.episodes if e.alert == "FabricscopeInfinibandCounterSaturated"]
     assert saturated, "the background's saturated counters raised nothing at all"
     assert {e.severity for e in saturated} == {"info"}
     per_node = Counter(e.labels["instance"] for e in saturated)
     assert all(n <= 1 for n in per_node.values()), per_node.most_common(3)
+
+
+def test_alertmanager_notifies_the_faults_and_one_fleet_wide_ticket(
+    fleet: alert_noise.Run,
+) -> None:
+    d = fleet.delivery
+    assert d is not None
+    tickets = [b for b in d.bodies if b["receiver"] == "fabricscope-ticket"]
+    pages = [b for b in d.bodies if b["receiver"] == "fabricscope-page"]
+    # a page: the lost GPU (the only critical)
+    assert [b["groupLabels"]["alertname"] for b in pages] == ["FabricscopeGpuLost"]
+    background_tickets = [
+        b for b in tickets if b["groupLabels"]["alertname"] == "FabricscopeAcsP2pRedirectFleetwide"
+    ]
+    assert len(background_tickets) == 1
+    faults = {f.node for f in fleet.history.plan.faults}
+    for b in tickets:
+        if b in background_tickets:
+            continue
+        inst = b["groupLabels"].get("instance")
+        job = {a["labels"].get("job_name") for a in b["alerts"]}
+        fault_jobs = {n.job for n in fleet.history.plan.nodes if n.name in faults}
+        assert inst in faults or job <= fault_jobs, b["groupLabels"]
+    notified = {a["labels"]["severity"] for b in d.bodies for a in b["alerts"]}
+    assert notified <= {"critical", "warning"}
+    assert d.recorded, "info alerts were recorded"
 
 
 def test_fleet_panels_stay_bounded(fleet: alert_noise.Run) -> None:

@@ -6,6 +6,7 @@ themselves (copies in deploy/helm/fabricscope/files/rules, checked by tests/depl
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -28,7 +29,11 @@ RUNBOOK_BASE = "https://github.com/fabricscope/fabricscope/blob/main/docs/alerts
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 #: Series Prometheus makes itself (name -> labels of its own).
-PROMETHEUS_SERIES: dict[str, tuple[str, ...]] = {"up": ()}
+PROMETHEUS_SERIES: dict[str, tuple[str, ...]] = {
+    "up": (),
+    # kube-state-metrics, when Prometheus scrapes it (the maintenance rules)
+    "kube_node_spec_unschedulable": ("node",),
+}
 
 #: Labels the scrape puts on every series (the ServiceMonitor's target labels).
 TARGET_LABELS = frozenset(
@@ -75,6 +80,10 @@ RECORDED_SERIES: dict[str, tuple[str, ...]] = {
     "fabricscope:node_cnp_sent_rate:max5m": ("instance",),
     "fabricscope:node_sampler_duration:max": ("instance",),
     "fabricscope:node_sampler_failures:count": ("instance",),
+    # non-root PCIe bridges with the ACS series per node and bridge model
+    # (deploy/rules/hardware.rules.yaml)
+    "fabricscope:acs_p2p_bridges:count": ("instance", "vendor", "model"),
+    "fabricscope:acs_p2p_redirect_bridges:count": ("instance", "vendor", "model"),
 }
 
 
@@ -257,6 +266,7 @@ def test_rule_files_exist_and_every_rule_is_an_alert() -> None:
         "agent.rules.yaml",
         "fleet.rules.yaml",
         "hardware.rules.yaml",
+        "maintenance.rules.yaml",
         "probe.rules.yaml",
         "ras.rules.yaml",
         "throughput.rules.yaml",
@@ -424,3 +434,44 @@ def test_unit_test_series_look_like_real_scrapes() -> None:
 
 
 # --- the PrometheusRule objects -----------------------------------------------------------
+
+
+# --- each alert's rate over the benchmark's week ---------------------------------------------
+
+ALERT_NOISE = ROOT / "bench" / "results" / "alert_noise.json"
+RATE_HEADER = "healthy fleet, per 1,000 node-days"
+
+
+def rate_cell(entry: dict[str, object] | None) -> str:
+    """The "Every alert" table's rate cell for one alert of alert_noise.json's every_alert
+    (None: an alert added since the benchmark last ran)."""
+    if entry is None:
+        return "not measured yet"
+    if not entry["modelled"]:
+        return "not in the week's history"
+    value = entry["per_1000_node_days"]
+    assert isinstance(value, float | int)
+    return f"{value:g}"
+
+
+def every_alert_rows(text: str) -> list[list[str]]:
+    table = text.split("## Every alert", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
+    return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines]
+
+
+def test_every_alert_row_gives_its_rate_over_the_benchmark_week() -> None:
+    """docs/alerts.md says how often a healthy fleet sees each alert: bench/alert_noise.py's
+    figure, or that its source is not in the week's history."""
+    week = json.loads(ALERT_NOISE.read_text())["every_alert"]
+    rows = every_alert_rows(ALERTS_DOC.read_text())
+    assert rows[0][-1] == RATE_HEADER, rows[0]
+    names = {a.name for a in ALERTS}
+    seen = set()
+    for row in rows[2:]:
+        name = re.match(r"\[(\w+)\]", row[0])
+        assert name, row
+        seen.add(name[1])
+        assert row[-1] == rate_cell(week.get(name[1])), (name[1], row[-1])
+    assert seen == names
+    assert set(week) <= names, "alert_noise.json names alerts the rules no longer have"
