@@ -123,6 +123,10 @@ class ThroughputSnapshot:
     issues: tuple[ReadIssue, ...] = ()
     #: bytes known to have been written to a log and never read (see agent.throughput.tail)
     unread_bytes_total: int = 0
+    #: estimated bytes, and lines, of rotated files deleted before they could be listed
+    #: (see agent.throughput.gaps)
+    missed_bytes_total: int = 0
+    missed_lines_total: int = 0
     nccl: tuple[NcclSeries, ...] = ()
     #: for a supervised child's replacement (None: not kept, in process); not compared
     resume: ThroughputResume | None = field(default=None, compare=False)

@@ -67,6 +67,7 @@ from agent.core.errors import SamplerFailure
 from agent.core.sysfs import ReadIssue
 from agent.kubernetes.podwatch import PodIndex
 from agent.throughput.formats import BadRegex, compile_custom
+from agent.throughput.gaps import MISSED_BYTES, MISSED_LINES
 from agent.throughput.nccl_join import nccl_series
 from agent.throughput.nccl_run import NODE_HCAS, NODE_IB_ERROR_PAIRS, Admission, NcclRun
 from agent.throughput.pods import newest_rotated, parse_selector
@@ -492,6 +493,8 @@ class ThroughputSampler:
             errors_total=tuple((r, self._counts.get(r, 0)) for r in ERROR_REASONS),
             issues=tuple(issues),
             unread_bytes_total=self._counts.get(UNREAD_BYTES, 0),
+            missed_bytes_total=self._counts.get(MISSED_BYTES, 0),
+            missed_lines_total=self._counts.get(MISSED_LINES, 0),
             nccl=nccl_series(
                 ((st.labels, st.cri, st.nccl) for st in self._streams.values()),
                 self._numa(),

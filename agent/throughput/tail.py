@@ -11,8 +11,10 @@ A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory
   line cut by a rotation is joined across the files. A rotated file listed but gone or
   unreadable before it could be read, or past the pass's byte bound, is counted
   (``rotated_unread``, its size in ``unread_bytes``); one already compressed is not read
-  (its lines cannot be told from those already counted), nor one deleted before the next
-  pass listed it (nothing is left to count);
+  (its lines cannot be told from those already counted); one deleted before the next pass
+  listed it leaves nothing to read, and is estimated from the birth times and sizes of the
+  files around it (:mod:`agent.throughput.gaps`: ``rotated_missed``, ``missed_bytes``,
+  ``missed_lines``);
 - truncation (the file is shorter than the offset): read again from the start, counted;
 - a file found already written starts ``Limits.initial_bytes`` before its end (the latest
   values, without re-reading a gigabyte), or from the start when that is None (``--once``);
@@ -69,6 +71,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from agent.throughput.gaps import GapEstimator, birth_ns
 from agent.throughput.lines import LineSink, LineSplitter
 
 #: reasons counted by the tailer (a subset of the sampler's error reasons)
@@ -83,6 +86,7 @@ TAIL_REASONS = (
     "fd_limit",
     "permission",
     "rotated",
+    "rotated_missed",
     "rotated_unread",
     "symlink",
     "truncated",
@@ -247,7 +251,10 @@ class FileTail:
         self._opened_before = new_file
         self._checkpoint: TailResume | None = None
         #: rotated files already read (followed between an old file and a new one)
-        self._followed: deque[tuple[int, int]] = deque(maxlen=MAX_ROTATED_FOLLOWED)
+        #: (by identity and birth time: a deleted file's inode number is soon reused)
+        self._followed: deque[tuple[int, int, int | None]] = deque(maxlen=MAX_ROTATED_FOLLOWED)
+        #: the chain of rotated files, for what was deleted before it could be listed
+        self._gaps = GapEstimator(counts)
         self.last_read_mtime: float | None = None
         #: bytes read by the latest poll
         self.last_poll_bytes = 0
@@ -307,13 +314,17 @@ class FileTail:
                     os.lseek(opened, self._offset, os.SEEK_SET)
                     while data := os.read(opened, self._limits.chunk_bytes):
                         self._split.feed(data)
-                    return os.fstat(opened).st_mtime_ns
+                        self._gaps.read(data)
+                    st = os.fstat(opened)
+                    self._gaps.finished(birth_ns(fd=opened), st.st_mtime_ns, st.st_size)
+                    return st.st_mtime_ns
             except OSError as exc:  # unreadable now: its rest is counted unread below
                 self._counts[_classify(exc)] += 1
             finally:
                 os.close(opened)
             break
         self._counts[UNREAD_BYTES] += max(0, self._size - self._offset)
+        self._gaps.reset()
         return 0
 
     def _follow_rotated(
@@ -327,7 +338,7 @@ class FileTail:
             names = os.listdir(folder)
         except OSError:
             return
-        found: list[tuple[int, str, tuple[int, int], int]] = []
+        found: list[tuple[int, str, tuple[int, int], int, int | None]] = []
         for name in names:
             if not name.startswith((base + ".", base + "-")) or name.endswith(".gz"):
                 continue
@@ -339,23 +350,31 @@ class FileTail:
             if (
                 not stat.S_ISREG(st.st_mode)
                 or ident in (old, current)
-                or ident in self._followed
                 or st.st_mtime_ns < old_mtime_ns
             ):
                 continue
-            found.append((st.st_mtime_ns, name, ident, st.st_size))
+            born = birth_ns(path=os.path.join(folder, name))
+            if (*ident, born) in self._followed:
+                continue
+            found.append((st.st_mtime_ns, name, ident, st.st_size, born))
         budget = self._limits.max_bytes_per_pass
-        for n, (_, name, ident, size) in enumerate(sorted(found)):
+        for n, (mtime, name, ident, size, born) in enumerate(sorted(found)):
+            self._gaps.finished(born, mtime, size)
             if n >= MAX_ROTATED_FOLLOWED or (budget is not None and budget <= 0):
                 self._counts["rotated_unread"] += 1
                 self._counts[UNREAD_BYTES] += size
                 continue
-            read = self._read_rotated(os.path.join(folder, name), ident, size, budget)
+            read = self._read_rotated(os.path.join(folder, name), ident, born, size, budget)
             if budget is not None:
                 budget -= read
 
     def _read_rotated(
-        self, path: str, ident: tuple[int, int], size: int, budget: int | None
+        self,
+        path: str,
+        ident: tuple[int, int],
+        born: int | None,
+        size: int,
+        budget: int | None,
     ) -> int:
         """One rotated file, whole (at most ``budget`` bytes); returns the bytes read."""
         opened = open_log(path, Counter(), self._root)
@@ -371,7 +390,7 @@ class FileTail:
                 self._counts[UNREAD_BYTES] += size
                 return 0
             self._counts["rotated"] += 1
-            self._followed.append(ident)
+            self._followed.append((*ident, born))
             while budget is None or total < budget:
                 want = self._limits.chunk_bytes
                 data = os.read(opened, want if budget is None else min(want, budget - total))
@@ -379,6 +398,7 @@ class FileTail:
                     return total
                 total += len(data)
                 self._split.feed(data)
+                self._gaps.read(data)
             left = os.fstat(opened).st_size - total
             if left > 0:
                 self._counts["rotated_unread"] += 1
@@ -425,6 +445,7 @@ class FileTail:
                 self._counts["rotated"] += 1
                 old = self._ident
                 self._follow_rotated(old, self._finish_renamed(), (st.st_dev, st.st_ino))
+                self._gaps.started(birth_ns(fd=fd))
             self._mark = b""
             self._mark_digest = None
         self._fd = fd
@@ -548,9 +569,12 @@ class FileTail:
             self._counts["rotated"] += 1
             old, old_mtime = self._ident, 0
             try:
-                old_mtime = os.fstat(self._fd).st_mtime_ns
+                old_st = os.fstat(self._fd)
+                old_mtime = old_st.st_mtime_ns
+                self._gaps.finished(birth_ns(fd=self._fd), old_mtime, old_st.st_size)
             except OSError as exc:
                 self._counts[_classify(exc)] += 1
+                self._gaps.reset()
             self.close()
             self._offset, self._size, self._mark = 0, 0, b""  # the old file is done
             self._mark_digest = None
@@ -563,6 +587,8 @@ class FileTail:
                 # rotated again between the stat and the open: the file the path named at
                 # the stat (and any rotated after it) is read as rotated, before the new one
                 self._follow_rotated(old, old_mtime, self._ident)
+            if self._fd is not None:
+                self._gaps.started(birth_ns(fd=self._fd))
         return None
 
     def _read(self, budget: int | None, stop: Callable[[], bool] | None) -> tuple[int, bool]:
@@ -584,6 +610,7 @@ class FileTail:
             self._mark = (self._mark + data[-MARK_BYTES:])[-MARK_BYTES:]
             self._mark_digest = None
             self._split.feed(data)
+            self._gaps.read(data)
         if total:
             self.last_read_mtime = os.fstat(self._fd).st_mtime
         return total, False

@@ -99,7 +99,9 @@ ERRORS = MetricSpec(
     "pattern matching nothing), not_regular_file (a FIFO, socket, device or directory in "
     "place of a log), outside_root (a log whose real path leaves --path.pod-logs), "
     "pass_deadline (logs a pass had no time left for; first in the next pass), permission, "
-    "rotated (a log rotated, once per rotated file followed: not an error), rotated_unread "
+    "rotated (a log rotated, once per rotated file followed: not an error), rotated_missed "
+    "(rotated files deleted before they could be listed: once per gap found, estimated in "
+    "fabricscope_throughput_missed_bytes_total), rotated_unread "
     "(a rotated file found but not read: gone or unreadable by the time it was opened, or "
     "past a pass's byte bound; its size is in fabricscope_throughput_unread_bytes_total), "
     "symlink (a pod log that is a symbolic link: "
@@ -112,6 +114,19 @@ UNREAD = MetricSpec(
     "counter",
     "Bytes known to have been written to a log and never read: cut by a truncation before "
     "they were read, or left in a log whose pod went.",
+)
+MISSED = MetricSpec(
+    _P + "missed_bytes_total",
+    "counter",
+    "Bytes estimated to have been written to rotated logs deleted before the agent could "
+    "list them (a log rotated and pruned faster than it is read): the time between one "
+    "file's last write and the next file's birth, at the writer's rate over the files seen.",
+)
+MISSED_LINES = MetricSpec(
+    _P + "missed_lines_total",
+    "counter",
+    "Lines estimated to have been lost with those bytes (missed_bytes_total), at the mean "
+    "line length read from the same logs.",
 )
 
 SPECS: tuple[MetricSpec, ...] = (
@@ -126,6 +141,8 @@ SPECS: tuple[MetricSpec, ...] = (
     SOURCES,
     ERRORS,
     UNREAD,
+    MISSED,
+    MISSED_LINES,
     *nccl.SPECS,  # the same sampler reads NCCL's own lines (exporter/metrics/nccl.py)
 )
 
@@ -159,4 +176,6 @@ def render(snap: ThroughputSnapshot, out: Families) -> None:
     for reason in ERROR_REASONS:
         out.add(ERRORS, errors.get(reason, 0), reason)
     out.add(UNREAD, snap.unread_bytes_total)
+    out.add(MISSED, snap.missed_bytes_total)
+    out.add(MISSED_LINES, snap.missed_lines_total)
     nccl.render(snap.nccl, out)

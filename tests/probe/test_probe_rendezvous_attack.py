@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.probe.rendezvous import wire
 from agent.probe.rendezvous.client import propose
 from agent.probe.rendezvous.messages import Answer, Offer
 from agent.probe.rendezvous.server import RendezvousServer
@@ -61,7 +62,8 @@ def enough_fds() -> Iterator[None]:
 #: needs no secret: the connection gets its challenge and sits between hello and offer, as a
 #: real guest does for a moment)
 HELLO = frame(MSG_HELLO, b"n" * NONCE_BYTES + lp(b"attacker"))
-PAYLOADS = {"silent": "", "hello": HELLO.hex()}
+#: or the first 3 bytes of a frame (a partial frame: never completed, read byte by byte)
+PAYLOADS = {"silent": "", "hello": HELLO.hex(), "partial": HELLO[:3].hex()}
 
 
 @pytest.mark.parametrize("payload", sorted(PAYLOADS))
@@ -207,3 +209,70 @@ def test_a_guest_displaced_before_proving_the_secret_is_told_busy_and_asks_again
             10,
         )
         assert answer.reason == "gpu_busy"
+
+
+#: how long the slow guest takes between its challenge and its offer (a loaded node)
+SLOW = 0.3
+
+
+def test_a_slow_guest_that_proved_the_secret_is_never_displaced_by_secretless_hellos(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """100 addresses, each reconnecting one connection that sends a well-formed hello (so
+    each holds one connection, as the guest does: the ranking by connections per client
+    does not protect it), against a host with 8 slots, and a real guest that takes 0.3 s
+    between its challenge and its offer: once the guest has proved the secret, no
+    secretless newcomer displaces it, and every proposal is answered. On the old code the
+    guest, the oldest among equals, was displaced within its 0.3 s again and again: told
+    busy, it asked again until its 10 s ran out (1 or more of 10 proposals failed)."""
+    real_recv = wire.Channel.recv
+
+    def slow_after_challenge(self: wire.Channel, kind: int) -> bytes:
+        body = real_recv(self, kind)
+        if kind == MSG_CHALLENGE:
+            time.sleep(SLOW)
+        return body
+
+    def on_offer(offer: Offer, guest: str) -> Answer:
+        return Answer.decline(offer.probe_id, "gpu_busy")
+
+    with RendezvousServer("127.0.0.1", 0, SECRET, HOST_ID, on_offer, max_pending=8) as server:
+        offer = Offer("r1.first", "sendrecv", "gloo", (1024,), 5, 1)
+        # the guest proves the secret once, before the attack (a node probed before)
+        assert propose("127.0.0.1", server.port, SECRET, GUEST_ID, offer, 10).reason
+        attacks = []
+        for k in range(ATTACKERS):
+            cmd = [sys.executable, str(SLOWLORIS), "--port", str(server.port), "--silent"]
+            cmd += ["--payload", HELLO.hex(), "--idle", "1", "--trickle", "0"]
+            cmd += ["--duration", "60"]
+            for address in ADDRESSES[k::ATTACKERS]:
+                cmd += ["--source", address]
+            attacks.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+        monkeypatch.setattr(wire.Channel, "recv", slow_after_challenge)
+        outcomes: list[str] = []
+        try:
+            for attack in attacks:
+                assert attack.stdout is not None
+                assert attack.stdout.readline() == "ready\n", "the attack did not start"
+            for i in range(10):
+                offer = Offer(f"r1.g{i}", "sendrecv", "gloo", (1024,), 5, 1)
+                try:
+                    answer = propose(
+                        "127.0.0.1",
+                        server.port,
+                        SECRET,
+                        GUEST_ID,
+                        offer,
+                        RENDEZVOUS_TIMEOUT_SECONDS,
+                    )
+                    outcomes.append(f"answered {answer.reason}")
+                except Exception as exc:  # the outcome is what is asserted
+                    outcomes.append(f"{type(exc).__name__}: {exc}")
+            stats = server.stats()
+        finally:
+            for attack in attacks:
+                attack.kill()
+                attack.wait()
+    assert outcomes == ["answered gpu_busy"] * 10, outcomes
+    # the attack was on: newcomers were turned away or displaced each other
+    assert stats.refused("too_many_pending") > 100, stats

@@ -11,8 +11,9 @@ which asks ``on_offer`` and sends the answer.
 Limits, so that no number of silent, trickling or reconnecting clients keeps a real peer's
 offer from being answered:
 
-- every read waits at most ``step_timeout`` and the handshake (accept to offer) at most
-  ``handshake_timeout``; then the connection is closed (ERROR timeout);
+- every read waits at most ``step_timeout`` and the handshake (accept to offer: the
+  deadline for proving the secret) at most ``handshake_timeout`` (2 s; a real guest proves
+  it one round trip after its hello); then the connection is closed (ERROR timeout);
 - one client, an IPv4 address or an IPv6 /64 (:func:`agent.core.clientaddr.client_key`),
   holds at most ``max_pending_per_address`` connections; a further one gets ERROR busy at
   once (the guest asks again after a pause);
@@ -23,6 +24,12 @@ offer from being answered:
   is displaced only when every other connection has sent one too; a displaced connection
   is told ``busy``, as a newcomer turned away is, so a real guest asks again (within its
   timeout) rather than recording the host unreachable;
+- a client that has proved the secret (within the last ``PROVEN_SECONDS``; the latest
+  ``MAX_PROVEN`` clients remembered) is never displaced by a newcomer from a client that has
+  not: a newcomer that finds only such connections to displace is told ``busy``. Secretless
+  connections from any number of addresses, however well-formed their hellos and however
+  slowly the real guest answers its challenge, never cut a guest that has proved the secret
+  before (its first rendezvous is protected by the ranking above only);
 - the listen queue is the kernel's longest (``SOMAXCONN``), and a wake-up of the listener
   accepts up to 64 connections: clients reconnecting in a loop do not fill it, so a real
   guest's SYN is not dropped (a dropped SYN costs it 1 s, then 3 s, then 7 s).
@@ -39,6 +46,7 @@ import selectors
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -124,6 +132,10 @@ def _listen(bind: str, port: int) -> socket.socket:
 _HELLO, _OFFER, _ANSWERING = 0, 1, 2
 #: connections accepted per wake-up of the listener before other events get their turn
 _ACCEPT_BATCH = 64
+#: how long a client that proved the secret stays protected from secretless newcomers
+PROVEN_SECONDS = 600.0
+#: clients remembered as having proved the secret (the least recent forgotten first)
+MAX_PROVEN = 4096
 
 
 @dataclass(slots=True, eq=False)
@@ -169,7 +181,7 @@ class RendezvousServer:
         max_pending: int = 64,
         max_pending_per_address: int = 2,
         step_timeout: float = 5.0,
-        handshake_timeout: float = 3.0,
+        handshake_timeout: float = 2.0,
     ) -> None:
         check_secret(secret)
         wire.check_node_id(node_id)
@@ -197,6 +209,8 @@ class RendezvousServer:
         self._answering: dict[socket.socket, _Conn] = {}
         #: connections per client, both kinds together
         self._per_address: dict[str, int] = {}
+        #: clients that proved the secret, and when last (least recent first)
+        self._proven: OrderedDict[str, float] = OrderedDict()
         self._closed = False
         self._listener = _listen(bind, port)
         self.port: int = self._listener.getsockname()[1]
@@ -290,7 +304,7 @@ class RendezvousServer:
             victim: _Conn | None = None
             admitted = self._per_address.get(address, 0) < self._max_per_address
             if admitted and len(self._pending) + len(self._answering) >= self._max_pending:
-                victim = self._victim()
+                victim = self._victim(self._has_proven(address, now))
                 admitted = victim is not None
             if admitted:
                 self._pending[sock] = conn
@@ -309,15 +323,28 @@ class RendezvousServer:
         sock.setblocking(False)
         self._sel.register(sock, selectors.EVENT_READ, conn)
 
-    def _victim(self) -> _Conn | None:
+    def _has_proven(self, address: str, now: float) -> bool:
+        """Under the lock: the client proved the secret within ``PROVEN_SECONDS``."""
+        when = self._proven.get(address)
+        return when is not None and now - when < PROVEN_SECONDS
+
+    def _victim(self, newcomer_proven: bool) -> _Conn | None:
         """Under the lock: the connection a newcomer displaces (module doc), or None.
+        A newcomer from a client that has not proved the secret never displaces a connection
+        from one that has.
 
         A connection whose hello is already in its receive buffer counts as having sent one:
         within one batch of accepts the selector has not read it yet, and displacing it then
         would cut a real guest for a silent newcomer (seen under a reconnecting flood)."""
         counts = self._per_address
+        now = time.monotonic()
         ranked = sorted(
-            self._pending.values(), key=lambda c: (c.stage, -counts[c.address], c.opened)
+            (
+                c
+                for c in self._pending.values()
+                if newcomer_proven or not self._has_proven(c.address, now)
+            ),
+            key=lambda c: (c.stage, -counts[c.address], c.opened),
         )
         for conn in ranked:
             if conn.stage != _HELLO or not _has_bytes_waiting(conn.sock):
@@ -394,6 +421,10 @@ class RendezvousServer:
         with self._lock:
             del self._pending[conn.sock]
             self._answering[conn.sock] = conn
+            self._proven[conn.address] = time.monotonic()
+            self._proven.move_to_end(conn.address)
+            while len(self._proven) > MAX_PROVEN:
+                self._proven.popitem(last=False)
         conn.thread.start()
 
     def _expire(self, now: float) -> None:
