@@ -7,7 +7,8 @@ The fault: node-01's rail mlx5_4 goes DOWN (state ``1: DOWN``, phys_state ``2: P
 ``link_downed`` +1) and stays down, then comes back. The webhook must receive
 ``FabricscopeInfinibandPortDown`` for exactly that port (its ``for: 5m`` shortened to 2 s in
 the test's copy of the rules, the one change made to them) and
-``FabricscopeInfinibandLinkDowned`` (as shipped: no ``for``), then the resolved
+``FabricscopeInfinibandLinkFlapped`` (as shipped: no ``for``; one flap is info, a second
+within the hour would be ``FabricscopeInfinibandLinkDowned``), then the resolved
 PortDown once the link is back; no other node or port alerts.
 
 Then two faults at once over 170 s, a port DOWN and a port retrained at 1X, which
@@ -75,8 +76,9 @@ def test_a_port_going_down_reaches_the_webhook_and_resolves(tmp_path: Path) -> N
         assert annotations["summary"] == f"RDMA port {DEVICE}/1 on {NODE} is down."
         assert annotations["runbook_url"].endswith("#fabricscopeinfinibandportdown")
         downed = lab.webhook.wait_for(
-            is_("FabricscopeInfinibandLinkDowned", "firing"), timeout=15, what="LinkDowned"
+            is_("FabricscopeInfinibandLinkFlapped", "firing"), timeout=15, what="LinkFlapped"
         )
+        assert _labels(downed)["severity"] == "info"
         assert (_labels(downed)["instance"], _labels(downed)["device"]) == (NODE, DEVICE)
 
         lab.bring_up(NODE, DEVICE)
@@ -225,7 +227,7 @@ def test_two_faults_at_once_reach_the_webhook_and_explain(tmp_path: Path) -> Non
                 _labels(a).get("device"),
                 _labels(a).get("pci_bus_id"),
             )
-            # the DOWN port's LinkDowned (no ``for``), the slow port, the slow NIC
+            # the DOWN port's PortDown and LinkFlapped (no ``for``), the slow port, the slow NIC
             assert got in (
                 (NODE, DEVICE, None),
                 ("node-02", "mlx5_5", None),

@@ -206,10 +206,16 @@ def _values(prom: Prometheus, expr: str) -> dict[tuple[str, str], float]:
 _OWN_ERRORS = "fabricscope_sampler_(?:read_)?errors_total"
 
 
-def _series(prom: Prometheus) -> dict[str, int]:
-    """How many series each node has, its own error counters aside."""
+def _series(prom: Prometheus) -> dict[str, set[str]]:
+    """Each node's series (name and labels) in its latest scrape, its own error counters
+    aside: the same identities before and after a restart, not only as many."""
     sel = f'{{job="fabricscope",__name__!~"{_OWN_ERRORS}"}}'
-    return {s.labels["instance"]: int(s.value) for s in prom.query(f"count by (instance) ({sel})")}
+    out: dict[str, set[str]] = {}
+    for s in prom.query(sel):
+        labels = dict(s.labels)
+        instance = labels.pop("instance")
+        out.setdefault(instance, set()).add(",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    return out
 
 
 def _scraped_since(prom: Prometheus, t: float) -> None:
@@ -296,7 +302,14 @@ def test_rolling_and_fleet_wide_restarts_fire_nothing_and_count_every_error_once
             assert n.added <= inc[n.name] < n.added * 1.2, (n.name, inc[n.name])
 
         # the same series on every node
-        assert _series(prom) == series_before
+        after = _series(prom)
+        assert set(after) == set(series_before)
+        for node, identities in after.items():
+            assert identities == series_before[node], (
+                node,
+                sorted(identities - series_before[node]),
+                sorted(series_before[node] - identities),
+            )
 
         # nothing fired; nothing but a missed scrape's AgentDown even turned pending
         fired = _at(prom, f'count_over_time(ALERTS{{alertstate="firing"}}[{window}])', t2)

@@ -161,9 +161,10 @@ def test_one_info_line_per_sampler_at_start_and_recovered_only_after_a_failure(
         for r in caplog.records
         if r.levelname == "INFO" and r.getMessage().startswith(mine)
     ]
-    assert first == [
-        "sampler quiet: nothing to sample: no such hardware",
+    # the samplers run side by side: their lines come in either order, each once
+    assert sorted(first) == [
         "sampler flaky: nothing found",
+        "sampler quiet: nothing to sample: no such hardware",
     ]
     caplog.clear()
     for _ in range(3):
