@@ -31,10 +31,11 @@ def shipped_alerts() -> dict[str, str]:
                 else:
                     records[rule["record"]] = rule["expr"]
     for _ in range(4):  # recording rules read by recording rules, a few deep at most
-        for name, expr in out.items():
+        for name, alert_expr in out.items():
+            written_out = alert_expr
             for record, body in records.items():
-                expr = expr.replace(record, f"({body})")
-            out[name] = expr
+                written_out = written_out.replace(record, f"({body})")
+            out[name] = written_out
     return out
 
 
