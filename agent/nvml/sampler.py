@@ -577,15 +577,21 @@ class _GpuPass:
 
 
 def isolated_sampler(
-    settings: Mapping[str, Setting], timeout_seconds: float, *, one_shot: bool = False
+    settings: Mapping[str, Setting],
+    timeout_seconds: float,
+    *,
+    one_shot: bool = False,
+    memory_limit: int | None = None,
 ) -> IsolatedSampler:
     """The live NVML sampler (:func:`child_sampler` with ``settings``) in a supervised child
-    process (:mod:`agent.core.isolation`): the agent's, and ``topo``'s (``one_shot``)."""
+    process (:mod:`agent.core.isolation`): the agent's, and ``topo``'s (``one_shot``);
+    ``memory_limit``: the pod's, of which the child's memory ceiling is a share."""
     return IsolatedSampler(
         "nvml",
         ChildSpec("agent.nvml.sampler:child_sampler", settings),
         timeout_seconds=timeout_seconds,
         one_shot=one_shot,
+        memory_limit=memory_limit,
     )
 
 

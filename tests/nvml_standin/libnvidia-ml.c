@@ -7,8 +7,11 @@
  *
  * The misbehaviour: every nvmlDeviceGetCount_v2 (once per sampling pass) reads the file named
  * by $FABRICSCOPE_STANDIN_TRIGGER; "segv" dereferences NULL (a real SIGSEGV), "abort" calls
- * abort() (SIGABRT), "hang" blocks until the file says something else. The real NVML's
- * crashes in issue 13 were a segfault and glibc's abort on a corrupted heap.
+ * abort() (SIGABRT), "hang" blocks until the file says something else, "leak" allocates and
+ * writes LEAK_BLOCKS blocks of LEAK_BLOCK bytes a call, keeping them, until LEAK_MAX in all
+ * (when malloc fails the call answers NVML_ERROR_MEMORY, as NVML does when it cannot
+ * allocate). The
+ * real NVML's crashes in issue 13 were a segfault and glibc's abort on a corrupted heap.
  *
  * Build: gcc -shared -fPIC -o libnvidia-ml.so.1 libnvidia-ml.c
  */
@@ -20,6 +23,10 @@
 #define NVML_SUCCESS 0
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_MEMORY 20
+#define LEAK_BLOCK (8u << 20)
+#define LEAK_BLOCKS 8
+#define LEAK_MAX (400u << 20)
 
 typedef void *nvmlDevice_t;
 static int the_device; /* its address is the one device handle */
@@ -36,9 +43,23 @@ static void trigger_word(char *word, size_t size) {
     while (n > 0 && (word[n - 1] == '\n' || word[n - 1] == ' ')) word[--n] = '\0';
 }
 
-static void misbehave(void) {
+static size_t leaked;
+
+/* NVML_SUCCESS, or NVML_ERROR_MEMORY once malloc failed */
+static int leak(void) {
+    for (int i = 0; i < LEAK_BLOCKS && leaked < LEAK_MAX; i++) {
+        char *block = malloc(LEAK_BLOCK);
+        if (block == NULL) return NVML_ERROR_MEMORY;
+        memset(block, 0x5a, LEAK_BLOCK); /* resident, not only reserved */
+        leaked += LEAK_BLOCK;
+    }
+    return NVML_SUCCESS;
+}
+
+static int misbehave(void) {
     char word[32];
     trigger_word(word, sizeof word);
+    if (strcmp(word, "leak") == 0) return leak();
     if (strcmp(word, "segv") == 0) {
         volatile int *nowhere = NULL;
         *nowhere = 1;
@@ -49,6 +70,7 @@ static void misbehave(void) {
         usleep(10000);
         trigger_word(word, sizeof word);
     }
+    return NVML_SUCCESS;
 }
 
 static int copy_text(char *out, unsigned int length, const char *text) {
@@ -69,6 +91,7 @@ const char *nvmlErrorString(int result) {
     case 3: return "Not Supported";
     case 7: return "Insufficient Size";
     case 13: return "Function Not Found";
+    case 20: return "Insufficient Memory";
     default: return "Unknown Error";
     }
 }
@@ -82,7 +105,8 @@ int nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
 }
 
 int nvmlDeviceGetCount_v2(unsigned int *count) {
-    misbehave();
+    int failed = misbehave();
+    if (failed != NVML_SUCCESS) return failed;
     if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *count = 1;
     return NVML_SUCCESS;
