@@ -62,6 +62,7 @@ from agent.kubernetes.podresources import (
     SocketAbsent,
 )
 from agent.kubernetes.podwatch import PodIndex, PodWatcher, WatchSettings, default_api_client
+from agent.nvml.mig import MigDevice
 from agent.nvml.snapshot import NvmlGpu, NvmlSnapshot
 
 if TYPE_CHECKING:
@@ -185,6 +186,7 @@ class ErrorCounts:
 
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _INDEX = re.compile(r"^(\d+)(?::\d+)?$")  # device-id-strategy=index: "3", MIG "3:1"
+_MIG_INDEX = re.compile(r"^(\d{1,4}):(\d{1,4})$")
 #: resource-name prefixes of the SR-IOV / RDMA device plugins' usual resource pools
 RDMA_RESOURCE_PREFIXES = ("rdma/", "openshift.io/", "intel.com/", "mellanox.com/")
 
@@ -224,9 +226,10 @@ def resolve_gpu(device_id: str, nvml: NvmlSnapshot | None) -> tuple[str, NvmlGpu
     """(uuid, NVML GPU) for one ``nvidia.com`` device id.
 
     ``GPU-<uuid>`` is looked up by UUID; ``MIG-GPU-<uuid>/<gi>/<ci>`` (drivers before R470)
-    names its parent; ``MIG-<uuid>`` (R470 on) does not, so its GPU stays None; ``3`` or
-    ``3:1`` (device-id-strategy=index) is looked up by index and reports the GPU's UUID;
-    time-slicing's ``<id>::<replica>`` is the device ``<id>``.
+    names its parent; ``MIG-<uuid>`` (R470 on) does not, and is looked up among the MIG
+    devices NVML enumerated (:mod:`agent.nvml.mig`) for its parent (None when NVML knows no
+    such MIG device); ``3`` or ``3:1`` (device-id-strategy=index) is looked up by index and
+    reports the GPU's UUID; time-slicing's ``<id>::<replica>`` is the device ``<id>``.
     """
     raw = device_id.split("::", 1)[0]
     gpus = nvml.gpus if nvml is not None else ()
@@ -235,6 +238,9 @@ def resolve_gpu(device_id: str, nvml: NvmlSnapshot | None) -> tuple[str, NvmlGpu
         return raw, by_uuid.get(raw.lower())
     if raw.startswith("MIG-GPU-"):
         return raw, by_uuid.get(raw[len("MIG-") :].split("/", 1)[0].lower())
+    if raw.startswith("MIG-"):
+        mig = _mig_device(raw, nvml)
+        return raw, next((g for g in gpus if mig is not None and g.index == mig.gpu), None)
     m = _INDEX.match(raw)
     if m:
         index = int(m.group(1))
@@ -331,7 +337,7 @@ def attribute_allocations(
                                 g.index if g is not None else None,
                                 g.pci_bus_id if g is not None else None,
                                 "podresources",
-                                mig=_mig_label(uuid) if mig else "",
+                                mig=_mig_label(uuid, nvml) if mig else "",
                             )
                         ] = None
                     continue
@@ -346,14 +352,28 @@ def attribute_allocations(
     return list(gpus), list(rdma), cpus
 
 
-def _mig_label(device_id: str) -> str:
-    """The ``mig`` of a device plugin's MIG id: ``gi/ci`` from ``MIG-GPU-<uuid>/<gi>/<ci>``
-    or index ``3:1``; ``unknown`` for ``MIG-<uuid>`` (which names no instance)."""
+def _mig_device(uuid: str, nvml: NvmlSnapshot | None) -> MigDevice | None:
+    """The MIG device NVML enumerated under ``uuid`` (case-insensitive), or None."""
+    want = uuid.lower()
+    devices = nvml.mig_devices if nvml is not None else ()
+    return next((d for d in devices if d.uuid.lower() == want), None)
+
+
+def _mig_label(device_id: str, nvml: NvmlSnapshot | None) -> str:
+    """The ``mig`` of a device plugin's MIG id: ``gi/ci`` from ``MIG-GPU-<uuid>/<gi>/<ci>``,
+    from NVML's MIG device for ``MIG-<uuid>``, or index ``3:1``; else ``unknown``."""
     if device_id.startswith("MIG-GPU-"):
         parts = device_id.split("/")
         if len(parts) == 3:
             return f"gi{parts[1]}/ci{parts[2]}"
-    return "unknown"
+    mig = _mig_device(device_id, nvml) if device_id.startswith("MIG-") else None
+    slot = _MIG_INDEX.match(device_id)
+    if slot is not None and nvml is not None:
+        # device-id-strategy=index: "<GPU index>:<MIG device slot>", the slot NVML's
+        # nvmlDeviceGetMigDeviceHandleByIndex is asked with
+        gpu, n = int(slot.group(1)), int(slot.group(2))
+        mig = next((d for d in nvml.mig_devices if d.gpu == gpu and d.slot == n), None)
+    return mig.instance if mig is not None else "unknown"
 
 
 # --- the sampler --------------------------------------------------------------------------
