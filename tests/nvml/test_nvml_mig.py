@@ -6,6 +6,7 @@ exported series, and the device plugin's ``MIG-<uuid>`` attributed to its parent
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections.abc import Iterator
 
@@ -21,7 +22,7 @@ from agent.nvml.sampler import NvmlSampler
 from agent.nvml.snapshot import NvmlSnapshot
 from exporter.metrics import nvml as metrics
 from exporter.metrics.spec import Families
-from tests.nvml.mig_transcripts import transcript_recording
+from tests.nvml.mig_transcripts import MIG_FIXTURES, transcript_recording
 from tests.nvml.test_nvml import fake_pynvml, raising
 from tests.nvml.test_nvml_fixtures import h200x2_recording
 
@@ -158,12 +159,24 @@ def test_a_recording_without_mig_answers_replays_as_gpus_without_mig(
     assert (snap.mig_modes, snap.mig_devices, snap.issues) == ((), (), ())
 
 
+def h200_mig_off_answers() -> dict[str, JsonValue]:
+    """The MIG answers the lent H200 gave with MIG off (tests/fixtures/nvml-mig)."""
+    text = (MIG_FIXTURES / "h200-mig-off.txt").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("NVML MIG answers: "))
+    answers = json.loads(line.removeprefix("NVML MIG answers: "))
+    assert isinstance(answers, dict)
+    return answers
+
+
 def test_mig_disabled_is_a_mode_and_no_enumeration(samplers: list[NvmlSampler]) -> None:
-    """What an H200 with MIG off answers: mode (0, 0); the slots are never asked (strict
-    replay: a question the recording lacks would fail)."""
+    """What the lent H200 answered with MIG off, mode (0, 0), on both GPUs of the H200 x2
+    recording: the slots are never asked (strict replay: a question the recording lacks
+    would fail)."""
+    off = h200_mig_off_answers()
+    assert off == {"nvmlDeviceGetMigMode(0)": {"value": [0, 0]}}
     rec = h200x2_recording()
     for gpu in (0, 1):
-        calls(rec)[call_key("nvmlDeviceGetMigMode", gpu)] = {"value": [0, 0]}
+        calls(rec)[call_key("nvmlDeviceGetMigMode", gpu)] = off["nvmlDeviceGetMigMode(0)"]
     snap = sample(rec, samplers, strict=True)
     assert snap.mig_modes == (MigMode(0, False, False), MigMode(1, False, False))
     assert (snap.mig_devices, snap.issues) == ((), ())
@@ -198,6 +211,14 @@ def test_mig_mode_with_no_instance(samplers: list[NvmlSampler]) -> None:
     assert snap.mig_modes == (MigMode(0, True, True),)
     assert (snap.mig_devices, snap.issues) == ((), ())
     assert series(snap, "fabricscope_gpu_mig_enabled") == [{"gpu": "0"}]
+
+
+def test_zero_slots_is_no_device(samplers: list[NvmlSampler]) -> None:
+    """The H200 with MIG off answered 0 slots; a GPU in MIG mode saying so has no device."""
+    rec = transcript_recording(GO_NVML_60)
+    calls(rec)[call_key("nvmlDeviceGetMaxMigDeviceCount", 0)] = {"value": 0}
+    snap = sample(rec, samplers)
+    assert (snap.mig_devices, snap.issues) == ((), ())
 
 
 def test_a_huge_slot_count_is_bounded(samplers: list[NvmlSampler]) -> None:
