@@ -53,7 +53,12 @@ from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
 from agent.infiniband.records import InfinibandSnapshot
 from agent.kubernetes.allocation import GpuAllocation
 from agent.kubernetes.cgroup import PodContainer, pod_container
-from agent.kubernetes.claims import HostView, claim_devices, resolve_claim_device
+from agent.kubernetes.claims import (
+    HostView,
+    claim_devices,
+    claimed_imex_channels,
+    resolve_claim_device,
+)
 from agent.kubernetes.podresources import (
     DEFAULT_SOCKET,
     KubeletUnavailable,
@@ -127,6 +132,19 @@ class RdmaAttribution:
     pf_device: str | None = None
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class ImexChannelAttribution:
+    """An IMEX channel a container holds through a ComputeDomain claim (NVIDIA's DRA
+    driver, ``compute-domain.nvidia.com``): the container is in a multi-node NVLink domain.
+    No GPU: the pod's GPUs come with its other claims (or a device plugin)."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: str
+    channel: int
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerCpus:
     """The exclusive CPUs of a container (static CPU manager policy)."""
@@ -144,6 +162,7 @@ class AttributionSnapshot:
     gpus: tuple[GpuAttribution, ...] = ()
     rdma: tuple[RdmaAttribution, ...] = ()
     cpus: tuple[ContainerCpus, ...] = ()
+    imex_channels: tuple[ImexChannelAttribution, ...] = ()
     #: (method, worked this pass) for every method in :data:`METHODS`
     methods_up: tuple[tuple[str, bool], ...] = tuple((m, False) for m in METHODS)
     #: (reason, count since the agent started) for every reason in :data:`ERROR_REASONS`
@@ -352,6 +371,24 @@ def attribute_allocations(
     return list(gpus), list(rdma), cpus
 
 
+def attribute_imex_channels(
+    pods: Iterable[PodAllocation], host: HostView | None = None
+) -> list[ImexChannelAttribution]:
+    """The IMEX channels containers hold through ComputeDomain claims (pure but for
+    ``host``'s CDI specs); one per (container, claim, channel)."""
+    host = host or HostView()
+    out: dict[ImexChannelAttribution, None] = {}
+    for p in pods:
+        for c in p.containers:
+            for claim in c.claims:
+                for cd in claim.devices:
+                    for ch in claimed_imex_channels(cd, host):
+                        out[ImexChannelAttribution(p.namespace, p.name, c.name, claim.name, ch)] = (
+                            None
+                        )
+    return sorted(out)
+
+
 def _mig_device(uuid: str, nvml: NvmlSnapshot | None) -> MigDevice | None:
     """The MIG device NVML enumerated under ``uuid`` (case-insensitive), or None."""
     want = uuid.lower()
@@ -472,6 +509,7 @@ class AttributionSampler:
         gpus: list[GpuAttribution] = []
         rdma: list[RdmaAttribution] = []
         cpus: list[ContainerCpus] = []
+        channels: list[ImexChannelAttribution] = []
         if allocations is not None:
             sys_issues = Issues(self._sysfs) if self._sysfs is not None else None
             host = self._host_view(issues, sys_issues) if claim_devices(allocations) else None
@@ -481,6 +519,7 @@ class AttributionSampler:
                 else (lambda _pci: None)
             )
             gpus, rdma, cpus = attribute_allocations(allocations, nvml, ib, host, physfn)
+            channels = attribute_imex_channels(allocations, host) if host is not None else []
             if sys_issues is not None:
                 issues.items.extend(sys_issues.items)
             if ib is None and rdma_waiting:
@@ -507,6 +546,7 @@ class AttributionSampler:
             gpus=tuple(sorted(gpus, key=_gpu_sort)),
             rdma=tuple(sorted(rdma, key=_rdma_sort)),
             cpus=tuple(sorted(cpus, key=lambda c: (c.namespace, c.pod, c.container))),
+            imex_channels=tuple(channels),
             methods_up=tuple((m, up[m]) for m in METHODS),
             errors_total=self.errors.totals(),
             issues=issues.freeze(),

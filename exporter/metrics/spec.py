@@ -91,6 +91,7 @@ LABELS: dict[str, str] = {
     "a device plugin's",
     "mig": "which MIG slice of the GPU (gi<n>/ci<n>, gi<n> where NVML gave no compute instance, "
     "the DRA driver's mig-<profile>-... name, or unknown); empty for a whole GPU",
+    "channel": "an IMEX channel's number (/dev/nvidia-caps-imex-channels/channel<n>)",
     "pf_device": "the RDMA device of the SR-IOV physical function a virtual function rides on",
     "pf_pci_bus_id": "PCI address of the SR-IOV physical function a virtual function rides on",
     "cpus": "CPU list in kernel list format (0-31,64-95)",
