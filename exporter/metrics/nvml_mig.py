@@ -19,7 +19,7 @@ MIG_PENDING = MetricSpec(
     "The MIG mode the GPU will be in after its next reset (1 enabled, 0 disabled); differs "
     "from fabricscope_gpu_mig_enabled while a mode change waits for that reset.",
     ("gpu",),
-    detail="default",
+    detail="full",
 )
 MIG_DEVICE_INFO = MetricSpec(
     "fabricscope_gpu_mig_device_info",
