@@ -5,7 +5,8 @@ Every NVML call goes through the adapter in :mod:`agent.nvml.api` (:class:`NvmlA
 tests replay recorded answers (:mod:`agent.nvml.record`) instead of mocking calls. The
 records a pass returns (:class:`NvmlSnapshot` and its parts) are in :mod:`agent.nvml.snapshot`;
 findings are in :mod:`agent.nvml.findings`; a pass's error policy and batched field values
-are in :mod:`agent.nvml.sweep`, the XID event watch in :mod:`agent.nvml.xid`.
+are in :mod:`agent.nvml.sweep`, the XID event watch in :mod:`agent.nvml.xid`, the MIG devices
+(read after the GPUs, every pass) in :mod:`agent.nvml.mig`.
 
 What is exported and what is not
     Only what the hardware answers. ``NOT_SUPPORTED`` and ``FUNCTION_NOT_FOUND`` (an older
@@ -78,6 +79,7 @@ from agent.nvml.api import (
     NvmlCallError,
     open_api,
 )
+from agent.nvml.mig import read_mig
 from agent.nvml.snapshot import (
     ComputeProcess,
     NvLink,
@@ -257,6 +259,7 @@ class NvmlSampler:
         with self._lock:
             if k > self._state.pass_index:  # a hung pass returning late keeps nothing
                 self._state = State(node, caches, k)
+        mig_modes, mig_devices = read_mig(api, p, ((g.index, g.uuid) for g in gpus if not g.lost))
         if self._watch_xid and self._xid is None:
             self._xid = XidEvents(api)
             self._xid.open(range(count))
@@ -269,6 +272,8 @@ class NvmlSampler:
             xid_registrations=self._xid.registrations if self._xid else (),
             xid_errors=self._xid.counts() if self._xid else (),
             issues=tuple(p.issues),
+            mig_modes=mig_modes,
+            mig_devices=mig_devices,
         )
 
     def poll_xid(self, wait_ms: int = 0) -> int:

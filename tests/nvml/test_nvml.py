@@ -655,6 +655,7 @@ PER_CALL_FIRST = {
     "nvmlDeviceGetNvLinkRemotePciInfo": 18,
     "nvmlDeviceGetNvLinkRemoteDeviceType": 18,
     "nvmlDeviceGetNvLinkErrorCounter": 90,  # 18 links x 5 counters: the first pass reads all
+    "nvmlDeviceGetMigMode": 1,  # every pass (the recording has none: a GPU without MIG)
 }
 PER_CALL_STEADY = {
     "nvmlDeviceGetNvLinkState": 18,
@@ -666,6 +667,7 @@ PER_CALL_STEADY = {
     "nvmlDeviceGetCurrentClocksEventReasons": 1,
     "nvmlDeviceGetComputeRunningProcesses": 1,
     "nvmlDeviceGetNvLinkErrorCounter": 6 * 3 + 2 * 2,  # 18/3 links x 3, 18/9 links x 2
+    "nvmlDeviceGetMigMode": 1,
 }
 BATCHED_FIRST = {
     k: v
@@ -685,6 +687,7 @@ BATCHED_STEADY = {
     "nvmlDeviceGetCurrentClocksEventReasons": 1,
     "nvmlDeviceGetComputeRunningProcesses": 1,
     "nvmlDeviceGetNvLinkErrorCounter": 2 * 2,
+    "nvmlDeviceGetMigMode": 1,
 }
 NODE_FIRST = {
     "nvmlInit": 1,
@@ -715,18 +718,19 @@ def test_calls_per_pass_drop_after_the_first(
 ) -> None:
     """Before caching and rotation every pass made 430 calls on this node (the recording's
     answers, less init, shutdown and XID registration). Now the first pass reads everything
-    (per-call: 397 calls; batched: 281) and later passes only what can change (97; 55)."""
+    (per-call: 399 calls; batched: 283) and later passes only what can change (99; 57), MIG
+    mode included (one call per GPU and pass: a GPU re-partitioned shows at once)."""
     rec = h200x2_recording()
     run = Passes(rec if variant == "per-call" else with_field_values(rec), replay_sampler)
     _, calls, _ = run.run()
     assert calls == per_node(first, NODE_FIRST)
-    assert sum(calls.values()) == (397 if variant == "per-call" else 281)
+    assert sum(calls.values()) == (399 if variant == "per-call" else 283)
     for _ in range(2 * run.sampler.slow_error_rotation):
         run.api.fields_read.clear()
         _, calls, _ = run.run()
         assert calls == per_node(steady, {"nvmlDeviceGetCount": 1})
         assert sum(run.api.fields_read.values()) == fields_steady
-    assert sum(calls.values()) == (97 if variant == "per-call" else 55)
+    assert sum(calls.values()) == (99 if variant == "per-call" else 57)
 
 
 def test_rotation_reads_every_link_once_per_rotation(
