@@ -18,7 +18,13 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from agent.kubernetes.attribution import attribute_allocations, resolve_gpu
+from agent.kubernetes.allocation import GpuAllocation
+from agent.kubernetes.attribution import (
+    AttributionSnapshot,
+    attribute_allocations,
+    gpu_allocation,
+    resolve_gpu,
+)
 from agent.kubernetes.podresources import ContainerAllocation, DeviceAllocation, PodAllocation
 from agent.nvml.api import ERROR_CODES, LiveNvml, NvmlCallError
 from agent.nvml.mig import MAX_MIG_DEVICES, MigDevice, MigMode, parse_profile
@@ -134,6 +140,9 @@ def test_a_device_plugin_mig_uuid_lands_on_its_parent_gpu_telegraf_5812(
     # no GPU instance id in the thread: the slice is there, which one is unknown
     assert by_pod["tiny-0"].mig == "unknown"
     assert (by_pod["big-0"].gpu, by_pod["big-0"].mig) == (1, "")
+    # the probe: GPU 0 (sliced) and GPU 1 are taken, GPUs 2 and 3 free, nothing unknown
+    taken = gpu_allocation(AttributionSnapshot(gpus=tuple(gpus)))
+    assert taken == GpuAllocation(frozenset({0, 1}))
 
 
 def test_attribution_names_the_slice_and_index_ids_resolve(samplers: list[NvmlSampler]) -> None:
