@@ -33,6 +33,7 @@ from agent.nvml.snapshot import NvLink, NvLinkErrorCounts, NvmlGpu, NvmlSnapshot
 from agent.nvml.topology import nvlink_matrix
 from exporter.metrics import nvml as metrics
 from exporter.metrics.spec import Detail, Families
+from tests.nvml.mig_transcripts import transcript_recording
 from tests.nvml.test_nvml_fixtures import (
     Recording,
     RecordingBuilder,
@@ -1236,6 +1237,11 @@ def test_every_spec_is_rendered_by_some_fixture(
     seen |= {"fabricscope_nvlink_remote_info", "fabricscope_gpu_pcie_link_generation_degraded"}
     # the 4x H100 recording (NVSwitch) answers the NVLink traffic fields the H200's predates
     seen |= {name for name, _ in rendered(sample(load(H100X4), replay_sampler))}
+    # MIG: an A100 in MIG mode (tests/nvml/test_nvml_mig.py)
+    mig = transcript_recording("a100-pcie-40gb.go-nvml-60.txt")
+    mig_sampler = NvmlSampler(lambda: ReplayNvml(mig, strict=False), watch_xid=False)
+    replay_sampler.append(mig_sampler)
+    seen |= {name for name, _ in rendered(mig_sampler.sample())}
     assert {s.name for s in metrics.SPECS} == seen
     assert len({s.name for s in metrics.SPECS}) == len(metrics.SPECS)
 

@@ -7,13 +7,24 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pynvml
 import pytest
 
-from agent.kubernetes.attribution import attribute_allocations, resolve_gpu
+from agent.kubernetes.allocation import GpuAllocation
+from agent.kubernetes.attribution import (
+    AttributionSnapshot,
+    attribute_allocations,
+    gpu_allocation,
+    resolve_gpu,
+)
 from agent.kubernetes.podresources import ContainerAllocation, DeviceAllocation, PodAllocation
 from agent.nvml.api import ERROR_CODES, LiveNvml, NvmlCallError
 from agent.nvml.mig import MAX_MIG_DEVICES, MigDevice, MigMode, parse_profile
@@ -129,6 +140,9 @@ def test_a_device_plugin_mig_uuid_lands_on_its_parent_gpu_telegraf_5812(
     # no GPU instance id in the thread: the slice is there, which one is unknown
     assert by_pod["tiny-0"].mig == "unknown"
     assert (by_pod["big-0"].gpu, by_pod["big-0"].mig) == (1, "")
+    # the probe: GPU 0 (sliced) and GPU 1 are taken, GPUs 2 and 3 free, nothing unknown
+    taken = gpu_allocation(AttributionSnapshot(gpus=tuple(gpus)))
+    assert taken == GpuAllocation(frozenset({0, 1}))
 
 
 def test_attribution_names_the_slice_and_index_ids_resolve(samplers: list[NvmlSampler]) -> None:
@@ -363,3 +377,85 @@ def test_recording_a_mig_node_replays_it_strictly(samplers: list[NvmlSampler]) -
         None,
         "3g.20gb",
     )
+
+
+# -- through the real pynvml, against the stand-in library ------------------------------------
+
+STANDIN_SOURCE = Path(__file__).resolve().parents[1] / "nvml_standin" / "libnvidia-ml.c"
+_LIVE_PASS = """
+import json
+from agent.nvml.sampler import NvmlSampler
+s = NvmlSampler(watch_xid=False)
+snap = s.sample()
+s.close()
+print(json.dumps({
+    "gpu": [snap.gpus[0].uuid, snap.gpus[0].name],
+    "modes": [[m.gpu, m.enabled, m.pending] for m in snap.mig_modes],
+    "devices": [[d.gpu, d.slot, d.uuid, d.parent_uuid, d.gpu_instance, d.compute_instance,
+                 d.profile] for d in snap.mig_devices],
+    "issues": [[i.path, i.reason] for i in snap.issues],
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def standin_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/nvml_standin's libnvidia-ml.so.1, built for this module."""
+    gcc = shutil.which("gcc")
+    assert gcc, "gcc is needed to build the stand-in NVML library (scripts/test.sh installs it)"
+    libdir = tmp_path_factory.mktemp("nvml-standin-mig")
+    out = str(libdir / "libnvidia-ml.so.1")
+    cmd = [gcc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", out, str(STANDIN_SOURCE)]
+    subprocess.run(cmd, check=True, timeout=120)
+    return libdir
+
+
+def live_pass(libdir: Path, mig: str) -> dict[str, object]:
+    """One NvmlSampler pass over the real pynvml, which loads the stand-in library as it
+    loads NVIDIA's (a process of its own: the loader reads LD_LIBRARY_PATH at start)."""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(libdir), FABRICSCOPE_STANDIN_MIG=mig)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LIVE_PASS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    answer = json.loads(proc.stdout)
+    assert isinstance(answer, dict)
+    return answer
+
+
+def test_the_live_adapter_enumerates_the_stand_ins_mig_devices(standin_lib: Path) -> None:
+    """pynvml's own ctypes calls (nvmlDeviceGetMigMode, ...MaxMigDeviceCount,
+    ...MigDeviceHandleByIndex, then UUID, name, GPU and compute instance on the MIG handle)
+    against a library answering as the go-nvml issue 60 A100 did: the same records as the
+    replay of that transcript."""
+    got = live_pass(standin_lib, "go-nvml-60")
+    parent = "GPU-3b722aa5-db24-5b93-84c8-e4e0efcef078"
+    assert got["gpu"] == [parent, "NVIDIA A100-PCIE-40GB"]
+    assert got["modes"] == [[0, True, True]]
+    assert got["devices"] == [
+        [0, 0, "MIG-23de08f7-6fcc-5be3-9094-cc3b4162f0bb", parent, 2, None, "3g.20gb"],
+        [0, 1, "MIG-9d822d55-dc61-5acb-8c24-544828b47b03", parent, 3, None, "2g.10gb"],
+        [0, 2, "MIG-5f16849a-8ae9-571a-bc2c-486916c4a324", parent, 9, None, "1g.5gb"],
+    ]
+    assert got["issues"] == []
+    # the replay of the transcript gives the same devices
+    made: list[NvmlSampler] = []
+    try:
+        replayed = sample(transcript_recording(GO_NVML_60), made)
+    finally:
+        for s in made:
+            s.close()
+    assert [
+        [d.gpu, d.slot, d.uuid, d.parent_uuid, d.gpu_instance, d.compute_instance, d.profile]
+        for d in replayed.mig_devices
+    ] == got["devices"]
+
+
+def test_the_live_adapter_on_a_gpu_without_mig(standin_lib: Path) -> None:
+    got = live_pass(standin_lib, "")
+    assert (got["modes"], got["devices"], got["issues"]) == ([], [], [])
