@@ -261,6 +261,7 @@ def build_samplers(
                 allocated=lambda: probe_allocation(
                     "attribution" in enabled, config.kubernetes.node_name, latest
                 ),
+                memory_limit=limit,
             )
         )
     return sorted(out, key=lambda s: s.name)

@@ -1,15 +1,19 @@
 """Each child's memory ceiling (agent/core/ceiling.py): its share of the pod's limit, its
 floor, its ceiling when no limit is known, the RAS child's answer cap that follows from its
-share, and the kernel refusing an allocation past it in a real process."""
+share, the kernel refusing an allocation past it in a real process, and a supervised child
+that reaches it ended, counted and replaced."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from agent.core.ceiling import MIB, child_ceiling
+from agent.core.errors import SamplerFailure
+from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.ras.sampler import CEILING_PER_ANSWER_BYTE, MIN_ANSWER_CAP, answer_cap
 
 
@@ -68,3 +72,42 @@ def test_the_kernel_refuses_an_allocation_past_the_ceiling() -> None:
         check=True,
     )
     assert done.stdout.split() == ["refused", "True"], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("take_mib", "said"),
+    [
+        (1024, "MemoryError in a pass"),  # one allocation past the ceiling: refused
+        (6, "in use after a pass"),  # a leak: ended once above 90 % of its ceiling
+    ],
+)
+def test_a_child_at_its_ceiling_is_ended_counted_and_replaced(
+    tmp_path: Path, take_mib: int, said: str
+) -> None:
+    """A child whose sampler asks for more memory than its ceiling (128 MiB: the floor of a
+    child with no share of its own) fails its pass as ``memory_ceiling``, is ended, and is
+    replaced after its backoff; the replacement answers once the sampler stops asking."""
+    quiet = tmp_path / "quiet"
+    now = [0.0]
+    child = IsolatedSampler(
+        "memory_hog",
+        ChildSpec("tests.memory_hog:sampler", {"take_mib": take_mib, "quiet": str(quiet)}),
+        timeout_seconds=20,
+        memory_limit=256 * MIB,
+        monotonic=lambda: now[0],
+    )
+    assert child.memory_ceiling_bytes == 128 * MIB
+    try:
+        with pytest.raises(SamplerFailure) as failed:
+            for _ in range(30):  # 6 MiB a pass crosses 90 % (115 MiB) before 128 MiB
+                child.sample()
+        assert failed.value.reason == "memory_ceiling"
+        assert "reached its memory ceiling of 128 MiB" in str(failed.value)
+        assert said in str(failed.value)
+        assert child.pid is None  # ended
+        quiet.write_text("")
+        now[0] = 2.0  # past the 1 s backoff
+        assert child.sample() == 0
+        assert child.restarts_total == 1
+    finally:
+        child.close()
