@@ -195,7 +195,9 @@ NODE_BOARD = Board(
                 ),
             ),
             "none",
-            "Counters stuck at their width's maximum (their rates read 0): reset them.",
+            "Counters stuck at their width's maximum (their rates read 0): on an InfiniBand "
+            "port, clear them; on a RoCE port nothing can, and the netdev's ethtool "
+            "statistics carry the link's counts.",
             w=6,
         ),
         Panel(

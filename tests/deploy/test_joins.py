@@ -32,6 +32,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
@@ -134,8 +135,8 @@ def free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="module")
-def node_exporter() -> Iterator[str]:
+@contextmanager
+def node_exporter_on_dgx() -> Iterator[str]:
     """The real node_exporter on the DGX tree: its address."""
     binary = shutil.which("prometheus-node-exporter")
     assert binary, "prometheus-node-exporter missing: scripts/test.sh installs it"
@@ -169,10 +170,22 @@ def node_exporter() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def node_exporter() -> Iterator[str]:
+    with node_exporter_on_dgx() as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory, node_exporter: str) -> Iterator[Prometheus]:
+    with dgx01(tmp_path_factory.mktemp("joins"), node_exporter) as p:
+        yield p
+
+
+@contextmanager
+def dgx01(tmp: Path, node_exporter: str, scrape_interval: str = "1s") -> Iterator[Prometheus]:
     """Prometheus scraping dgx-01's three exporters (and ``bare``: fabricscope alone, no
-    dcgm-exporter), evaluating the join rules every second."""
-    tmp = tmp_path_factory.mktemp("joins")
+    dcgm-exporter), evaluating the join rules; ready once every join has answered.
+    dashboards/preview.py draws the Node board's ``node-dcgm.png`` from it."""
     with ThreadPoolExecutor(2) as pool:  # two agent runs at once: half the wait
         dgx = pool.submit(agent_metrics, [f"--snapshot={snapshot(tmp)}"], tmp)
         bare = pool.submit(
@@ -222,13 +235,17 @@ def prom(tmp_path_factory: pytest.TempPathFactory, node_exporter: str) -> Iterat
             "relabel_configs": [{"target_label": "instance", "replacement": "dgx-01:9100"}],
         },
     ]
-    with start_prometheus(tmp / "prometheus", scrape, rule_files=[RULES]) as p:
-        p.wait_for_query(
-            "count(fabricscope:gpu_dcgm_activity:ratio) == 4 "
-            "and on () count(fabricscope:infiniband_port_netdev_up) > 0"
-        )
-        yield p
-    server.shutdown()
+    try:
+        with start_prometheus(
+            tmp / "prometheus", scrape, scrape_interval=scrape_interval, rule_files=[RULES]
+        ) as p:
+            p.wait_for_query(
+                "count(fabricscope:gpu_dcgm_activity:ratio) == 4 "
+                "and on () count(fabricscope:infiniband_port_netdev_up) > 0"
+            )
+            yield p
+    finally:
+        server.shutdown()
 
 
 def test_node_exporter_still_writes_the_recorded_output(node_exporter: str) -> None:
