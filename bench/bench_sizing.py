@@ -192,6 +192,25 @@ def kubelet(sock: Path, gpu_uuids: list[str], gpu_pods: int) -> Iterator[None]:
         server.stop(grace=None)
 
 
+def busy_lines(stamp: str, batch: int, i: int, n: int) -> str:
+    """One tick of rank ``i``'s log (CRI, newline-terminated): ``n - 1`` progress lines, and
+    every 50th batch a Composer throughput block and an NCCL INFO line."""
+    lines = [
+        f"{stamp} stdout F step {batch} loss 2.{batch % 97:02d} lr 3e-4 "
+        f"grad_norm 0.{i}1 data_time 0.002 [{'=' * (batch % 40)}>]"
+        for _ in range(n - 1)
+    ]
+    if batch % 50 == 0:
+        lines += [
+            f"{stamp} stdout F [batch={batch}/100000]:",
+            f"{stamp} stdout F \t Train time/batch: {batch}",
+            f"{stamp} stdout F \t Train throughput/tokens_per_sec: 55803.1245",
+            f"{stamp} stdout F node-0:{1000 + i}:{1000 + i} [{i}] NCCL INFO "
+            f"Channel 00/0 : {i} -> {i + 1} via NET/IB/0/GDRDMA",
+        ]
+    return "".join(line + "\n" for line in lines)
+
+
 class BusyLogs:
     """``n`` container logs written as the container runtime writes them (CRI): each rank's
     Composer throughput block every few seconds, NCCL INFO lines, and filler lines (a
@@ -215,20 +234,7 @@ class BusyLogs:
             batch += 1
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
             for i, h in enumerate(handles):
-                lines = [
-                    f"{stamp} stdout F step {batch} loss 2.{batch % 97:02d} lr 3e-4 "
-                    f"grad_norm 0.{i}1 data_time 0.002 [{'=' * (batch % 40)}>]"
-                    for _ in range(per_tick - 1)
-                ]
-                if batch % 50 == 0:
-                    lines += [
-                        f"{stamp} stdout F [batch={batch}/100000]:",
-                        f"{stamp} stdout F \t Train time/batch: {batch}",
-                        f"{stamp} stdout F \t Train throughput/tokens_per_sec: 55803.1245",
-                        f"{stamp} stdout F node-0:{1000 + i}:{1000 + i} [{i}] NCCL INFO "
-                        f"Channel 00/0 : {i} -> {i + 1} via NET/IB/0/GDRDMA",
-                    ]
-                h.write("".join(line + "\n" for line in lines))
+                h.write(busy_lines(stamp, batch, i, per_tick))
                 h.flush()
         for h in handles:
             h.close()
