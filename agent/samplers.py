@@ -205,10 +205,8 @@ def build_samplers(
             )
         )
     if "throughput" in enabled:
-        # RE2 (google-re2) is imported only when the throughput sampler runs
         from agent.throughput.child import isolated_sampler as isolated_throughput
         from agent.throughput.records import ThroughputInputs
-        from agent.throughput.sampler import ThroughputSampler
 
         pci_snap = latest.of("pci", PciSnapshot)
         ib_snap = latest.of("infiniband", InfinibandSnapshot)
@@ -232,6 +230,9 @@ def build_samplers(
                 )
             )
         else:  # --once (one pass, nothing served), or --no-throughput.isolate
+            # the parsers (and RE2) in this process only then: else the child's alone
+            from agent.throughput.sampler import ThroughputSampler
+
             out.append(
                 ThroughputSampler(
                     config.throughput,

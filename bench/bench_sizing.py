@@ -248,6 +248,50 @@ class BusyLogs:
         self.thread.join(5)
 
 
+def start_agent(
+    work: Path,
+    env: dict[str, str],
+    *,
+    url: str,
+    port: int,
+    sock: Path,
+    logs: Path,
+    sysfs: str,
+    flags: tuple[str, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """``fabricscope agent`` as the chart runs it, against the stand-ins: the API server at
+    ``url`` (a kubeconfig written in ``work``), the kubelet's socket ``sock``, the pod logs
+    under ``logs``; ``flags`` added. Its log goes to ``work/agent.log``."""
+    kubeconfig = work / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": url}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+            }
+        )
+    )
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "exporter.cli", "agent",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--path.sysfs={sysfs}",
+            f"--kubelet.pod-resources-socket={sock}",
+            f"--kubernetes.node-name={NODE}",
+            f"--path.pod-logs={logs}",
+            "--throughput.pods=all",
+            "--log.level=warning",
+            *flags,
+        ],
+        cwd=ROOT, env={**env, "KUBECONFIG": str(kubeconfig)}, stdout=subprocess.DEVNULL,
+        stderr=(work / "agent.log").open("wb"),
+    )  # fmt: skip
+
+
 # --- measuring -----------------------------------------------------------------------------
 
 
@@ -386,37 +430,11 @@ def main() -> int:
     port = free_port()
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(api_server(ns.pods, ns.logs))
-        kubeconfig = work / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "c",
-                    "clusters": [{"name": "c", "cluster": {"server": url}}],
-                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                }
-            )
-        )
-        env["KUBECONFIG"] = str(kubeconfig)
         sock = work / "kubelet.sock"
         stack.enter_context(kubelet(sock, gpu_uuids, ns.logs))
         logs = work / "pods"
         stack.enter_context(BusyLogs(logs, ns.logs, ns.lines_per_second))
-        agent = subprocess.Popen(
-            [
-                sys.executable, "-m", "exporter.cli", "agent",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--path.sysfs={ns.sysfs}",
-                f"--kubelet.pod-resources-socket={sock}",
-                f"--kubernetes.node-name={NODE}",
-                f"--path.pod-logs={logs}",
-                "--throughput.pods=all",
-                "--log.level=warning",
-            ],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(work / "agent.log").open("wb"),
-        )  # fmt: skip
+        agent = start_agent(work, env, url=url, port=port, sock=sock, logs=logs, sysfs=ns.sysfs)
         try:
             metrics = f"http://127.0.0.1:{port}/metrics"
             deadline = time.monotonic() + ns.warmup

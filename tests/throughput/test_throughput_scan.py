@@ -128,8 +128,12 @@ def _hostile_lines(rng: random.Random, recorded: list[str], long: int) -> list[b
 def test_a_filtered_splitter_hands_on_what_an_unfiltered_one_does(cri: bool, max_line: int) -> None:
     rng = random.Random(46)
     recorded = recorded_lines()
-    for _ in range(6):
+    for _ in range(3):
         lines = _hostile_lines(rng, recorded, min(max_line, MAX_PARSE_CHARS))
+        marked = [S + b" stdout F " + t.encode() for t in recorded if matters(t)][:40]
+        for _ in range(10):  # runs of lines that all matter: the scan gives up on the buffer
+            at = rng.randrange(len(lines))
+            lines[at:at] = marked[: rng.randrange(5, 40)]
         data = b"\n".join(lines) + b"\n" + b"a partial line"
         outs: list[list[tuple[str, float | None]]] = []
         counts: list[Counter[str]] = []
