@@ -25,7 +25,6 @@ from agent.nvml.sampler import NvmlSampler, isolated_sampler
 from agent.nvml.snapshot import NvmlSnapshot
 from agent.nvml.topology import nvlinks_by_address
 from agent.pci.sampler import PciSampler, PciSnapshot
-from agent.probe.sampler import build_probe_sampler
 from agent.ras.sampler import RasSampler
 from agent.workload.records import WorkloadSnapshot
 from agent.workload.sampler import WorkloadSampler, pod_identities
@@ -247,6 +246,9 @@ def build_samplers(
                 )
             )
     if config.probe.enabled and run_probes:
+        # the probe's machinery (its service, rendezvous, workers) only where it runs
+        from agent.probe.sampler import build_probe_sampler
+
         out.append(
             build_probe_sampler(
                 config.probe,
