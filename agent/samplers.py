@@ -25,7 +25,6 @@ from agent.nvml.sampler import NvmlSampler, isolated_sampler
 from agent.nvml.snapshot import NvmlSnapshot
 from agent.nvml.topology import nvlinks_by_address
 from agent.pci.sampler import PciSampler, PciSnapshot
-from agent.probe.sampler import build_probe_sampler
 from agent.ras.sampler import RasSampler
 from agent.workload.records import WorkloadSnapshot
 from agent.workload.sampler import WorkloadSampler, pod_identities
@@ -213,10 +212,8 @@ def build_samplers(
             )
         )
     if "throughput" in enabled:
-        # RE2 (google-re2) is imported only when the throughput sampler runs
         from agent.throughput.child import isolated_sampler as isolated_throughput
         from agent.throughput.records import ThroughputInputs
-        from agent.throughput.sampler import ThroughputSampler
 
         pci_snap = latest.of("pci", PciSnapshot)
         ib_snap = latest.of("infiniband", InfinibandSnapshot)
@@ -241,6 +238,9 @@ def build_samplers(
                 )
             )
         else:  # --once (one pass, nothing served), or --no-throughput.isolate
+            # the parsers (and RE2) in this process only then: else the child's alone
+            from agent.throughput.sampler import ThroughputSampler
+
             out.append(
                 ThroughputSampler(
                     config.throughput,
@@ -255,6 +255,9 @@ def build_samplers(
                 )
             )
     if config.probe.enabled and run_probes:
+        # the probe's machinery (its service, rendezvous, workers) only where it runs
+        from agent.probe.sampler import build_probe_sampler
+
         out.append(
             build_probe_sampler(
                 config.probe,

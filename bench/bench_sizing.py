@@ -192,6 +192,25 @@ def kubelet(sock: Path, gpu_uuids: list[str], gpu_pods: int) -> Iterator[None]:
         server.stop(grace=None)
 
 
+def busy_lines(stamp: str, batch: int, i: int, n: int) -> str:
+    """One tick of rank ``i``'s log (CRI, newline-terminated): ``n - 1`` progress lines, and
+    every 50th batch a Composer throughput block and an NCCL INFO line."""
+    lines = [
+        f"{stamp} stdout F step {batch} loss 2.{batch % 97:02d} lr 3e-4 "
+        f"grad_norm 0.{i}1 data_time 0.002 [{'=' * (batch % 40)}>]"
+        for _ in range(n - 1)
+    ]
+    if batch % 50 == 0:
+        lines += [
+            f"{stamp} stdout F [batch={batch}/100000]:",
+            f"{stamp} stdout F \t Train time/batch: {batch}",
+            f"{stamp} stdout F \t Train throughput/tokens_per_sec: 55803.1245",
+            f"{stamp} stdout F node-0:{1000 + i}:{1000 + i} [{i}] NCCL INFO "
+            f"Channel 00/0 : {i} -> {i + 1} via NET/IB/0/GDRDMA",
+        ]
+    return "".join(line + "\n" for line in lines)
+
+
 class BusyLogs:
     """``n`` container logs written as the container runtime writes them (CRI): each rank's
     Composer throughput block every few seconds, NCCL INFO lines, and filler lines (a
@@ -215,20 +234,7 @@ class BusyLogs:
             batch += 1
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
             for i, h in enumerate(handles):
-                lines = [
-                    f"{stamp} stdout F step {batch} loss 2.{batch % 97:02d} lr 3e-4 "
-                    f"grad_norm 0.{i}1 data_time 0.002 [{'=' * (batch % 40)}>]"
-                    for _ in range(per_tick - 1)
-                ]
-                if batch % 50 == 0:
-                    lines += [
-                        f"{stamp} stdout F [batch={batch}/100000]:",
-                        f"{stamp} stdout F \t Train time/batch: {batch}",
-                        f"{stamp} stdout F \t Train throughput/tokens_per_sec: 55803.1245",
-                        f"{stamp} stdout F node-0:{1000 + i}:{1000 + i} [{i}] NCCL INFO "
-                        f"Channel 00/0 : {i} -> {i + 1} via NET/IB/0/GDRDMA",
-                    ]
-                h.write("".join(line + "\n" for line in lines))
+                h.write(busy_lines(stamp, batch, i, per_tick))
                 h.flush()
         for h in handles:
             h.close()
@@ -240,6 +246,50 @@ class BusyLogs:
     def __exit__(self, *_: object) -> None:
         self.stop.set()
         self.thread.join(5)
+
+
+def start_agent(
+    work: Path,
+    env: dict[str, str],
+    *,
+    url: str,
+    port: int,
+    sock: Path,
+    logs: Path,
+    sysfs: str,
+    flags: tuple[str, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """``fabricscope agent`` as the chart runs it, against the stand-ins: the API server at
+    ``url`` (a kubeconfig written in ``work``), the kubelet's socket ``sock``, the pod logs
+    under ``logs``; ``flags`` added. Its log goes to ``work/agent.log``."""
+    kubeconfig = work / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": url}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+            }
+        )
+    )
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "exporter.cli", "agent",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--path.sysfs={sysfs}",
+            f"--kubelet.pod-resources-socket={sock}",
+            f"--kubernetes.node-name={NODE}",
+            f"--path.pod-logs={logs}",
+            "--throughput.pods=all",
+            "--log.level=warning",
+            *flags,
+        ],
+        cwd=ROOT, env={**env, "KUBECONFIG": str(kubeconfig)}, stdout=subprocess.DEVNULL,
+        stderr=(work / "agent.log").open("wb"),
+    )  # fmt: skip
 
 
 # --- measuring -----------------------------------------------------------------------------
@@ -380,37 +430,11 @@ def main() -> int:
     port = free_port()
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(api_server(ns.pods, ns.logs))
-        kubeconfig = work / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "c",
-                    "clusters": [{"name": "c", "cluster": {"server": url}}],
-                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                }
-            )
-        )
-        env["KUBECONFIG"] = str(kubeconfig)
         sock = work / "kubelet.sock"
         stack.enter_context(kubelet(sock, gpu_uuids, ns.logs))
         logs = work / "pods"
         stack.enter_context(BusyLogs(logs, ns.logs, ns.lines_per_second))
-        agent = subprocess.Popen(
-            [
-                sys.executable, "-m", "exporter.cli", "agent",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--path.sysfs={ns.sysfs}",
-                f"--kubelet.pod-resources-socket={sock}",
-                f"--kubernetes.node-name={NODE}",
-                f"--path.pod-logs={logs}",
-                "--throughput.pods=all",
-                "--log.level=warning",
-            ],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(work / "agent.log").open("wb"),
-        )  # fmt: skip
+        agent = start_agent(work, env, url=url, port=port, sock=sock, logs=logs, sysfs=ns.sysfs)
         try:
             metrics = f"http://127.0.0.1:{port}/metrics"
             deadline = time.monotonic() + ns.warmup

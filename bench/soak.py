@@ -188,40 +188,21 @@ def main() -> int:
     scrapes = 0
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(churning_api_server(ns.pods, ns.churn))
-        kubeconfig = work / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "c",
-                    "clusters": [{"name": "c", "cluster": {"server": url}}],
-                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                }
-            )
-        )
-        env["KUBECONFIG"] = str(kubeconfig)
         sock = work / "kubelet.sock"
         stack.enter_context(sizing.kubelet(sock, ["GPU-00000000-0000-0000-0000-000000000000"], 8))
         logs = work / "pods"
         rotating = RotatingLogs(logs, ns.logs, ns.lines_per_second, ns.rotate)
         stack.enter_context(rotating)
-        agent = subprocess.Popen(
-            [
-                sys.executable, "-m", "exporter.cli", "agent",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--path.sysfs={sizing.DGX}",
-                f"--kubelet.pod-resources-socket={sock}",
-                f"--kubernetes.node-name={sizing.NODE}",
-                f"--path.pod-logs={logs}",
-                "--throughput.pods=all",
-                f"--sampling.interval={ns.interval}",
-                "--log.level=warning",
-            ],
-            cwd=sizing.ROOT, env=env, stdout=subprocess.DEVNULL,
-            stderr=(work / "agent.log").open("wb"),
-        )  # fmt: skip
+        agent = sizing.start_agent(
+            work,
+            env,
+            url=url,
+            port=port,
+            sock=sock,
+            logs=logs,
+            sysfs=str(sizing.DGX),
+            flags=(f"--sampling.interval={ns.interval}",),
+        )
         metrics = f"http://127.0.0.1:{port}/metrics"
         try:
             t0 = time.monotonic()

@@ -50,13 +50,17 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from pyroute2 import IPRoute
-from pyroute2 import netns as pyroute2_netns
-from pyroute2.ethtool.ioctl import EthtoolError, IoctlEthtool, NoSuchDevice, NotSupportedError
-from pyroute2.netlink.exceptions import NetlinkError
-
 from agent.core.errors import NoData
 from agent.core.sysfs import Issues, SysfsReader, classify_os_error
+from agent.netdev.netlink import (
+    EthtoolError,
+    IoctlEthtool,
+    IPRoute,
+    NetlinkError,
+    NoSuchDevice,
+    NotSupportedError,
+    pyroute2_netns,
+)
 from agent.netdev.stats import (
     DEFAULT_ETHTOOL_INCLUDE,
     EthtoolStats,

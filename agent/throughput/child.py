@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from agent.config import ThroughputFile, ThroughputSettings
 from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.throughput.records import ThroughputInputs, ThroughputResume, ThroughputSnapshot
-from agent.throughput.sampler import ThroughputSampler
 from agent.throughput.sources import nothing_to_read
+
+if TYPE_CHECKING:
+    from agent.throughput.sampler import ThroughputSampler
 
 
 def settings_json(settings: ThroughputSettings) -> str:
@@ -56,7 +59,10 @@ def child_sampler(
     """The sampler as the agent's child process builds it (:mod:`agent.core.isolation`); its
     inputs arrive with each pass that changes them (:class:`ThroughputInputs`), and the
     state of the child it replaces, if any, before its first pass
-    (:class:`ThroughputResume`)."""
+    (:class:`ThroughputResume`). The sampler (its parsers, RE2) is imported here, in the
+    child: the agent that starts it never loads them."""
+    from agent.throughput.sampler import ThroughputSampler
+
     return ThroughputSampler(
         settings_from_json(settings),
         pass_seconds=pass_seconds,

@@ -9,6 +9,7 @@ import os
 import struct
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from typing import BinaryIO
 
 from agent.throughput.lines import LineSink, LineSplitter
@@ -36,16 +37,20 @@ def read_gzip_tail(
     cri: bool,
     limits: Limits,
     root: str | None = None,
+    filtered: Callable[[], bool] | None = None,
 ) -> tuple[str, str] | None:
     """Read a gzip'd log (a rotated kubelet log, a compressed plain log): its last
     ``limits.initial_bytes`` of uncompressed content, or all of it when that is None.
     Decompression streams in chunks: memory stays bounded whatever the file's size.
-    ``root``: as :class:`FileTail`'s (no symlink, nothing outside it)."""
+    ``root``, ``filtered``: as :class:`FileTail`'s (no symlink, nothing outside it; only the
+    lines that may matter)."""
     opened = open_log(path, counts, root)
     if isinstance(opened, tuple):
         return opened
     raw = os.fdopen(opened, "rb")
-    split = LineSplitter(sink, counts, cri=cri, max_line_bytes=limits.max_line_bytes)
+    split = LineSplitter(
+        sink, counts, cri=cri, max_line_bytes=limits.max_line_bytes, filtered=filtered
+    )
     skip = 0
     size = gzip_size(raw)
     if limits.initial_bytes is not None and size is not None and size > limits.initial_bytes:

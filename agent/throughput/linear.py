@@ -189,3 +189,37 @@ def _reason(exc: BaseException) -> str:
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
     text = "".join(c if c.isprintable() else "?" for c in " ".join(text.split()))
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+class LineScan:
+    """A pattern over bytes (Latin-1: one byte, one character) that finds where in a
+    buffer of whole lines the next line worth a closer look starts: one RE2 call over the
+    buffer, no match object (:mod:`agent.throughput.scan`)."""
+
+    __slots__ = ("_rx", "pattern")
+
+    def __init__(self, compiled: object, pattern: bytes) -> None:
+        self._rx = compiled._regexp  # type: ignore[attr-defined]
+        self.pattern = pattern
+
+    def next_start(self, data: bytes, pos: int, endpos: int) -> int:
+        """Where the first match in ``data[pos:endpos]`` starts, or ``endpos`` when none."""
+        spans = self._rx.Match(_UNANCHORED, data, pos, endpos)
+        return endpos if spans[0] == _NO_SPAN else int(spans[0][0])
+
+
+def compile_line_scan(pattern: bytes) -> LineScan:
+    """``pattern`` (bytes, Latin-1, our own: never a tenant's) compiled by RE2 for
+    :class:`LineScan`; :class:`NotLinear` when it cannot be, or is too large."""
+    opts = re2.Options()
+    opts.log_errors = False
+    opts.max_mem = MAX_MEM_BYTES
+    opts.encoding = re2.Options.Encoding.LATIN1
+    opts.never_capture = True
+    try:
+        rx = re2.compile(pattern, opts)
+    except re2.error as exc:
+        raise NotLinear(_reason(exc)) from None
+    if int(rx.programsize) > MAX_PROGRAM_SIZE:
+        raise NotLinear(f"compiles to {rx.programsize} instructions (at most {MAX_PROGRAM_SIZE})")
+    return LineScan(rx, pattern)

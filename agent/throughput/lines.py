@@ -3,6 +3,8 @@ bounded memory (a line longer than its bound is skipped to its end, never kept w
 decodes the kubelet's CRI log format (``<RFC3339Nano> <stream> <P|F> <message>``: ``P``
 pieces joined until the ``F`` piece, within the same bound); :func:`parse_cri_timestamp`
 reads a CRI line's time. Invalid UTF-8 is counted and decoded with replacement characters.
+A splitter given ``filtered`` hands on only the lines that may matter to its sink
+(:mod:`agent.throughput.scan`), skipping the rest of a buffer without decoding them.
 Nothing here keeps a line beyond handing it on."""
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 
+#: lines in a row that a filtered splitter's scan finds worth reading before it stops scanning
+#: the rest of the buffer (every line is read then, as without a filter: the same result)
+DENSE = 8
 #: (text, CRI timestamp in seconds or None for plain files)
 LineSink = Callable[[str, float | None], None]
 
@@ -67,17 +72,38 @@ class LineSplitter:
         "_cri_buf",
         "_cri_raw",
         "_cri_skip",
+        "_filtered",
+        "_long",
         "_max",
+        "_next_line",
         "_sink",
         "_skip",
     )
 
     def __init__(
-        self, sink: LineSink, counts: Counter[str], *, cri: bool, max_line_bytes: int
+        self,
+        sink: LineSink,
+        counts: Counter[str],
+        *,
+        cri: bool,
+        max_line_bytes: int,
+        filtered: Callable[[], bool] | None = None,
     ) -> None:
         """``max_line_bytes``: longest line (a CRI message joined from its pieces) kept;
-        longer ones are skipped and counted as ``line_too_long``."""
+        longer ones are skipped and counted as ``line_too_long``. ``filtered``: asked once
+        per buffer fed; True: the sink is handed only the lines that may matter to a
+        throughput stream (:func:`agent.throughput.scan.next_line`: every count and every
+        line a parser reads stay the same), the others are skipped undecoded. None: every
+        line."""
         self._sink = sink
+        self._filtered = filtered
+        self._long = max_line_bytes
+        if filtered is not None:
+            # imported here: the scan's RE2 is the reading child's, never the agent's
+            from agent.throughput.scan import long_line_bytes, next_line
+
+            self._long = long_line_bytes(max_line_bytes)
+            self._next_line = next_line
         self._counts = counts
         self._cri = cri
         self._max = max_line_bytes
@@ -116,7 +142,16 @@ class LineSplitter:
     def feed(self, data: bytes) -> None:
         start = 0
         limit = self._max
+        # with a filter: the end of the buffer's whole lines, which are scanned
+        end = data.rfind(b"\n") + 1 if self._filtered is not None and self._filtered() else 0
+        hits = 0  # lines in a row the scan found at once: past DENSE, this buffer is all read
         while True:
+            if start < end and not (self._buf or self._skip or self._cri_buf or self._cri_skip):
+                found = self._next_line(data, start, end, cri=self._cri, long=self._long)
+                hits = hits + 1 if found == start else 0
+                if hits > DENSE:  # a log of nothing but throughput lines: scanning costs
+                    end = 0
+                start = found
             nl = data.find(b"\n", start)
             if nl < 0:
                 rest = len(data) - start

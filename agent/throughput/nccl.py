@@ -24,8 +24,9 @@ each with a real line in ``tests/fixtures/nccl-logs/`` (README there says where 
         status=12 opcode=129 len=65536 vendor err 129 (Recv) localGid .. remoteGids ..  (2.20+)
 
 Only numbers and bounded identifiers leave this module: the transport from a fixed
-vocabulary (:data:`TRANSPORTS`), HCA names that look like RDMA device names (at most
-:data:`MAX_NAME` characters), the version as digits, warning kinds from :data:`WARNING_KINDS`,
+vocabulary (``TRANSPORTS``, with the series' other label vocabularies in
+:mod:`agent.throughput.records`), HCA names that look like RDMA device names (at most
+:data:`MAX_NAME` characters), the version as digits, warning kinds from ``WARNING_KINDS``,
 IB completion statuses as rdma-core's ``enum ibv_wc_status`` names and vendor errors as
 numbers 0-255. Ranks, channels, peers, addresses, GIDs and free text are never kept.
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.throughput.linear import compile_linear
+from agent.throughput.records import IB_WC_STATUSES
 
 #: characters of a line looked at (NCCL's longest lines, a NET/IB list of 32 HCAs, are < 1 KiB)
 MAX_LINE = 4096
@@ -47,60 +49,6 @@ MAX_LINE = 4096
 MAX_NAME = 64
 #: HCAs one NET/IB list may name (more are ignored)
 MAX_LIST = 64
-
-#: the ``transport`` label: how a channel connection moves data, as NCCL names it
-TRANSPORTS = (
-    "NET/IB",  # NCCL's own IB verbs transport, or an IB plugin (IBext, IBext_v8 ...)
-    "NET/Socket",
-    "NET/other",  # another network plugin (AWS Libfabric, gIB ...)
-    "P2P/CUMEM",
-    "P2P/IPC",
-    "P2P/direct",  # same process: "P2P/direct pointer"
-    "SHM",
-    "other",
-)
-#: network transports: the connections that leave the node
-NET_TRANSPORTS = ("NET/IB", "NET/Socket", "NET/other")
-#: the ``kind`` of an ``NCCL WARN`` line, in the order the kinds are tried
-WARNING_KINDS = (
-    "ib_completion",  # Got completion ... with error/status (a failed IB work request)
-    "ib_async_event",  # NET/IB : mlx5_0:1 Got async event : ...
-    "ibv_call",  # Call to ibv_... failed
-    "proxy",  # [Proxy Service N] / [Service thread] failures
-    "socket",  # socketProgress, Connection closed/refused, socket recv failures
-    "timeout",
-    "cuda",  # Cuda failure 'out of memory', Failed to CUDA calloc
-    "other",
-)
-#: the kinds that say the network itself failed a transfer
-NETWORK_WARNING_KINDS = ("ib_completion", "ib_async_event", "ibv_call", "socket", "timeout")
-#: rdma-core's ``enum ibv_wc_status`` (verbs.h), lower case without the prefix, by value
-IB_WC_STATUSES = (
-    "success",
-    "loc_len_err",
-    "loc_qp_op_err",
-    "loc_eec_op_err",
-    "loc_prot_err",
-    "wr_flush_err",
-    "mw_bind_err",
-    "bad_resp_err",
-    "loc_access_err",
-    "rem_inv_req_err",
-    "rem_access_err",
-    "rem_op_err",
-    "retry_exc_err",
-    "rnr_retry_exc_err",
-    "loc_rdd_viol_err",
-    "rem_inv_rd_req_err",
-    "rem_abort_err",
-    "inv_eecn_err",
-    "inv_eec_state_err",
-    "fatal_err",
-    "resp_timeout_err",
-    "general_err",
-    "tm_err",
-    "tm_rndv_incomplete",
-)
 
 # --- the lines ------------------------------------------------------------------------------
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from agent.throughput.nccl import WARNING_KINDS
 from agent.throughput.nccl_run import NcclRun
-from agent.throughput.records import Labels, NcclSeries
+from agent.throughput.records import WARNING_KINDS, Labels, NcclSeries
 
 
 def nccl_series(

@@ -12,6 +12,62 @@ from agent.core.sysfs import ReadIssue
 from agent.kubernetes.podwatch import PodIndex
 from agent.throughput.tail import TAIL_REASONS, TailResume
 
+# the label vocabularies of the NCCL series (what agent.throughput.nccl parses into)
+
+#: the ``transport`` label: how a channel connection moves data, as NCCL names it
+TRANSPORTS = (
+    "NET/IB",  # NCCL's own IB verbs transport, or an IB plugin (IBext, IBext_v8 ...)
+    "NET/Socket",
+    "NET/other",  # another network plugin (AWS Libfabric, gIB ...)
+    "P2P/CUMEM",
+    "P2P/IPC",
+    "P2P/direct",  # same process: "P2P/direct pointer"
+    "SHM",
+    "other",
+)
+#: network transports: the connections that leave the node
+NET_TRANSPORTS = ("NET/IB", "NET/Socket", "NET/other")
+#: the ``kind`` of an ``NCCL WARN`` line, in the order the kinds are tried
+WARNING_KINDS = (
+    "ib_completion",  # Got completion ... with error/status (a failed IB work request)
+    "ib_async_event",  # NET/IB : mlx5_0:1 Got async event : ...
+    "ibv_call",  # Call to ibv_... failed
+    "proxy",  # [Proxy Service N] / [Service thread] failures
+    "socket",  # socketProgress, Connection closed/refused, socket recv failures
+    "timeout",
+    "cuda",  # Cuda failure 'out of memory', Failed to CUDA calloc
+    "other",
+)
+#: the kinds that say the network itself failed a transfer
+NETWORK_WARNING_KINDS = ("ib_completion", "ib_async_event", "ibv_call", "socket", "timeout")
+#: rdma-core's ``enum ibv_wc_status`` (verbs.h), lower case without the prefix, by value
+IB_WC_STATUSES = (
+    "success",
+    "loc_len_err",
+    "loc_qp_op_err",
+    "loc_eec_op_err",
+    "loc_prot_err",
+    "wr_flush_err",
+    "mw_bind_err",
+    "bad_resp_err",
+    "loc_access_err",
+    "rem_inv_req_err",
+    "rem_access_err",
+    "rem_op_err",
+    "retry_exc_err",
+    "rnr_retry_exc_err",
+    "loc_rdd_viol_err",
+    "rem_inv_rd_req_err",
+    "rem_abort_err",
+    "inv_eecn_err",
+    "inv_eec_state_err",
+    "fatal_err",
+    "resp_timeout_err",
+    "general_err",
+    "tm_err",
+    "tm_rndv_incomplete",
+)
+
 #: namespace, pod, container, job_name
 Labels = tuple[str, str, str, str]
 

@@ -218,6 +218,7 @@ class ThroughputSampler:
                     limits=self._limits,
                     root=self._settings.pod_logs if cri else None,
                     head_sink=st.on_head_line,
+                    filtered=st.filterable,
                     resume=resume.tail,
                 )
         self._streams[key] = st
@@ -264,7 +265,14 @@ class ThroughputSampler:
         stream = self._streams.get(key) or self._new_stream(key, labels, cri=False)
         if path in self._gz_done:
             return
-        problem = read_gzip_tail(path, stream.on_line, self._counts, cri=False, limits=self._limits)
+        problem = read_gzip_tail(
+            path,
+            stream.on_line,
+            self._counts,
+            cri=False,
+            limits=self._limits,
+            filtered=stream.filterable,
+        )
         if problem is not None:
             issues.append(ReadIssue(path, _ISSUE_REASON.get(problem[0], problem[0]), problem[1]))
             return
@@ -311,7 +319,13 @@ class ThroughputSampler:
         path = os.path.join(cdir, rotated)
         if rotated.endswith(".gz"):
             problem = read_gzip_tail(
-                path, stream.on_line, self._counts, cri=True, limits=self._limits, root=root
+                path,
+                stream.on_line,
+                self._counts,
+                cri=True,
+                limits=self._limits,
+                root=root,
+                filtered=stream.filterable,
             )
         else:
             tail = FileTail(
@@ -322,6 +336,7 @@ class ThroughputSampler:
                 limits=self._limits,
                 root=root,
                 head_sink=stream.on_head_line,
+                filtered=stream.filterable,
             )
             problem = tail.poll()
             tail.close()
@@ -414,6 +429,7 @@ class ThroughputSampler:
                 new_file=fresh,
                 root=root,
                 head_sink=st.on_head_line,
+                filtered=st.filterable,
             )
         if not st.tail.is_open:
             self._make_room(1)

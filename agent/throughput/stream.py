@@ -71,6 +71,11 @@ class Stream:
             return True
         return self.count_from is not None and ts is not None and ts < self.count_from
 
+    def filterable(self) -> bool:
+        """Only the lines that may matter need handing on (:mod:`agent.throughput.scan`):
+        not when a custom regex, which may read any line, is set."""
+        return self.custom is None
+
     def on_head_line(self, text: str, ts: float | None) -> None:
         """A line of the log's beginning, read once when the agent meets a log already past
         its initial window: what NCCL chose (version, HCA lists, channels, each process's

@@ -163,20 +163,25 @@ class FileTail:
         root: str | None = None,
         head_sink: LineSink | None = None,
         resume: TailResume | None = None,
+        filtered: Callable[[], bool] | None = None,
     ) -> None:
         """``new_file``: the file appeared after tailing began (a restarted container's
         next log): read it from its start rather than from ``initial_bytes`` before its end.
         ``root``: the directory the file must stay in (see the module docstring).
         ``head_sink``: where the lines of a skipped beginning go (see :meth:`_read_head`).
         ``resume``: carry on where another tail of this path stopped (its
-        :meth:`resume_state`)."""
+        :meth:`resume_state`). ``filtered``: the sinks want only the lines that may matter
+        to them (:class:`~agent.throughput.lines.LineSplitter`'s)."""
         self.path = path
         self._counts = counts
         self._limits = limits
         self._root = root
         self._cri = cri
         self._head_sink = head_sink
-        self._split = LineSplitter(sink, counts, cri=cri, max_line_bytes=limits.max_line_bytes)
+        self._filtered = filtered
+        self._split = LineSplitter(
+            sink, counts, cri=cri, max_line_bytes=limits.max_line_bytes, filtered=filtered
+        )
         self._fd: int | None = None
         self._ident: tuple[int, int] = (0, 0)
         self._offset = 0
@@ -407,7 +412,11 @@ class FileTail:
         if self._head_sink is None or size <= 0:
             return
         split = LineSplitter(
-            self._head_sink, Counter(), cri=self._cri, max_line_bytes=self._limits.max_line_bytes
+            self._head_sink,
+            Counter(),
+            cri=self._cri,
+            max_line_bytes=self._limits.max_line_bytes,
+            filtered=self._filtered,
         )
         at = 0
         while at < size:

@@ -23,12 +23,14 @@ def cmd_agent(ns: argparse.Namespace) -> int:
     from contextlib import ExitStack
     from dataclasses import replace
 
+    from agent.core.allocator import limit_arenas
     from agent.core.sysfs import SysfsReader
     from agent.samplers import Latest, build_specs
     from exporter.app import AgentApp
     from exporter.cli.source import open_source
 
     config = config_from_args(ns)
+    limit_arenas()  # before any thread: the main process's RSS stays flat (see the module)
     if config.probe.enabled:
         from agent.probe.measure.launch import PROBE_EXTRA_HINT, missing_worker_modules
 

@@ -256,7 +256,7 @@ def _ib_inc(counter: str) -> str:
 
 PORT = ("device", "port")
 
-#: NCCL's network transports (agent/throughput/nccl.py NET_TRANSPORTS)
+#: NCCL's network transports (agent/throughput/records.py NET_TRANSPORTS)
 _NCCL_NET = 'transport=~"NET/.+"'
 #: a pod-scoped row: its pod, or on bare metal (no pod) the job on its node
 _BY_POD = "instance, namespace, pod, job_name"

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.throughput.nccl import WARNING_KINDS
-from agent.throughput.records import NcclSeries
+from agent.throughput.records import WARNING_KINDS, NcclSeries
 from exporter.metrics.spec import Families, MetricSpec
 
 _J = ("namespace", "pod", "container", "job_name")

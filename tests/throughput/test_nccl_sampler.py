@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import ThroughputSettings
-from agent.throughput.nccl import WARNING_KINDS
-from agent.throughput.records import NcclSeries, ThroughputSnapshot
+from agent.throughput.records import WARNING_KINDS, NcclSeries, ThroughputSnapshot
 from agent.throughput.sampler import ThroughputSampler
 from exporter.metrics.spec import Families
 from exporter.metrics.throughput import render

@@ -1,0 +1,54 @@
+"""The main process's malloc arenas are capped: eight threads allocating at once leave at
+most one arena besides the main heap (glibc would give each its own)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+PROBE = """
+import sys, threading
+from agent.core.allocator import limit_arenas
+applied = limit_arenas() if sys.argv[1] == "cap" else False
+def work(start):
+    start.wait()
+    for _ in range(2000):
+        blocks = [bytearray(4096) for _ in range(20)]
+        del blocks
+start = threading.Barrier(8)
+threads = [threading.Thread(target=work, args=(start,)) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+arenas = 0  # an arena's heap: an anonymous reservation of 64 MiB, mostly PROT_NONE
+for line in open("/proc/self/maps"):
+    f = line.split()
+    lo, hi = (int(x, 16) for x in f[0].split("-"))
+    arenas += f[1] == "---p" and len(f) < 6 and hi - lo > 1 << 20
+print(applied, arenas)
+"""
+
+
+def arenas(mode: str) -> tuple[str, int]:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=env,
+    )
+    applied, count = done.stdout.split()
+    return applied, int(count)
+
+
+def test_eight_allocating_threads_share_two_arenas() -> None:
+    applied, capped = arenas("cap")
+    assert applied == "True"
+    assert capped <= 1
+    # what the cap prevents: glibc gives each new thread an arena of its own up to its limit
+    _, uncapped = arenas("none")
+    assert uncapped > 2
