@@ -84,6 +84,8 @@ RECORDED_SERIES: dict[str, tuple[str, ...]] = {
     # (deploy/rules/hardware.rules.yaml)
     "fabricscope:acs_p2p_bridges:count": ("instance", "vendor", "model"),
     "fabricscope:acs_p2p_redirect_bridges:count": ("instance", "vendor", "model"),
+    # nodes per NIC class and firmware release (deploy/rules/hardware.rules.yaml)
+    "fabricscope:nic_firmware_nodes:count": ("namespace", "hca_type", "board_id", "fw_ver"),
 }
 
 
