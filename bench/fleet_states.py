@@ -202,7 +202,8 @@ STATES = ("healthy", "saturated-1", "saturated-2", "saturated-4", "disabled", "r
 
 
 def agent_states(work: Path, keep: set[str], *, acs: bool = False) -> dict[str, list[Sample]]:
-    """Each node state's series, from the real agent (two runs a state: sysfs, NVML); with
+    """Each node state's series, from the real agent: one sysfs run per tree (``lost`` has
+    the healthy tree) and one NVML run per recording (as recorded, or ``lost``); with
     ``acs``, the ACS series of a fleet that grants ``capabilities.acs`` (the tree's bridges
     with the redirect on, as the fixture was captured: a BIOS default every node shares)."""
     common = [
@@ -213,18 +214,33 @@ def agent_states(work: Path, keep: set[str], *, acs: bool = False) -> dict[str, 
         "--collector.detail=default",
     ]
 
-    def run(name: str) -> list[Sample]:
+    def sysfs(name: str) -> list[Sample]:
         tree = _variant_tree(work, name)
+        return _parse(_agent_once(["--path.sysfs", str(tree), "--no-sampler.nvml", *common]), keep)
+
+    def nvml(name: str) -> list[Sample]:
         rec = _recording(work, name)
         snap = work / name / "nvml.tar.gz"
         (work / name / "empty").mkdir(exist_ok=True)
         capture(str(work / name / "empty"), [], str(snap), extra={IN_SNAPSHOT: rec.read_bytes()})
-        sysfs = _agent_once(["--path.sysfs", str(tree), "--no-sampler.nvml", *common])
-        nvml = _agent_once(
+        out = _agent_once(
             ["--snapshot", str(snap), "--no-sampler.infiniband", "--no-sampler.pci", *common]
         )
-        out = _parse(sysfs, keep) + _eight_gpus(_parse(nvml, keep))
-        return [x for x in out if acs or x.name != "fabricscope_pci_acs_p2p_redirect_enabled"]
+        return _eight_gpus(_parse(out, keep))
 
+    trees = [s for s in STATES if s != "lost"]
     with ThreadPoolExecutor(2) as pool:
-        return dict(zip(STATES, pool.map(run, STATES), strict=True))
+        by_tree = dict(zip(trees, pool.map(sysfs, trees), strict=True))
+        by_recording = dict(
+            zip(("healthy", "lost"), pool.map(nvml, ("healthy", "lost")), strict=True)
+        )
+    out = {}
+    for state in STATES:
+        both = (
+            by_tree["healthy" if state == "lost" else state]
+            + by_recording["lost" if state == "lost" else "healthy"]
+        )
+        out[state] = [
+            x for x in both if acs or x.name != "fabricscope_pci_acs_p2p_redirect_enabled"
+        ]
+    return out

@@ -156,3 +156,17 @@ def test_alertmanager_notifies_the_faults_and_one_ticket_per_fleet_wide_decision
 def test_fleet_panels_stay_bounded(fleet: alert_noise.Run) -> None:
     for row in fleet.panels:
         assert row["series"] <= 25, row
+
+
+def test_the_week_models_what_these_alerts_read(fleet: alert_noise.Run) -> None:
+    """Their figures in docs/alerts.md are measured, not "not in the week's history"."""
+    modelled = alert_noise.modelled(fleet.families)
+    for alert in (
+        "FabricscopeAgentMemoryNearLimit",
+        "FabricscopeNcclRankUnresponsive",
+        "FabricscopeNcclJobHung",
+        "FabricscopeNcclNvlinkBypassed",
+        "FabricscopePfcPauseStorm",
+        "FabricscopeNicFirmwareMixed",
+    ):
+        assert modelled[alert], alert

@@ -20,9 +20,7 @@ in tests/test_series_budget.py, which runs that script anyway.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -404,19 +402,6 @@ def test_every_relative_link_resolves() -> None:
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
                 broken.append(f"{rel(page)}: {target} has no such heading")
     assert not broken, broken
-
-
-def test_alerts_md_gives_each_alerts_healthy_fleet_rate_as_measured() -> None:
-    """docs/alerts.md's per-1,000-node-days column is bench/alert_noise.py's, alert by alert
-    (``python bench/alert_noise.py --docs docs/alerts.md`` writes it)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import alert_noise
-
-    measured = json.loads((ROOT / "bench" / "results" / "alert_noise.json").read_text())
-    text = ALERTS_DOC.read_text()
-    assert alert_noise.rewrite_alerts_doc(text, measured["every_alert"]) == text, (
-        "docs/alerts.md's healthy-fleet column differs from bench/results/alert_noise.json"
-    )
 
 
 def test_the_readme_shows_the_fleet_alert_budget_as_measured() -> None:
