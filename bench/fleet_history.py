@@ -3,7 +3,8 @@ background a large fleet always has and a few planted hardware faults.
 
 Where the series come from. Every node state is what the real agent exports
 (``bench/fleet_states.py``: a DGX H100 fixture tree with recorded H200 NVML answers, one
-variant per state: healthy, stopped 32-bit counters, disabled ports, the planted faults).
+variant per state: healthy, stopped 32-bit counters, disabled ports, the planted faults);
+which node is in which state when, and what happens to it, is ``bench/fleet_plan.py``'s.
 
 The agent's own labels and values are kept; only what changes over time is written here:
 counters advance (error counters at their background rates, the planted bad cable's symbol
