@@ -5,8 +5,10 @@ routing (deploy/alertmanager/alertmanager.yml) notifies.
 The week (``bench/fleet_week.py``): DGX-class nodes rendered by the real agent
 (``bench/fleet_history.py``), over the week's first two-hour slot for the whole fleet (with
 the fleet-wide settings: 32-bit counters stopped, ACS redirect on every PCIe switch port;
-job churn; five planted faults: a bad cable, a port retrained at half its rate, a NIC at PCIe
-x8, a lost GPU, a hung rank) and over every later node slot with a background event (single
+job churn; a few nodes' rails on the previous firmware release; seven planted faults: a bad
+cable, a port retrained at half its rate, a NIC at PCIe x8, a lost GPU, a rank NCCL's RAS
+calls unresponsive, a node's pause storm, a job whose NVLinked GPUs talk over SHM) and over
+every later node slot with a background event (single
 flaps, application XIDs, reboots, drains with kube-state-metrics' cordon flag), a fraction
 ``--sample`` of them rendered, at one-minute resolution throughout. Symbol errors count at
 bit-error rates below the 1e-12 ibdiagnet fails a port at.
@@ -318,6 +320,29 @@ def report(
     return data, "\n".join(md) + "\n", problems
 
 
+def alerts_doc_figure(every: dict[str, dict[str, Any]], alert: str) -> str:
+    """The healthy fleet's figure for ``alert`` as docs/alerts.md's table gives it."""
+    row = every.get(alert)
+    if row is None:
+        return "not measured yet"
+    if not row["modelled"]:
+        return "not in the week's history"
+    return f"{row['per_1000_node_days']:g}"
+
+
+def rewrite_alerts_doc(text: str, every: dict[str, dict[str, Any]]) -> str:
+    """docs/alerts.md with its table's last column (per 1,000 node-days) from ``every``."""
+    out = []
+    for raw in text.splitlines(keepends=True):
+        line = raw
+        m = re.match(r"^\| \[(Fabricscope\w+)\]\(#\w+\) \|(.*)\| [^|]* \|$", line.rstrip("\n"))
+        if m:
+            head = line.rstrip("\n").rsplit("|", 2)[0]
+            line = f"{head}| {alerts_doc_figure(every, m.group(1))} |\n"
+        out.append(line)
+    return "".join(out)
+
+
 @dataclass
 class Run:
     history: fleet_history.History
@@ -426,6 +451,10 @@ def main() -> int:
     ap.add_argument("--max-pages-per-1000-node-days", type=float, default=1.0)
     ap.add_argument("--keep", action="store_true", help="keep the history in --workdir")
     ap.add_argument(
+        "--docs", type=Path, default=None,
+        help="rewrite this alerts page's per-1,000-node-days column (docs/alerts.md)",
+    )  # fmt: skip
+    ap.add_argument(
         "--report-from", type=Path, default=None,
         help="write the report of a run saved by an earlier invocation (its run.pickle)",
     )  # fmt: skip
@@ -454,6 +483,8 @@ def main() -> int:
     (ns.out / "fleet_panels.json").write_text(
         json.dumps({"nodes": ns.nodes, "days": ns.days, "panels": r.panels}, indent=2) + "\n"
     )
+    if ns.docs:
+        ns.docs.write_text(rewrite_alerts_doc(ns.docs.read_text(), data["every_alert"]))
     print(md)
     for row in r.panels:
         print(f"{row['series']:6d}  {row['panel']}")

@@ -1,22 +1,10 @@
 """A fleet's history in a real Prometheus TSDB: N DGX-class nodes over some hours, with the
 background a large fleet always has and a few planted hardware faults.
 
-Where the series come from. Every node state is what the real agent (``agent --once``)
-exports for a variant of the DGX H100 fixture tree (``tests/fixtures/dgx-h100``: 8
-ConnectX-7 compute rails, set to InfiniBand as on an InfiniBand compute fabric, and 4
-ConnectX-6 Dx Ethernet ports) with the recorded 2x H200 NVML answers
-(``tests/fixtures/nvml``) whose per-GPU series are repeated for 8 GPUs:
-
-==================  ===========================================================================
-``healthy``         the tree as captured
-``saturated-K``     K compute rails' 32-bit ``port_xmit_wait`` at 2^32-1, where the hardware
-                    stops it (what every congested ConnectX-7 port reaches within seconds)
-``disabled``        6 ports administratively disabled (``1: DOWN``, ``3: Disabled``): 0.1 % of
-                    a 500-node fleet's 6,000 ports, on one node
-``rate``            a rail retrained at ``200 Gb/sec (2X NDR)`` (the planted degraded port)
-``x8``              a rail's ConnectX-7 retrained at PCIe x8 (the planted NIC at x8)
-``lost``            GPU 1 answers GPU_IS_LOST, after XID 79 (the planted lost GPU)
-==================  ===========================================================================
+Where the series come from. Every node state is what the real agent exports
+(``bench/fleet_states.py``: a DGX H100 fixture tree with recorded H200 NVML answers, one
+variant per state: healthy, stopped 32-bit counters, disabled ports, the planted faults);
+which node is in which state when, and what happens to it, is ``bench/fleet_plan.py``'s.
 
 The agent's own labels and values are kept; only what changes over time is written here:
 counters advance (error counters at their background rates, the planted bad cable's symbol
@@ -37,410 +25,35 @@ with ``promtool tsdb create-blocks-from rules`` against a real Prometheus servin
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from agent.snapshot import NVML_RECORDING as IN_SNAPSHOT  # noqa: E402
-from agent.snapshot import capture  # noqa: E402
 from exporter.metrics import attribution, netdev  # noqa: E402
 from tests.promharness import PROMTOOL  # noqa: E402
 
-DGX = ROOT / "tests" / "fixtures" / "dgx-h100" / "sys"
-NVML_RECORDING = ROOT / "tests" / "fixtures" / "nvml" / "h200x2.recording.json"
-RULES = ROOT / "deploy" / "rules"
-FLEET_BOARD = ROOT / "dashboards" / "boards" / "fleet.py"
+sys.path.insert(0, str(ROOT / "bench"))
+from fleet_plan import Fault, NodePlan, Plan, plan  # noqa: E402
+from fleet_states import (  # noqa: E402
+    APP_XIDS,
+    ETHERNET,
+    GPUS,
+    RAILS,
+    SATURATED_MAX,
+    Sample,
+    agent_states,
+    referenced_families,
+)
 
-#: the eight ConnectX-7 compute rails of the DGX tree (InfiniBand here) and the four
-#: ConnectX-6 Dx Ethernet ports
-RAILS = ("mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11")
-ETHERNET = ("mlx5_1", "mlx5_2", "mlx5_7", "mlx5_8")
-GPUS = 8
-SATURATED_MAX = 4294967295  # 2^32 - 1: a 32-bit PMA counter the hardware stopped
-#: the 0.1 % of a 500-node fleet's ports, all on one node
-DISABLED_PORTS = ("mlx5_1", "mlx5_2", "mlx5_7", "mlx5_8", "mlx5_10", "mlx5_11")
-RATE_PORT = "mlx5_5"  # the planted degraded port (2X NDR)
-X8_NIC = ("mlx5_3", "0000:3c:00.0")  # the planted NIC at PCIe x8: device, PCI function
-LOST_GPU = "1"
-BAD_CABLE_PORT = "mlx5_4"
-
-#: NVIDIA's application XIDs that jobs cause every day (deploy/rules/hardware.rules.yaml)
-APP_XIDS = ("13", "31", "43", "45")
-
-
-# --- the agent's series for each node state ------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    name: str
-    labels: tuple[tuple[str, str], ...]
-    value: float
-    counter: bool
-
-
-def referenced_families() -> set[str]:
-    """Metric names the shipped rules and the Fleet dashboard read."""
-    text = "".join(p.read_text() for p in sorted(RULES.glob("*.rules.yaml")))
-    text += FLEET_BOARD.read_text()
-    return set(re.findall(r"\bfabricscope_[a-z0-9_]+", text)) | {"fabricscope_build_info"}
-
-
-def _write(tree: Path, rel: str, text: str) -> None:
-    (tree / rel).write_text(text)
-
-
-def _pci(tree: Path, bdf: str) -> Path:
-    return (tree / "bus" / "pci" / "devices" / bdf).resolve()
-
-
-def _healthy(tree: Path) -> None:
-    """Undo the fixture's five documented faults (its PROVENANCE.md): a fleet node is healthy
-    unless this history makes it otherwise. The ACS redirect (fault 3) is left: its series
-    need CAP_SYS_ADMIN (``capabilities.acs``), which the chart does not grant by default,
-    so the fleet has none (:func:`agent_states` drops them)."""
-    nic = _pci(tree, "0000:5e:00.0")  # fault 1: mlx5_5's NUMA node rewritten to 1
-    (nic / "numa_node").write_text("0\n")
-    (nic / "local_cpulist").write_text("0-79\n")
-    for bdf in ("0000:37:01.0", "0000:38:00.0"):  # fault 2: the switch uplink at x8
-        (_pci(tree, bdf) / "current_link_width").write_text("16\n")
-    port = "class/infiniband/mlx5_11/ports/1"  # fault 4: mlx5_11 DOWN
-    _write(tree, f"{port}/state", "4: ACTIVE\n")
-    _write(tree, f"{port}/phys_state", "5: LinkUp\n")
-    _write(tree, f"{port}/rate", "400 Gb/sec (4X NDR)\n")
-    # fault 5, mlx5_6's saturated counters (a real dump): mlx5_0's values, as on every
-    # other port of the fixture; the saturated-4 state keeps the dump
-    src = tree / "class/infiniband/mlx5_0/ports/1/counters"
-    for f in src.iterdir():
-        _write(tree, f"class/infiniband/mlx5_6/ports/1/counters/{f.name}", f.read_text())
-
-
-def _variant_tree(base: Path, name: str) -> Path:
-    """The DGX tree for ``name`` (rails set to InfiniBand, as on an InfiniBand fabric)."""
-    tree = base / name / "sys"
-    shutil.copytree(DGX, tree, symlinks=True)
-    dump = {
-        f.name: f.read_text() for f in (tree / "class/infiniband/mlx5_6/ports/1/counters").iterdir()
-    }
-    _healthy(tree)
-    for dev in RAILS:
-        _write(tree, f"class/infiniband/{dev}/ports/1/link_layer", "InfiniBand\n")
-    if name.startswith("saturated-"):
-        for dev in RAILS[: int(name.split("-")[1])]:
-            _write(
-                tree,
-                f"class/infiniband/{dev}/ports/1/counters/port_xmit_wait",
-                f"{SATURATED_MAX}\n",
-            )
-        if name == "saturated-4":  # the real dump: four counters of four widths stopped
-            for f, text in dump.items():
-                _write(tree, f"class/infiniband/mlx5_6/ports/1/counters/{f}", text)
-    elif name == "disabled":
-        for dev in DISABLED_PORTS:
-            _write(tree, f"class/infiniband/{dev}/ports/1/state", "1: DOWN\n")
-            _write(tree, f"class/infiniband/{dev}/ports/1/phys_state", "3: Disabled\n")
-    elif name == "rate":
-        _write(tree, f"class/infiniband/{RATE_PORT}/ports/1/rate", "200 Gb/sec (2X NDR)\n")
-    elif name == "x8":
-        (_pci(tree, X8_NIC[1]) / "current_link_width").write_text("8\n")
-    return tree
-
-
-def _recording(base: Path, name: str) -> Path:
-    """The NVML recording for ``name``: as recorded, or GPU 1 lost after XID 79."""
-    data = json.loads(NVML_RECORDING.read_text())
-    if name == "lost":
-        identity = ("UUID", "Name", "PciInfo", "Index", "Serial", "MinorNumber", "Handle")
-        for key in data["calls"]:
-            fn, _, args = key.partition("(")
-            if args.split(",")[0].rstrip(")") == LOST_GPU and not any(i in fn for i in identity):
-                data["calls"][key] = {"error": "GPU_IS_LOST", "code": 15}
-        data["events"] = [{"gpu": int(LOST_GPU), "xid": 79}]
-    path = base / name / "nvml.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
-    return path
-
-
-def _agent_once(args: Sequence[str]) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "agent", "--once", "--log.level=error", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-        cwd=ROOT,
-    ).stdout
-
-
-def _parse(text: str, keep: set[str]) -> list[Sample]:
-    out = []
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name not in keep or s.name.endswith(("_created",)):
-                continue
-            out.append(
-                Sample(
-                    s.name, tuple(sorted(s.labels.items())), float(s.value), fam.type == "counter"
-                )
-            )
-    return out
-
-
-def _eight_gpus(samples: list[Sample]) -> list[Sample]:
-    """The recorded node has 2 GPUs; a DGX has 8: GPU 0's series stand for GPUs 2-7."""
-    out = list(samples)
-    for s in samples:
-        labels = dict(s.labels)
-        if labels.get("gpu") != "0":
-            continue
-        for g in range(2, GPUS):
-            clone = dict(labels, gpu=str(g))
-            if "uuid" in clone:
-                clone["uuid"] = clone["uuid"][:-1] + str(g)
-            out.append(Sample(s.name, tuple(sorted(clone.items())), s.value, s.counter))
-    return out
-
-
-STATES = ("healthy", "saturated-1", "saturated-2", "saturated-4", "disabled", "rate", "x8", "lost")
-
-
-def agent_states(work: Path, keep: set[str], *, acs: bool = False) -> dict[str, list[Sample]]:
-    """Each node state's series, from the real agent (two runs a state: sysfs, NVML); with
-    ``acs``, the ACS series of a fleet that grants ``capabilities.acs`` (the tree's bridges
-    with the redirect on, as the fixture was captured: a BIOS default every node shares)."""
-    common = [
-        "--no-sampler.attribution",
-        "--no-sampler.workload",
-        "--no-sampler.netdev",
-        "--kubelet.pod-resources-socket=",
-        "--collector.detail=default",
-    ]
-
-    def run(name: str) -> list[Sample]:
-        tree = _variant_tree(work, name)
-        rec = _recording(work, name)
-        snap = work / name / "nvml.tar.gz"
-        (work / name / "empty").mkdir(exist_ok=True)
-        capture(str(work / name / "empty"), [], str(snap), extra={IN_SNAPSHOT: rec.read_bytes()})
-        sysfs = _agent_once(["--path.sysfs", str(tree), "--no-sampler.nvml", *common])
-        nvml = _agent_once(
-            ["--snapshot", str(snap), "--no-sampler.infiniband", "--no-sampler.pci", *common]
-        )
-        out = _parse(sysfs, keep) + _eight_gpus(_parse(nvml, keep))
-        return [x for x in out if acs or x.name != "fabricscope_pci_acs_p2p_redirect_enabled"]
-
-    with ThreadPoolExecutor(2) as pool:
-        return dict(zip(STATES, pool.map(run, STATES), strict=True))
-
-
-# --- the fleet: who is in which state when, and what happens -------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """A planted fault: ``kind``, where (``node``, and the port/GPU/PCI function in the
-    label the alerts carry), from ``at`` (seconds into the history)."""
-
-    kind: str  # bad_cable | degraded_port | nic_x8 | lost_gpu
-    node: str
-    labels: tuple[tuple[str, str], ...]
-    at: float
-    description: str
-
-
-@dataclass(slots=True)
-class NodePlan:
-    name: str
-    #: (from, state): the node's state from that second on
-    segments: list[tuple[float, str]]
-    #: (from, to): rebooting, no agent (``up`` 0)
-    down: list[tuple[float, float]] = field(default_factory=list)
-    #: (at, device): a single link flap
-    flaps: list[tuple[float, str]] = field(default_factory=list)
-    #: (at, gpu, code): an XID event
-    xids: list[tuple[float, str, str]] = field(default_factory=list)
-    bad_cable: tuple[float, str] | None = None
-    job: str = ""
-    pod: str = ""
-    #: (from, ratio): the job's throughput relative to normal
-    slowdowns: list[tuple[float, float]] = field(default_factory=list)
-    job_gone: float | None = None  # the job's pods ended at (seconds)
-    noisy_ports: dict[str, float] = field(default_factory=dict)  # device -> symbol errors/h
-    job_start: float = 0.0  # the job's pods started at (seconds; job churn)
-    hung_at: float | None = None  # a rank hung: its log stops, its pods keep their GPUs
-    next_job: tuple[float, str, str] | None = None  # (from, job, pod): the next job here
-    #: (from, to): cordoned (kube-state-metrics' kube_node_spec_unschedulable 1)
-    cordons: list[tuple[float, float]] = field(default_factory=list)
-
-    def state_at(self, t: float) -> str:
-        state = self.segments[0][1]
-        for at, s in self.segments:
-            if t >= at:
-                state = s
-        return state
-
-    def is_down(self, t: float) -> bool:
-        return any(a <= t < b for a, b in self.down)
-
-    def boot(self, t: float) -> float:
-        """When the running agent and the counters started: 0 or the end of a reboot."""
-        return max((b for a, b in self.down if b <= t), default=0.0)
-
-
-@dataclass(slots=True)
-class Plan:
-    nodes: list[NodePlan]
-    faults: list[Fault]
-    seconds: float
-    step: float
-    #: what the background holds, as counts (for the report)
-    background: dict[str, int]
-
-
-def _node(i: int) -> str:
-    return f"node-{i:03d}"
-
-
-def plan(nodes: int, hours: float, step: float, seed: int = 35, job_size: int = 50) -> Plan:
-    """The fleet's story. Faults start in the last third; background events anywhere.
-    Training jobs of ``job_size`` nodes each."""
-    rng = random.Random(seed)
-    seconds = hours * 3600
-    out = [NodePlan(_node(i), [(0.0, "healthy")]) for i in range(nodes)]
-    # about 60 % of nodes have rails whose 32-bit port_xmit_wait stopped long ago
-    saturated = 0
-    for n in out:
-        r = rng.random()
-        if r < 0.6:
-            n.segments = [
-                (0.0, rng.choice(("saturated-1", "saturated-1", "saturated-2", "saturated-4")))
-            ]
-            saturated += 1
-    # faults, on distinct nodes, none of them the disabled one (node 1)
-    picks = rng.sample(range(2, nodes), 6)
-    f_at = seconds * 2 / 3
-    faults = [
-        Fault(
-            "bad_cable",
-            _node(picks[0]),
-            (("device", BAD_CABLE_PORT), ("port", "1")),
-            f_at,
-            "a marginal cable: symbol errors, link error recoveries, a link down every 10-20 min",
-        ),
-        Fault(
-            "degraded_port",
-            _node(picks[1]),
-            (("device", RATE_PORT), ("port", "1")),
-            f_at + 300,
-            f"rail {RATE_PORT} retrained at 200 Gb/s (2X NDR), up, no error counted",
-        ),
-        Fault(
-            "nic_x8",
-            _node(picks[2]),
-            (("pci_bus_id", X8_NIC[1]),),
-            f_at + 600,
-            f"the ConnectX-7 of rail {X8_NIC[0]} retrained at PCIe x8",
-        ),
-        Fault(
-            "lost_gpu",
-            _node(picks[3]),
-            (("gpu", LOST_GPU),),
-            f_at + 900,
-            f"GPU {LOST_GPU} fell off the bus (XID 79, NVML GPU_IS_LOST)",
-        ),
-    ]
-    by_name = {n.name: n for n in out}
-    for f in faults:
-        n = by_name[f.node]
-        base = n.segments[0][1]
-        if f.kind == "bad_cable":
-            n.bad_cable = (f.at, BAD_CABLE_PORT)
-        else:
-            state = {"degraded_port": "rate", "nic_x8": "x8", "lost_gpu": "lost"}[f.kind]
-            n.segments = [(0.0, base if base == "healthy" else "healthy"), (f.at, state)]
-        if f.kind == "lost_gpu":
-            n.xids.append((f.at, LOST_GPU, "79"))
-    out[1].segments = [(0.0, "disabled")]  # 0.1 % of the fleet's ports, administratively off
-    # background: single flaps (one an hour), application XIDs (a few an hour), reboots
-    flaps = max(1, round(hours))
-    for _ in range(flaps):
-        n = out[rng.choice(picks[4:] + list(range(2, nodes)))]
-        n.flaps.append((rng.uniform(0, seconds - 60), rng.choice(RAILS)))
-    app_xids = 0
-    t = rng.expovariate(4 / 3600)
-    while t < seconds:
-        n = out[rng.randrange(nodes)]
-        gpu = str(rng.randrange(GPUS))
-        code = rng.choices(APP_XIDS, (35, 35, 15, 15))[0]
-        n.xids.append((t, gpu, code))
-        app_xids += 1
-        if code in ("13", "31") and rng.random() < 0.5:  # the channel's cleanup follows
-            n.xids.append((t + step, gpu, "45"))
-            app_xids += 1
-        t += rng.expovariate(4 / 3600)
-    reboots = 0
-    quiet = [i for i in range(2, nodes) if i not in picks[:4]]
-    for i in rng.sample(quiet, min(2, len(quiet))):
-        n = out[i]
-        a = rng.uniform(600, seconds - 1200)
-        n.down.append((a, a + 8 * 60))  # eight minutes from shutdown to the agent's first pass
-        if n.segments[0][1].startswith("saturated"):
-            n.segments.append((a + 8 * 60, "healthy"))  # counters reset by the reboot
-        reboots += 1
-    # a tenth of the ports count a few symbol errors an hour, below the alert's 10
-    noisy = 0
-    for n in out:
-        for dev in RAILS:
-            if rng.random() < 0.1:
-                n.noisy_ports[dev] = rng.uniform(0.5, 4)
-                noisy += 1
-    # jobs: 50 nodes each, every rank printing tokens/s; a fault slows its job
-    for i, n in enumerate(out):
-        job = f"job-{i // job_size:02d}"
-        n.job, n.pod = job, f"{job}-{i % job_size}"
-    slow = {"bad_cable": 0.7, "degraded_port": 0.75, "nic_x8": 0.8}
-    for f in faults:
-        job = by_name[f.node].job
-        for n in out:
-            if n.job != job:
-                continue
-            if f.kind in slow:
-                n.slowdowns.append((f.at, slow[f.kind]))
-            else:  # the job failed with its GPU: its pods are gone two minutes later
-                n.job_gone = f.at + 120
-    return Plan(
-        out,
-        faults,
-        seconds,
-        step,
-        {
-            "nodes with saturated 32-bit counters": saturated,
-            "administratively disabled ports": len(DISABLED_PORTS),
-            "single link flaps": flaps,
-            "application XIDs": app_xids,
-            "node reboots (8 min)": reboots,
-            "ports counting a few symbol errors an hour": noisy,
-            f"training jobs ({job_size} nodes, every rank printing tokens/s)": math.ceil(
-                nodes / job_size
-            ),
-        },
-    )
-
+__all__ = ["APP_XIDS", "GPUS", "RAILS", "Fault", "History", "NodePlan", "Plan", "build", "plan"]
 
 # --- the samples ---------------------------------------------------------------------------
 
@@ -449,6 +62,29 @@ TOKENS_PER_SECOND = 55803.1245  # the founding story's job (tests/lab/scenarios.
 #: families of the agent left out of the fleet: the ACS check needs CAP_SYS_ADMIN, which
 #: the chart does not grant by default, and pci_device_info is read only beside it
 LEFT_OUT = frozenset({"fabricscope_pci_acs_p2p_redirect_enabled", "fabricscope_pci_device_info"})
+#: the planted pause storm (modelled): pause frames a second on top of the background, the
+#: NIC's pause storm prevention stopping it first after STORM_FIRST, then every STORM_REPEAT
+STORM_PAUSE_RATE = 20000.0
+STORM_FIRST = 120.0
+STORM_REPEAT = 300.0
+#: the agent's resident memory by process (child "" is the main one), as measured on an
+#: H200 node (bench/results/sizing-h200.json), against the chart's limit (256Mi); the main
+#: process grows as bench/soak.py measured it (bench/results/soak-cpu.json: 31.07 MiB a day
+#: at 15 times the default passes with a pod churned every 5 s), scaled to the default passes
+AGENT_RSS_MIB = {"": 73.2, "nvml": 44.4, "throughput": 29.4}
+AGENT_LIMIT_MIB = 256
+MAIN_GROWTH_MIB_PER_DAY = 31.07 / 15
+#: the DGX H100's GPUs, as nvidia-smi names them, and NCCL's channels between two of them
+#: (modelled: one ring per channel)
+GPU_BUS_IDS = ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
+               "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0")  # fmt: skip
+NVLINK_CHANNELS = 16
+#: where the rank-0 node asks the job's RAS service (NCCL's default port), and the hung
+#: rank's bootstrap address (documentation range)
+RAS_ENDPOINT = "127.0.0.1:28028"
+RAS_HOST = "192.0.2.2"
+RAS_ERROR_KINDS = ("internal_error", "invalid_argument", "invalid_usage", "other",
+                   "remote_error", "system_error", "unhandled_cuda_error")  # fmt: skip
 #: link downs of the planted bad cable after its onset, in minutes (a flapping link)
 BAD_CABLE_DOWNS = (3.0, 17.0, 29.0)
 
@@ -504,6 +140,10 @@ def write_node(
     xmit_rate = {dev: rng.uniform(1e3, 1e5) for dev in RAILS + ETHERNET}
     for key in keys:
         name, labels = key
+        if n.rail_fw and name == "fabricscope_infiniband_device_info":
+            d = dict(labels)
+            if d.get("device") in RAILS:
+                labels = tuple(sorted({**d, "fw_ver": n.rail_fw}.items()))
         lab = _labels(sorted(labels + inst))
         dev = dict(labels).get("device", "")
         bare = name.removeprefix("fabricscope_infiniband_port_").removesuffix("_total")
@@ -560,23 +200,55 @@ def write_node(
             _labels(sorted((("gpu", gpu), ("reason", code), *inst))),
             vals,
         )
-    # netdev (netlink/ethtool: modelled): PFC pause on the Ethernet ports' lossless class
+    # netdev (netlink/ethtool: modelled): PFC pause on the Ethernet ports' lossless class; a
+    # pause storm sends pause frames at STORM_PAUSE_RATE until the NIC's storm prevention
+    # stops it (one event), again every STORM_REPEAT while the host cannot drain
+    storm_at, storm_nd = n.pause_storm or (math.inf, "")
     for nd in ("ens40f0np0", "ens40f1np1", "ens31f0np0", "ens31f1np1"):
+        storm = nd == storm_nd
         for direction, r in (("rx", rng.uniform(0, 20)), ("tx", rng.uniform(0, 20))):
             lab = _labels(sorted((("netdev", nd), ("direction", direction), ("queue", "3"), *inst)))
+            extra = STORM_PAUSE_RATE if storm and direction == "tx" else 0.0
             w.series(
                 netdev.PFC_PAUSE_FRAMES.name,
                 lab,
                 [
-                    None if state_at[i] is None else float(int(r * (t - boot_at[i])))
+                    None
+                    if state_at[i] is None
+                    else float(
+                        int(r * (t - boot_at[i]) + extra * max(0.0, t - max(storm_at, boot_at[i])))
+                    )
                     for i, t in enumerate(times)
                 ],
             )
+        stops = [storm_at + STORM_FIRST + k * STORM_REPEAT for k in range(steps)] if storm else []
         w.series(
             netdev.PAUSE_STORM_ERRORS.name,
             _labels(sorted((("netdev", nd), *inst))),
-            [None if s is None else 0.0 for s in state_at],
+            [
+                None if s is None else float(_events_before(stops, times[i], boot_at[i]))
+                for i, s in enumerate(state_at)
+            ],
         )
+
+    # the agent's own memory (AGENT_RSS_MIB), its main process growing with its age, against
+    # the chart's limit
+    ages = [
+        None if state_at[i] is None else (t - boot_at[i] + (n.agent_age if boot_at[i] == 0 else 0))
+        for i, t in enumerate(times)
+    ]
+    for child, mib in AGENT_RSS_MIB.items():
+        grow = MAIN_GROWTH_MIB_PER_DAY if not child else 0.0
+        w.series(
+            "process_resident_memory_bytes",
+            _labels(sorted(((("child", child),) if child else ()) + inst)),
+            [None if a is None else float(int((mib + grow * a / 86400) * 2**20)) for a in ages],
+        )
+    w.series(
+        "fabricscope_agent_memory_limit_bytes",
+        _labels(inst),
+        [None if a is None else float(AGENT_LIMIT_MIB * 2**20) for a in ages],
+    )
 
     # kube-state-metrics' cordon flag, when the plan drains nodes
     if n.cordons:
@@ -594,7 +266,10 @@ def write_node(
     )
     if n.next_job:
         start, job, pod = n.next_job
-        _job_series(w, n, job=job, pod_name=pod, span=(start, None), state_at=state_at, rng=rng)
+        _job_series(
+            w, n, job=job, pod_name=pod, span=(start, None), state_at=state_at, rng=rng,
+            bypassed=n.nvlink_bypassed,
+        )  # fmt: skip
 
 
 def _job_series(
@@ -606,9 +281,12 @@ def _job_series(
     span: tuple[float, float | None],
     state_at: Sequence[str | None],
     rng: random.Random,
+    bypassed: bool = False,
 ) -> None:
-    """The job's pod on this node: its 8 GPUs, and its throughput as every rank prints it,
-    from ``span[0]`` until ``span[1]`` (None: the history's end)."""
+    """The job's pod on this node: its 8 GPUs, the channels NCCL set up between them (over
+    SHM where ``bypassed``), its throughput as every rank prints it, and, on the job's rank-0
+    node, what NCCL's RAS service answers about the job; from ``span[0]`` until ``span[1]``
+    (None: the history's end)."""
     step = w.step
     times = [i * step for i in range(len(state_at))]
     inst = (("instance", n.name), ("job", JOB))
@@ -636,6 +314,23 @@ def _job_series(
             _labels(sorted(lab + inst)),
             [1.0 if alive(i) else None for i in range(len(times))],
         )
+    # NVLink peers: NCCL's ring over the NVSwitch joins GPU g to g+1; P2P unless bypassed
+    transport = "SHM/direct/direct" if bypassed else "P2P/CUMEM"
+    for g in range(GPUS - 1):
+        lab = (
+            *pod,
+            ("job_name", job),
+            ("pci_bus_id", GPU_BUS_IDS[g]),
+            ("peer_pci_bus_id", GPU_BUS_IDS[g + 1]),
+            ("transport", transport),
+        )
+        w.series(
+            "fabricscope_nccl_nvlink_peer_channels",
+            _labels(sorted(lab + inst)),
+            [float(NVLINK_CHANNELS) if alive(i) else None for i in range(len(times))],
+        )
+    if n.ranks:
+        _ras_series(w, n, job, [alive(i) for i in range(len(times))], rng)
     tp = (*pod, ("job_name", job), ("format", "composer"))
     tokens: list[float | None] = []
     for i, t in enumerate(times):
@@ -662,6 +357,53 @@ def _job_series(
             for i, t in enumerate(times)
         ],
     )
+
+
+def _ras_series(w: Writer, n: NodePlan, job: str, alive: list[bool], rng: random.Random) -> None:
+    """NCCL's RAS answers about ``job``, asked by its rank-0 node ``n``, with the catalog's
+    labels, shaped as a real NCCL 2.28.9 job's answers (tests/fixtures/ras): healthy, every
+    rank responsive, counts moving, a communicator now and then mismatched by a collective in
+    flight; a rank stopped (``n.hung_at``): the counts stop on every rank, RAS calls it
+    unresponsive from the next answer and dead 80 s later."""
+    times = [i * w.step for i in range(len(alive))]
+    j = (("namespace", "training"), ("job_name", job), ("ras_endpoint", RAS_ENDPOINT))
+    inst = (("instance", n.name), ("job", JOB))
+    hung = n.hung_at if n.hung_at is not None and n.hung_rank else math.inf
+
+    def series(
+        name: str, extra: tuple[tuple[str, str], ...], fn: Callable[[float], float | None]
+    ) -> None:
+        vals = [fn(t) if alive[i] else None for i, t in enumerate(times)]
+        w.series(name, _labels(sorted(j + extra + inst)), vals)
+
+    p = "fabricscope_nccl_ras_"
+    series(p + "counts_unchanged_seconds", (), lambda t: max(0.0, t - hung) if t >= hung else 0.0)
+    series(
+        p + "mismatched_communicators",
+        (),
+        lambda t: 0.0 if t >= hung else float(rng.random() < 0.5),
+    )
+    series(p + "ranks", (("state", "responsive"),), lambda t: float(n.ranks - (t >= hung)))
+    series(p + "ranks", (("state", "unresponsive"),), lambda t: float(hung <= t < hung + 80))
+    series(p + "ranks", (("state", "dead"),), lambda t: float(t >= hung + 80))
+    for kind in RAS_ERROR_KINDS:
+        series(p + "async_error_ranks", (("kind", kind),), lambda t: 0.0)
+    if n.hung_rank:
+        rank, gpu = n.hung_rank
+        who = (
+            ("rank", str(rank)),
+            ("host", RAS_HOST),
+            ("pid", "5170"),
+            ("gpu", str(gpu)),
+            ("pci_bus_id", ""),
+            ("pod", ""),
+        )
+        for state, a, b in (("unresponsive", hung, hung + 80), ("dead", hung + 80, math.inf)):
+            series(
+                p + "rank_info",
+                (*who, ("state", state)),
+                lambda t, a=a, b=b: 1.0 if a <= t < b else None,
+            )
 
 
 @dataclass(frozen=True, slots=True)

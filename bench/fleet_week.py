@@ -64,6 +64,12 @@ RATES: dict[str, Rate] = {
 BER_HEALTHY = (1e-16, 1e-14)  # a tenth of ports, log-uniform: 0.0014 to 1.4 errors an hour
 BER_MARGINAL = 1e-13  # a hundredth of ports: passing, 144 an hour (12 in 5 minutes)
 NDR_BITS = 4e11
+#: the planted pause storm's port (a ConnectX-6 Dx RoCE port of the DGX tree)
+STORM_NETDEV = "ens40f0np0"
+#: nodes whose ConnectX-7 rails run the previous firmware release (the fixture's is
+#: 28.39.1002): a rollout not finished, modelled
+OLD_FW_SHARE = 0.03
+OLD_RAIL_FW = "28.38.1002"
 #: job churn: a 50-node job runs 12 to 48 hours, then the next starts after 10 minutes
 JOB_HOURS = (12.0, 48.0)
 JOB_GAP = 600.0
@@ -154,6 +160,8 @@ def week(
         n.segments = [s for s in n.segments if s[0] == 0.0 or s[1] in ("rate", "x8", "lost")]
         n.noisy_ports.clear()
     faults = {f.node for f in base.faults}
+    for n in base.nodes:  # the agents' uptime: since a reboot some time in the last week
+        n.agent_age = rng.uniform(0, days * DAY)
     by_index = dict(enumerate(base.nodes))
     noisy = sum(_ber_ports(rng, n) for n in base.nodes)
     # a planted hung rank: one rank of a job stops in a collective, every rank of the job
@@ -165,10 +173,30 @@ def week(
     hung_at = base.faults[-1].at + 300
     for n in hung_nodes:
         n.hung_at = hung_at
+    # RAS, asked by the job's rank-0 node, names the stopped rank: GPU 3 of its last node
+    hung_nodes[0].hung_rank = ((len(hung_nodes) - 1) * fh.GPUS + 3, 3)
     base.faults.append(
         fh.Fault("hung_rank", hung_nodes[0].name, (), hung_at,
-                 f"a rank of {hung_job} hung in a collective: every rank's log stops")
+                 f"a rank of {hung_job} stopped in a collective: NCCL's RAS calls it "
+                 "unresponsive, every rank's log stops")
     )  # fmt: skip
+    # a node's congestion: its host stops draining a RoCE port's receive queues, the NIC
+    # sends PFC pause frames until its pause storm prevention stops it
+    busy_nodes = faults | {n.name for n in hung_nodes} | {base.nodes[1].name}
+    storm = rng.choice([n for n in base.nodes if n.name not in busy_nodes])
+    storm.pause_storm = (hung_at + 300, STORM_NETDEV)
+    base.faults.append(
+        fh.Fault("congestion", storm.name, (("netdev", STORM_NETDEV),), hung_at + 300,
+                 f"{STORM_NETDEV} sends PFC pause frames without end (a host that stopped "
+                 "draining): the NIC's pause storm prevention stops it")
+    )  # fmt: skip
+    faults.add(storm.name)
+    # a fleet-wide setting: a few nodes' compute rails run the previous firmware release
+    old_fw = rng.sample(
+        [n for n in base.nodes if n.name not in faults], max(1, round(OLD_FW_SHARE * nodes))
+    )
+    for n in old_fw:
+        n.rail_fw = OLD_RAIL_FW
     # job churn: jobs run 12 to 48 hours, so the week has days * 24 / 30 transitions a job;
     # in the fleet window two jobs (one where the fleet has a single one) end within the
     # counted slot and the next starts after a 10-minute gap: its alerts, per transition,
@@ -183,6 +211,17 @@ def week(
                 n.job_gone = end
                 n.next_job = (end + JOB_GAP, f"{j}-next", f"{n.pod}-next")
     fleet_transitions = len(churn)
+    # NVLink bypass: the first churned job's successor starts on one node with its ranks in
+    # containers that cannot share GPU memory: NCCL joins its NVLinked GPUs over SHM
+    if churn:
+        bypass = next(n for n in base.nodes if n.job == churn[0] and n.next_job)
+        assert bypass.next_job is not None
+        bypass.nvlink_bypassed = True
+        at, next_job, _ = bypass.next_job
+        base.faults.append(
+            fh.Fault("nvlink_bypass", bypass.name, (("job_name", next_job),), at,
+                     f"{next_job} starts with its NVLinked GPUs joined over SHM, not P2P")
+        )  # fmt: skip
     events = _events(rng, nodes, days)
     drawn: dict[str, int] = {}
     for _, _, kind in events:
@@ -209,6 +248,8 @@ def week(
         src = by_index[i]
         w = fh.NodePlan(f"w{s:03d}-{src.name}", [(0.0, src.segments[0][1])])
         w.noisy_ports = dict(src.noisy_ports)
+        w.rail_fw = src.rail_fw
+        w.agent_age = src.agent_age + s * SLOT - WARMUP
         for t, kind in evs:
             at = t - (s * SLOT - WARMUP)
             _apply(w, rng, kind, at, step)
@@ -225,6 +266,7 @@ def week(
             1 for n in base.nodes if n.segments[0][1].startswith("saturated")
         ),
         "nodes with ACS redirect on every PCIe switch port (a BIOS default)": nodes,
+        f"nodes whose compute rails run firmware {OLD_RAIL_FW}": len(old_fw),
         "ports counting symbol errors at a BER of 1e-16 to 1e-13": noisy,
         **{f"{k} in the week": v for k, v in sorted(drawn.items())},
         f"job transitions in the week ({job_size}-node jobs of 12-48 h)": job_transitions,

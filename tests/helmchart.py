@@ -6,6 +6,7 @@ into the virtualenv (scripts/test.sh runs it; so does :func:`helm` when it is mi
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,32 @@ NAMESPACE = "fabricscope"
 PROBE_SECRET = "fabricscope-probe-secret"
 
 Doc = dict[str, Any]
+
+
+def strict_schema(open_api_v3: Doc) -> Doc:
+    """A CRD's openAPIV3Schema, tightened as the API server's strict field validation is: an
+    object listing ``properties`` rejects others unless it says it preserves them; metadata
+    is the API server's ObjectMeta, which the CRD leaves open."""
+    schema: Doc = copy.deepcopy(open_api_v3)
+
+    def tighten(node: object) -> None:
+        if isinstance(node, dict):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
+                node["additionalProperties"] = False
+            for value in node.values():
+                tighten(value)
+        elif isinstance(node, list):
+            for value in node:
+                tighten(value)
+
+    tighten(schema)
+    schema["properties"]["metadata"] = {"type": "object"}
+    return schema
+
 
 #: the values the tests render the chart with, by name. "standard" is the defaults; the others
 #: are what an administrator sets for each option (the old kustomize overlays and components

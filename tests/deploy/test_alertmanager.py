@@ -20,7 +20,7 @@ import yaml
 
 from tests.alert_routing import AM_CONFIG, deliver
 from tests.deploy.test_alerts import ALERTS
-from tests.helmchart import CHART, run_helm
+from tests.helmchart import CHART, run_helm, strict_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "tests" / "fixtures" / "crds" / "0alertmanagerconfigCustomResourceDefinition.yaml"
@@ -52,7 +52,7 @@ def amtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_amtool_accepts_the_configuration() -> None:
     r = amtool("check-config", str(AM_CONFIG))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "4 inhibit rules" in r.stdout
+    assert "5 inhibit rules" in r.stdout
 
 
 @pytest.mark.parametrize("alert", ALERTS, ids=lambda a: a.name)
@@ -94,25 +94,7 @@ def crd_schema() -> Doc:
     crd = yaml.load(CRD.read_text(), Loader=_CrdLoader)
     assert crd["spec"]["names"]["kind"] == "AlertmanagerConfig"
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
-    schema: Doc = copy.deepcopy(version["schema"]["openAPIV3Schema"])
-
-    def tighten(node: object) -> None:
-        if isinstance(node, dict):
-            if (
-                "properties" in node
-                and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")
-            ):
-                node["additionalProperties"] = False
-            for value in node.values():
-                tighten(value)
-        elif isinstance(node, list):
-            for value in node:
-                tighten(value)
-
-    tighten(schema)
-    schema["properties"]["metadata"] = {"type": "object"}
-    return schema
+    return strict_schema(version["schema"]["openAPIV3Schema"])
 
 
 ENABLED = [
@@ -213,6 +195,15 @@ SCENE = [
     # info: records, no notification
     _a("FabricscopeGpuApplicationXid", "info", instance="node-6", gpu="0", reason="13"),
     _a("FabricscopeInfinibandLinkFlapped", "info", instance="node-7", device="mlx5_9", **LINK),
+    # node-8 asks job llm's RAS: a rank it waits on (a page); the job's hang and its stalled
+    # throughput on node-9 are the same event (suppressed); another job's stall is not
+    _a("FabricscopeNcclRankUnresponsive", "critical", instance="node-8", namespace="ml",
+       job_name="llm", rank="3"),
+    _a("FabricscopeNcclJobHung", "critical", instance="node-8", namespace="ml", job_name="llm"),
+    _a("FabricscopeThroughputStalled", "warning", instance="node-9", namespace="ml",
+       job_name="llm"),
+    _a("FabricscopeThroughputStalled", "warning", instance="node-9", namespace="ml",
+       job_name="bert"),
     # one fleet-wide decision: one ticket
     {"alertname": "FabricscopeAcsP2pRedirectFleetwide", "severity": "warning",
      "vendor": "0x1000", "model": "0xc030"},
@@ -234,7 +225,7 @@ def test_one_notification_per_node_and_cause(delivered: Any) -> None:
         for b in delivered.bodies
     )
     assert all(n == 1 for n in groups.values()), groups
-    assert delivered.notifications == Counter({"fabricscope-page": 2, "fabricscope-ticket": 5})
+    assert delivered.notifications == Counter({"fabricscope-page": 3, "fabricscope-ticket": 6})
     group = {"alertname": "FabricscopeInfinibandLinkDowned", "instance": "node-1"}
     linkdowned = next(b for b in delivered.bodies if b["groupLabels"] == group)
     assert sorted(a["labels"]["device"] for a in linkdowned["alerts"]) == ["mlx5_0", "mlx5_3"]
@@ -251,8 +242,10 @@ def test_symptoms_are_inhibited_under_their_cause(delivered: Any) -> None:
         (("FabricscopeInfinibandLinkFlapped", "node-2"), "mlx5_5"),
         (("FabricscopeInfinibandPortRateDegraded", "node-2"), "mlx5_5"),
         (("FabricscopeInfinibandSymbolErrorsRising", "node-1"), "mlx5_0"),
+        (("FabricscopeNcclJobHung", "node-8"), ""),
         (("FabricscopeNvlinkDown", "node-3"), "1"),
         (("FabricscopePcieLinkWidthDegraded", "node-4"), "0000:3c:00.0"),
+        (("FabricscopeThroughputStalled", "node-9"), ""),
     ]  # fmt: skip
     notified = {
         (_key(a["labels"]), a["labels"].get("gpu", ""))
@@ -260,6 +253,9 @@ def test_symptoms_are_inhibited_under_their_cause(delivered: Any) -> None:
         for a in b["alerts"]
     }
     assert (("FabricscopeGpuXidErrors", "node-3"), "5") in notified
+    stalled = [a["labels"]["job_name"] for b in delivered.bodies for a in b["alerts"]
+               if a["labels"]["alertname"] == "FabricscopeThroughputStalled"]  # fmt: skip
+    assert stalled == ["bert"]
 
 
 def test_info_is_recorded_never_notified(delivered: Any) -> None:

@@ -93,6 +93,8 @@ RECORDED_SERIES: dict[str, tuple[str, ...]] = {
     "fabricscope:infiniband_port_netdev_up": ("device", "port", "netdev"),
     "fabricscope:infiniband_port_netdev_receive_bytes:rate5m": ("device", "port", "netdev"),
     "fabricscope:infiniband_port_netdev_transmit_bytes:rate5m": ("device", "port", "netdev"),
+    # nodes per NIC class and firmware release (deploy/rules/hardware.rules.yaml)
+    "fabricscope:nic_firmware_nodes:count": ("namespace", "hca_type", "board_id", "fw_ver"),
 }
 
 

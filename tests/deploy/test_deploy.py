@@ -37,7 +37,7 @@ from agent.config import DEFAULT_POD_LOGS, DEFAULT_PROBE_PORT
 from agent.probe.schedule.membership import parse_peers
 from exporter.cli.agent_flags import DEFAULT_STATE_FILE
 from exporter.cli.main import build_parser
-from tests.helmchart import PROBE_SECRET, VALUES, render, render_fails
+from tests.helmchart import PROBE_SECRET, VALUES, render, render_fails, strict_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -207,30 +207,10 @@ def test_strict_validation_rejects_an_unknown_field(
 
 
 def crd_schema(kind: str) -> Doc:
-    """The CRD's openAPIV3Schema, tightened as the API server's strict field validation is:
-    an object listing ``properties`` rejects others unless it says it preserves them."""
+    """The CRD's openAPIV3Schema, tightened as the API server's strict field validation is."""
     crd = yaml.safe_load((CRDS / f"0{kind.lower()}CustomResourceDefinition.yaml").read_text())
     assert crd["spec"]["names"]["kind"] == kind
-    schema: Doc = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-
-    def tighten(node: object) -> None:
-        if isinstance(node, dict):
-            if (
-                "properties" in node
-                and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")
-            ):
-                node["additionalProperties"] = False
-            for value in node.values():
-                tighten(value)
-        elif isinstance(node, list):
-            for value in node:
-                tighten(value)
-
-    tighten(schema)
-    # metadata is the API server's ObjectMeta, which the CRD leaves open
-    schema["properties"]["metadata"] = {"type": "object"}
-    return schema
+    return strict_schema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
 def validate_custom(doc: Doc) -> None:
