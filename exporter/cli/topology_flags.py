@@ -9,7 +9,7 @@ from typing import Any
 from agent.core.logsetup import LEVELS
 from exporter.cli.argtypes import byte_size, duration, positive_duration
 
-OUTPUTS = ("labels", "kueue", "volcano", "slurm", "graph")
+OUTPUTS = ("labels", "kueue", "volcano", "slurm", "slurm-block", "graph")
 
 
 def _prometheus(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -66,8 +66,17 @@ def _labels(p: argparse.ArgumentParser) -> None:
         dest="label_prefix",
         default="fabric.topograph.run/",
         metavar="PREFIX",
-        help="node label keys are PREFIX + tier-0 (the leaf) and tier-1 (the spine block); "
-        "the default is topograph's, which schedulers set up for it read unchanged",
+        help="node label keys are PREFIX + tier-0 (the leaf), tier-1 (the spine block) and "
+        "tier-2 (the core group, where one is seen); the default is topograph's, which "
+        "schedulers set up for it read unchanged",
+    )
+    p.add_argument(
+        "--label.accelerator",
+        dest="label_accelerator",
+        default="accelerator.topograph.run/domain",
+        metavar="KEY",
+        help="the node label key of the NVLink domain (<cluster UUID>.<clique ID>, where the "
+        "GPUs report one; '' for none; default: topograph's, %(default)s)",
     )
 
 
@@ -101,7 +110,8 @@ def add_parsers(sub: Any) -> None:
         choices=OUTPUTS,
         default="labels",
         help="labels (node -> labels, JSON), kueue (a Topology, YAML), volcano (HyperNodes, "
-        "YAML), slurm (topology.conf, tree plugin), graph (switches, nodes, links, JSON) "
+        "YAML), slurm (topology.conf, tree plugin), slurm-block (topology.conf, block plugin: "
+        "one block per NVLink domain), graph (switches, nodes, links, JSON) "
         "(default: %(default)s)",
     )
     p.add_argument("--kueue.name", dest="kueue_name", default="fabricscope", metavar="NAME")

@@ -39,10 +39,13 @@ def _client(ns: argparse.Namespace) -> PrometheusClient:
 
 
 def _keys(ns: argparse.Namespace) -> render.LabelKeys | None:
+    flag = "--label.prefix"
     try:
-        return render.LabelKeys(ns.label_prefix)
+        render.LabelKeys(ns.label_prefix, "")
+        flag = "--label.accelerator"
+        return render.LabelKeys(ns.label_prefix, ns.label_accelerator)
     except ValueError as exc:
-        print(f"fabricscope {ns.command}: error: --label.prefix: {exc}", file=sys.stderr)
+        print(f"fabricscope {ns.command}: error: {flag}: {exc}", file=sys.stderr)
         return None
 
 
@@ -79,13 +82,28 @@ def cmd_topology(ns: argparse.Namespace) -> int:
     if ns.output == "labels":
         out.write(json.dumps(render.node_labels(fmap, keys), indent=2, sort_keys=True) + "\n")
     elif ns.output == "kueue":
-        topo = render.kueue_topology(keys, ns.kueue_name, ns.kueue_api_version)
+        topo = render.kueue_topology(
+            keys,
+            ns.kueue_name,
+            ns.kueue_api_version,
+            depth=fmap.depth,
+            domains=bool(fmap.domains),
+        )
         out.write(yaml.safe_dump(topo, sort_keys=False))
     elif ns.output == "volcano":
         hypernodes = render.volcano_hypernodes(fmap, keys, by_label=ns.volcano_members == "label")
         out.write(yaml.safe_dump_all(hypernodes, sort_keys=False))
     elif ns.output == "slurm":
         out.write(render.slurm_tree(fmap))
+    elif ns.output == "slurm-block":
+        if not fmap.domains:
+            print(
+                "fabricscope topology: no NVLink domain: no GPU of the placed nodes reports "
+                "one (fabricscope_nvml_gpu_fabric_info with state completed)",
+                file=sys.stderr,
+            )
+            return 1
+        out.write(render.slurm_block(fmap))
     else:
         out.write(json.dumps(render.graph(fmap, keys), indent=2) + "\n")
     return 0

@@ -7,7 +7,9 @@ name as the chart relabels it):
   ``port``) of a node and the switch its cable lands on (``peer_guid``, ``peer_description``):
   the node's leaf, one per HCA port;
 - ``fabricscope_infiniband_switch_link_info``: a leaf's port (``switch_guid``) cabled to
-  another switch (``peer_guid``): the leaf's uplinks, each read by one host under the leaf.
+  another switch (``peer_guid``): the leaf's uplinks, each read by one host under the leaf;
+- ``fabricscope_infiniband_spine_link_info`` (agents with ``--ibpeer.spine-links``): a
+  spine's port cabled to another switch: the core above it, or a leaf below it.
 
 An answer is untrusted: a GUID that is not ``0x`` and 16 hex digits, an empty or oversized
 node name, a sample whose value is not 1 is left out and counted (:class:`Rejects`), never
@@ -30,6 +32,8 @@ MAX_EDGES = 200_000
 
 PEER_QUERY = 'fabricscope_infiniband_peer_info{node_type="switch"}'
 UPLINK_QUERY = "fabricscope_infiniband_switch_link_info"
+#: the spines' cables (to the core), where the agents read spines' tables
+SPINE_QUERY = "fabricscope_infiniband_spine_link_info"
 #: a port the node's agent says is down does not count (the peer identity is the last
 #: one read, which outlives a link that went down between two topology reads)
 PORT_UP_QUERY = "fabricscope_infiniband_port_up"

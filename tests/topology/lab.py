@@ -48,11 +48,15 @@ class Served:
     bodies: tuple[dict[str, bytes], ...]
 
 
-def _agent(root: Path) -> AgentApp:
+def _agent(root: Path, spine_links: bool) -> AgentApp:
     config = AgentConfig(
         paths=Paths(str(root / "sys"), str(root / "no-procfs")),
         sampling=Sampling(frozenset({"infiniband", "ibpeer"}), 60.0, 60.0),
-        ibpeer=IbPeerSettings(command_prefix=(str(root / "ibsim-wrap"),), interval_seconds=60.0),
+        ibpeer=IbPeerSettings(
+            command_prefix=(str(root / "ibsim-wrap"),),
+            interval_seconds=60.0,
+            spine_links=spine_links,
+        ),
     )
     latest = Latest()
     specs = build_specs(
@@ -61,11 +65,11 @@ def _agent(root: Path) -> AgentApp:
     return AgentApp(specs, latest)
 
 
-def _pass(roots: dict[str, Path]) -> dict[str, bytes]:
+def _pass(roots: dict[str, Path], spine_links: bool) -> dict[str, bytes]:
     """Each host's exposition from one pass of a fresh agent as ``fabricscope agent --once``
     runs it: the neighbours, every leaf's port table and the uplinks it reads in that pass (a
     serving agent spreads them over its first passes and exports the same series)."""
-    apps = {h: _agent(r) for h, r in roots.items()}
+    apps = {h: _agent(r, spine_links) for h, r in roots.items()}
 
     def run(host: str) -> bytes:
         return apps[host].run_once()
@@ -87,8 +91,11 @@ def port_down(root: Path, device: str) -> None:
 
 
 @contextmanager
-def topology_run(work: Path, tree: Tree, changes: Sequence[Change | None]) -> Iterator[Served]:
-    """One phase per entry of ``changes`` (``None``: the fabric as it is), served."""
+def topology_run(
+    work: Path, tree: Tree, changes: Sequence[Change | None], *, spine_links: bool = False
+) -> Iterator[Served]:
+    """One phase per entry of ``changes`` (``None``: the fabric as it is), served; the agents
+    read the spines' tables too with ``spine_links`` (``--ibpeer.spine-links``)."""
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"install ibsim-utils infiniband-diags opensm: {missing}")
@@ -105,7 +112,7 @@ def topology_run(work: Path, tree: Tree, changes: Sequence[Change | None]) -> It
             if change is not None:
                 change(lab, roots)
                 lab.run_opensm()
-            bodies.append(_pass(roots))
+            bodies.append(_pass(roots, spine_links))
             for host, body in bodies[-1].items():
                 lines += openmetrics_lines(body, host, t)
     finally:

@@ -231,3 +231,43 @@ def test_a_fifo_never_blocks_the_read(tmp_path: Path) -> None:
     fmap, rejects = files.read_dir(str(tmp_path))
     assert rejects == {"file": 1} and not fmap.places
     assert time.monotonic() - t0 < 5
+
+
+def test_the_core_tier_comes_only_from_spines_cables_to_switches_above_them() -> None:
+    """Leaves 1 and 2 under spine 10, leaf 3 under spine 11; spine 10 cabled to core 20 and
+    back down to its leaves (the agents cannot tell which is which), spine 11 to core 20 too
+    in one map and to nothing in the other; a cable from a switch no leaf reaches (a core's
+    own) is ignored."""
+    atts = [
+        parse.Attachment("a", "mlx5_0", "1", g(1)),
+        parse.Attachment("b", "mlx5_0", "1", g(2)),
+        parse.Attachment("c", "mlx5_0", "1", g(3)),
+    ]
+    up = [parse.SwitchLink(g(1), g(10)), parse.SwitchLink(g(2), g(10))]
+    up.append(parse.SwitchLink(g(3), g(11)))
+    down = [parse.SwitchLink(g(10), g(1)), parse.SwitchLink(g(10), g(2))]
+    above = [parse.SwitchLink(g(10), g(20)), parse.SwitchLink(g(20), g(30))]
+    two = model.build(atts, up, down)
+    assert two.depth == 2 and two.core_links == ()  # cables down to leaves: no core
+    three = model.build(atts, up, [*down, *above, parse.SwitchLink(g(11), g(20))])
+    assert three.depth == 3
+    assert {p.node: p.tiers[2] for p in three.places} == {"a": g(20), "b": g(20), "c": g(20)}
+    assert g(30) not in three.switches  # above the core: not a tier
+    cut = model.build(atts, up, [*down, *above])
+    tiers = {p.node: p.tiers for p in cut.places}
+    assert tiers["a"][2] == tiers["b"][2] == g(20)
+    assert tiers["c"][2] == f"isolated-{g(11)}"  # spine 11's block, no core seen above it
+    check_all(three, render.LabelKeys())
+    check_all(cut, render.LabelKeys())
+
+
+def test_a_node_in_two_planes_with_different_cores_gets_a_set_name() -> None:
+    atts = [
+        parse.Attachment("r", "mlx5_0", "1", g(1)),
+        parse.Attachment("r", "mlx5_1", "1", g(2)),
+    ]
+    up = [parse.SwitchLink(g(1), g(10)), parse.SwitchLink(g(2), g(11))]
+    fmap = model.build(atts, up, [parse.SwitchLink(g(10), g(20)), parse.SwitchLink(g(11), g(21))])
+    (place,) = fmap.places
+    assert place.tiers[1].startswith("planes-") and place.tiers[2].startswith("planes-")
+    check_all(fmap, render.LabelKeys())
