@@ -4,8 +4,10 @@ counters), row remapping, volatile ECC, clock-event reasons, compute processes a
 Every NVML call goes through the adapter in :mod:`agent.nvml.api` (:class:`NvmlApi`), so
 tests replay recorded answers (:mod:`agent.nvml.record`) instead of mocking calls. The
 records a pass returns (:class:`NvmlSnapshot` and its parts) are in :mod:`agent.nvml.snapshot`;
-findings are in :mod:`agent.nvml.findings`; a pass's error policy and batched field values
-are in :mod:`agent.nvml.sweep`, the XID event watch in :mod:`agent.nvml.xid`.
+findings are in :mod:`agent.nvml.findings`; each GPU's NVLink fabric registration (its
+multi-node NVLink domain) in :mod:`agent.nvml.fabric`, read once a pass; a pass's error
+policy and batched field values are in :mod:`agent.nvml.sweep`, the XID event watch in
+:mod:`agent.nvml.xid`.
 
 What is exported and what is not
     Only what the hardware answers. ``NOT_SUPPORTED`` and ``FUNCTION_NOT_FOUND`` (an older
@@ -78,6 +80,7 @@ from agent.nvml.api import (
     NvmlCallError,
     open_api,
 )
+from agent.nvml.fabric import read_fabric
 from agent.nvml.snapshot import (
     ComputeProcess,
     NvLink,
@@ -262,6 +265,7 @@ class NvmlSampler:
             self._xid.open(range(count))
         if self._xid is not None:
             self._xid.poll()
+        fabric = read_fabric(api, p, (g.index for g in gpus if not g.lost))
         return NvmlSnapshot(
             driver_version=node.driver_version,
             nvml_version=node.nvml_version,
@@ -269,6 +273,7 @@ class NvmlSampler:
             xid_registrations=self._xid.registrations if self._xid else (),
             xid_errors=self._xid.counts() if self._xid else (),
             issues=tuple(p.issues),
+            fabric=fabric,
         )
 
     def poll_xid(self, wait_ms: int = 0) -> int:

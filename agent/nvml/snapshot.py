@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from agent.core.sysfs import ReadIssue
 from agent.nvml.api import CLOCKS_EVENT_REASONS, NVLINK_STATE_INACTIVE
+from agent.nvml.fabric import GpuFabric
 
 #: the NVLink error counters that make a finding (what ``nvidia-smi nvlink -e`` shows)
 FINDING_NVLINK_ERRORS = frozenset({"replay", "recovery", "crc_flit"})
@@ -153,3 +154,5 @@ class NvmlSnapshot:
     #: XID events counted since the watcher started, per (GPU, code); only grow
     xid_errors: tuple[XidCount, ...] = ()
     issues: tuple[ReadIssue, ...] = ()
+    #: each GPU's NVLink fabric registration (:mod:`agent.nvml.fabric`), GPUs not lost
+    fabric: tuple[GpuFabric, ...] = ()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from agent.nvml.findings import generation_degraded_under_load
 from agent.nvml.snapshot import NvLink, NvmlGpu, NvmlSnapshot
+from exporter.metrics import nvml_fabric
 from exporter.metrics.spec import Families, MetricSpec
 
 _G = ("gpu",)
@@ -268,6 +269,7 @@ SPECS: tuple[MetricSpec, ...] = (
     GPU_NVLINK_ERRORS,
     NVLINK_TRANSMITTED_BYTES,
     NVLINK_RECEIVED_BYTES,
+    *nvml_fabric.SPECS,
 )
 
 
@@ -282,6 +284,7 @@ def render(snap: NvmlSnapshot, out: Families) -> None:
         out.add(XID_WATCHED, reg.watched, str(reg.gpu))
     for xid in snap.xid_errors:
         out.add(XID_ERRORS, xid.count, str(xid.gpu), str(xid.xid))
+    nvml_fabric.render(snap, out)
 
 
 def _render_gpu(gpu: NvmlGpu, out: Families) -> None:

@@ -37,7 +37,11 @@ LABELS: dict[str, str] = {
     "numa_node": "NUMA node number, -1 when the platform reports none",
     "link_layer": "InfiniBand or Ethernet (RoCE)",
     "comparison": "what a port's rate was held to: history, peers or expected",
-    "state": "port or link state name",
+    "state": "port or link state name, or a GPU's NVLink fabric registration state",
+    "fabric_status": "NVML's error name a GPU's NVLink fabric registration failed with "
+    "(INSUFFICIENT_RESOURCES); empty unless its state is failed",
+    "cluster_uuid": "the UUID of the multi-node NVLink cluster a GPU joined (8-4-4-4-12 hex)",
+    "clique_id": "the ID of the NVLink clique a GPU joined in its cluster (decimal)",
     "role": "what a PCI device is to fabricscope: gpu, nic, bridge",
     "vendor": "PCI vendor id (0x10de)",
     "model": "PCI device id or model name",

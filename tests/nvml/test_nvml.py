@@ -655,6 +655,7 @@ PER_CALL_FIRST = {
     "nvmlDeviceGetNvLinkRemotePciInfo": 18,
     "nvmlDeviceGetNvLinkRemoteDeviceType": 18,
     "nvmlDeviceGetNvLinkErrorCounter": 90,  # 18 links x 5 counters: the first pass reads all
+    "nvmlDeviceGetGpuFabricInfoV": 1,  # every pass (the recording predates it: not offered)
 }
 PER_CALL_STEADY = {
     "nvmlDeviceGetNvLinkState": 18,
@@ -666,6 +667,7 @@ PER_CALL_STEADY = {
     "nvmlDeviceGetCurrentClocksEventReasons": 1,
     "nvmlDeviceGetComputeRunningProcesses": 1,
     "nvmlDeviceGetNvLinkErrorCounter": 6 * 3 + 2 * 2,  # 18/3 links x 3, 18/9 links x 2
+    "nvmlDeviceGetGpuFabricInfoV": 1,
 }
 BATCHED_FIRST = {
     k: v
@@ -685,6 +687,7 @@ BATCHED_STEADY = {
     "nvmlDeviceGetCurrentClocksEventReasons": 1,
     "nvmlDeviceGetComputeRunningProcesses": 1,
     "nvmlDeviceGetNvLinkErrorCounter": 2 * 2,
+    "nvmlDeviceGetGpuFabricInfoV": 1,
 }
 NODE_FIRST = {
     "nvmlInit": 1,
@@ -715,18 +718,19 @@ def test_calls_per_pass_drop_after_the_first(
 ) -> None:
     """Before caching and rotation every pass made 430 calls on this node (the recording's
     answers, less init, shutdown and XID registration). Now the first pass reads everything
-    (per-call: 397 calls; batched: 281) and later passes only what can change (97; 55)."""
+    (per-call: 399 calls; batched: 283) and later passes only what can change (99; 57), the
+    fabric registration of each GPU included."""
     rec = h200x2_recording()
     run = Passes(rec if variant == "per-call" else with_field_values(rec), replay_sampler)
     _, calls, _ = run.run()
     assert calls == per_node(first, NODE_FIRST)
-    assert sum(calls.values()) == (397 if variant == "per-call" else 281)
+    assert sum(calls.values()) == (399 if variant == "per-call" else 283)
     for _ in range(2 * run.sampler.slow_error_rotation):
         run.api.fields_read.clear()
         _, calls, _ = run.run()
         assert calls == per_node(steady, {"nvmlDeviceGetCount": 1})
         assert sum(run.api.fields_read.values()) == fields_steady
-    assert sum(calls.values()) == (97 if variant == "per-call" else 55)
+    assert sum(calls.values()) == (99 if variant == "per-call" else 57)
 
 
 def test_rotation_reads_every_link_once_per_rotation(
@@ -1118,6 +1122,8 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
     g, up, down = ("0",), ("0", "0"), ("0", "1")
     assert rendered(snap) == {
         ("fabricscope_gpu_driver_info", ("580.159.04",)): 1,
+        # no fabric answer recorded: not offered (tests/nvml/test_nvml_fabric.py has them)
+        ("fabricscope_gpu_fabric_state", ("0", "not_supported", "")): 1,
         (
             "fabricscope_gpu_info",
             (
@@ -1232,6 +1238,8 @@ def test_every_spec_is_rendered_by_some_fixture(
     seen |= {"fabricscope_nvlink_remote_info", "fabricscope_gpu_pcie_link_generation_degraded"}
     # the 4x H100 recording (NVSwitch) answers the NVLink traffic fields the H200's predates
     seen |= {name for name, _ in rendered(sample(load(H100X4), replay_sampler))}
+    # no recording is of a GPU in a multi-node NVLink domain: tests/nvml/test_nvml_fabric.py
+    seen |= {"fabricscope_gpu_fabric_info"}
     assert {s.name for s in metrics.SPECS} == seen
     assert len({s.name for s in metrics.SPECS}) == len(metrics.SPECS)
 
