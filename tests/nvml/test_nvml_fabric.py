@@ -245,3 +245,26 @@ def test_real_pynvml_reads_the_struct(standin_lib: Path, spec: str, want: str) -
 def test_a_record_names_its_domain() -> None:
     assert GpuFabric(0, "completed", "u", 1).domain == "u.1"
     assert GpuFabric(0, "in_progress").domain is None
+
+
+def test_a_single_h200_is_cleanly_not_supported() -> None:
+    """The real H200 of a lent machine (one GPU, no NVLink peer; README): NVML answered
+    success with state 0, nvidia-smi printed N/A; one pass of the sampler over that
+    recording: not_supported, no issue, no domain."""
+    from agent.nvml.record import load
+
+    rec = load(FIXTURES / "h200-single.recording.json")
+    calls = rec["calls"]
+    assert isinstance(calls, dict)
+    assert calls[call_key(CALL, 0)] == {"value": ["0" * 32, 0, 0, 0]}
+    sampler = NvmlSampler(lambda: ReplayNvml(rec))
+    try:
+        snap = sampler.sample()
+    finally:
+        sampler.close()
+    assert snap.fabric == (GpuFabric(0, "not_supported"),)
+    assert not [i for i in snap.issues if "fabric" in i.path.lower()]
+    assert (
+        "State                                          : N/A"
+        in (FIXTURES / "h200-single.txt").read_text()
+    )
