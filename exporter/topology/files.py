@@ -27,6 +27,7 @@ _WANTED = {
     "fabricscope_infiniband_port_up": "up",
     "fabricscope_infiniband_switch_link_info": "uplink",
     "fabricscope_infiniband_spine_link_info": "spine",
+    "fabricscope_gpu_fabric_info": "domain",
 }
 
 Samples = list[tuple[Mapping[str, str], float]]
@@ -84,4 +85,5 @@ def read_dir(directory: str) -> tuple[model.FabricMap, dict[str, int]]:
     atts = parse.attachments(found["peer"], found["up"], rejects)
     links = parse.switch_links(found["uplink"], rejects)
     core = parse.switch_links(found["spine"], rejects)
-    return model.build(atts, links, core), dict(rejects.counts)
+    domains = parse.domains(found["domain"], rejects)
+    return model.build(atts, links, core, domains), dict(rejects.counts)

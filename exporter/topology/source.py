@@ -36,6 +36,7 @@ def read(
     up = client.query(_with(parse.PORT_UP_QUERY, selector), at)
     uplinks = client.query(_with(parse.UPLINK_QUERY, selector), at)
     spines = client.query(_with(parse.SPINE_QUERY, selector), at)
+    gpus = client.query(_with(parse.DOMAIN_QUERY, selector), at)
     atts = parse.attachments(
         ((s.labels, s.value) for s in peers),
         ((s.labels, s.value) for s in up),
@@ -44,6 +45,7 @@ def read(
     )
     links = parse.switch_links(((s.labels, s.value) for s in uplinks), rejects)
     core = parse.switch_links(((s.labels, s.value) for s in spines), rejects)
+    domains = parse.domains(((s.labels, s.value) for s in gpus), rejects, node_label=node_label)
     if rejects.total:
         log.warning("samples left out of the fabric map: %s", rejects.counts)
-    return Read(model.build(atts, links, core), dict(rejects.counts))
+    return Read(model.build(atts, links, core, domains), dict(rejects.counts))
