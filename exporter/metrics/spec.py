@@ -38,6 +38,8 @@ LABELS: dict[str, str] = {
     "link_layer": "InfiniBand or Ethernet (RoCE)",
     "comparison": "what a port's rate was held to: history, peers or expected",
     "state": "port or link state name, or a GPU's NVLink fabric registration state",
+    "change": "a node label change the topology controller applied: set or removed",
+    "result": "how a topology controller pass ended: ok, map_error, nodes_error",
     "fabric_status": "NVML's error name a GPU's NVLink fabric registration failed with "
     "(INSUFFICIENT_RESOURCES); empty unless its state is failed",
     "cluster_uuid": "the UUID of the multi-node NVLink cluster a GPU joined (8-4-4-4-12 hex)",

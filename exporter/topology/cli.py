@@ -110,50 +110,29 @@ def cmd_topology(ns: argparse.Namespace) -> int:
 
 
 class _Collector:
+    """The controller's counters as the catalog's families (:mod:`exporter.metrics.
+    topology`), rendered at each scrape."""
+
     def __init__(self, counters: Counters) -> None:
         self.c = counters
 
     def collect(self) -> Iterator[object]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from exporter.metrics import topology as specs
+        from exporter.metrics.exposition import to_metrics
+        from exporter.metrics.spec import Families
 
-        p = "fabricscope_topology_"
-        changes = CounterMetricFamily(
-            p + "label_changes",
-            "Node label changes applied, by kind (set: tiers written or changed; removed: "
-            "the node left the map).",
-            labels=("change",),
+        out = Families("full")
+        specs.render(
+            out,
+            changes=self.c.changes,
+            passes=self.c.passes,
+            patch_errors=self.c.patch_errors,
+            removals_refused=self.c.removals_refused,
+            placed=self.c.placed,
+            pending=self.c.pending,
+            last_success=self.c.last_success,
         )
-        for k, v in self.c.changes.items():
-            changes.add_metric((k,), v)
-        passes = CounterMetricFamily(
-            p + "passes", "Controller passes, by result.", labels=("result",)
-        )
-        for k, v in self.c.passes.items():
-            passes.add_metric((k,), v)
-        yield changes
-        yield passes
-        yield CounterMetricFamily(
-            p + "patch_errors",
-            "Node label patches the API refused or lost.",
-            value=self.c.patch_errors,
-        )
-        yield CounterMetricFamily(
-            p + "removals_refused",
-            "Passes whose removals were held back: more nodes would have lost their labels "
-            "than --max-removals allows.",
-            value=self.c.removals_refused,
-        )
-        yield GaugeMetricFamily(p + "nodes_placed", "Nodes the latest map places.", self.c.placed)
-        yield GaugeMetricFamily(
-            p + "nodes_pending",
-            "Nodes whose label change waits out the hold-down.",
-            self.c.pending,
-        )
-        yield GaugeMetricFamily(
-            p + "last_success_timestamp_seconds",
-            "When a pass last read the map and the nodes (Unix time).",
-            self.c.last_success,
-        )
+        yield from to_metrics(out)
 
 
 def _listen(listen: str) -> tuple[str, int] | None:
