@@ -44,8 +44,7 @@ def _row(spec: MetricSpec) -> str:
     help_text = spec.help.replace("|", "\\|")
     detail = spec.detail + ("*" if spec.fold else "")
     return (
-        f"| `{spec.name}` | {spec.type} | {spec.unit or '-'} | {labels} | {detail} "
-        f"| {help_text} |"
+        f"| `{spec.name}` | {spec.type} | {spec.unit or '-'} | {labels} | {detail} | {help_text} |"
     )
 
 
