@@ -14,7 +14,6 @@ so an instant query at one phase's time sees that phase's series only (Prometheu
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +28,7 @@ from exporter.app import AgentApp
 from tests.ibsim_fabric import write_host
 from tests.ibsim_lab import IbsimLab, missing_tools
 from tests.lab.backfill import openmetrics_lines
-from tests.promharness import PROMTOOL
+from tests.promharness import openmetrics_blocks
 from tests.promharness import start_prometheus as _start_prometheus
 from tests.topology.nets import Tree, net_text
 
@@ -121,17 +120,6 @@ def topology_run(
             os.environ.pop("IBSIM_SOCKNAME", None)
         else:
             os.environ["IBSIM_SOCKNAME"] = old
-    om = work / "topology.om.txt"
-    om.write_text("".join(lines) + "# EOF\n")
-    tsdb = work / "tsdb"
-    done = subprocess.run(
-        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"promtool create-blocks-from failed: {done.stderr[-2000:]}")
+    tsdb = openmetrics_blocks(lines, work / "topology.om.txt", work / "tsdb", timeout=120)
     with _start_prometheus(work / "prometheus", [], tsdb_path=tsdb) as prom:
         yield Served(prom.url, times, tuple(bodies))
