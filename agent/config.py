@@ -121,11 +121,15 @@ class Sampling:
 
     ``interval_seconds``: time between the starts of two passes of one sampler.
     ``timeout_seconds``: a pass running longer is abandoned and counted as a timeout.
+    ``memory_limit_bytes``: the container's memory limit (``--agent.memory-limit``; None:
+    unknown), of which each supervised child gets its share as a memory ceiling
+    (:mod:`agent.core.ceiling`).
     """
 
     enabled: frozenset[str] = frozenset(SAMPLER_NAMES) - DEFAULT_OFF
     interval_seconds: float = 15.0
     timeout_seconds: float = 10.0
+    memory_limit_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:

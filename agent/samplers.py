@@ -99,6 +99,7 @@ def build_samplers(
     latest = latest or Latest()
     out: list[Sampler] = []
     enabled = config.sampling.enabled
+    limit = config.sampling.memory_limit_bytes  # each child's memory ceiling is a share
     procfs = SysfsReader(config.paths.procfs)
     nvml_snap = latest.of("nvml", NvmlSnapshot)
     pods = latest.of("attribution", AttributionSnapshot)
@@ -146,7 +147,11 @@ def build_samplers(
         # on by default: without InfiniBand ports or infiniband-diags it has no data (checked
         # in the agent, before a child is started), never a configuration error
         if type(sysfs) is SysfsReader:  # the live tree: the tools run in a supervised child
-            out.append(isolated_ibpeer(ip, str(sysfs.root), ibpeer_timeout(config), one_shot=once))
+            out.append(
+                isolated_ibpeer(
+                    ip, str(sysfs.root), ibpeer_timeout(config), one_shot=once, memory_limit=limit
+                )
+            )
         else:  # a recording reader (fabricscope snapshot) records what it reads, here
             out.append(
                 IbPeerSampler(
@@ -184,7 +189,9 @@ def build_samplers(
             "slow_error_rotation": nv.slow_error_rotation,
         }
         if nv.isolate and nvml_api is None:  # the live library: in a child process
-            out.append(isolated_sampler(settings, config.sampling.timeout_seconds))
+            out.append(
+                isolated_sampler(settings, config.sampling.timeout_seconds, memory_limit=limit)
+            )
         else:  # a replay (pure Python), a recording, or --no-nvml.isolate
             out.append(NvmlSampler(nvml_api, **settings))  # type: ignore[arg-type]
     if "pci" in enabled:
@@ -203,6 +210,7 @@ def build_samplers(
                 latest.of("workload", WorkloadSnapshot),
                 index,
                 isolate=config.ras.isolate and not once,
+                memory_limit=limit,
             )
         )
     if "throughput" in enabled:
@@ -230,6 +238,7 @@ def build_samplers(
                     config.sampling.timeout_seconds,
                     lambda: ThroughputInputs(gpu_pods(pods()), index(), numa(), nvlinks()),
                     count_from=started,
+                    memory_limit=limit,
                 )
             )
         else:  # --once (one pass, nothing served), or --no-throughput.isolate
@@ -253,6 +262,7 @@ def build_samplers(
                 allocated=lambda: probe_allocation(
                     "attribution" in enabled, config.kubernetes.node_name, latest
                 ),
+                memory_limit=limit,
             )
         )
     return sorted(out, key=lambda s: s.name)

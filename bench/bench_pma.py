@@ -48,6 +48,7 @@ from agent.core.sysfs import SysfsReader  # noqa: E402
 from agent.ibpeer.parse import parse_portinfo  # noqa: E402
 from agent.infiniband.pma import PmaReader  # noqa: E402
 from agent.infiniband.sampler import InfinibandSampler  # noqa: E402
+from tests.ib_port_tree import write_ib_port  # noqa: E402
 from tests.ibsim_lab import IbsimLab, missing_tools  # noqa: E402
 
 PORTS = 8
@@ -90,18 +91,7 @@ def net() -> str:
 
 def tree(root: Path, lids: dict[str, int], counters: dict[str, int]) -> Path:
     for dev, lid in lids.items():
-        port = root / "class/infiniband" / dev / "ports/1"
-        (port / "counters").mkdir(parents=True, exist_ok=True)
-        for name, text in (
-            ("link_layer", "InfiniBand"),
-            ("state", "4: ACTIVE"),
-            ("phys_state", "5: LinkUp"),
-            ("lid", hex(lid)),
-            ("rate", "300 Gb/sec (12X QDR)"),
-        ):
-            (port / name).write_text(text + "\n")
-        for name, value in counters.items():
-            (port / "counters" / name).write_text(f"{value}\n")
+        write_ib_port(root, dev, counters, lid=lid, rate="300 Gb/sec (12X QDR)")
     return root
 
 

@@ -3,6 +3,7 @@ against a real Prometheus holding a backfilled lab scenario (tests/lab).
 
     PYTHONPATH=. python dashboards/preview.py ib_link_bad dashboards/previews
     PYTHONPATH=. python dashboards/preview.py fabric dashboards/previews   # *-fabric.png
+    PYTHONPATH=. python dashboards/preview.py dcgm dashboards/previews     # node-dcgm.png
 
 Panels are laid out by their gridPos; a timeseries is drawn from a range query with every
 series named in a legend below it, a bar gauge from an instant query (one bar per series, in
@@ -361,6 +362,35 @@ def fabric(out: Path) -> int:
     return 0
 
 
+def dcgm(out: Path, seconds: float = 150.0) -> int:
+    """The Node board beside dcgm-exporter and node_exporter: the recorded dcgm-exporter
+    output, the real node_exporter and the real agent on the DGX fixture node ``dgx-01``, as
+    tests/deploy/test_joins.py serves them, scraped every 5 s for ``seconds``."""
+    import tempfile
+    import time
+
+    from tests.deploy.test_joins import dgx01, node_exporter_on_dgx
+
+    with (
+        tempfile.TemporaryDirectory(prefix="fslab-dcgm-") as work,
+        node_exporter_on_dgx() as address,
+        dgx01(Path(work), address, scrape_interval="5s") as prom,
+    ):
+        start = time.time()
+        time.sleep(seconds)
+        path = render_board(
+            generate.NODE_BOARD,
+            prom.url,
+            (start, time.time(), 10.0),
+            "dgx-01",
+            out,
+            source=f"recorded dcgm-exporter, node_exporter 1.5 and the agent, {seconds:.0f} s",
+            suffix="-dcgm",
+        )
+        print(path)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     from tests.lab.backfill import build_tsdb, read_timeline, start_prometheus
     from tests.lab.cluster import scratch_dir
@@ -370,6 +400,10 @@ def main(argv: list[str]) -> int:
         out = Path(argv[1])
         out.mkdir(parents=True, exist_ok=True)
         return fabric(out)
+    if argv[0] == "dcgm":
+        out = Path(argv[1])
+        out.mkdir(parents=True, exist_ok=True)
+        return dcgm(out)
     scenario = ALL_SCENARIOS[argv[0]]
     out = Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)

@@ -17,22 +17,19 @@ import json
 import sys
 import time
 
-from slowloris import hold, raise_fd_limit  # this script's folder (tests/): run as a script
+from attackclient import Connections, raise_fd_limit  # this script's folder: run as a script
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: x\r\nUser-Agent: healthflood\r\n\r\n"
 
 
-class Flood:
+class Flood(Connections):
     def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args.source, args.connections)
         self.args = args
         self.stats: dict[str, int] = {"opened": 0, "errors": 0}
         self.answers: dict[str, int] = {}
-        self.attempted = 0
-        self.stopping = False
-        self.ready = asyncio.Event()
-        self.total = args.connections * len(args.source)
 
-    async def one(self, source: str, deadline: float) -> None:
+    async def one(self, source: str, _: int, deadline: float) -> None:
         first = True
         while time.monotonic() < deadline and not self.stopping:
             writer = None
@@ -43,7 +40,7 @@ class Flood:
                 self.stats["opened"] += 1
                 if first:
                     first = False
-                    self._tried()
+                    self.tried()
                 while not self.stopping:
                     writer.write(REQUEST)
                     await writer.drain()
@@ -61,23 +58,9 @@ class Flood:
             finally:
                 if first:
                     first = False
-                    self._tried()
+                    self.tried()
                 if writer is not None:
                     writer.transport.abort()
-
-    def _tried(self) -> None:
-        self.attempted += 1
-        if self.attempted == self.total:
-            self.ready.set()
-
-    async def run(self) -> None:
-        deadline = time.monotonic() + self.args.duration
-        tasks = [
-            asyncio.create_task(self.one(source, deadline))
-            for source in self.args.source
-            for _ in range(self.args.connections)
-        ]
-        await hold(self, tasks, self.args.duration)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     raise_fd_limit(args.connections * len(args.source) + 64)
     flood = Flood(args)
-    asyncio.run(flood.run())
+    asyncio.run(flood.attack(flood.one, args.duration))
     print(json.dumps({**flood.stats, "answers": flood.answers}), flush=True)
     return 0
 

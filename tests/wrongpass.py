@@ -22,24 +22,16 @@ import sys
 import time
 from collections import Counter
 
-from slowloris import hold  # this script's folder (tests/): run as a script
+from attackclient import Connections  # this script's folder (tests/): run as a script
 
 
-class Flood:
+class Flood(Connections):
     def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args.source, args.connections)
         self.args = args
         self.statuses: dict[str, Counter[str]] = {s: Counter() for s in args.source}
         self.sent: Counter[str] = Counter()
         self.errors = 0
-        self.total = len(args.source) * args.connections
-        self.tried = 0
-        self.ready = asyncio.Event()
-        self.stopping = False
-
-    def _first(self) -> None:
-        self.tried += 1
-        if self.tried == self.total:
-            self.ready.set()
 
     def _request(self) -> bytes:
         token = base64.b64encode(f"{self.args.user}:{secrets.token_hex(8)}".encode()).decode()
@@ -47,7 +39,7 @@ class Flood:
             f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {token}\r\n\r\n"
         ).encode()
 
-    async def one(self, source: str, deadline: float) -> None:
+    async def one(self, source: str, _: int, deadline: float) -> None:
         first = True
         while time.monotonic() < deadline and not self.stopping:
             writer = None
@@ -71,7 +63,7 @@ class Flood:
                     self.statuses[source][status] += 1
                     if first:
                         first = False
-                        self._first()
+                        self.tried()
                     if b"connection: close" in head.lower():
                         break
             except (OSError, EOFError, asyncio.IncompleteReadError, ValueError):
@@ -80,19 +72,9 @@ class Flood:
             finally:
                 if first:
                     first = False
-                    self._first()
+                    self.tried()
                 if writer is not None:
                     writer.transport.abort()
-
-    async def run(self) -> None:
-        deadline = time.monotonic() + self.args.duration
-        tasks = [
-            asyncio.create_task(self.one(source, deadline))
-            for source in self.args.source
-            for _ in range(self.args.connections)
-        ]
-
-        await hold(self, tasks, self.args.duration)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=12.0, help="seconds")
     args = ap.parse_args(argv)
     flood = Flood(args)
-    asyncio.run(flood.run())
+    asyncio.run(flood.attack(flood.one, args.duration))
     summary = {s: dict(c) for s, c in flood.statuses.items()}
     print(
         json.dumps({"sent": dict(flood.sent), "statuses": summary, "errors": flood.errors}),

@@ -3,8 +3,10 @@ for the NVIDIA GPU DRA driver, from its device name.
 
 - ``/dev/nvidia<N>``: the GPU with driver minor N (the whole GPU, or a MIG slice's parent);
 - ``/dev/nvidia-caps/nvidia-cap<N>``: a MIG GPU- or compute-instance capability (its parent
-  and instance come from ``mig-minors``, :mod:`agent.cdi.nvidia`); the IMEX channels of
-  ``/dev/nvidia-caps-imex-channels/`` are not GPUs and are not matched;
+  and instance come from ``mig-minors``, :mod:`agent.cdi.nvidia`);
+- ``/dev/nvidia-caps-imex-channels/channel<N>``: IMEX channel N, what a ComputeDomain
+  (multi-node NVLink) claim of the NVIDIA driver's ``compute-domain.nvidia.com`` gives a
+  pod: no GPU, the pod's membership of the NVLink domain;
 - ``/dev/infiniband/uverbs<N>``: an RDMA device's verbs node (its name comes from sysfs
   ``class/infiniband_verbs/uverbs<N>/ibdev``); ``rdma_cm`` is shared by all and skipped;
 - ``NVIDIA_VISIBLE_DEVICES`` values that are GPU or MIG UUIDs (``void``, ``all``, ``none``
@@ -27,6 +29,10 @@ from agent.cdi.spec import CdiDevice
 _GPU_NODE = re.compile(r"^/dev/nvidia(\d{1,4})$")
 _CAP_NODE = re.compile(r"^/dev/nvidia-caps/nvidia-cap(\d{1,6})$")
 _UVERBS = re.compile(r"^/dev/infiniband/uverbs(\d{1,4})$")
+_IMEX_NODE = re.compile(r"^/dev/nvidia-caps-imex-channels/channel(\d{1,5})$")
+#: the ComputeDomain driver's channel device name (``channel-0``; the claim's CDI device is
+#: ``<claim uid>-channel-0``)
+_CHANNEL_NAME = re.compile(r"(?:^|-)channel-(\d{1,5})$")
 _UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]{8,64}$")
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _DRA_NAME = re.compile(r"(?:^|-)gpu-(\d{1,4})(-mig-[A-Za-z0-9.+-]*)?$")
@@ -41,11 +47,17 @@ class DeviceRefs:
     uverbs: tuple[int, ...] = ()
     uuids: tuple[str, ...] = ()
     pci_addresses: tuple[str, ...] = ()
+    imex_channels: tuple[int, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not (
-            self.gpu_minors or self.mig_caps or self.uverbs or self.uuids or self.pci_addresses
+            self.gpu_minors
+            or self.mig_caps
+            or self.uverbs
+            or self.uuids
+            or self.pci_addresses
+            or self.imex_channels
         )
 
 
@@ -53,8 +65,14 @@ def device_refs(device: CdiDevice) -> DeviceRefs:
     gpus: list[int] = []
     caps: list[int] = []
     verbs: list[int] = []
+    channels: list[int] = []
     for path in device.device_nodes:
-        for pattern, into in ((_GPU_NODE, gpus), (_CAP_NODE, caps), (_UVERBS, verbs)):
+        for pattern, into in (
+            (_GPU_NODE, gpus),
+            (_CAP_NODE, caps),
+            (_UVERBS, verbs),
+            (_IMEX_NODE, channels),
+        ):
             m = pattern.match(path)
             if m and int(m.group(1)) not in into:
                 into.append(int(m.group(1)))
@@ -70,7 +88,9 @@ def device_refs(device: CdiDevice) -> DeviceRefs:
                 uuids.append(item)
             elif (pci := _pci(item)) is not None and pci not in pcis:
                 pcis.append(pci)
-    return DeviceRefs(tuple(gpus), tuple(caps), tuple(verbs), tuple(uuids), tuple(pcis))
+    return DeviceRefs(
+        tuple(gpus), tuple(caps), tuple(verbs), tuple(uuids), tuple(pcis), tuple(channels)
+    )
 
 
 def _pci(text: str) -> str | None:
@@ -89,3 +109,10 @@ def nvidia_dra_minor(name: str) -> tuple[int, bool] | None:
     if m is None:
         return None
     return int(m.group(1)), m.group(2) is not None
+
+
+def imex_channel_of(name: str) -> int | None:
+    """The channel of the ComputeDomain driver's device names (``channel-0``,
+    ``<claim uid>-channel-0``), else None."""
+    m = _CHANNEL_NAME.search(name)
+    return int(m.group(1)) if m else None

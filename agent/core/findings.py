@@ -71,7 +71,7 @@ _KINDS: tuple[FindingKind, ...] = (
         "info: blind evidence is a monitoring gap to fix (a 64-bit copy or clearing), not a "
         "fault that costs a job. On a RoCE or iWARP port nothing can clear it (PMA clears go "
         "through an InfiniBand subnet): the finding points at the netdev's 64-bit ethtool "
-        "statistics instead.",
+        "statistics instead, and the alert leaves the port out.",
     ),
     FindingKind(
         "ib_peer_errors",

@@ -27,7 +27,12 @@ Failures, as :class:`~agent.core.errors.SamplerFailure` (the runner counts each 
     * ``backoff``: after either, the child is restarted on the first pass at least
       ``backoff`` seconds later (1 s, doubling up to 60 s, back to 1 s after a successful
       pass); passes before that fail at once with this reason.
-    ``restarts_total`` counts children started to replace one that crashed or hung.
+    * ``memory_ceiling``: the child reached its memory ceiling (:mod:`agent.core.ceiling`: its
+      share of the pod's limit, set in the child by the kernel's ``RLIMIT_DATA`` before it
+      builds its sampler): a pass raised ``MemoryError`` or left it above 90 % of the
+      ceiling; the child answers so and exits, and is restarted after the backoff.
+    ``restarts_total`` counts children started to replace one that crashed, hung or reached
+    its ceiling.
 
 Every exchange has a deadline
     A pass is one exchange: the frames to the child (a fresh child's ``init`` and
@@ -90,6 +95,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TypeAlias, TypeVar, cast
 
+from agent.core.ceiling import apply_ceiling, child_ceiling, near_ceiling
 from agent.core.errors import NoData, SamplerFailure
 from agent.core.logsetup import JsonFormatter, setup_logging
 from agent.core.procstat import ProcessStats, boot_time, read_process
@@ -280,9 +286,14 @@ class IsolatedSampler:
         inputs: Callable[[], object] | None = None,
         precheck: Callable[[], None] | None = None,
         resume: Callable[[Snapshot], object] | None = None,
+        memory_limit: int | None = None,
+        ceiling_extra: int = 0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._name = name
+        #: the child's memory ceiling in bytes (RLIMIT_DATA, set in the child): its share of
+        #: the pod's ``memory_limit`` (None: unknown), its floor raised by ``ceiling_extra``
+        self.memory_ceiling_bytes = child_ceiling(name, memory_limit, extra=ceiling_extra)
         self._inputs = inputs
         self._resume = resume
         #: the resume value of the latest successful pass (None: nothing to hand on)
@@ -393,6 +404,7 @@ class IsolatedSampler:
                 os.getpid(),
                 self.start_timeout_seconds + ORPHAN_GRACE_SECONDS,
                 self.timeout_seconds + ORPHAN_GRACE_SECONDS,
+                self.memory_ceiling_bytes,
             )
         ]
         if self._resume_value is not None:
@@ -464,6 +476,12 @@ class IsolatedSampler:
             raise ChildError(str(reply[1]))
         if kind == "failure" and len(reply) > 3:
             raise SamplerFailure(str(reply[1]), str(reply[2]))
+        if kind == "ceiling":  # the child exits after this answer
+            self._reap(kill_after=1.0)
+            ceiling = self.memory_ceiling_bytes
+            what = f"its memory ceiling of {ceiling >> 20} MiB" if ceiling else "no memory"
+            detail = f"child process {proc.pid} reached {what} ({reply[1]})"
+            raise self._failed("memory_ceiling", detail)
         self._reap(kill_after=0.0)
         raise self._failed("crashed", f"child process {proc.pid} answered {kind!r}")
 
@@ -575,6 +593,18 @@ def _build(factory: str, kwargs: Mapping[str, Setting]) -> Sampler:
     return cast(Sampler, fn(**kwargs))
 
 
+def _set_ceiling(ceiling: int | None) -> int | None:
+    """Apply the memory ceiling the agent gave (None: none); the ceiling in force."""
+    if not ceiling:
+        return None
+    try:
+        apply_ceiling(int(ceiling))
+    except (OSError, ValueError) as exc:  # a hard limit or a kernel that refuses: say so
+        log.warning("cannot set this child's memory ceiling of %d bytes: %s", ceiling, exc)
+        return None
+    return int(ceiling)
+
+
 def child_main() -> int:
     """The child: build the sampler, answer ``sample`` requests until the pipe closes."""
     out = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -584,11 +614,12 @@ def child_main() -> int:
     become_subreaper()  # what a tool it runs leaves behind stays in this tree
     inp = sys.stdin.buffer
     init = read_frame(inp)
-    if init is None or init[0] != "init" or len(init) != 8:
+    if init is None or init[0] != "init" or len(init) != 9:
         print(f"fabricscope isolation child: expected init, got {init!r}", file=sys.stderr)
         return 2
-    _, factory, kwargs, level, fmt, parent, first_limit, limit = init
+    _, factory, kwargs, level, fmt, parent, first_limit, limit, ceiling = init
     setup_logging(str(level), str(fmt))
+    memory = _set_ceiling(cast(int | None, ceiling))
     _die_with_parent(int(cast(int, parent)))
     sampler = _build(str(factory), cast(Mapping[str, Setting], kwargs))
     passes = 0
@@ -621,6 +652,8 @@ def child_main() -> int:
                         raise TypeError(f"{factory} takes no inputs")
                     accept(request[1])
                 reply = ("ok", sampler.sample())
+            except MemoryError as exc:
+                reply = ("ceiling", f"MemoryError in a pass: {str(exc)[:200] or 'no detail'}")
             except NoData as exc:
                 reply = ("nodata", str(exc))
             except SamplerFailure as exc:
@@ -630,11 +663,16 @@ def child_main() -> int:
                 text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                 reply = ("error", text)
             faulthandler.cancel_dump_traceback_later()
+            used = near_ceiling(memory)
+            if used is not None and reply[0] != "ceiling":
+                reply = ("ceiling", f"{used >> 20} MiB in use after a pass")
             try:
                 frame = encode((*reply, _stats(booted)))
             except Exception as exc:  # a snapshot that does not pickle: a bug, reported
                 frame = encode(("error", f"cannot send the answer: {exc!r}", _stats(booted)))
             out.write(frame)
+            if reply[0] == "ceiling":
+                break
     finally:
         close = getattr(sampler, "close", None)
         if callable(close):

@@ -30,9 +30,10 @@ from agent.core.sampler import Sampler, Snapshot
 
 log = logging.getLogger(__name__)
 
-#: reasons counted in ``SamplerStatus.errors_total``: the last three are a sampler's child
-#: process dying in a pass, killed for not answering in time, and not restarted yet
-CHILD_REASONS = ("crashed", "hung", "backoff")
+#: reasons counted in ``SamplerStatus.errors_total``: the last four are a sampler's child
+#: process dying in a pass, killed for not answering in time, ended at its memory ceiling
+#: (:mod:`agent.core.ceiling`), and not restarted yet
+CHILD_REASONS = ("crashed", "hung", "memory_ceiling", "backoff")
 ERROR_REASONS = ("exception", "timeout", "still_running", *CHILD_REASONS)
 #: seconds the runner waits beyond a self-timed sampler's own deadline
 SELF_TIMED_MARGIN = 1.0
@@ -93,7 +94,9 @@ class _Slot:
 
 
 #: outcomes after which a good pass is a recovery
-_FAILED = frozenset({"timeout", "still_running", "exception", "backoff", "crashed", "hung"})
+_FAILED = frozenset(
+    {"timeout", "still_running", "exception", "backoff", "crashed", "hung", "memory_ceiling"}
+)
 
 
 def found(snapshot: object) -> str:
@@ -336,7 +339,7 @@ class Runner:
     ) -> None:
         """Log state changes only: a sampler starting to fail or recovering, a file starting
         or ceasing to fail, and every child process lost (crashed or hung: at most one per
-        restart backoff). Never one line per pass."""
+        restart backoff: crashed, hung or at its memory ceiling). Never one line per pass."""
         name = slot.spec.sampler.name
         if outcome != previous:
             if outcome == "ok" and previous in _FAILED:
@@ -360,7 +363,7 @@ class Runner:
                 log.error("sampler %s failed: %r", name, exc, exc_info=exc)
             elif outcome == "backoff":
                 log.debug("sampler %s: %s", name, exc)
-        if outcome in ("crashed", "hung"):  # every time: each is a child lost
+        if outcome in ("crashed", "hung", "memory_ceiling"):  # every time: each is a child lost
             log.error("sampler %s %s: %s", name, outcome, exc)
         if snapshot is None:
             return

@@ -65,11 +65,17 @@ def _precheck(sysfs: str, prefix: Sequence[str]) -> Callable[[], None]:
 
 
 def isolated_sampler(
-    settings: IbPeerSettings, sysfs: str, timeout_seconds: float, *, one_shot: bool = False
+    settings: IbPeerSettings,
+    sysfs: str,
+    timeout_seconds: float,
+    *,
+    one_shot: bool = False,
+    memory_limit: int | None = None,
 ) -> IsolatedSampler:
     """The ibpeer sampler in a supervised child process that is the subreaper of the tools
     (see :mod:`agent.ibpeer.sampler`); its pass ends a second before ``timeout_seconds``.
-    ``one_shot``: ``--once``, one pass that reads every leaf's table."""
+    ``one_shot``: ``--once``, one pass that reads every leaf's table; ``memory_limit``: the
+    pod's, of which the child's memory ceiling is a share."""
     return IsolatedSampler(
         "ibpeer",
         ChildSpec(
@@ -89,4 +95,5 @@ def isolated_sampler(
         timeout_seconds=timeout_seconds,
         one_shot=one_shot,
         precheck=_precheck(sysfs, settings.command_prefix),
+        memory_limit=memory_limit,
     )

@@ -53,7 +53,12 @@ from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
 from agent.infiniband.records import InfinibandSnapshot
 from agent.kubernetes.allocation import GpuAllocation
 from agent.kubernetes.cgroup import PodContainer, pod_container
-from agent.kubernetes.claims import HostView, claim_devices, resolve_claim_device
+from agent.kubernetes.claims import (
+    HostView,
+    claim_devices,
+    claimed_imex_channels,
+    resolve_claim_device,
+)
 from agent.kubernetes.podresources import (
     DEFAULT_SOCKET,
     KubeletUnavailable,
@@ -62,6 +67,7 @@ from agent.kubernetes.podresources import (
     SocketAbsent,
 )
 from agent.kubernetes.podwatch import PodIndex, PodWatcher, WatchSettings, default_api_client
+from agent.nvml.mig import MigDevice
 from agent.nvml.snapshot import NvmlGpu, NvmlSnapshot
 
 if TYPE_CHECKING:
@@ -126,6 +132,19 @@ class RdmaAttribution:
     pf_device: str | None = None
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class ImexChannelAttribution:
+    """An IMEX channel a container holds through a ComputeDomain claim (NVIDIA's DRA
+    driver, ``compute-domain.nvidia.com``): the container is in a multi-node NVLink domain.
+    No GPU: the pod's GPUs come with its other claims (or a device plugin)."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: str
+    channel: int
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerCpus:
     """The exclusive CPUs of a container (static CPU manager policy)."""
@@ -143,6 +162,7 @@ class AttributionSnapshot:
     gpus: tuple[GpuAttribution, ...] = ()
     rdma: tuple[RdmaAttribution, ...] = ()
     cpus: tuple[ContainerCpus, ...] = ()
+    imex_channels: tuple[ImexChannelAttribution, ...] = ()
     #: (method, worked this pass) for every method in :data:`METHODS`
     methods_up: tuple[tuple[str, bool], ...] = tuple((m, False) for m in METHODS)
     #: (reason, count since the agent started) for every reason in :data:`ERROR_REASONS`
@@ -185,6 +205,7 @@ class ErrorCounts:
 
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _INDEX = re.compile(r"^(\d+)(?::\d+)?$")  # device-id-strategy=index: "3", MIG "3:1"
+_MIG_INDEX = re.compile(r"^(\d{1,4}):(\d{1,4})$")
 #: resource-name prefixes of the SR-IOV / RDMA device plugins' usual resource pools
 RDMA_RESOURCE_PREFIXES = ("rdma/", "openshift.io/", "intel.com/", "mellanox.com/")
 
@@ -224,9 +245,10 @@ def resolve_gpu(device_id: str, nvml: NvmlSnapshot | None) -> tuple[str, NvmlGpu
     """(uuid, NVML GPU) for one ``nvidia.com`` device id.
 
     ``GPU-<uuid>`` is looked up by UUID; ``MIG-GPU-<uuid>/<gi>/<ci>`` (drivers before R470)
-    names its parent; ``MIG-<uuid>`` (R470 on) does not, so its GPU stays None; ``3`` or
-    ``3:1`` (device-id-strategy=index) is looked up by index and reports the GPU's UUID;
-    time-slicing's ``<id>::<replica>`` is the device ``<id>``.
+    names its parent; ``MIG-<uuid>`` (R470 on) does not, and is looked up among the MIG
+    devices NVML enumerated (:mod:`agent.nvml.mig`) for its parent (None when NVML knows no
+    such MIG device); ``3`` or ``3:1`` (device-id-strategy=index) is looked up by index and
+    reports the GPU's UUID; time-slicing's ``<id>::<replica>`` is the device ``<id>``.
     """
     raw = device_id.split("::", 1)[0]
     gpus = nvml.gpus if nvml is not None else ()
@@ -235,6 +257,9 @@ def resolve_gpu(device_id: str, nvml: NvmlSnapshot | None) -> tuple[str, NvmlGpu
         return raw, by_uuid.get(raw.lower())
     if raw.startswith("MIG-GPU-"):
         return raw, by_uuid.get(raw[len("MIG-") :].split("/", 1)[0].lower())
+    if raw.startswith("MIG-"):
+        mig = _mig_device(raw, nvml)
+        return raw, next((g for g in gpus if mig is not None and g.index == mig.gpu), None)
     m = _INDEX.match(raw)
     if m:
         index = int(m.group(1))
@@ -331,7 +356,7 @@ def attribute_allocations(
                                 g.index if g is not None else None,
                                 g.pci_bus_id if g is not None else None,
                                 "podresources",
-                                mig=_mig_label(uuid) if mig else "",
+                                mig=_mig_label(uuid, nvml) if mig else "",
                             )
                         ] = None
                     continue
@@ -346,14 +371,46 @@ def attribute_allocations(
     return list(gpus), list(rdma), cpus
 
 
-def _mig_label(device_id: str) -> str:
-    """The ``mig`` of a device plugin's MIG id: ``gi/ci`` from ``MIG-GPU-<uuid>/<gi>/<ci>``
-    or index ``3:1``; ``unknown`` for ``MIG-<uuid>`` (which names no instance)."""
+def attribute_imex_channels(
+    pods: Iterable[PodAllocation], host: HostView | None = None
+) -> list[ImexChannelAttribution]:
+    """The IMEX channels containers hold through ComputeDomain claims (pure but for
+    ``host``'s CDI specs); one per (container, claim, channel)."""
+    host = host or HostView()
+    out: dict[ImexChannelAttribution, None] = {}
+    for p in pods:
+        for c in p.containers:
+            for claim in c.claims:
+                for cd in claim.devices:
+                    for ch in claimed_imex_channels(cd, host):
+                        out[ImexChannelAttribution(p.namespace, p.name, c.name, claim.name, ch)] = (
+                            None
+                        )
+    return sorted(out)
+
+
+def _mig_device(uuid: str, nvml: NvmlSnapshot | None) -> MigDevice | None:
+    """The MIG device NVML enumerated under ``uuid`` (case-insensitive), or None."""
+    want = uuid.lower()
+    devices = nvml.mig_devices if nvml is not None else ()
+    return next((d for d in devices if d.uuid.lower() == want), None)
+
+
+def _mig_label(device_id: str, nvml: NvmlSnapshot | None) -> str:
+    """The ``mig`` of a device plugin's MIG id: ``gi/ci`` from ``MIG-GPU-<uuid>/<gi>/<ci>``,
+    from NVML's MIG device for ``MIG-<uuid>``, or index ``3:1``; else ``unknown``."""
     if device_id.startswith("MIG-GPU-"):
         parts = device_id.split("/")
         if len(parts) == 3:
             return f"gi{parts[1]}/ci{parts[2]}"
-    return "unknown"
+    mig = _mig_device(device_id, nvml) if device_id.startswith("MIG-") else None
+    slot = _MIG_INDEX.match(device_id)
+    if slot is not None and nvml is not None:
+        # device-id-strategy=index: "<GPU index>:<MIG device slot>", the slot NVML's
+        # nvmlDeviceGetMigDeviceHandleByIndex is asked with
+        gpu, n = int(slot.group(1)), int(slot.group(2))
+        mig = next((d for d in nvml.mig_devices if d.gpu == gpu and d.slot == n), None)
+    return mig.instance if mig is not None else "unknown"
 
 
 # --- the sampler --------------------------------------------------------------------------
@@ -452,6 +509,7 @@ class AttributionSampler:
         gpus: list[GpuAttribution] = []
         rdma: list[RdmaAttribution] = []
         cpus: list[ContainerCpus] = []
+        channels: list[ImexChannelAttribution] = []
         if allocations is not None:
             sys_issues = Issues(self._sysfs) if self._sysfs is not None else None
             host = self._host_view(issues, sys_issues) if claim_devices(allocations) else None
@@ -461,6 +519,7 @@ class AttributionSampler:
                 else (lambda _pci: None)
             )
             gpus, rdma, cpus = attribute_allocations(allocations, nvml, ib, host, physfn)
+            channels = attribute_imex_channels(allocations, host) if host is not None else []
             if sys_issues is not None:
                 issues.items.extend(sys_issues.items)
             if ib is None and rdma_waiting:
@@ -487,6 +546,7 @@ class AttributionSampler:
             gpus=tuple(sorted(gpus, key=_gpu_sort)),
             rdma=tuple(sorted(rdma, key=_rdma_sort)),
             cpus=tuple(sorted(cpus, key=lambda c: (c.namespace, c.pod, c.container))),
+            imex_channels=tuple(channels),
             methods_up=tuple((m, up[m]) for m in METHODS),
             errors_total=self.errors.totals(),
             issues=issues.freeze(),

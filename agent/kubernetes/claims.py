@@ -10,9 +10,12 @@ NVIDIA GPU DRA driver (``gpu.nvidia.com``), the device name itself (``gpu-<minor
 procfs files, then NVML indices through the NVML snapshot.
 
 A device that resolves to nothing is a GPU still when its driver is ``gpu.nvidia.com``: it is
-attributed with ``gpu`` None, which makes the probe's allocation unknown (fail closed). A
-device of another driver that names no GPU or RDMA device (an IMEX channel of a
-ComputeDomain, an FPGA) is not attributed.
+attributed with ``gpu`` None, which makes the probe's allocation unknown (fail closed). An
+IMEX channel (a ComputeDomain claim of ``compute-domain.nvidia.com``: its CDI device node
+``/dev/nvidia-caps-imex-channels/channel<N>``, else its device name ``channel-<N>``) is the
+pod's membership of a multi-node NVLink domain: it is attributed as a channel, names no GPU,
+and leaves the GPUs of the pod's other claims as they are. A device of another driver that
+names no GPU, RDMA device or channel (an FPGA) is not attributed.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from dataclasses import dataclass, field
 
 from agent.cdi.nvidia import GpuMinor, MigCapability
 from agent.cdi.registry import CdiIndex
-from agent.cdi.resolve import DeviceRefs, device_refs, nvidia_dra_minor
+from agent.cdi.resolve import DeviceRefs, device_refs, imex_channel_of, nvidia_dra_minor
 from agent.infiniband.records import InfinibandSnapshot
 from agent.kubernetes.podresources import ClaimAllocation, ClaimDevice, PodAllocation
 from agent.nvml.snapshot import NvmlSnapshot
 
 #: the NVIDIA GPU DRA driver's name (ResourceSlice ``spec.driver``)
 NVIDIA_GPU_DRIVER = "gpu.nvidia.com"
+#: the NVIDIA DRA driver's ComputeDomain (IMEX channel) half
+NVIDIA_COMPUTE_DOMAIN_DRIVER = "compute-domain.nvidia.com"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +76,8 @@ class ResolvedClaimDevice:
     device_id: str
     gpus: tuple[ClaimedGpu, ...]
     rdma: tuple[ClaimedRdma, ...]
+    #: IMEX channels (a ComputeDomain's), by number
+    imex_channels: tuple[int, ...] = ()
 
 
 def claim_devices(pods: Iterable[PodAllocation]) -> bool:
@@ -98,7 +105,23 @@ def resolve_claim_device(
         shown = device.device or (device.cdi_devices[0] if device.cdi_devices else "")
         gpus = (ClaimedGpu(shown, None, None),)  # a GPU no lookup resolved: fail closed
     device_id = device.device or (device.cdi_devices[0] if device.cdi_devices else "")
-    return ResolvedClaimDevice(claim, device, device_id, gpus, rdma)
+    return ResolvedClaimDevice(claim, device, device_id, gpus, rdma, _channels(refs, device))
+
+
+def claimed_imex_channels(device: ClaimDevice, host: HostView) -> tuple[int, ...]:
+    """The IMEX channels one claim device stands for (no GPU or RDMA lookup is made)."""
+    refs = [device_refs(cdi) for n in device.cdi_devices if (cdi := host.cdi.get(n)) is not None]
+    return _channels(refs, device)
+
+
+def _channels(refs: list[DeviceRefs], device: ClaimDevice) -> tuple[int, ...]:
+    """The channels of the CDI specs' device nodes, else (the ComputeDomain driver's
+    devices only) of the device's name."""
+    channels = tuple(dict.fromkeys(c for r in refs for c in r.imex_channels))
+    if not channels and device.driver == NVIDIA_COMPUTE_DOMAIN_DRIVER:
+        named = (imex_channel_of(n) for n in (device.device, *device.cdi_devices) if n)
+        channels = tuple(c for c in named if c is not None)[:1]
+    return channels
 
 
 def _by_uuid(nvml: NvmlSnapshot | None) -> dict[str, int]:

@@ -228,6 +228,25 @@ class NvmlApi(Protocol):
     def compute_processes(self, gpu: int) -> tuple[tuple[int, int | None], ...]:
         """nvmlDeviceGetComputeRunningProcesses: (pid, used GPU memory in bytes or None)."""
 
+    def mig_mode(self, gpu: int) -> tuple[int, int]:
+        """nvmlDeviceGetMigMode: (current, pending), 1 = enabled (:mod:`agent.nvml.mig`)."""
+
+    def max_mig_device_count(self, gpu: int) -> int:
+        """nvmlDeviceGetMaxMigDeviceCount: MIG device slots, not how many exist."""
+
+    def mig_uuid(self, gpu: int, slot: int) -> str:
+        """nvmlDeviceGetUUID of nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot); an empty
+        slot raises the handle call's NOT_FOUND."""
+
+    def mig_name(self, gpu: int, slot: int) -> str:
+        """nvmlDeviceGetName of that MIG device (``<model> MIG <profile>``)."""
+
+    def mig_gpu_instance_id(self, gpu: int, slot: int) -> int:
+        """nvmlDeviceGetGpuInstanceId of that MIG device."""
+
+    def mig_compute_instance_id(self, gpu: int, slot: int) -> int:
+        """nvmlDeviceGetComputeInstanceId of that MIG device."""
+
     def nvlink_state(self, gpu: int, link: int) -> int:
         """nvmlDeviceGetNvLinkState."""
 
@@ -470,6 +489,36 @@ class LiveNvml:
             (_int(p.pid, call), None if p.usedGpuMemory is None else _int(p.usedGpuMemory, call))
             for p in procs
         )
+
+    def mig_mode(self, gpu: int) -> tuple[int, int]:
+        call = "nvmlDeviceGetMigMode"
+        raw = self._dev(call, gpu)
+        if not isinstance(raw, list | tuple) or len(raw) != 2:
+            raise NvmlAnswerError(call, f"answered {type(raw).__name__}, expected two modes")
+        return _int(raw[0], call), _int(raw[1], call)
+
+    def max_mig_device_count(self, gpu: int) -> int:
+        return self._dint("nvmlDeviceGetMaxMigDeviceCount", gpu)
+
+    def _mig(self, call: str, gpu: int, slot: int) -> object:
+        """``call`` on the MIG device in ``slot`` of ``gpu`` (handles are not kept: a MIG
+        device's handle dies with it when the GPU is re-partitioned)."""
+        handle = self._dev("nvmlDeviceGetMigDeviceHandleByIndex", gpu, slot)
+        return self._call(call, handle)
+
+    def mig_uuid(self, gpu: int, slot: int) -> str:
+        return _text(self._mig("nvmlDeviceGetUUID", gpu, slot))
+
+    def mig_name(self, gpu: int, slot: int) -> str:
+        return _text(self._mig("nvmlDeviceGetName", gpu, slot))
+
+    def mig_gpu_instance_id(self, gpu: int, slot: int) -> int:
+        call = "nvmlDeviceGetGpuInstanceId"
+        return _int(self._mig(call, gpu, slot), call)
+
+    def mig_compute_instance_id(self, gpu: int, slot: int) -> int:
+        call = "nvmlDeviceGetComputeInstanceId"
+        return _int(self._mig(call, gpu, slot), call)
 
     def nvlink_state(self, gpu: int, link: int) -> int:
         return self._dint("nvmlDeviceGetNvLinkState", gpu, link)

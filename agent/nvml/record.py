@@ -20,9 +20,11 @@ arguments, comma-joined (a GPU is its NVML index). A value is the method's retur
 JSON (tuples as lists); an error is NVML's return-code name and number. A batched
 ``nvmlDeviceGetFieldValues`` call is recorded entry by entry, each under the key of a
 one-field call (``nvmlDeviceGetFieldValues(<gpu>,<field>,<scope>)``), so recordings from
-before the sampler batched fields stay valid. ``events`` are XID events in the order the
-recorded node delivered them; :class:`ReplayNvml` hands them out through ``xid_wait`` and
-tests can add more with :meth:`ReplayNvml.feed_xid`.
+before the sampler batched fields stay valid. A call on a MIG device names its parent GPU and
+its slot (``nvmlDeviceGetUUID(0,mig2)``: :func:`mig_key`); a recording without
+``nvmlDeviceGetMigMode`` replays as a node whose GPUs have no MIG. ``events`` are XID events
+in the order the recorded node delivered them; :class:`ReplayNvml` hands them out through
+``xid_wait`` and tests can add more with :meth:`ReplayNvml.feed_xid`.
 
 A recording made before a call existed lacks its key: ``nvmlDeviceGetGpuFabricInfoV``
 missing from a recording replays as ``FUNCTION_NOT_FOUND`` (the node was not asked, as a
@@ -70,6 +72,12 @@ class NotRecordedError(LookupError):
 def call_key(call: str, *args: int) -> str:
     """``nvmlDeviceGetNvLinkState(0,3)``."""
     return f"{call}({','.join(str(a) for a in args)})"
+
+
+def mig_key(call: str, gpu: int, slot: int) -> str:
+    """``nvmlDeviceGetUUID(0,mig2)``: ``call`` on the MIG device in slot 2 of GPU 0 (its
+    handle from ``nvmlDeviceGetMigDeviceHandleByIndex``)."""
+    return f"{call}({gpu},mig{slot})"
 
 
 def to_json(value: object) -> JsonValue:
@@ -218,6 +226,50 @@ class ReplayNvml:
             out.append((_int(pair[0], key), None if pair[1] is None else _int(pair[1], key)))
         return tuple(out)
 
+    def mig_mode(self, gpu: int) -> tuple[int, int]:
+        """Answered NOT_SUPPORTED when the recording lacks it, strict or not: recordings
+        made before the sampler read MIG never asked (so they replay as GPUs without MIG)."""
+        call = "nvmlDeviceGetMigMode"
+        key = call_key(call, gpu)
+        if key not in self._calls:
+            raise NvmlCallError(call, 3, "NOT_SUPPORTED")
+        raw = _list(self._answer(call, gpu), key)
+        if len(raw) != 2:
+            raise NvmlAnswerError(call, f"{key}: expected [current, pending]")
+        return _int(raw[0], key), _int(raw[1], key)
+
+    def max_mig_device_count(self, gpu: int) -> int:
+        return self._i("nvmlDeviceGetMaxMigDeviceCount", gpu)
+
+    def _mig(self, call: str, gpu: int, slot: int) -> JsonValue:
+        key = mig_key(call, gpu, slot)
+        entry = self._calls.get(key)
+        if entry is None:
+            if self._strict:
+                raise NotRecordedError(key)
+            raise NvmlCallError(call, 3, "NOT_SUPPORTED")
+        if not isinstance(entry, dict):
+            raise RecordingError(f"{key}: expected an object, got {entry!r}")
+        if "error" in entry:
+            raise NvmlCallError(call, _int(entry.get("code"), key), _str(entry["error"], key))
+        if "value" not in entry:
+            raise RecordingError(f"{key}: neither 'value' nor 'error'")
+        return entry["value"]
+
+    def mig_uuid(self, gpu: int, slot: int) -> str:
+        return _str(self._mig("nvmlDeviceGetUUID", gpu, slot), mig_key("uuid", gpu, slot))
+
+    def mig_name(self, gpu: int, slot: int) -> str:
+        return _str(self._mig("nvmlDeviceGetName", gpu, slot), mig_key("name", gpu, slot))
+
+    def mig_gpu_instance_id(self, gpu: int, slot: int) -> int:
+        call = "nvmlDeviceGetGpuInstanceId"
+        return _int(self._mig(call, gpu, slot), mig_key(call, gpu, slot))
+
+    def mig_compute_instance_id(self, gpu: int, slot: int) -> int:
+        call = "nvmlDeviceGetComputeInstanceId"
+        return _int(self._mig(call, gpu, slot), mig_key(call, gpu, slot))
+
     def nvlink_state(self, gpu: int, link: int) -> int:
         return self._i("nvmlDeviceGetNvLinkState", gpu, link)
 
@@ -301,7 +353,9 @@ class RecordingNvml:
         self.fields_read: Counter[int] = Counter()
 
     def _rec(self, call: str, args: tuple[int, ...], thunk: Callable[[], T]) -> T:
-        key = call_key(call, *args)
+        return self._rec_at(call, call_key(call, *args), thunk)
+
+    def _rec_at(self, call: str, key: str, thunk: Callable[[], T]) -> T:
         with self._lock:
             self.counts[call] += 1
         try:
@@ -418,6 +472,43 @@ class RecordingNvml:
             "nvmlDeviceGetComputeRunningProcesses",
             (gpu,),
             lambda: self._inner.compute_processes(gpu),
+        )
+
+    def mig_mode(self, gpu: int) -> tuple[int, int]:
+        return self._rec("nvmlDeviceGetMigMode", (gpu,), lambda: self._inner.mig_mode(gpu))
+
+    def max_mig_device_count(self, gpu: int) -> int:
+        return self._rec(
+            "nvmlDeviceGetMaxMigDeviceCount", (gpu,), lambda: self._inner.max_mig_device_count(gpu)
+        )
+
+    def _rec_mig(self, call: str, gpu: int, slot: int, thunk: Callable[[], T]) -> T:
+        return self._rec_at(call, mig_key(call, gpu, slot), thunk)
+
+    def mig_uuid(self, gpu: int, slot: int) -> str:
+        return self._rec_mig(
+            "nvmlDeviceGetUUID", gpu, slot, lambda: self._inner.mig_uuid(gpu, slot)
+        )
+
+    def mig_name(self, gpu: int, slot: int) -> str:
+        return self._rec_mig(
+            "nvmlDeviceGetName", gpu, slot, lambda: self._inner.mig_name(gpu, slot)
+        )
+
+    def mig_gpu_instance_id(self, gpu: int, slot: int) -> int:
+        return self._rec_mig(
+            "nvmlDeviceGetGpuInstanceId",
+            gpu,
+            slot,
+            lambda: self._inner.mig_gpu_instance_id(gpu, slot),
+        )
+
+    def mig_compute_instance_id(self, gpu: int, slot: int) -> int:
+        return self._rec_mig(
+            "nvmlDeviceGetComputeInstanceId",
+            gpu,
+            slot,
+            lambda: self._inner.mig_compute_instance_id(gpu, slot),
         )
 
     def nvlink_state(self, gpu: int, link: int) -> int:

@@ -4,10 +4,10 @@ counters), row remapping, volatile ECC, clock-event reasons, compute processes a
 Every NVML call goes through the adapter in :mod:`agent.nvml.api` (:class:`NvmlApi`), so
 tests replay recorded answers (:mod:`agent.nvml.record`) instead of mocking calls. The
 records a pass returns (:class:`NvmlSnapshot` and its parts) are in :mod:`agent.nvml.snapshot`;
-findings are in :mod:`agent.nvml.findings`; each GPU's NVLink fabric registration (its
-multi-node NVLink domain) in :mod:`agent.nvml.fabric`, read once a pass; a pass's error
-policy and batched field values are in :mod:`agent.nvml.sweep`, the XID event watch in
-:mod:`agent.nvml.xid`.
+findings are in :mod:`agent.nvml.findings`; a pass's error policy and batched field values
+are in :mod:`agent.nvml.sweep`, the XID event watch in :mod:`agent.nvml.xid`, the MIG devices
+(read after the GPUs, every pass) in :mod:`agent.nvml.mig`, each GPU's NVLink fabric
+registration (its multi-node NVLink domain, read once a pass) in :mod:`agent.nvml.fabric`.
 
 What is exported and what is not
     Only what the hardware answers. ``NOT_SUPPORTED`` and ``FUNCTION_NOT_FOUND`` (an older
@@ -81,6 +81,7 @@ from agent.nvml.api import (
     open_api,
 )
 from agent.nvml.fabric import read_fabric
+from agent.nvml.mig import read_mig
 from agent.nvml.snapshot import (
     ComputeProcess,
     NvLink,
@@ -260,6 +261,7 @@ class NvmlSampler:
         with self._lock:
             if k > self._state.pass_index:  # a hung pass returning late keeps nothing
                 self._state = State(node, caches, k)
+        mig_modes, mig_devices = read_mig(api, p, ((g.index, g.uuid) for g in gpus if not g.lost))
         if self._watch_xid and self._xid is None:
             self._xid = XidEvents(api)
             self._xid.open(range(count))
@@ -274,6 +276,8 @@ class NvmlSampler:
             xid_errors=self._xid.counts() if self._xid else (),
             issues=tuple(p.issues),
             fabric=fabric,
+            mig_modes=mig_modes,
+            mig_devices=mig_devices,
         )
 
     def poll_xid(self, wait_ms: int = 0) -> int:
@@ -582,15 +586,21 @@ class _GpuPass:
 
 
 def isolated_sampler(
-    settings: Mapping[str, Setting], timeout_seconds: float, *, one_shot: bool = False
+    settings: Mapping[str, Setting],
+    timeout_seconds: float,
+    *,
+    one_shot: bool = False,
+    memory_limit: int | None = None,
 ) -> IsolatedSampler:
     """The live NVML sampler (:func:`child_sampler` with ``settings``) in a supervised child
-    process (:mod:`agent.core.isolation`): the agent's, and ``topo``'s (``one_shot``)."""
+    process (:mod:`agent.core.isolation`): the agent's, and ``topo``'s (``one_shot``);
+    ``memory_limit``: the pod's, of which the child's memory ceiling is a share."""
     return IsolatedSampler(
         "nvml",
         ChildSpec("agent.nvml.sampler:child_sampler", settings),
         timeout_seconds=timeout_seconds,
         one_shot=one_shot,
+        memory_limit=memory_limit,
     )
 
 

@@ -47,13 +47,15 @@ def build_probe_sampler(
     *,
     view: GpuViewSource | None = None,
     allocated: Callable[[], GpuAllocation] | None = None,
+    memory_limit: int | None = None,
 ) -> ProbeSampler:
     """Load the secret, open the membership source (peers file or Kubernetes), find the
     devices, start the service (binding the rendezvous port). ``view``: where NVML is asked
     which GPUs there are and which are busy (default: a child process, kept for the busy
     checks when the backend is NCCL). ``allocated``: the GPUs pods hold, never probed whatever
     NVML says, or why that cannot be told, and then no GPU is probed (default: no pods).
-    ConfigError, one clear line, for anything the user must
+    ``memory_limit``: the pod's, of which the GPU view's child gets its share as a memory
+    ceiling. ConfigError, one clear line, for anything the user must
     fix."""
     secret = load_secret(settings.secret_file) if settings.secret_file else None
     listen: tuple[str, int] | None = None
@@ -74,7 +76,9 @@ def build_probe_sampler(
         node_id = normalize_host(node_id)
     except ValueError as exc:
         raise ConfigError(f"probe node id: {exc}") from None
-    gpus = view or (isolated_gpu_view() if settings.backend != "gloo" else None)
+    gpus = view or (
+        isolated_gpu_view(memory_limit=memory_limit) if settings.backend != "gloo" else None
+    )
     backend, slots = discover_slots(settings.backend, settings.cpu_slots, view=gpus)
     busy: BusyGpus = no_busy_gpus
     if backend == "nccl" and gpus is not None:

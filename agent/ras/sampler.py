@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from agent.config import RasSettings
+from agent.core.ceiling import SHARES, child_ceiling
 from agent.core.errors import NoData
 from agent.core.isolation import ChildSpec, IsolatedSampler, expect
 from agent.core.sysfs import ReadIssue, SysfsReader
@@ -40,13 +41,23 @@ from agent.ras.addresses import NodeAddress, read_node_addresses
 from agent.ras.parse import MalformedAnswer, OversizedAnswer, parse_status
 from agent.ras.targets import Endpoint, LocalProcess, plan
 from agent.ras.track import JobStatus, JobTracker, NamedRank
-from agent.ras.wire import QUERY_ERRORS, QueryError, query
+from agent.ras.wire import QUERY_ERRORS, Hold, QueryError, ReadBudget, query
 from agent.workload.records import WorkloadSnapshot
 
 log = logging.getLogger(__name__)
 
 #: seconds the child may take past the query deadline (parsing, tracking, the frame)
 PASS_MARGIN_SECONDS = 3.0
+#: bytes of the child's memory ceiling each byte of ``--ras.max-answer-bytes`` adds to its
+#: floor: the answer read whole, and decoded within agent.ras.parse's budget (6 times its
+#: size) with the decoder's transient copies
+CEILING_PER_ANSWER_BYTE = 14
+#: the stack of each query thread
+THREAD_STACK_BYTES = 1 << 20
+#: the smallest answer cap a pod's memory limit can bring --ras.max-answer-bytes down to
+MIN_ANSWER_CAP = 1 << 20
+#: the most one receive adds to an answer's buffer
+READ_CHUNK_BYTES = 65536
 #: endpoints one pass asks at most (a node hosts a handful of jobs at most); past that, each
 #: pass asks the ones asked longest ago, so every endpoint is asked within
 #: ceil(endpoints / MAX_QUERIED) passes, and one not asked in a pass is counted (``skipped``)
@@ -176,6 +187,8 @@ class RasQuerier:
         #: one answer decoded at a time: the child's memory holds one decoded answer at most
         #: (each bounded by agent.ras.parse), however many jobs answer at once
         self._decoding = threading.Lock()
+        #: what the answers read at once may buffer together: two of the largest
+        self._budget = ReadBudget(max_answer_bytes + READ_CHUNK_BYTES)
 
     def accept_inputs(self, value: object) -> None:
         self._inputs = expect(value, RasInputs)
@@ -183,6 +196,7 @@ class RasQuerier:
     def _ask(self, ep: Endpoint, addresses: frozenset[str]) -> QueryOutcome:
         cpu0 = time.thread_time()
         label = ep.label
+        hold = Hold(self._budget)
         try:
             answer = query(
                 ep.host,
@@ -190,6 +204,7 @@ class RasQuerier:
                 deadline_seconds=self._deadline,
                 max_bytes=self._max_bytes,
                 ras_timeout=self._ras_timeout,
+                hold=hold,
             )
         except QueryError as exc:
             return QueryOutcome(
@@ -208,6 +223,8 @@ class RasQuerier:
                 time.thread_time() - cpu0,
                 answer.attempts,
             )
+        finally:
+            hold.release()  # decoded or refused: the answer's buffer goes with this call
         tracker = self._trackers.setdefault(label, JobTracker(self._lag, self._max_named))
         status = tracker.update(parsed, self._clock())
         named = tuple(local_rank(n, ep.processes, addresses) for n in status.named)
@@ -227,17 +244,30 @@ class RasQuerier:
             del self._trackers[gone]
         results: dict[str, QueryOutcome] = {}
 
+        out_of_memory: list[MemoryError] = []
+
         def run(ep: Endpoint) -> None:
-            results[ep.label] = self._ask(ep, addresses)
+            try:
+                results[ep.label] = self._ask(ep, addresses)
+            except MemoryError as exc:  # the child's ceiling: the pass ends with it, below
+                out_of_memory.append(exc)
 
         threads = [
             threading.Thread(target=run, args=(ep,), name=f"ras-{ep.label}", daemon=True)
             for ep in endpoints
         ]
-        for t in threads:
-            t.start()
+        # a thread's stack counts against the child's memory ceiling whole (8 MiB by
+        # default): these need little (the decoder's nesting is bounded by the recursion limit)
+        before = threading.stack_size(THREAD_STACK_BYTES)
+        try:
+            for t in threads:
+                t.start()
+        finally:
+            threading.stack_size(before)
         for t in threads:
             t.join(self._deadline + PASS_MARGIN_SECONDS)
+        if out_of_memory:
+            raise MemoryError(f"a query thread: {out_of_memory[0]!s}"[:200])
         out = []
         for ep in endpoints:
             got = results.get(ep.label)
@@ -245,6 +275,16 @@ class RasQuerier:
                 got = QueryOutcome(ep.label, None, "timeout", "the query thread overran")
             out.append(got)
         return RasAnswers(tuple(out))
+
+
+def answer_cap(configured: int, pod_limit: int | None) -> int:
+    """The largest answer the RAS child reads and decodes: ``--ras.max-answer-bytes``, or
+    less when decoding that much would not fit the child's share of the pod's memory limit
+    (never below :data:`MIN_ANSWER_CAP`)."""
+    if not pod_limit:
+        return configured
+    room = child_ceiling("ras", pod_limit) - SHARES["ras"].floor
+    return max(min(configured, room // CEILING_PER_ANSWER_BYTE), min(configured, MIN_ANSWER_CAP))
 
 
 def child_sampler(
@@ -284,6 +324,8 @@ class RasSampler:
 
     ``workload`` and ``pods`` return the workload sampler's latest snapshot and the pod
     watch's index (None when absent); ``procfs`` is rooted at ``--path.procfs``.
+    ``memory_limit``: the pod's, of which the child's memory ceiling is a share; answers are
+    capped at what that share can decode (:func:`answer_cap`).
     """
 
     name = "ras"
@@ -296,16 +338,26 @@ class RasSampler:
         pods: Callable[[], PodIndex | None] = lambda: None,
         *,
         isolate: bool | None = None,
+        memory_limit: int | None = None,
     ) -> None:
         self.settings = settings
         self._procfs = procfs
         self._workload = workload
         self._pods = pods
         self._next = RasInputs()
+        cap = answer_cap(settings.max_answer_bytes, memory_limit)
+        if cap < settings.max_answer_bytes:
+            log.info(
+                "ras: answers over %d bytes are refused (too_large), not %d: decoding more "
+                "would not fit the RAS child's share of --agent.memory-limit (%d MiB)",
+                cap,
+                settings.max_answer_bytes,
+                (memory_limit or 0) >> 20,
+            )
         kwargs = {
             "deadline_seconds": settings.deadline_seconds,
             "ras_timeout_seconds": settings.ras_timeout_seconds,
-            "max_answer_bytes": settings.max_answer_bytes,
+            "max_answer_bytes": cap,
             "lag_answers": settings.lag_answers,
             "max_named_ranks": settings.max_named_ranks,
         }
@@ -317,6 +369,9 @@ class RasSampler:
                 ChildSpec("agent.ras.sampler:child_sampler", kwargs),
                 timeout_seconds=settings.deadline_seconds + PASS_MARGIN_SECONDS,
                 inputs=lambda: self._next,
+                # its floor admits the largest answer it decodes (agent.ras.parse's budget)
+                memory_limit=memory_limit,
+                ceiling_extra=CEILING_PER_ANSWER_BYTE * cap,
             )
         else:
             self._local = child_sampler(**kwargs)  # type: ignore[arg-type]

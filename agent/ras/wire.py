@@ -22,6 +22,12 @@ kernel still completes connections on, as ``SO_REUSEPORT`` spreads them over the
 processes on a node) costs the handshake deadline, and the conversation is retried once on
 a new connection.
 
+Answers read at once share one byte budget (:class:`ReadBudget`: two of the largest
+answers): a read holds what it buffered until its caller has decoded it, and a read that
+would pass the budget waits for another to let go, within its own deadline (then
+``timeout``); one read at a time may use a reserve of one whole answer, so one always
+completes. However many jobs answer at once, their buffers together stay within the budget.
+
 Failures raise :class:`QueryError` with a ``reason`` from :data:`QUERY_ERRORS`.
 """
 
@@ -30,6 +36,7 @@ from __future__ import annotations
 import errno
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,11 +79,92 @@ class Answer:
     attempts: int
 
 
+class ReadBudget:
+    """Bytes the answers being read at once may buffer together: a shared part that reads
+    take from as they grow, and a reserve of one whole answer that one read at a time (the
+    first to find the shared part spent) may use, so that one answer always completes and
+    reads that each hold part of the shared bytes can never stall each other until their
+    deadlines. At most ``2 x answer_bytes`` are held in all."""
+
+    def __init__(self, answer_bytes: int) -> None:
+        self.total = 2 * answer_bytes
+        self._shared = answer_bytes
+        self._reserve = answer_bytes
+        self._leader: Hold | None = None  # the read using the reserve
+        self._cond = threading.Condition()
+
+    @property
+    def free(self) -> int:
+        return self._shared + self._reserve
+
+    def take(self, hold: Hold, n: int, deadline: float, clock: Callable[[], float]) -> bool:
+        """Take ``n`` bytes for ``hold``, waiting for them until ``deadline`` (on ``clock``);
+        False when they did not come in time."""
+        with self._cond:
+            while True:
+                if self._shared >= n:
+                    self._shared -= n
+                    hold.shared += n
+                    return True
+                if self._leader is None:
+                    self._leader = hold
+                if self._leader is hold and self._reserve >= n:
+                    self._reserve -= n
+                    hold.reserved += n
+                    return True
+                left = deadline - clock()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+
+    def give(self, hold: Hold) -> None:
+        with self._cond:
+            self._shared += hold.shared
+            self._reserve += hold.reserved
+            hold.shared = hold.reserved = 0
+            if self._leader is hold:
+                self._leader = None
+            self._cond.notify_all()
+
+
+class Hold:
+    """What one query holds of a :class:`ReadBudget` (none: unbounded); its caller calls
+    :meth:`release` once it is done with the answer."""
+
+    def __init__(self, budget: ReadBudget | None = None) -> None:
+        self._budget = budget
+        self.shared = 0
+        self.reserved = 0
+
+    @property
+    def bytes(self) -> int:
+        return self.shared + self.reserved
+
+    def take(self, n: int, deadline: float, clock: Callable[[], float]) -> None:
+        if self._budget is None:
+            return
+        if not self._budget.take(self, n, deadline, clock):
+            raise QueryError(
+                "timeout", "the deadline passed while other answers held the read budget"
+            )
+
+    def release(self) -> None:
+        if self._budget is not None:
+            self._budget.give(self)
+
+
 class _Conversation:
-    def __init__(self, sock: socket.socket, deadline: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        deadline: float,
+        clock: Callable[[], float],
+        hold: Hold | None = None,
+    ) -> None:
         self.sock = sock
         self.deadline = deadline
         self.clock = clock
+        self.hold = hold or Hold()
         self.buf = bytearray()
         #: the STATUS command went out: a timeout after it is the gather's own
         self.asked = False
@@ -132,6 +220,7 @@ class _Conversation:
                 # the buffer itself, not a copy: a 16 MiB answer is held once, not twice
                 out, self.buf = self.buf, bytearray()
                 return out
+            self.hold.take(len(chunk), self.deadline, self.clock)
             self.buf += chunk
 
 
@@ -186,13 +275,15 @@ def query(
     ras_timeout: int = 5,
     verbose: bool = False,
     clock: Callable[[], float] = time.monotonic,
+    hold: Hold | None = None,
 ) -> Answer:
     """Ask the RAS service at ``host:port`` for the job's status in JSON; the raw answer.
 
     One deadline for the whole query (connecting, the handshake, the gather, reading); a
     handshake that times out is retried once on a new connection, within that deadline.
     ``verbose`` sends ``VERBOSE STATUS`` (the same JSON: verbosity only changes the text
-    format's outlier lists)."""
+    format's outlier lists). ``hold``: what the answer's buffer takes from a shared
+    :class:`ReadBudget`; the caller releases it (a failed query releases it here)."""
     start = clock()
     deadline = start + deadline_seconds
     command = b"VERBOSE STATUS\n" if verbose else b"STATUS\n"
@@ -200,11 +291,12 @@ def query(
     while True:
         attempts += 1
         sock = connect(host, port, min(HANDSHAKE_SECONDS, deadline - clock()))
-        c = _Conversation(sock, deadline, clock)
+        c = _Conversation(sock, deadline, clock, hold)
         try:
             data = _converse(c, command=command, ras_timeout=ras_timeout, max_bytes=max_bytes)
             return Answer(data, clock() - start, attempts)
         except QueryError as exc:
+            c.hold.release()
             # a handshake that never came back (a stopped process's socket): once more,
             # on a new connection, which the kernel may hand to another of the job's processes
             retry = (

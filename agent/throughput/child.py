@@ -75,12 +75,14 @@ def isolated_sampler(
     inputs: Callable[[], ThroughputInputs],
     *,
     count_from: float | None = None,
+    memory_limit: int | None = None,
 ) -> IsolatedSampler:
     """The throughput sampler in a supervised child process: a pass is given
     ``timeout_seconds`` before its child is killed (``hung``); the child stops starting
     streams after half of it, so a slow pass ends with the streams it reached. A child that
     replaces one carries on from the last snapshot's :class:`ThroughputResume`.
-    ``count_from``: the agent's start (see :class:`ThroughputSampler`)."""
+    ``count_from``: the agent's start (see :class:`ThroughputSampler`); ``memory_limit``:
+    the pod's, of which the child's memory ceiling is a share."""
     return IsolatedSampler(
         "throughput",
         ChildSpec(
@@ -95,4 +97,5 @@ def isolated_sampler(
         inputs=inputs,
         precheck=lambda: nothing_to_read(settings),
         resume=_resume_of,
+        memory_limit=memory_limit,
     )

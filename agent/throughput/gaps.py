@@ -4,14 +4,24 @@ A log rotated several times between two passes, with the rotated files deleted a
 writer keeping few of them), leaves files that lived and died between two listings: nothing
 of them is left to read or measure. What is left is the files' birth times: each file of a
 rotated log is created when the one before it is renamed, so the rotated files the tailer
-*does* see form a chain in which a missing link shows as a time gap between one file's last
-write (its mtime) and the next file's birth. :class:`GapEstimator` walks that chain, file by
-file, in the order the tailer meets them, and prices each gap at the writer's own rate
-(bytes per second over the files it has seen whole, from their sizes, births and mtimes):
+*does* see form a chain in which a missing link shows as a time gap between the end of one
+file's life and the next file's birth. A file's life ends at its rename: the rename sets its
+status-change time (ctime), which only a later write (a writer's last lines before it
+reopens the path) or a change of its owner or mode moves on. :class:`GapEstimator` walks that
+chain, file by file, in the order the tailer meets them, and prices each gap at the writer's
+own rate (bytes per second over the lives of the files it has seen whole, birth to ctime):
 that many bytes, and lines at the mean line length the tailer has read, are counted as
-missed. A gap priced under half a rotated file (the moment between a rename and the new
-file's creation, a writer idle just before its rotation) is not counted: only whole files
-are missed.
+missed. A life includes the time a file sat idle before its rename, so a writer that prints
+in bursts and idles until its rotation is priced at its mean rate, idle time included: the
+estimate is unbiased for a writer whose pattern holds over the gap. (Priced from the last
+write instead, as first built, such a log was over-counted by the ratio of its life to its
+bursts.) A rotated file whose mode or owner is changed after its rename (a post-rotate
+script) ends its life late: the gap after it looks shorter and is under-counted. The file
+the tailer held open may have been deleted by the time it is finished (its ctime is then the
+deletion): its end is taken at its last write, so the gap after it also counts the time it
+sat idle before its rename, at most one file's worth of bytes more than were lost. A gap
+priced under half a rotated file (the moment between a rename and the new file's creation)
+is not counted: only whole files are missed.
 
 Birth times come from ``statx(2)`` (glibc, through ctypes); on a filesystem or C library
 without them nothing is estimated (:func:`birth_ns` returns None) and the docs say so.
@@ -83,7 +93,7 @@ class GapEstimator:
 
     def __init__(self, counts: Counter[str]) -> None:
         self._counts = counts
-        self._end_ns: int | None = None  # the last write of the latest file finished
+        self._end_ns: int | None = None  # the end of the latest file finished (its ctime)
         self._rate: float | None = None  # bytes per ns, over files seen whole
         self._size: float | None = None  # mean size of a finished file
         self._bytes = 0  # read by the tailer (for the mean line length)
@@ -97,16 +107,20 @@ class GapEstimator:
     def reset(self) -> None:
         self._end_ns = None
 
-    def finished(self, born: int | None, mtime_ns: int, size: int) -> None:
+    def finished(
+        self, born: int | None, end_ns: int, size: int, *, whole_life: bool = True
+    ) -> None:
         """A file of the chain, done with: it follows the latest one finished (a gap before
-        it is counted), its size over its life is a rate sample, its mtime the next link."""
+        it is counted), its size over its life (birth to ``end_ns``, its ctime: the rename)
+        is a rate sample, its end the next link. Not ``whole_life``: ``end_ns`` is only its
+        last write (a file deleted since, whose ctime is its deletion): no rate sample."""
         self._link(born)
-        if born is not None and mtime_ns - born >= 1_000_000 and size > 0:
-            rate = size / (mtime_ns - born)
+        if whole_life and born is not None and end_ns - born >= 1_000_000 and size > 0:
+            rate = size / (end_ns - born)
             self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
         if size > 0:
             self._size = size if self._size is None else 0.7 * self._size + 0.3 * size
-        self._end_ns = mtime_ns if mtime_ns > 0 else None
+        self._end_ns = end_ns if end_ns > 0 else None
 
     def started(self, born: int | None) -> None:
         """The file the path names now (after a rotation): a gap before it is counted."""

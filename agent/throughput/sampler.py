@@ -68,6 +68,7 @@ from agent.core.sysfs import ReadIssue
 from agent.kubernetes.podwatch import PodIndex
 from agent.throughput.formats import BadRegex, compile_custom
 from agent.throughput.gaps import MISSED_BYTES, MISSED_LINES
+from agent.throughput.gzlog import read_gzip_tail
 from agent.throughput.nccl_join import nccl_series
 from agent.throughput.nccl_run import NODE_HCAS, NODE_IB_ERROR_PAIRS, Admission, NcclRun
 from agent.throughput.pods import newest_rotated, parse_selector
@@ -88,13 +89,7 @@ from agent.throughput.sources import (
     nothing_to_read,
 )
 from agent.throughput.stream import Stream
-from agent.throughput.tail import (
-    UNREAD_BYTES,
-    WHOLE_FILE,
-    FileTail,
-    Limits,
-    read_gzip_tail,
-)
+from agent.throughput.tail import UNREAD_BYTES, WHOLE_FILE, FileTail, Limits
 
 log = logging.getLogger(__name__)
 

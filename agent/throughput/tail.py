@@ -50,7 +50,8 @@ A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory
   leave a file between two chunks (its CPU budget spent): the rest waits, nothing is lost.
 
 Gzip'd files (rotated kubelet logs, ``*.gz`` given to ``--throughput.file``) are read whole
-with :func:`read_gzip_tail` (they never grow).
+with :func:`agent.throughput.gzlog.read_gzip_tail` (they never grow). Opening a file (what
+may be opened under the pod log directory) is :mod:`agent.throughput.openlog`.
 
 Events are counted in a :class:`collections.Counter` by reason (the sampler's
 ``errors_total``); a persistent problem with the file is returned as a ``(reason, detail)``
@@ -59,20 +60,16 @@ pair for the runner to log once. Nothing here logs or keeps a line beyond handin
 
 from __future__ import annotations
 
-import errno
-import gzip
 import hashlib
 import os
 import stat
-import struct
-import zlib
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from agent.throughput.gaps import GapEstimator, birth_ns
 from agent.throughput.lines import LineSink, LineSplitter
+from agent.throughput.openlog import classify, open_log
 
 #: reasons counted by the tailer (a subset of the sampler's error reasons)
 TAIL_REASONS = (
@@ -145,67 +142,6 @@ class TailResume:
 
 def mark_digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
-
-
-def _classify(exc: OSError) -> str:
-    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return "vanished"
-    if exc.errno in (errno.EMFILE, errno.ENFILE):
-        return "fd_limit"
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return "permission"
-    if exc.errno == errno.ELOOP:
-        return "symlink"
-    return "io"
-
-
-_NOT_REGULAR = "not a regular file (FIFO, socket, device or directory)"
-
-
-def open_log(path: str, counts: Counter[str], root: str | None) -> int | tuple[str, str]:
-    """A read-only, non-blocking fd on the regular file ``path``, or ``(reason, detail)``
-    (counted). With a ``root``: never through a symlink as the last component, and the
-    opened file must lie under the root's real path (checked on the open fd)."""
-    try:
-        st = os.stat(path) if root is None else os.lstat(path)
-    except OSError as exc:
-        return _classify(exc), exc.strerror or str(exc)
-    if stat.S_ISLNK(st.st_mode):
-        counts["symlink"] += 1
-        return "symlink", "a symbolic link (never followed under the pod log directory)"
-    if not stat.S_ISREG(st.st_mode):
-        counts["not_regular_file"] += 1
-        return "not_regular_file", _NOT_REGULAR
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-    if root is not None:
-        flags |= os.O_NOFOLLOW
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        reason = _classify(exc)
-        counts[reason] += 1
-        return reason, exc.strerror or str(exc)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between stat and open
-        os.close(fd)
-        counts["not_regular_file"] += 1
-        return "not_regular_file", _NOT_REGULAR
-    if root is not None and not _under(_fd_path(fd, path), os.path.realpath(root)):
-        os.close(fd)
-        counts["outside_root"] += 1
-        return "outside_root", "its real path is outside the pod log directory"
-    return fd
-
-
-def _fd_path(fd: int, path: str) -> str:
-    """The real path of an open file (what was opened, whatever happened to ``path``)."""
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:  # no /proc: the path's resolution now (racy, but still a check)
-        return os.path.realpath(path)
-
-
-def _under(path: str, root: str) -> bool:
-    return path.startswith(root.rstrip("/") + "/")
 
 
 class FileTail:
@@ -316,10 +252,10 @@ class FileTail:
                         self._split.feed(data)
                         self._gaps.read(data)
                     st = os.fstat(opened)
-                    self._gaps.finished(birth_ns(fd=opened), st.st_mtime_ns, st.st_size)
+                    self._gaps.finished(birth_ns(fd=opened), st.st_ctime_ns, st.st_size)
                     return st.st_mtime_ns
             except OSError as exc:  # unreadable now: its rest is counted unread below
-                self._counts[_classify(exc)] += 1
+                self._counts[classify(exc)] += 1
             finally:
                 os.close(opened)
             break
@@ -338,7 +274,7 @@ class FileTail:
             names = os.listdir(folder)
         except OSError:
             return
-        found: list[tuple[int, str, tuple[int, int], int, int | None]] = []
+        found: list[tuple[int, str, tuple[int, int], int, int | None, int]] = []
         for name in names:
             if not name.startswith((base + ".", base + "-")) or name.endswith(".gz"):
                 continue
@@ -356,10 +292,10 @@ class FileTail:
             born = birth_ns(path=os.path.join(folder, name))
             if (*ident, born) in self._followed:
                 continue
-            found.append((st.st_mtime_ns, name, ident, st.st_size, born))
+            found.append((st.st_mtime_ns, name, ident, st.st_size, born, st.st_ctime_ns))
         budget = self._limits.max_bytes_per_pass
-        for n, (mtime, name, ident, size, born) in enumerate(sorted(found)):
-            self._gaps.finished(born, mtime, size)
+        for n, (_, name, ident, size, born, changed) in enumerate(sorted(found)):
+            self._gaps.finished(born, changed, size)
             if n >= MAX_ROTATED_FOLLOWED or (budget is not None and budget <= 0):
                 self._counts["rotated_unread"] += 1
                 self._counts[UNREAD_BYTES] += size
@@ -404,7 +340,7 @@ class FileTail:
                 self._counts["rotated_unread"] += 1
                 self._counts[UNREAD_BYTES] += left
         except OSError as exc:
-            self._counts[_classify(exc)] += 1
+            self._counts[classify(exc)] += 1
             self._counts["rotated_unread"] += 1
         finally:
             os.close(opened)
@@ -478,7 +414,7 @@ class FileTail:
             try:
                 data = os.pread(fd, min(self._limits.chunk_bytes, size - at), at)
             except OSError as exc:  # the head is a bonus: the tail is still read
-                self._counts[_classify(exc)] += 1
+                self._counts[classify(exc)] += 1
                 return
             if not data:
                 return
@@ -548,7 +484,7 @@ class FileTail:
                 read, at_eof = self._read(budget, stop)
             except OSError as exc:
                 self.close()
-                reason = _classify(exc)
+                reason = classify(exc)
                 self._counts[reason] += 1
                 return reason, exc.strerror or str(exc)
             self.last_poll_bytes += read
@@ -561,7 +497,7 @@ class FileTail:
             except FileNotFoundError:
                 return None  # rotated away, no new file yet: keep the old one open
             except OSError as exc:
-                return _classify(exc), exc.strerror or str(exc)
+                return classify(exc), exc.strerror or str(exc)
             if (st.st_dev, st.st_ino) == self._ident:
                 return None
             # rotated or replaced: the old file is read to its end; then the files rotated
@@ -571,9 +507,15 @@ class FileTail:
             try:
                 old_st = os.fstat(self._fd)
                 old_mtime = old_st.st_mtime_ns
-                self._gaps.finished(birth_ns(fd=self._fd), old_mtime, old_st.st_size)
+                # deleted since (no link left): its ctime is the deletion, its end unknown
+                self._gaps.finished(
+                    birth_ns(fd=self._fd),
+                    old_st.st_ctime_ns if old_st.st_nlink else old_mtime,
+                    old_st.st_size,
+                    whole_life=old_st.st_nlink > 0,
+                )
             except OSError as exc:
-                self._counts[_classify(exc)] += 1
+                self._counts[classify(exc)] += 1
                 self._gaps.reset()
             self.close()
             self._offset, self._size, self._mark = 0, 0, b""  # the old file is done
@@ -614,60 +556,3 @@ class FileTail:
         if total:
             self.last_read_mtime = os.fstat(self._fd).st_mtime
         return total, False
-
-
-def gzip_size(f: BinaryIO) -> int | None:
-    """The uncompressed size of a single-member gzip file (its trailer, mod 2**32); the
-    file is left at its start."""
-    try:
-        f.seek(-4, os.SEEK_END)
-        (size,) = struct.unpack("<I", f.read(4))
-        f.seek(0)
-        return int(size)
-    except (OSError, struct.error):
-        return None  # too short or unreadable: the gzip read that follows says which
-
-
-def read_gzip_tail(
-    path: str,
-    sink: LineSink,
-    counts: Counter[str],
-    *,
-    cri: bool,
-    limits: Limits,
-    root: str | None = None,
-) -> tuple[str, str] | None:
-    """Read a gzip'd log (a rotated kubelet log, a compressed plain log): its last
-    ``limits.initial_bytes`` of uncompressed content, or all of it when that is None.
-    Decompression streams in chunks: memory stays bounded whatever the file's size.
-    ``root``: as :class:`FileTail`'s (no symlink, nothing outside it)."""
-    opened = open_log(path, counts, root)
-    if isinstance(opened, tuple):
-        return opened
-    raw = os.fdopen(opened, "rb")
-    split = LineSplitter(sink, counts, cri=cri, max_line_bytes=limits.max_line_bytes)
-    skip = 0
-    size = gzip_size(raw)
-    if limits.initial_bytes is not None and size is not None and size > limits.initial_bytes:
-        skip = size - limits.initial_bytes
-        split.skip_to_next_line()
-    try:
-        with raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
-            while skip > 0:
-                dropped = f.read(min(skip, limits.chunk_bytes))
-                if not dropped:
-                    break
-                skip -= len(dropped)
-            while True:
-                data = f.read(limits.chunk_bytes)
-                if not data:
-                    break
-                split.feed(data)
-    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-        counts["gzip"] += 1
-        return "gzip", f"not a readable gzip file: {exc}"
-    except OSError as exc:
-        reason = _classify(exc)
-        counts[reason] += 1
-        return reason, exc.strerror or str(exc)
-    return None

@@ -7,7 +7,10 @@ iterations/s, else steps/s from the time per step, the order ``fabricscope expla
 throughput alert use (``exporter/explain/discover.py`` ``THROUGHPUT_METRICS``). Its pods are
 those named after the job (``<job>-...``, as Kubernetes controllers name them and explain
 assumes) and those printing its throughput (which carry ``job_name``): every panel reads
-those pods' GPUs, RDMA devices and nodes, never the rest of the namespace.
+those pods' GPUs, RDMA devices and nodes, never the rest of the namespace. A pod's SR-IOV
+virtual function counts as its physical function (``pf_device``, ``pf_pci_bus_id`` of
+``fabricscope_pod_rdma_info``): the port, PCIe link and switch port panels show the physical
+port the VF rides on, as ``fabricscope explain`` does.
 """
 
 from __future__ import annotations
@@ -51,10 +54,40 @@ def headline() -> str:
     return " or on (job_name) ".join(parts)
 
 
+def _physical(series: str, *pairs: tuple[str, str]) -> str:
+    """``series`` and, for an SR-IOV virtual function's rows, the same rows relabelled to
+    its physical function (``pf_device`` as ``device``, ``pf_pci_bus_id`` as
+    ``pci_bus_id``): a VF has no port and no PCIe link of its own, its physical function's
+    port is the cable to the switch. A physical function's rows (``pf_*`` empty) are left
+    as they are, so ``or`` drops their unchanged copy."""
+    relabelled = series
+    for target, source in pairs:
+        relabelled = f'label_replace({relabelled}, "{target}", "$1", "{source}", "(.+)")'
+    return f"({series} or {relabelled})"
+
+
+def _one_pod_per(labels: str, series: str) -> str:
+    """One row per ``labels`` (with one of its pods): several pods riding one physical
+    port (VFs of one PF, a shared RDMA device) must not make a join many-to-many."""
+    return f"topk by ({labels}) (1, {series})"
+
+
 JOB_GPUS = f"max by (instance, gpu, pod) {job_pods('fabricscope_pod_gpu_info')}"
-JOB_NICS = f"max by (instance, device, pod) {job_pods('fabricscope_pod_rdma_info')}"
-JOB_NIC_FUNCTIONS = (
-    f"max by (instance, pci_bus_id, pod, device) {job_pods('fabricscope_pod_rdma_info')}"
+#: the job's RDMA devices by (instance, device): each VF's physical function included
+JOB_NICS = _one_pod_per(
+    "instance, device",
+    "max by (instance, device, pod) "
+    + _physical(job_pods("fabricscope_pod_rdma_info"), ("device", "pf_device")),
+)
+#: the job's NICs by (instance, pci_bus_id): each VF's physical function included
+JOB_NIC_FUNCTIONS = _one_pod_per(
+    "instance, pci_bus_id",
+    "max by (instance, pci_bus_id, pod, device) "
+    + _physical(
+        job_pods("fabricscope_pod_rdma_info"),
+        ("device", "pf_device"),
+        ("pci_bus_id", "pf_pci_bus_id"),
+    ),
 )
 
 JOB = Board(
@@ -286,6 +319,27 @@ JOB = Board(
             w=8,
             h=7,
             shows=(Show(("nccl_hca_off_numa",), ()),),
+        ),
+        Panel(
+            "Switch-port errors at the job's cables",
+            "timeseries",
+            (
+                (
+                    "sum by (instance, device, peer_guid, peer_port) (rate("
+                    f"fabricscope_infiniband_peer_port_symbol_errors_total{{{N}}}[{RI}])) "
+                    f"* on (instance, device) group_left (pod) {JOB_NICS}",
+                    "{{pod}} {{instance}} {{device}} -> {{peer_guid}} port {{peer_port}}",
+                ),
+            ),
+            "cps",
+            "Symbol errors per second at the switch end of each cable the job's ports ride on "
+            "(read by the agent with perfquery one hop out): a bad cable or transceiver shows "
+            "at both ends, a bad switch port at this end only. An SR-IOV virtual function's "
+            "cable is its physical function's.",
+            w=24,
+            h=7,
+            may_be_empty="the neighbour counters exist only where the ibpeer sampler reads "
+            "them (an InfiniBand fabric, infiniband-diags and the umad device)",
         ),
     ),
     extra_vars=(

@@ -10,7 +10,8 @@ NODE_BOARD = Board(
     "Fabricscope / Node",
     "One node: its RDMA ports' traffic against their rate, error counters as rates, "
     "saturated counters, RoCE congestion and netdev drops; its GPUs' NVLinks, PCIe and "
-    "XIDs; and the GPU-NIC topology and workload placement findings.",
+    "XIDs, and their activity from dcgm-exporter where it runs; and the GPU-NIC topology "
+    "and workload placement findings.",
     (
         Panel(
             "Port throughput (tx + rx)",
@@ -194,7 +195,9 @@ NODE_BOARD = Board(
                 ),
             ),
             "none",
-            "Counters stuck at their width's maximum (their rates read 0): reset them.",
+            "Counters stuck at their width's maximum (their rates read 0): on an InfiniBand "
+            "port, clear them; on a RoCE port nothing can, and the netdev's ethtool "
+            "statistics carry the link's counts.",
             w=6,
         ),
         Panel(
@@ -203,6 +206,35 @@ NODE_BOARD = Board(
             ((f"sort(sum by (gpu) (fabricscope_gpu_nvlinks_up{{{N}}}))", "GPU {{gpu}}"),),
             "none",
             "Active NVLinks of each GPU (18 on an H100/H200).",
+            w=6,
+        ),
+        Panel(
+            "GPU activity (dcgm-exporter)",
+            "timeseries",
+            ((f"fabricscope:gpu_dcgm_activity:ratio{{{N}}}", "GPU {{gpu}} ({{field}})"),),
+            "percentunit",
+            "Each GPU's activity as dcgm-exporter measures it, beside its links: SM activity "
+            "where dcgm-exporter collects it, else graphics-engine activity, else GPU "
+            "utilisation (the legend names the field; a MIG GPU shows its busiest instance). "
+            "Joined by GPU UUID (deploy/rules/joins.rules.yaml); empty where dcgm-exporter is "
+            "not scraped, which the panel beside says.",
+        ),
+        Panel(
+            "GPUs in dcgm-exporter",
+            "bargauge",
+            (
+                (f"count(fabricscope:gpu_dcgm_activity:ratio{{{N}}})", "with DCGM activity"),
+                (
+                    f"count(fabricscope_gpu_info{{{N}}} unless on (uuid) "
+                    f"fabricscope:gpu_dcgm_activity:ratio{{{N}}})",
+                    "without: dcgm-exporter not scraped here, or not these GPUs",
+                ),
+            ),
+            "none",
+            "How many of this node's GPUs dcgm-exporter reports (matched by UUID). Only "
+            '"without": this Prometheus scrapes no dcgm-exporter for this node, or its '
+            "fields are off (DCGM_FI_PROF_SM_ACTIVE, DCGM_FI_PROF_GR_ENGINE_ACTIVE, "
+            "DCGM_FI_DEV_GPU_UTIL); the join rules must be loaded too.",
             w=6,
         ),
         Panel(

@@ -193,8 +193,9 @@ def add_samplers(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="BYTES",
         help="the container's memory limit, exported as fabricscope_agent_memory_limit_bytes "
-        "for the alert that warns before the agent reaches it (the chart passes its limit; "
-        "default: 0, none)",
+        "for the alert that warns before the agent reaches it; each supervised child gets its "
+        "share of it as a memory ceiling the kernel enforces (docs/install.md#security; the "
+        "chart passes its limit; default: 0, none: each child gets a fixed ceiling)",
     )
     g.add_argument(
         "--nvml.isolate",
@@ -320,7 +321,7 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
     elif timeout is None:  # not given: follows the interval
         timeout = min(DEFAULT_SAMPLING_TIMEOUT, interval)
     try:
-        sampling = Sampling(enabled, interval, timeout)
+        sampling = Sampling(enabled, interval, timeout, getattr(ns, "memory_limit", 0) or None)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     return AgentConfig(

@@ -242,6 +242,14 @@ def _peer(counter: str) -> str:
     )
 
 
+def _per_gpu(fn: str, metric: str, per_link: str) -> str:
+    """``fn`` of a per-GPU series summed per GPU, or of the per-link series older agents
+    exported in its place."""
+    return " or ".join(
+        f"sum by (instance, gpu) ({fn}({m}{{{{{{sel}}}}}}[{{d}}]))" for m in (metric, per_link)
+    )
+
+
 def _ib_inc(counter: str) -> str:
     return f"increase(fabricscope_infiniband_port_{counter}_total{{{{{{sel}}}}}}[{{d}}])"
 
@@ -718,8 +726,7 @@ CHECKS: tuple[Check, ...] = (
         "nvlink",
         "NVLinks up (of the GPU's links, time-averaged)",
         # the per-GPU count; agents before it exported every link's up
-        "sum by (instance, gpu) (avg_over_time(fabricscope_gpu_nvlinks_up{{{sel}}}[{d}])) or "
-        "sum by (instance, gpu) (avg_over_time(fabricscope_nvlink_up{{{sel}}}[{d}]))",
+        _per_gpu("avg_over_time", "fabricscope_gpu_nvlinks_up", "fabricscope_nvlink_up"),
         "drop",
         0.02,
         "gpu",
@@ -732,8 +739,7 @@ CHECKS: tuple[Check, ...] = (
         "NVLink replay/recovery/CRC errors",
         # the per-GPU sums (below full detail a link's series starts at its first error,
         # which rate() cannot see); agents before them exported every link
-        "sum by (instance, gpu) (rate(fabricscope_gpu_nvlink_errors_total{{{sel}}}[{d}])) or "
-        "sum by (instance, gpu) (rate(fabricscope_nvlink_errors_total{{{sel}}}[{d}]))",
+        _per_gpu("rate", "fabricscope_gpu_nvlink_errors_total", "fabricscope_nvlink_errors_total"),
         "rate",
         1 / 60,
         "gpu",

@@ -218,16 +218,13 @@ def join_node_evidence(findings: Sequence[Finding]) -> list[Finding]:
     GPU. The hardware findings that stand out on that node (the same GPU's first: an XID, a
     lost GPU, its NVLinks; then the node's links) join it as evidence, with the small bonus
     a corroborated finding gets; they keep their own place in the ranking too."""
+    on_node: dict[str, list[Finding]] = defaultdict(list)
+    for h in findings:
+        if h.cause in NODE_EVIDENCE_CAUSES and h.score >= THRESHOLD:
+            on_node[h.instance].append(h)
     out = []
     for f in findings:
-        own = [
-            h
-            for h in findings
-            if f.cause == "nccl_rank"
-            and h.cause in NODE_EVIDENCE_CAUSES
-            and h.instance == f.instance
-            and h.score >= THRESHOLD
-        ]
+        own = list(on_node.get(f.instance, ())) if f.cause == "nccl_rank" else []
         if not own:
             out.append(f)
             continue

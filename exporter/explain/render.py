@@ -144,18 +144,28 @@ def _table(r: Report, causes: list[Finding]) -> list[str]:
 
 
 def _promql(f: Finding) -> list[str]:
-    """The strongest evidence's PromQL, with the times it returns the printed figures."""
+    """Each printed measurement's PromQL, with the times it returns the printed figures (a
+    finding without measurements: its own query, at its time)."""
     if not f.measurements:
-        return [f"           promql: {f.promql}"]
-    m = f.measurements[0]
+        at = [f"                   at {_t(f.promql_at)}"] if f.promql_at else []
+        return [f"           promql: {f.promql}", *at]
+    out: list[str] = []
+    for m in f.measurements[:EVIDENCE]:
+        out += _measurement_promql(m)
+    return out
+
+
+def _measurement_promql(m: Measurement) -> list[str]:
+    """``m``'s slow figure's PromQL and time, and its baseline's (the same query over
+    another range and time, or its own query when that differs)."""
     base, slow = queries(m)
     if slow is None:
-        return [f"           promql: {f.promql}"]
+        return []
     unit = m.check.unit
     row = f" in its row ({m.check.device_selector(m.labels)})" if m.job_selector else ""
     out = [
         f"           promql: {slow.promql}",
-        f"                   returns {_fig(m.slow)}{unit}{row} at {_hms(slow.at)}",
+        f"                   returns {_fig(m.slow)}{unit}{row} at {_t(slow.at)}",
     ]
     if base is not None:
         same = base.promql.replace(_range(base.promql), "") == slow.promql.replace(
@@ -163,12 +173,12 @@ def _promql(f: Finding) -> list[str]:
         )
         if same:
             out[-1] += (
-                f"; over [{_range(base.promql)}] at {_hms(base.at)}, the baseline: "
+                f"; over [{_range(base.promql)}] at {_t(base.at)}, the baseline: "
                 f"{_fig(m.baseline)}{unit}"
             )
         else:
             out.append(f"           baseline: {base.promql}")
-            out.append(f"                   returns {_fig(m.baseline)}{unit} at {_hms(base.at)}")
+            out.append(f"                   returns {_fig(m.baseline)}{unit}{row} at {_t(base.at)}")
     return out
 
 
@@ -180,10 +190,6 @@ def _range(expr: str) -> str:
 
 def _fig(value: float | None) -> str:
     return _fmt(value)
-
-
-def _hms(t: float) -> str:
-    return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 
 
 def _unavailable(r: Report) -> list[str]:

@@ -73,7 +73,23 @@ ERRORS = MetricSpec(
     ("reason",),
 )
 
-SPECS: tuple[MetricSpec, ...] = (POD_GPU_INFO, POD_RDMA_INFO, PODS, METHOD_UP, ERRORS)
+POD_IMEX_CHANNEL_INFO = MetricSpec(
+    "fabricscope_pod_imex_channel_info",
+    "gauge",
+    "An IMEX channel a container holds through a ComputeDomain ResourceClaim (NVIDIA's DRA "
+    "driver, compute-domain.nvidia.com): the pod is in a multi-node NVLink domain; always "
+    "1. Its GPUs are on fabricscope_pod_gpu_info, from its other claims.",
+    ("namespace", "pod", "container", "claim", "channel"),
+)
+
+SPECS: tuple[MetricSpec, ...] = (
+    POD_GPU_INFO,
+    POD_RDMA_INFO,
+    POD_IMEX_CHANNEL_INFO,
+    PODS,
+    METHOD_UP,
+    ERRORS,
+)
 
 
 def _label(value: object) -> str:
@@ -111,6 +127,10 @@ def render(snap: AttributionSnapshot, out: Families) -> None:
             r.claim,
             _label(r.pf_device),
             _label(r.pf_pci_bus_id),
+        )
+    for ch in snap.imex_channels:
+        out.add(
+            POD_IMEX_CHANNEL_INFO, 1, ch.namespace, ch.pod, ch.container, ch.claim, str(ch.channel)
         )
     out.add(PODS, snap.pods)
     for method, up in snap.methods_up:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from agent.nvml.findings import generation_degraded_under_load
 from agent.nvml.snapshot import NvLink, NvmlGpu, NvmlSnapshot
-from exporter.metrics import nvml_fabric
+from exporter.metrics import nvml_fabric, nvml_mig
 from exporter.metrics.spec import Families, MetricSpec
 
 _G = ("gpu",)
@@ -270,6 +270,7 @@ SPECS: tuple[MetricSpec, ...] = (
     NVLINK_TRANSMITTED_BYTES,
     NVLINK_RECEIVED_BYTES,
     *nvml_fabric.SPECS,
+    *nvml_mig.SPECS,
 )
 
 
@@ -285,6 +286,7 @@ def render(snap: NvmlSnapshot, out: Families) -> None:
     for xid in snap.xid_errors:
         out.add(XID_ERRORS, xid.count, str(xid.gpu), str(xid.xid))
     nvml_fabric.render(snap, out)
+    nvml_mig.render(snap, out)
 
 
 def _render_gpu(gpu: NvmlGpu, out: Families) -> None:

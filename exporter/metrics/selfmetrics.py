@@ -53,8 +53,9 @@ SAMPLER_ERRORS = MetricSpec(
     "counter",
     "Failed sampling attempts, by reason: exception, timeout, still_running (the previous "
     "call was still hung, so this pass was skipped); for a sampler run in a child process "
-    "(nvml): crashed (the child died, e.g. a segfault in the driver library), hung (killed "
-    "at the timeout), backoff (not restarted yet).",
+    "(nvml, throughput, ibpeer, ras): crashed (the child died, e.g. a segfault in the driver "
+    "library), hung (killed at the timeout), memory_ceiling (the child reached its memory "
+    "ceiling, its share of --agent.memory-limit, and was ended), backoff (not restarted yet).",
     ("sampler", "reason"),
 )
 SAMPLER_READ_ERRORS = MetricSpec(
@@ -84,9 +85,9 @@ SAMPLER_RENDER_ERRORS = MetricSpec(
 SAMPLER_CHILD_RESTARTS = MetricSpec(
     "fabricscope_sampler_child_restarts_total",
     "counter",
-    "Child processes started to replace one that crashed or hung, for the samplers run in a "
-    "supervised child process (nvml, throughput, ibpeer); absent for samplers that run in "
-    "the agent.",
+    "Child processes started to replace one that crashed, hung or reached its memory ceiling, "
+    "for the samplers run in a supervised child process (nvml, throughput, ibpeer, ras); "
+    "absent for samplers that run in the agent.",
     ("sampler",),
 )
 

@@ -76,6 +76,11 @@ LABELS: dict[str, str] = {
     "python_version": "interpreter version",
     "gpu": "GPU index as NVML numbers it",
     "uuid": "GPU UUID",
+    "mig_uuid": "a MIG device's own UUID (MIG-<uuid>, or MIG-GPU-<uuid>/<gi>/<ci> before "
+    "driver R470)",
+    "gpu_instance": "a MIG device's GPU instance id as NVML numbers it",
+    "compute_instance": "a MIG device's compute instance id within its GPU instance",
+    "profile": "a MIG device's profile as NVIDIA names it (1g.10gb, 3g.40gb)",
     "link": "NVLink index",
     "remote_type": "what is at the far end of an NVLink: GPU, NVSwitch, IBMNPU, unknown",
     "peer": "probe peer host",
@@ -90,8 +95,9 @@ LABELS: dict[str, str] = {
     "method": "how a pod attribution was made: podresources (kubelet API) or cgroup",
     "claim": "the ResourceClaim (Dynamic Resource Allocation) a device came with; empty for "
     "a device plugin's",
-    "mig": "which MIG slice of the GPU (gi<n>/ci<n>, the DRA driver's mig-<profile>-... name, "
-    "or unknown); empty for a whole GPU",
+    "mig": "which MIG slice of the GPU (gi<n>/ci<n>, gi<n> where NVML gave no compute instance, "
+    "the DRA driver's mig-<profile>-... name, or unknown); empty for a whole GPU",
+    "channel": "an IMEX channel's number (/dev/nvidia-caps-imex-channels/channel<n>)",
     "pf_device": "the RDMA device of the SR-IOV physical function a virtual function rides on",
     "pf_pci_bus_id": "PCI address of the SR-IOV physical function a virtual function rides on",
     "cpus": "CPU list in kernel list format (0-31,64-95)",

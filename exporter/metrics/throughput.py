@@ -120,7 +120,10 @@ MISSED = MetricSpec(
     "counter",
     "Bytes estimated to have been written to rotated logs deleted before the agent could "
     "list them (a log rotated and pruned faster than it is read): the time between one "
-    "file's last write and the next file's birth, at the writer's rate over the files seen.",
+    "file's rename and the next file's birth, at the writer's mean rate over the lives of the "
+    "files seen, idle time included (a bursty writer is priced at its mean rate, not its "
+    "burst rate). Up to one file's bytes over when the file read last was deleted before it "
+    "was finished; under when a rotated file's mode or owner was changed after its rename.",
 )
 MISSED_LINES = MetricSpec(
     _P + "missed_lines_total",

@@ -33,6 +33,7 @@ H200_UUID = "GPU-e0994de4-8084-3401-2ea6-a123360289e0"
 WHOLE = "k8s.gpu.nvidia.com/claim=dab5ab50-d59a-42a6-af16-cfd4628c0f7a-gpu-0"
 MIG = "k8s.gpu.nvidia.com/claim=c8593c85-440d-4156-b199-aea592ff83df-gpu-0-mig-1g18gb-19-0"
 VF = "rdma.example.com/vf=vf-0000-1a-00-2"
+CHANNEL = "k8s.compute-domain.nvidia.com/claim=5f0e4d7a-93c1-4c1e-8a1b-2b6c0e9d1f34-channel-0"
 
 
 # --- the driver's procfs (recorded on an H200) ----------------------------------------------
@@ -186,7 +187,7 @@ def test_device_refs_from_nodes_and_environment() -> None:
         ),
     )
     assert device_refs(d) == DeviceRefs(
-        (3,), (103,), (2,), (H200_UUID,), ("0000:1a:00.2", "0000:3b:00.3")
+        (3,), (103,), (2,), (H200_UUID,), ("0000:1a:00.2", "0000:3b:00.3"), (0,)
     )
     assert device_refs(CdiDevice("y", ("/dev/nvidia-uvm",), ("NVIDIA_VISIBLE_DEVICES=all",))).empty
 
@@ -211,8 +212,9 @@ def test_nvidia_dra_device_names(name: str, expected: tuple[int, bool] | None) -
 
 def test_the_fixture_directory() -> None:
     index = CdiRegistry(str(CDI)).scan()
-    assert index.present and index.specs == 3 and index.issues == ()
-    assert sorted(index.devices) == sorted([WHOLE, MIG, VF])
+    assert index.present and index.specs == 4 and index.issues == ()
+    assert sorted(index.devices) == sorted([WHOLE, MIG, VF, CHANNEL])
+    assert device_refs(index.devices[CHANNEL]) == DeviceRefs(imex_channels=(0,))
 
 
 def test_absent_directory_is_quiet(tmp_path: Path) -> None:
@@ -233,7 +235,7 @@ def test_a_symlink_out_of_the_root_is_never_followed(tmp_path: Path) -> None:
         ("dirlink.yaml", "permission"),
         ("link.yaml", "permission"),
     ]
-    assert index.specs == 3
+    assert index.specs == 4
 
 
 def test_huge_fifo_and_garbage_files_each_cost_one_issue(tmp_path: Path) -> None:
@@ -253,7 +255,7 @@ def test_huge_fifo_and_garbage_files_each_cost_one_issue(tmp_path: Path) -> None
         "pipe.yaml": "permission",
         "subdir.yaml": "permission",
     }
-    assert sorted(index.devices) == sorted([WHOLE, MIG, VF])
+    assert sorted(index.devices) == sorted([WHOLE, MIG, VF, CHANNEL])
 
 
 def test_too_many_files_reads_the_first(tmp_path: Path) -> None:

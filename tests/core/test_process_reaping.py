@@ -5,6 +5,8 @@ namespace.
   double-forked (neither is in the tool's process group): they are killed after each call,
   none accumulates, and none outlives the agent.
 - A tool still running when the agent gets SIGTERM goes with the agent.
+- An ibpeer tool that prints 200 MB and tries to take 400 MiB: refused by the kernel (the
+  ibpeer child's memory ceiling, which its tools inherit), its output cut and counted.
 - The agent as PID 1 of its PID namespace (a container's entrypoint without an init):
   orphans re-parented to it are reaped, and SIGTERM still stops it.
 """
@@ -25,6 +27,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import DEFAULT_OFF, SAMPLER_NAMES
+from agent.core.ceiling import child_ceiling
+from tests.procwatch import children, data_limit, peak_rss
 from tests.promharness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,3 +246,43 @@ def _no_stray_sleeps() -> Iterator[None]:
     yield
     kill_all("sleep 987.6")
     kill_all("sleep 876.5")
+
+
+#: the memory limit the chart gives the agent (deploy/helm/fabricscope/values.yaml)
+POD_LIMIT = 256 << 20
+
+#: a tool that tries to take 400 MiB (noting whether it could), then prints 200 MB
+GREEDY = """#!/bin/sh
+if {python} -c 'b = bytearray(400 << 20)' 2>/dev/null; then echo took >> {notes}
+else echo refused >> {notes}; fi
+head -c 200000000 /dev/zero | tr '\\0' 7
+"""
+
+
+def test_a_greedy_tool_costs_the_ibpeer_child_nothing(tmp_path: Path) -> None:
+    """An ibpeer tool that prints 200 MB and tries to allocate 400 MiB, under the chart's
+    256 MiB pod limit: the child runs under its memory ceiling (``RLIMIT_DATA``, its share of
+    the limit), which the tools it starts inherit, so the tool's allocation is refused by the
+    kernel; its output is cut at the tools' cap and counted; the child's resident memory
+    stays far below its ceiling and it is never replaced; /metrics answers throughout."""
+    notes = tmp_path / "notes"
+    script = GREEDY.format(python=sys.executable, notes=notes)
+    ceiling = child_ceiling("ibpeer", POD_LIMIT)
+    flags = ("--sampling.interval=1", "--ibpeer.interval=1", f"--agent.memory-limit={POD_LIMIT}")
+    with ibpeer_agent(tmp_path, script, *flags) as (agent, port):
+        deadline = time.monotonic() + 60
+        peak = 0
+        while attempts(port, "ibpeer") < 2 or not notes.exists():
+            assert agent.poll() is None, (tmp_path / "agent.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the ibpeer sampler never ran two passes"
+            peak = max([peak, *(peak_rss(pid) for pid in children(agent.pid))])
+            time.sleep(0.2)
+        body = scrape(port)
+        (child,) = children(agent.pid)  # it answered: its ceiling is set
+        assert data_limit(child) == ceiling, "the ibpeer child has no memory ceiling"
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(30) == 0
+    assert "took" not in notes.read_text(), "a tool took 400 MiB past the child's ceiling"
+    assert 0 < peak < ceiling // 2, f"the ibpeer child peaked at {peak >> 20} MiB"
+    assert 'fabricscope_sampler_child_restarts_total{sampler="ibpeer"} 0.0' in body
+    assert "printed more than" in (tmp_path / "agent.log").read_text()

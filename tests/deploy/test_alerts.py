@@ -84,7 +84,82 @@ RECORDED_SERIES: dict[str, tuple[str, ...]] = {
     # (deploy/rules/hardware.rules.yaml)
     "fabricscope:acs_p2p_bridges:count": ("instance", "vendor", "model"),
     "fabricscope:acs_p2p_redirect_bridges:count": ("instance", "vendor", "model"),
+    # fabricscope's GPUs and RDMA ports beside dcgm-exporter and node_exporter
+    # (deploy/rules/joins.rules.yaml)
+    "fabricscope:gpu_dcgm_sm_active:ratio": ("gpu", "uuid", "pci_bus_id"),
+    "fabricscope:gpu_dcgm_graphics_active:ratio": ("gpu", "uuid", "pci_bus_id"),
+    "fabricscope:gpu_dcgm_utilization:ratio": ("gpu", "uuid", "pci_bus_id"),
+    "fabricscope:gpu_dcgm_activity:ratio": ("gpu", "uuid", "pci_bus_id", "field"),
+    "fabricscope:infiniband_port_netdev_up": ("device", "port", "netdev"),
+    "fabricscope:infiniband_port_netdev_receive_bytes:rate5m": ("device", "port", "netdev"),
+    "fabricscope:infiniband_port_netdev_transmit_bytes:rate5m": ("device", "port", "netdev"),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Foreign:
+    """Another exporter's metric: the labels it writes (``optional``: only on some series or
+    some versions) and where those label sets were seen."""
+
+    labels: tuple[str, ...]
+    optional: frozenset[str]
+    source: str
+
+
+_DCGM_SOURCE = (
+    "dcgm-exporter /metrics as recorded in tests/fixtures/dcgm-exporter (NVIDIA/DCGM issue 226, "
+    "NVIDIA/dcgm-exporter issues 250, 317, 512): pci_bus_id from 3.3.6, DCGM_FI_DRIVER_VERSION "
+    "from 4.x, GPU_I_* on MIG instances, container/namespace/pod on GPUs a pod holds"
+)
+_DCGM = Foreign(
+    (
+        "gpu",
+        "UUID",
+        "pci_bus_id",
+        "device",
+        "modelName",
+        "Hostname",
+        "GPU_I_PROFILE",
+        "GPU_I_ID",
+        "DCGM_FI_DRIVER_VERSION",
+        "container",
+        "namespace",
+        "pod",
+    ),
+    frozenset(
+        {
+            "pci_bus_id",
+            "GPU_I_PROFILE",
+            "GPU_I_ID",
+            "DCGM_FI_DRIVER_VERSION",
+            "container",
+            "namespace",
+            "pod",
+        }
+    ),
+    _DCGM_SOURCE,
+)
+_NODE_NETCLASS = (
+    "node_exporter 1.5.0 on the DGX fixture tree, recorded in "
+    "tests/fixtures/node_exporter/dgx-h100.node_exporter-1.5.0.prom"
+)
+_NODE_NETDEV = (
+    "node_exporter's own e2e fixture (collector/fixtures/e2e-output.txt): "
+    'node_network_receive_bytes_total{device="eth0"}; the netdev collector reads the live host, '
+    "not a sysfs tree"
+)
+
+#: Other exporters' metrics, allowed by name and only in the join rules
+#: (deploy/rules/joins.rules.yaml) and their unit tests: no alert reads them.
+FOREIGN_METRICS: dict[str, Foreign] = {
+    "DCGM_FI_PROF_SM_ACTIVE": _DCGM,
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": _DCGM,
+    "DCGM_FI_DEV_GPU_UTIL": _DCGM,
+    "node_network_up": Foreign(("device",), frozenset(), _NODE_NETCLASS),
+    "node_network_receive_bytes_total": Foreign(("device",), frozenset(), _NODE_NETDEV),
+    "node_network_transmit_bytes_total": Foreign(("device",), frozenset(), _NODE_NETDEV),
+}
+JOIN_RULES = "joins.rules.yaml"
 
 
 def catalog_labels() -> dict[str, tuple[str, ...]]:
@@ -266,6 +341,7 @@ def test_rule_files_exist_and_every_rule_is_an_alert() -> None:
         "agent.rules.yaml",
         "fleet.rules.yaml",
         "hardware.rules.yaml",
+        "joins.rules.yaml",
         "maintenance.rules.yaml",
         "probe.rules.yaml",
         "ras.rules.yaml",
@@ -357,6 +433,79 @@ def test_alert_uses_only_catalog_metrics_and_their_labels(alert: Alert) -> None:
     assert templated <= used_labels, f"{alert.name}: annotations use {templated - used_labels}"
 
 
+def recording_rules() -> list[tuple[str, dict[str, object]]]:
+    return [
+        (path.name, rule)
+        for path in rule_files()
+        for group in load_groups(path)
+        for rule in group["rules"]  # type: ignore[attr-defined]
+        if "record" in rule
+    ]
+
+
+def _label_replace_targets(expr: str) -> set[str]:
+    """The labels ``label_replace(v, "dst", ...)`` writes in ``expr``."""
+    toks = _tokens(expr)
+    out = set()
+    for i, (kind, text) in enumerate(toks):
+        if kind == "ident" and text == "label_replace":
+            depth, j = 0, i + 1
+            while j < len(toks):
+                if toks[j][1] == "(":
+                    depth += 1
+                elif toks[j][1] == ")":
+                    depth -= 1
+                elif depth == 1 and toks[j][1] == ",":
+                    out.add(_unquote(toks[j + 1][1]))
+                    break
+                j += 1
+    return out
+
+
+@pytest.mark.parametrize(
+    ("file", "rule"), recording_rules(), ids=lambda r: r if isinstance(r, str) else r["record"]
+)
+def test_recording_rule_reads_only_known_metrics(file: str, rule: dict[str, object]) -> None:
+    """A recording rule reads fabricscope's catalog, other records, and, in the join rules
+    only, the other exporters' metrics FOREIGN_METRICS lists (each with its source)."""
+    known = catalog_labels()
+    if file == JOIN_RULES:
+        known.update({n: f.labels for n, f in FOREIGN_METRICS.items()})
+    expr = str(rule["expr"])
+    q = parse_query(expr)
+    assert q.selectors, rule
+    used: set[str] = set(TARGET_LABELS) | _label_replace_targets(expr)
+    for sel in q.selectors:
+        assert sel.name in known, f"{rule['record']}: {sel.name} is no metric it may read"
+        used |= set(known[sel.name])
+        for m in sel.matchers:
+            assert m.label in set(known[sel.name]) | TARGET_LABELS, (rule["record"], m)
+    stray = q.grouping - used
+    assert not stray, f"{rule['record']}: groups by labels nothing has: {sorted(stray)}"
+
+
+def test_foreign_metrics_are_read_by_the_join_rules_only() -> None:
+    read = {
+        sel.name
+        for file, rule in recording_rules()
+        if file == JOIN_RULES
+        for sel in parse_query(str(rule["expr"])).selectors
+    }
+    assert set(FOREIGN_METRICS) <= read, "an allowance no rule needs"
+    for a in ALERTS:
+        assert not {s.name for s in parse_query(a.expr).selectors} & set(FOREIGN_METRICS)
+    for file, rule in recording_rules():
+        if file != JOIN_RULES:
+            names = {s.name for s in parse_query(str(rule["expr"])).selectors}
+            assert not names & set(FOREIGN_METRICS), rule["record"]
+    assert all(f.source and f.optional <= set(f.labels) for f in FOREIGN_METRICS.values())
+
+
+def test_label_replace_targets_are_read() -> None:
+    expr = 'label_replace(label_replace(m, "a", "$1", "b", "(.+)"), "c", "x", "", "")'
+    assert _label_replace_targets(expr) == {"a", "c"}
+
+
 def test_pending_list_holds_only_probe_metrics() -> None:
     assert all(n.startswith("fabricscope_probe_") for n in PENDING_METRICS)
     for labels in PENDING_METRICS.values():
@@ -413,21 +562,27 @@ def test_unit_test_series_look_like_real_scrapes() -> None:
     """Input series carry exactly their metric's labels plus the scrape's job and instance,
     so an alert that fires in the unit tests fires on what fabricscope really exports."""
     known = catalog_labels()
+    foreign = {n: f.labels for n, f in FOREIGN_METRICS.items()}
     for path in rule_tests():
+        joins = path.name == "joins.test.yaml"
         for case in yaml.safe_load(path.read_text())["tests"]:
             for s in case["input_series"]:
                 m = _SERIES.match(s["series"])
                 assert m, s["series"]
                 name, body = m.groups()
                 labels = {k for k, _ in _PAIR.findall(body)}
-                assert name in known, f"{path.name}: {name} is not a metric fabricscope has"
+                if joins and name in foreign:
+                    expected = set(foreign[name])
+                    may_lack = set(FOREIGN_METRICS[name].optional)
+                else:
+                    assert name in known, f"{path.name}: {name} is not a metric fabricscope has"
+                    expected = set(known[name])
+                    may_lack = (
+                        MAY_BE_EMPTY.get(name, set()) if name not in PENDING_METRICS else expected
+                    )
                 assert {"job", "instance"} <= labels, s["series"]
-                expected = set(known[name])
                 # a metric's own namespace/pod/container (honorLabels) are its labels
                 own = labels - (TARGET_LABELS - expected)
-                may_lack = (
-                    MAY_BE_EMPTY.get(name, set()) if name not in PENDING_METRICS else expected
-                )
                 assert expected - may_lack <= own <= expected, (
                     f"{path.name}: {s['series']} should carry {sorted(expected)}"
                 )

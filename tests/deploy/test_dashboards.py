@@ -332,6 +332,29 @@ def two_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             )
         for t in range(int(start), int(end) + 1, 60):
             lines += [f"{s} {t}\n" for s in series]
+    # a third job, "vf", whose two pods hold SR-IOV virtual functions of one physical port:
+    # vf-0's VF moved into the pod (no RDMA device on the host), vf-1's visible as mlx5_3
+    node = 'instance="node-05",job="fabricscope"'
+    vf = f'{node},namespace="training",container="trainer",resource="intel.com/sriov_rdma"'
+    pf = 'pf_device="mlx5_0",pf_pci_bus_id="0000:1a:00.0"'
+    vf_series = [
+        f'fabricscope_pod_rdma_info{{{vf},pod="vf-0",device_id="0000:1a:00.2",device="",'
+        f'pci_bus_id="0000:1a:00.2",{pf}}} 1',
+        f'fabricscope_pod_rdma_info{{{vf},pod="vf-1",device_id="0000:1a:00.3",device="mlx5_3",'
+        f'pci_bus_id="0000:1a:00.3",{pf}}} 1',
+        f'fabricscope_infiniband_port_rate_bytes_per_second{{{node},device="mlx5_0",port="1"}} '
+        "50000000000",
+        f'fabricscope_pci_link_width{{{node},pci_bus_id="0000:1a:00.0"}} 8',
+        f'fabricscope_pci_link_max_width{{{node},pci_bus_id="0000:1a:00.0"}} 16',
+    ]
+    vf_counters = [
+        f'fabricscope_infiniband_port_symbol_errors_total{{{node},device="mlx5_0",port="1"}}',
+        f'fabricscope_infiniband_peer_port_symbol_errors_total{{{node},device="mlx5_0",port="1",'
+        'peer_guid="0x946dae0300ab3c10",peer_port="17"}',
+    ]
+    for i, t in enumerate(range(int(start), int(end) + 1, 60)):
+        lines += [f"{s} {t}\n" for s in vf_series]
+        lines += [f"{s} {6 * i} {t}\n" for s in vf_counters]  # 0.1 errors/s
     om = work / "two-jobs.om"
     om.write_text("".join(lines) + "# EOF\n")
     tsdb = work / "tsdb"
@@ -373,3 +396,30 @@ def test_the_job_panels_read_only_the_jobs_pods(two_jobs: Lab) -> None:
     for job, pods in (("llm", {"llm-0", "llm-1", "annotated-7"}), ("ds", {"ds-0", "ds-1"})):
         result = two_jobs.range(job_expr(panel.targets[0][0], job))
         assert {s["metric"]["pod"] for s in result} == pods  # type: ignore[index]
+
+
+def test_a_jobs_virtual_functions_show_their_physical_port(two_jobs: Lab) -> None:
+    """A job whose NICs are SR-IOV virtual functions (pf_device on its pods' RDMA series)
+    sees the physical port they ride on in the port, PCIe and switch-port panels; two pods
+    on one physical port make one series, not a many-to-many error. Before the Job board
+    followed pf_device these panels were empty for such a job (a VF has no port series)."""
+    want = {
+        "Link rate of the job's NICs": ("device", "mlx5_0", 400e9),
+        "Port errors on the job's NICs": ("device", "mlx5_0", 0.1),
+        "Switch-port errors at the job's cables": ("peer_port", "17", 0.1),
+        "PCIe width of the job's NICs": ("device", "mlx5_0", 0.5),
+    }
+    for title, (label, value, latest) in want.items():
+        panel = next(p for p in generate.JOB.panels if p.title == title)
+        result = two_jobs.range(job_expr(panel.targets[0][0], "vf"))
+        assert len(result) == 1, (title, [s["metric"] for s in result])
+        labels = result[0]["metric"]
+        assert isinstance(labels, dict)
+        assert labels[label] == value and labels["instance"] == "node-05", (title, labels)
+        assert labels["pod"] in {"vf-0", "vf-1"}, (title, labels)
+        last = float(result[0]["values"][-1][1])  # type: ignore[index]
+        assert last == pytest.approx(latest, rel=0.01), title
+    # the other jobs' panels do not gain the VF job's port
+    panel = next(p for p in generate.JOB.panels if p.title == "Link rate of the job's NICs")
+    result = two_jobs.range(job_expr(panel.targets[0][0], "llm"))
+    assert "node-05" not in {s["metric"]["instance"] for s in result}  # type: ignore[index]

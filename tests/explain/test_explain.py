@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.explain import render
 from exporter.explain.checks import CHECKS, THRESHOLD
 from exporter.explain.client import ClientSettings, PrometheusClient
 from exporter.explain.discover import JobSpec
@@ -19,7 +20,10 @@ from exporter.explain.report import Report, explain
 from exporter.explain.switches import UPLINK_CHECKS
 from tests import explain_lab
 from tests.agentrun import fabricscope
-from tests.explain.reproduce import assert_every_figure_reproduces
+from tests.explain.reproduce import (
+    assert_every_figure_reproduces,
+    assert_every_printed_query_reproduces,
+)
 from tests.promharness import Prometheus, start_prometheus
 
 
@@ -203,43 +207,15 @@ def test_cli_healthy_says_no_fabric_cause(lab: Lab) -> None:
 
 def test_cli_missing_series_one_line_exit_2(lab: Lab) -> None:
     slot = lab.slots["healthy"]
-    out = fabricscope(
-        [
-            "explain",
-            "--prometheus.url",
-            lab.prom.url,
-            "--namespace",
-            "training",
-            "--job",
-            "nosuchjob",
-            "--since",
-            f"{slot.start:.0f}",
-            "--until",
-            f"{slot.end:.0f}",
-        ]
-    )
+    args = ["explain", "--prometheus.url", lab.prom.url, "--namespace", "training"]
+    args += ["--job", "nosuchjob", "--since", f"{slot.start:.0f}", "--until", f"{slot.end:.0f}"]
+    out = fabricscope(args)
     assert out.returncode == 2
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert "no throughput series for job_name='nosuchjob' in namespace 'training'" in out.stderr
     # with the change given, the job still has no nodes: also one line
-    out = fabricscope(
-        [
-            "explain",
-            "--prometheus.url",
-            lab.prom.url,
-            "--namespace",
-            "training",
-            "--job",
-            "nosuchjob",
-            "--since",
-            f"{slot.start:.0f}",
-            "--until",
-            f"{slot.end:.0f}",
-            "--change-at",
-            f"{slot.change:.0f}",
-        ]
-    )
+    out = fabricscope([*args, "--change-at", f"{slot.change:.0f}"])
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert "found no nodes for job 'nosuchjob'" in out.stderr
 
@@ -330,3 +306,18 @@ def test_every_evidence_line_of_every_cause_reproduces(lab: Lab, name: str) -> N
     """As on the shared lab (tests/explain/test_explain_lab.py): each figure of each cause's
     evidence, its printed PromQL run at the printed time, returns the figure (within 5 %)."""
     assert_every_figure_reproduces(lab.client(), run(lab, name))
+
+
+@pytest.mark.parametrize("name", sorted(explain_lab.SCENARIOS))
+def test_every_printed_query_of_the_text_output_reproduces(lab: Lab, name: str) -> None:
+    """The text output, as a person reads it: each ``promql:`` line, run at the time printed
+    under it, returns the figure printed there (the baseline's too); every measurement the
+    output shows has one (not only the strongest)."""
+    report = run(lab, name)
+    out = render.text(report)
+    checked = assert_every_printed_query_reproduces(lab.client(), out)
+    # the first cause's every shown measurement (its figures) printed and checked
+    first = report.causes[0].measurements[: render.EVIDENCE] if report.causes else ()
+    figures = sum((m.slow is not None) + (m.baseline is not None) for m in first)
+    assert checked >= figures, out
+    assert out.count("promql: ") >= len([m for m in first if m.slow is not None])

@@ -23,11 +23,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from exporter.explain import render
 from exporter.explain.checks import THRESHOLD
 from exporter.explain.client import ClientSettings, PrometheusClient
 from exporter.explain.discover import JobSpec
 from exporter.explain.report import Report, explain
-from tests.explain.reproduce import assert_every_figure_reproduces
+from tests.explain.reproduce import (
+    assert_every_figure_reproduces,
+    assert_every_printed_query_reproduces,
+)
 from tests.fabric_lab import HOSTS, SPINE_HOSTS, Served, fabric_run
 
 STEP = 15.0
@@ -135,6 +139,10 @@ def test_every_figure_of_the_switch_findings_reproduces(fabric: Served, faulty: 
     switches = [f for f in faulty.causes if f.cause == "switch"]
     assert switches and all(f.measurements and f.promql_at > 0 for f in switches)
     assert assert_every_figure_reproduces(client, faulty) >= 2 * len(faulty.causes)
+    # and as the text output prints them: every uplink of a switch finding has its query
+    out = render.text(faulty)
+    uplinks = sum(len(f.measurements[: render.EVIDENCE]) for f in switches)
+    assert assert_every_printed_query_reproduces(client, out) >= 2 * uplinks, out
 
 
 @pytest.fixture(scope="module")

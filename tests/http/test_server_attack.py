@@ -28,8 +28,8 @@ from exporter.http.server import ConnectionLimits, MetricsServer, serve
 from exporter.http.webconfig import load_web_config
 from exporter.metrics.exposition import ExpositionCache, render_text
 from exporter.metrics.spec import Families, MetricSpec
+from tests.attackclient import raise_fd_limit
 from tests.promharness import TestPKI, write_test_pki
-from tests.slowloris import raise_fd_limit
 
 ATTACKER = "127.0.0.2"
 IDLE, TRICKLE = 1000, 200

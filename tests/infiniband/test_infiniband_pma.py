@@ -21,6 +21,7 @@ from agent.infiniband.records import IbPort, InfinibandSnapshot
 from agent.infiniband.sampler import InfinibandSampler
 from exporter.metrics import infiniband as ib_metrics
 from exporter.metrics.spec import Families
+from tests.ib_port_tree import write_ib_port
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ibpeer"
 P = "fabricscope_infiniband_port_"
@@ -42,19 +43,7 @@ EXTENDED_SYSFS = {
 
 def port_tree(root: Path, dev: str, counters: dict[str, int], *, lid: int = 2) -> Path:
     """An ACTIVE InfiniBand port 1 of ``dev`` with these ``counters/`` files."""
-    port = root / "class/infiniband" / dev / "ports/1"
-    (port / "counters").mkdir(parents=True, exist_ok=True)
-    for name, text in (
-        ("link_layer", "InfiniBand"),
-        ("state", "4: ACTIVE"),
-        ("phys_state", "5: LinkUp"),
-        ("lid", hex(lid)),
-        ("rate", "400 Gb/sec (4X NDR)"),
-    ):
-        (port / name).write_text(text + "\n")
-    for name, value in counters.items():
-        (port / "counters" / name).write_text(f"{value}\n")
-    return root
+    return write_ib_port(root, dev, counters, lid=lid)
 
 
 def fake_perfquery(tmp: Path, body: str, name: str = "perfquery-standin") -> Path:

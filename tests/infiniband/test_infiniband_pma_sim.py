@@ -32,6 +32,7 @@ from agent.infiniband.sampler import InfinibandSampler
 from exporter.metrics import infiniband as ib_metrics
 from exporter.metrics.spec import Families
 from tests.agentrun import fabricscope
+from tests.ib_port_tree import write_ib_port
 from tests.ibsim_lab import IbsimLab, missing_tools
 
 OPTS = "w=8 s=4 e=7"
@@ -109,18 +110,7 @@ def wrapper(lab: IbsimLab) -> Path:
 
 def node_tree(root: Path, lids: dict[str, int], counters: dict[str, dict[str, int]]) -> Path:
     for dev, lid in lids.items():
-        port = root / "class/infiniband" / dev / "ports/1"
-        (port / "counters").mkdir(parents=True, exist_ok=True)
-        for name, text in (
-            ("link_layer", "InfiniBand"),
-            ("state", "4: ACTIVE"),
-            ("phys_state", "5: LinkUp"),
-            ("lid", hex(lid)),
-            ("rate", "300 Gb/sec (12X QDR)"),
-        ):
-            (port / name).write_text(text + "\n")
-        for name, value in counters.get(dev, {}).items():
-            (port / "counters" / name).write_text(f"{value}\n")
+        write_ib_port(root, dev, counters.get(dev, {}), lid=lid, rate="300 Gb/sec (12X QDR)")
     return root
 
 

@@ -226,14 +226,56 @@ def test_an_unresolvable_gpu_claim_fails_the_probe_closed(
     assert gpu_allocation(snap).unknown == "unmapped_device"
 
 
-def test_other_drivers_devices_that_name_no_gpu_or_nic_are_not_attributed(
+CD_UID = "5f0e4d7a-93c1-4c1e-8a1b-2b6c0e9d1f34"
+#: a ComputeDomain's channel claim as the driver's source says it looks (PROVENANCE.md)
+CHANNEL_CLAIM = claim(
+    "trainer-0-imex-channel-4xk2q",
+    "compute-domain.nvidia.com",
+    "channel-0",
+    f"k8s.compute-domain.nvidia.com/claim={CD_UID}-channel-0",
+)
+
+
+def test_a_compute_domain_channel_is_attributed_and_the_gpus_stay_as_they_are(
     kubelet: tuple[Lister, Path], sys_root: Path
 ) -> None:
-    imex = claim(
-        "cd-0", "compute-domain.nvidia.com", "channel-0", "k8s.compute-domain.nvidia.com/channel=c0"
-    )
-    snap = sample(kubelet, sys_root, pod("x-0", "w", imex))
-    assert snap.gpus == () and snap.rdma == () and snap.allocation_unknown is None
+    """A pod of a multi-node NVLink job: its GPU claim and its ComputeDomain's IMEX channel
+    claim. The channel (from its CDI spec's device node) is the pod's, names no GPU, and the
+    GPU claim resolves exactly as without it; the probe's view is unchanged."""
+    alone = sample(kubelet, sys_root, pod("trainer-0", "worker", GPU_CLAIM))
+    snap = sample(kubelet, sys_root, pod("trainer-0", "worker", GPU_CLAIM, CHANNEL_CLAIM))
+    assert snap.gpus == alone.gpus and snap.rdma == alone.rdma == ()
+    assert [(c.pod, c.container, c.claim, c.channel) for c in snap.imex_channels] == [
+        ("trainer-0", "worker", "trainer-0-imex-channel-4xk2q", 0)
+    ]
+    assert gpu_allocation(snap) == gpu_allocation(alone) == GpuAllocation(frozenset({0}))
+    out = Families("minimal")
+    render_attribution.render(snap, out)
+    text = render_text(out).decode()
+    assert (
+        'fabricscope_pod_imex_channel_info{channel="0",claim="trainer-0-imex-channel-4xk2q",'
+        'container="worker",namespace="ml",pod="trainer-0"} 1.0'
+    ) in text
+    promtool_check_metrics(text)
+
+
+def test_a_channel_resolves_by_its_name_without_the_cdi_directory(
+    kubelet: tuple[Lister, Path], sys_root: Path, tmp_path: Path
+) -> None:
+    snap = sample(kubelet, sys_root, pod("x-0", "w", CHANNEL_CLAIM), cdi=tmp_path / "absent")
+    assert [c.channel for c in snap.imex_channels] == [0]
+    assert snap.gpus == () and snap.allocation_unknown is None
+
+
+def test_other_drivers_devices_that_name_no_gpu_nic_or_channel_are_not_attributed(
+    kubelet: tuple[Lister, Path], sys_root: Path
+) -> None:
+    fpga = claim("f-0", "fpga.example.com", "fpga-0", "fpga.example.com/claim=f0-fpga-0")
+    # a name that only looks like a channel, from a driver that is not the ComputeDomain's
+    other = claim("o-0", "example.com", "channel-3", "example.com/claim=o0-channel-3")
+    snap = sample(kubelet, sys_root, pod("x-0", "w", fpga, other))
+    assert snap.gpus == () and snap.rdma == () and snap.imex_channels == ()
+    assert snap.allocation_unknown is None
 
 
 def test_a_hostile_cdi_directory_costs_issues_not_the_pass(

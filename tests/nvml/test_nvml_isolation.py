@@ -24,9 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.ceiling import child_ceiling
 from agent.core.errors import NoData, SamplerFailure
 from agent.core.isolation import ChildSpec, IsolatedSampler, describe_exit
 from agent.probe.run.devices import GpuSlot, NvmlBusyGpus, discover_slots, isolated_gpu_view
+from tests.procwatch import children, data_limit, peak_rss
 from tests.promharness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +135,9 @@ class Agent:
 def running_agent(
     standin: StandIn, tmp_path: Path, flags: Sequence[str], ready: Callable[[str], bool]
 ) -> Iterator[Agent]:
-    """A real agent serving the fixture tree with NVML from the stand-in, 0.25 s passes, and
+    """A real agent serving the fixture tree with NVML from the stand-in, 0.5 s passes (an
+    in-process sampler's pass that times out withdraws its series: 0.25 s did on a busy
+    2-core machine), and
     ``flags``; yielded once a scrape satisfies ``ready``; it must exit 0 on SIGTERM."""
     port = free_port()
     log = tmp_path / "agent.log"
@@ -141,8 +145,8 @@ def running_agent(
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "exporter.cli", "agent", f"--path.sysfs={SYSFS}"),
-                *(f"--web.listen-address=127.0.0.1:{port}", "--sampling.interval=0.25"),
-                *("--sampling.timeout=0.25", "--no-sampler.netdev", "--no-sampler.workload"),
+                *(f"--web.listen-address=127.0.0.1:{port}", "--sampling.interval=0.5"),
+                *("--sampling.timeout=0.5", "--no-sampler.netdev", "--no-sampler.workload"),
                 "--no-sampler.attribution",
                 *flags,
             ],
@@ -420,3 +424,51 @@ def test_describe_exit() -> None:
     assert describe_exit(-6) == "killed by SIGABRT"
     assert describe_exit(3) == "exited with status 3"
     assert describe_exit(None) == "still running"
+
+
+#: the pod limit the chart gives the agent (deploy/helm/fabricscope/values.yaml)
+POD_LIMIT = 256 << 20
+
+
+def test_a_leaking_library_is_stopped_at_its_ceiling(standin: StandIn, tmp_path: Path) -> None:
+    """A driver library that allocates without end (the stand-in's ``leak``: 64 MiB a pass in
+    8 MiB blocks, written, kept, up to 400 MiB) under the chart's 256 MiB pod limit: the
+    kernel holds the NVML child to its ceiling (``RLIMIT_DATA``, its share of the limit), the
+    child is ended
+    and counted (``reason="memory_ceiling"``, one log line each), restarted after its
+    backoff, never resident beyond its ceiling; every scrape keeps the InfiniBand and PCI
+    series, and NVML's come back once the library behaves. (Without a ceiling the child
+    holds the 400 MiB and nothing is counted.)"""
+    ceiling = child_ceiling("nvml", POD_LIMIT)
+    assert ceiling < 400 << 20
+    standin.set("")
+    # passes of 2 s: an in-process sampler timing out withdraws its series, and 1 s passes of
+    # the fixture tree timed out on a 2-core machine under a load of 29
+    flags = (f"--agent.memory-limit={POD_LIMIT}", "--sampling.interval=2s", "--sampling.timeout=2s")
+    with running_agent(standin, tmp_path, flags, lambda b: GPU_INFO in b) as agent:
+        (child,) = children(agent.proc.pid)
+        assert data_limit(child) == ceiling
+        peak = 0
+
+        def watched(check: Callable[[str], bool]) -> Callable[[str], bool]:
+            def polled(body: str) -> bool:
+                nonlocal peak
+                for pid in children(agent.proc.pid):
+                    peak = max(peak, peak_rss(pid))
+                return check(body)
+
+            return polled
+
+        standin.set("leak")
+        agent.until(
+            "a child ended at the ceiling and replaced",
+            watched(lambda b: errors(b, "memory_ceiling") >= 1 and restarts(b) >= 1),
+            timeout=30,
+        )
+        standin.set("")
+        agent.until("NVML back", watched(lambda b: GPU_INFO in b), timeout=30)
+        logs = agent.logs()
+        said = [ln for ln in logs.splitlines() if "reached its memory ceiling" in ln]
+        assert said and f"of {ceiling >> 20} MiB" in said[0], logs[-5000:]
+        assert "Traceback" not in logs
+        assert 0 < peak < ceiling, f"the NVML child peaked at {peak >> 20} MiB"

@@ -80,16 +80,21 @@ def test_recording_a_replay_reproduces_it_pass_by_pass(
     original = replayed_passes(base)
     assert snap == original[0]
     assert replayed_passes(again) == original
-    # every answer recorded is the one given; a field entry the old recording never had
-    # is recorded as the NOT_SUPPORTED the replay gave, a fabric question it never had as
-    # the FUNCTION_NOT_FOUND the replay gave (agent/nvml/record.py), nothing else is invented
+    # every answer recorded is the one given; a field entry or a MIG mode the old
+    # recording never had is recorded as the NOT_SUPPORTED the replay gave, a fabric
+    # question it never had as the FUNCTION_NOT_FOUND the replay gave (agent/nvml/record.py),
+    # nothing else is invented
     given, recorded = base["calls"], again["calls"]
     assert isinstance(given, dict) and isinstance(recorded, dict)
     assert recorded
     for key, entry in recorded.items():
         fabric = key.startswith("nvmlDeviceGetGpuFabricInfoV(")
         assert given.get(key, NOT_FOUND if fabric else NOT_SUPPORTED) == entry, key
-        assert key in given or fabric or key.startswith("nvmlDeviceGetFieldValues(")
+        assert (
+            key in given
+            or fabric
+            or key.startswith(("nvmlDeviceGetFieldValues(", "nvmlDeviceGetMigMode("))
+        )
     # a fixed point: the new recording answers every question of every later pass
     third, _ = record(ReplayNvml(again))
     assert third["calls"] == recorded

@@ -7,8 +7,11 @@
  *
  * The misbehaviour: every nvmlDeviceGetCount_v2 (once per sampling pass) reads the file named
  * by $FABRICSCOPE_STANDIN_TRIGGER; "segv" dereferences NULL (a real SIGSEGV), "abort" calls
- * abort() (SIGABRT), "hang" blocks until the file says something else. The real NVML's
- * crashes in issue 13 were a segfault and glibc's abort on a corrupted heap.
+ * abort() (SIGABRT), "hang" blocks until the file says something else, "leak" allocates and
+ * writes LEAK_BLOCKS blocks of LEAK_BLOCK bytes a call, keeping them, until LEAK_MAX in all
+ * (when malloc fails the call answers NVML_ERROR_MEMORY, as NVML does when it cannot
+ * allocate). The
+ * real NVML's crashes in issue 13 were a segfault and glibc's abort on a corrupted heap.
  *
  * Build: gcc -shared -fPIC -o libnvidia-ml.so.1 libnvidia-ml.c
  */
@@ -19,7 +22,13 @@
 
 #define NVML_SUCCESS 0
 #define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_MEMORY 20
+#define LEAK_BLOCK (8u << 20)
+#define LEAK_BLOCKS 8
+#define LEAK_MAX (400u << 20)
 
 typedef void *nvmlDevice_t;
 static int the_device; /* its address is the one device handle */
@@ -36,9 +45,23 @@ static void trigger_word(char *word, size_t size) {
     while (n > 0 && (word[n - 1] == '\n' || word[n - 1] == ' ')) word[--n] = '\0';
 }
 
-static void misbehave(void) {
+static size_t leaked;
+
+/* NVML_SUCCESS, or NVML_ERROR_MEMORY once malloc failed */
+static int leak(void) {
+    for (int i = 0; i < LEAK_BLOCKS && leaked < LEAK_MAX; i++) {
+        char *block = malloc(LEAK_BLOCK);
+        if (block == NULL) return NVML_ERROR_MEMORY;
+        memset(block, 0x5a, LEAK_BLOCK); /* resident, not only reserved */
+        leaked += LEAK_BLOCK;
+    }
+    return NVML_SUCCESS;
+}
+
+static int misbehave(void) {
     char word[32];
     trigger_word(word, sizeof word);
+    if (strcmp(word, "leak") == 0) return leak();
     if (strcmp(word, "segv") == 0) {
         volatile int *nowhere = NULL;
         *nowhere = 1;
@@ -49,6 +72,7 @@ static void misbehave(void) {
         usleep(10000);
         trigger_word(word, sizeof word);
     }
+    return NVML_SUCCESS;
 }
 
 static int copy_text(char *out, unsigned int length, const char *text) {
@@ -67,8 +91,10 @@ const char *nvmlErrorString(int result) {
     case 0: return "Success";
     case 2: return "Invalid Argument";
     case 3: return "Not Supported";
+    case 6: return "Not Found";
     case 7: return "Insufficient Size";
     case 13: return "Function Not Found";
+    case 20: return "Insufficient Memory";
     default: return "Unknown Error";
     }
 }
@@ -82,7 +108,8 @@ int nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
 }
 
 int nvmlDeviceGetCount_v2(unsigned int *count) {
-    misbehave();
+    int failed = misbehave();
+    if (failed != NVML_SUCCESS) return failed;
     if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *count = 1;
     return NVML_SUCCESS;
@@ -94,14 +121,82 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     return NVML_SUCCESS;
 }
 
+/* the go-nvml issue 60 A100's MIG devices, slot by slot */
+static int the_slices[3]; /* their addresses are the MIG device handles */
+static const char *const slice_uuids[3] = {
+    "MIG-23de08f7-6fcc-5be3-9094-cc3b4162f0bb",
+    "MIG-9d822d55-dc61-5acb-8c24-544828b47b03",
+    "MIG-5f16849a-8ae9-571a-bc2c-486916c4a324",
+};
+static const char *const slice_names[3] = {
+    "NVIDIA A100-PCIE-40GB MIG 3g.20gb",
+    "NVIDIA A100-PCIE-40GB MIG 2g.10gb",
+    "NVIDIA A100-PCIE-40GB MIG 1g.5gb",
+};
+static const unsigned int slice_gpu_instances[3] = {2, 3, 9};
+
+static int mig(void) {
+    const char *which = getenv("FABRICSCOPE_STANDIN_MIG");
+    return which != NULL && strcmp(which, "go-nvml-60") == 0;
+}
+
+/* the slot of a MIG device handle, or -1 for the GPU itself */
+static int slice_of(nvmlDevice_t device) {
+    for (int i = 0; i < 3; i++)
+        if (device == &the_slices[i]) return i;
+    return -1;
+}
+
 int nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
-    (void)device;
+    int s = slice_of(device);
+    if (s >= 0) return copy_text(uuid, length, slice_uuids[s]);
+    if (mig()) return copy_text(uuid, length, "GPU-3b722aa5-db24-5b93-84c8-e4e0efcef078");
     return copy_text(uuid, length, "GPU-00000000-0000-0000-0000-57a9d1a00001");
 }
 
 int nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
-    (void)device;
+    int s = slice_of(device);
+    if (s >= 0) return copy_text(name, length, slice_names[s]);
+    if (mig()) return copy_text(name, length, "NVIDIA A100-PCIE-40GB");
     return copy_text(name, length, "fabricscope stand-in GPU");
+}
+
+int nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    if (device != &the_device || current == NULL || pending == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig()) return NVML_ERROR_NOT_SUPPORTED;
+    *current = 1;
+    *pending = 1;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    if (device != &the_device || count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig()) return NVML_ERROR_NOT_SUPPORTED;
+    *count = 7;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                        nvmlDevice_t *slice) {
+    if (device != &the_device || slice == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig()) return NVML_ERROR_NOT_SUPPORTED;
+    if (index >= 3) return NVML_ERROR_NOT_FOUND;
+    *slice = &the_slices[index];
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    int s = slice_of(device);
+    if (s < 0 || id == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = slice_gpu_instances[s];
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    (void)device;
+    (void)id;
+    return NVML_ERROR_NOT_SUPPORTED; /* not in the transcript */
 }
 
 static int uint_answer(unsigned int *out, unsigned int value) {

@@ -38,8 +38,8 @@ from agent.probe.rendezvous.wire import (
     lp,
 )
 from agent.probe.run.guest import RENDEZVOUS_TIMEOUT_SECONDS
+from tests.attackclient import raise_fd_limit
 from tests.loopnet import inside, private_net
-from tests.slowloris import raise_fd_limit
 
 SECRET = b"k" * 32
 HOST_ID, GUEST_ID = "node-a", "node-b"

@@ -10,7 +10,6 @@ no traceback and none of the servers' bytes, and SIGTERM ends it within 5 s."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -23,9 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import DEFAULT_OFF, SAMPLER_NAMES
 from tests.agentrun import fabricscope
-from tests.promharness import free_port
+from tests.ras.rasagent import start_ras_agent, value
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,15 +79,6 @@ class Agent:
         return self.log.read_text(errors="replace")
 
 
-def value(body: str, name: str, job: str, **labels: str) -> float | None:
-    for line in body.splitlines():
-        if not line.startswith(name + "{") or f'job_name="{job}"' not in line:
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Agent]:
     servers = subprocess.Popen(
@@ -99,24 +88,9 @@ def agent(tmp_path: Path) -> Iterator[Agent]:
     )
     assert servers.stdout is not None
     ports = json.loads(servers.stdout.readline())
-    port = free_port()
-    log = tmp_path / "agent.log"
-    others = [f"--no-sampler.{n}" for n in SAMPLER_NAMES if n != "ras" and n not in DEFAULT_OFF]
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "exporter.cli", "agent", *others),
-                *(f"--path.procfs={tmp_path}", f"--web.listen-address=127.0.0.1:{port}"),
-                *(f"--ras.endpoint=127.0.0.1:{ports[name]}={name}" for name, _, _ in SERVERS),
-                *("--ras.interval=2s", "--ras.timeout=1500ms", "--ras.gather-timeout=1"),
-                "--ras.max-answer-bytes=4194304",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**env, "PYTHONUNBUFFERED": "1"},
-            cwd=ROOT,
-        )
+    proc, port, log = start_ras_agent(
+        tmp_path, {name: ports[name] for name, _, _ in SERVERS}, 4 << 20
+    )
     running = Agent(proc, port, log, ports)
     try:
         deadline = time.monotonic() + 60

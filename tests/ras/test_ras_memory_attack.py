@@ -5,14 +5,14 @@ cap (16 MiB, the default) with the shape that decodes into the most memory per b
 (``{},``: 24 times its size decoded, which took the RAS child to 445-466 MiB before its
 answers were bounded). Over 6 passes the hostile job is refused before decoding and counted
 (``reason="oversized"``), the healthy job's series are in every scrape, the RAS child is
-never restarted, and its peak resident memory (``VmHWM``) stays under
-:data:`CEILING_BYTES`, the ceiling docs/install.md states for it; so does the worst answer
-constructed that prices under the budget, which is decoded."""
+never restarted; it runs under :data:`CEILING_BYTES`, the memory ceiling the kernel holds
+it to (``RLIMIT_DATA``, docs/install.md#security), and its peak resident memory (``VmHWM``)
+stays under it; so does the worst answer constructed that prices under the budget, which is
+decoded."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,13 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import DEFAULT_OFF, SAMPLER_NAMES
-from tests.promharness import free_port
+from agent.core.ceiling import child_ceiling
+from agent.ras.sampler import CEILING_PER_ANSWER_BYTE
+from tests.procwatch import children, data_limit, peak_rss
+from tests.ras.rasagent import start_ras_agent, value
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSWER_CAP = 16 << 20
-#: the RAS child's memory ceiling (docs/install.md#security): 48 MiB and 8 times the answer cap
-CEILING_BYTES = (48 << 20) + 8 * ANSWER_CAP
+#: the RAS child's memory ceiling (docs/install.md#security), which the kernel holds it to
+#: (RLIMIT_DATA): without a limit, 48 MiB and 14 times the answer cap (272 MiB), or 256 MiB
+CEILING_BYTES = child_ceiling("ras", None, extra=CEILING_PER_ANSWER_BYTE * ANSWER_CAP)
 
 STANDINS = r"""
 import json, sys
@@ -63,31 +66,6 @@ class Agent:
     def logs(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def children(self) -> list[int]:
-        out: list[int] = []
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            try:
-                out += [int(p) for p in (task / "children").read_text().split()]
-            except OSError:
-                continue
-        return out
-
-
-def value(body: str, name: str, job: str, **labels: str) -> float | None:
-    for line in body.splitlines():
-        if not line.startswith(name + "{") or f'job_name="{job}"' not in line:
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
-def peak_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0  # a child that just ended (a zombie has no memory)
-
 
 def run_agent(tmp_path: Path, filler: bytes) -> Iterator[Agent]:
     servers = subprocess.Popen(
@@ -97,24 +75,7 @@ def run_agent(tmp_path: Path, filler: bytes) -> Iterator[Agent]:
     )
     assert servers.stdout is not None
     ports = json.loads(servers.stdout.readline())
-    port = free_port()
-    log = tmp_path / "agent.log"
-    others = [f"--no-sampler.{n}" for n in SAMPLER_NAMES if n != "ras" and n not in DEFAULT_OFF]
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "exporter.cli", "agent", *others),
-                *(f"--path.procfs={tmp_path}", f"--web.listen-address=127.0.0.1:{port}"),
-                *(f"--ras.endpoint=127.0.0.1:{p}={name}" for name, p in ports.items()),
-                *("--ras.interval=2s", "--ras.timeout=1500ms", "--ras.gather-timeout=1"),
-                f"--ras.max-answer-bytes={ANSWER_CAP}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**env, "PYTHONUNBUFFERED": "1"},
-            cwd=ROOT,
-        )
+    proc, port, log = start_ras_agent(tmp_path, ports, ANSWER_CAP)
     try:
         yield Agent(proc, port, log)
     finally:
@@ -137,7 +98,7 @@ FILLERS = {"empty objects": (b"{},", True), "spaced floats": (b"1.5,   ", False)
 def test_a_hostile_answer_leaves_the_child_under_its_ceiling(tmp_path: Path, shape: str) -> None:
     filler, refused = FILLERS[shape]
     for agent in run_agent(tmp_path, filler):
-        body, good_scrapes, child_peak = watch(agent, refused)
+        body, good_scrapes, child_peak, limited = watch(agent, refused)
         hostile = value(body, "fabricscope_nccl_ras_up", "hostile")
         oversized = value(
             body, "fabricscope_nccl_ras_query_errors_total", "hostile", reason="oversized"
@@ -149,6 +110,7 @@ def test_a_hostile_answer_leaves_the_child_under_its_ceiling(tmp_path: Path, sha
             assert hostile == 1 and oversized == 0
         assert 'fabricscope_sampler_child_restarts_total{sampler="ras"} 0.0' in body
         assert child_peak > 0, "the RAS child was never seen"
+        assert limited, "the RAS child was never seen under its memory ceiling"
         assert child_peak < CEILING_BYTES, f"the RAS child peaked at {child_peak >> 20} MiB"
         logs = agent.logs()
         assert "Traceback" not in logs
@@ -161,13 +123,15 @@ def test_a_hostile_answer_leaves_the_child_under_its_ceiling(tmp_path: Path, sha
 PASSES = 6
 
 
-def watch(agent: Agent, refused: bool) -> tuple[str, int, int]:
+def watch(agent: Agent, refused: bool) -> tuple[str, int, int, bool]:
     """Scrapes every 0.25 s until the hostile job was asked :data:`PASSES` times (60 s at
     most): the healthy job's series must be in every scrape once they first appeared. The
-    last body, the scrapes with the healthy job, the RAS child's peak resident bytes."""
+    last body, the scrapes with the healthy job, the RAS child's peak resident bytes, whether
+    it was seen held to its ceiling."""
     deadline = time.monotonic() + 60
     good = 0
     child_peak = 0
+    limited = False
     body = ""
     t0 = time.monotonic()
     while time.monotonic() < deadline:
@@ -177,8 +141,11 @@ def watch(agent: Agent, refused: bool) -> tuple[str, int, int]:
         except OSError:
             time.sleep(0.1)
             continue
-        for pid in agent.children():
+        for pid in children(agent.proc.pid):
             child_peak = max(child_peak, peak_rss(pid))
+            limit = data_limit(pid)
+            assert limit in (None, CEILING_BYTES), limit  # None: a child not started yet
+            limited = limited or limit == CEILING_BYTES
         if value(body, "fabricscope_nccl_ras_up", "good") is None:
             assert good == 0, "the healthy job's series went missing from a scrape"
             time.sleep(0.1)
@@ -198,4 +165,4 @@ def watch(agent: Agent, refused: bool) -> tuple[str, int, int]:
         if done:
             break
         time.sleep(0.25)
-    return body, good, child_peak
+    return body, good, child_peak, limited

@@ -5,11 +5,12 @@ must end within its deadline, with its reason, and never read past the size cap.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
 
-from agent.ras.wire import HANDSHAKE_SECONDS, QueryError, query
+from agent.ras.wire import HANDSHAKE_SECONDS, Hold, QueryError, ReadBudget, query
 from tests.ras_standin import RasStandIn, job
 
 ANSWER = job(4, 100)
@@ -87,3 +88,74 @@ def test_the_size_cap_is_exact() -> None:
         with pytest.raises(QueryError) as info:
             query("127.0.0.1", ras.port, deadline_seconds=5, max_bytes=len(ANSWER) - 1)
     assert info.value.reason == "too_large"
+
+
+def test_answers_read_at_once_share_one_byte_budget() -> None:
+    """A budget of two 200 kB answers (400 kB: 200 kB shared, 200 kB that one read at a time
+    may use): the first 300 kB answer is read whole (the shared part, then the reserve) and
+    held until its reader lets go (decoded); a second one waits for the budget and times out
+    within its own deadline, counted as ``timeout``; once the first is let go, the second is
+    read whole. The budget is whole again at the end."""
+    big = b"x" * 300_000
+    budget = ReadBudget(200_000)
+    with RasStandIn([big]) as one, RasStandIn([big]) as two:
+        first = Hold(budget)
+        got = query("127.0.0.1", one.port, deadline_seconds=10, max_bytes=1 << 20, hold=first)
+        assert got.data == big and first.bytes == len(big) and budget.free == 100_000
+        t0 = time.monotonic()
+        with pytest.raises(QueryError) as info:
+            query("127.0.0.1", two.port, deadline_seconds=1.0, max_bytes=1 << 20, hold=Hold(budget))
+        assert info.value.reason == "timeout" and "read budget" in str(info.value)
+        assert time.monotonic() - t0 < 2.0
+        assert budget.free == 100_000  # the failed read gave back what it had taken
+        second = Hold(budget)
+        answers: list[bytes] = []
+
+        def read() -> None:
+            answers.append(
+                query(
+                    "127.0.0.1", two.port, deadline_seconds=10, max_bytes=1 << 20, hold=second
+                ).data
+            )
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.3)  # it waits for the budget
+        assert not answers
+        first.release()
+        reader.join(10)
+        assert answers == [big]
+        second.release()
+    assert budget.free == budget.total
+
+
+def test_many_reads_at_once_never_stall_each_other() -> None:
+    """Eight jobs answering 90 kB at once against a budget of two 100 kB answers, each
+    answer let go as soon as it is read (decoded): every one is read, within the deadline.
+    (Reads that each hold part of a budget with no reserve wait for each other until their
+    deadlines: 15 of 16 jobs timed out that way on a loaded machine.)"""
+    answer = b"y" * 90_000
+    budget = ReadBudget(100_000)
+    servers = [RasStandIn([answer]) for _ in range(8)]
+    got: list[bytes] = []
+    try:
+
+        def read(port: int) -> None:
+            hold = Hold(budget)
+            try:
+                got.append(
+                    query("127.0.0.1", port, deadline_seconds=20, max_bytes=1 << 20, hold=hold).data
+                )
+            finally:
+                hold.release()
+
+        readers = [threading.Thread(target=read, args=(s.port,)) for s in servers]
+        for r in readers:
+            r.start()
+        for r in readers:
+            r.join(30)
+    finally:
+        for s in servers:
+            s.close()
+    assert got == [answer] * 8
+    assert budget.free == budget.total

@@ -9,9 +9,12 @@ the catastrophic annotation regex ``^(?:a+)+(?P<tokens_per_second>\\d+)$`` and a
 regex RE2 refuses (a backreference). While a good pod logs one throughput line every
 0.1 s, the hostile pods write the 60,000-digit line that froze the agent for 3 minutes
 (issue 19), lines built to blow up the catastrophic regex under a backtracking engine, and
-megabytes of 16 KiB lines of digits that use up their CPU budget. A scraper takes 20
-scrapes over 10 s: every one must answer 200 within 250 ms, and the good pod's series must
-keep moving. Then SIGTERM, in the middle of the attack, must end the agent within 5 s.
+megabytes of 16 KiB lines of digits that use up their CPU budget, and one line of 48 MiB
+(3,072 partial CRI records the runtime would join). A scraper takes 20 scrapes over 10 s:
+every one must answer 200 within 250 ms, and the good pod's series must keep moving; the
+throughput child runs under its memory ceiling (its share of the chart's 256 MiB limit,
+``RLIMIT_DATA``) and its resident memory stays below it. Then SIGTERM, in the middle of the
+attack, must end the agent within 5 s.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from pathlib import Path
 import pytest
 from pytest_httpserver import HTTPServer
 
+from agent.core.ceiling import child_ceiling
 from tests.agentrun import fabricscope
+from tests.procwatch import children, data_limit, peak_rss
 from tests.promharness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +108,8 @@ threading.Thread(target=good_writer, daemon=True).start()
 the_line = cri("iter 1: loss x, time " + "1" * 60_000)  # froze the agent for 3 minutes
 dense = cri("iter 1: loss x, time " + "7" * 16_000) * 64  # 1 MiB within the parse window
 evil = cri("a" * 40 + "!") * 1000  # 2**40 steps each under a backtracking engine
+with open(digits, "a") as d:  # one 48 MiB line, in partial records
+    d.write(f"{ts} stdout P {'9' * 16_384}\n" * 3072 + cri(" tokens_per_sec: 1"))
 with open(digits, "a") as d, open(regex, "a") as r, open(backref, "a") as b:
     while True:
         d.write(the_line + dense)
@@ -147,6 +154,10 @@ def errors(body: str, reason: str) -> float:
     return -1.0 if v is None else v
 
 
+#: the memory limit the chart gives the agent (deploy/helm/fabricscope/values.yaml)
+POD_LIMIT = 256 << 20
+
+
 @pytest.fixture
 def agent(tmp_path: Path, httpserver: HTTPServer) -> Iterator[Agent]:
     httpserver.expect_request("/api/v1/pods", method="GET").respond_with_handler(handle)
@@ -187,6 +198,7 @@ def agent(tmp_path: Path, httpserver: HTTPServer) -> Iterator[Agent]:
                 *("--no-sampler.infiniband", "--no-sampler.pci"),
                 *("--kubernetes.node-name=node0", f"--kubelet.pod-resources-socket={tmp_path}/x"),
                 "--throughput.stream-cpu-budget=0.02",
+                f"--agent.memory-limit={POD_LIMIT}",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -227,9 +239,14 @@ def test_a_hostile_pod_never_stalls_scrapes_or_shutdown(agent: Agent, tmp_path: 
     try:
         latencies: list[float] = []
         goods: list[float] = []
+        ceiling = child_ceiling("throughput", POD_LIMIT)
+        (child,) = children(agent.proc.pid)
+        assert data_limit(child) == ceiling, "the throughput child has no memory ceiling"
+        peak = 0
         t0 = time.monotonic()
         for i in range(20):
             time.sleep(max(0.0, t0 + i * 0.5 - time.monotonic()))
+            peak = max([peak, *(peak_rss(pid) for pid in children(agent.proc.pid))])
             status, seconds, body = agent.scrape()
             assert status == 200
             latencies.append(seconds)
@@ -244,6 +261,12 @@ def test_a_hostile_pod_never_stalls_scrapes_or_shutdown(agent: Agent, tmp_path: 
         assert errors(body, "bad_regex") == 1
         assert 'fabricscope_sampler_errors_total{reason="timeout",sampler="throughput"} 0.0' in body
         assert 'fabricscope_sampler_errors_total{reason="hung",sampler="throughput"} 0.0' in body
+        assert (
+            'fabricscope_sampler_errors_total{reason="memory_ceiling",sampler="throughput"} 0.0'
+            in body
+        )
+        assert 0 < peak < ceiling, f"the throughput child peaked at {peak >> 20} MiB"
+        print(f"throughput child: peak RSS {peak >> 20} MiB, ceiling {ceiling >> 20} MiB")
         # SIGHUP is not a silent death (the issue: exit 129, nothing logged)
         agent.proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 5

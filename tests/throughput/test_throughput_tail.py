@@ -19,8 +19,9 @@ import pytest
 
 from agent.throughput import tail as tail_mod
 from agent.throughput.formats import parse_line
+from agent.throughput.gzlog import read_gzip_tail
 from agent.throughput.lines import parse_cri_timestamp
-from agent.throughput.tail import WHOLE_FILE, FileTail, Limits, read_gzip_tail
+from agent.throughput.tail import WHOLE_FILE, FileTail, Limits
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC).timestamp()
 TOKENS = "\t Train throughput/tokens_per_sec: {}\n"
@@ -558,34 +559,39 @@ def test_the_head_is_bounded_never_counted_and_off_for_files_read_whole(tmp_path
     assert head.lines == []
 
 
-def _write_rotations(log: Path, first: int, n: int, lines: int, life: float) -> None:
-    """``n`` files of ``lines`` numbered lines each, each written over ``life`` seconds and
-    then renamed ``<log>.<number>`` (a new ``log`` started), like a writer rotating fast."""
+def _write_rotations(
+    log: Path, first: int, n: int, lines: int, life: float, *, burst: bool = False
+) -> None:
+    """``n`` files of ``lines`` numbered lines each, each written over ``life`` seconds (or,
+    ``burst``, all at its birth and then left idle ``life`` seconds) and then renamed
+    ``<log>.<number>`` (a new ``log`` started), like a writer rotating fast."""
     for i in range(first, first + n):
         for half in (0, 1):
             with log.open("a") as f:
                 f.writelines(TOKENS.format(i * 1000 + half * lines + j) for j in range(lines // 2))
-            if half == 0:
+            if half == int(burst):
                 time.sleep(life)
         log.rename(log.with_name(f"{log.name}.{i:04d}"))
         log.write_text("")
 
 
-@pytest.mark.parametrize("pruned", [False, True])
+@pytest.mark.parametrize(("pruned", "burst"), [(False, False), (True, False), (True, True)])
 def test_rotated_files_deleted_before_they_were_listed_are_estimated(
-    tmp_path: Path, pruned: bool
+    tmp_path: Path, pruned: bool, burst: bool
 ) -> None:
     """Ten rotations between two passes, the writer keeping only 3 rotated files: the 6
     files born and deleted between the passes are never seen, and are estimated from the
-    time between the last write of the file read last and the birth of the next one seen, at
-    the rate of the files seen whole (their sizes over their lives). Without the pruning
-    nothing is estimated: every file is read."""
+    time between the end of the file read last (its rename, its ctime) and the birth of the
+    next one seen, at the rate of the files seen whole (their sizes over their lives). A
+    writer that prints each file's lines at once and idles until the rename is estimated as
+    well (priced from its last write at its burst rate, it was over-counted: 2,897 to 15,879
+    lines for 240). Without the pruning nothing is estimated: every file is read."""
     log = tmp_path / "train.log"
     log.write_text("")
     t, sink, counts = tail(log)
     t.poll()
     lines = 40
-    _write_rotations(log, 0, 10, lines, 0.05)  # file 0 is the one the tail holds open
+    _write_rotations(log, 0, 10, lines, 0.05, burst=burst)  # file 0: the one held open
     if pruned:
         for i in range(1, 7):
             (tmp_path / f"train.log.{i:04d}").unlink()

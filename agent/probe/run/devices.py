@@ -138,9 +138,11 @@ def isolated_gpu_view(
     timeout_seconds: float = 10.0,
     start_timeout_seconds: float = 15.0,
     one_shot: bool = False,
+    memory_limit: int | None = None,
 ) -> IsolatedSampler:
     """A :class:`GpuViewSampler` in a supervised child process (started on first use) with
-    environment ``env`` (default: this process's), whose ``CUDA_VISIBLE_DEVICES`` it honours."""
+    environment ``env`` (default: this process's), whose ``CUDA_VISIBLE_DEVICES`` it honours;
+    ``memory_limit``: the pod's, of which the child's memory ceiling is a share."""
     environ = dict(os.environ if env is None else env)
     return IsolatedSampler(
         GpuViewSampler.name,
@@ -152,6 +154,7 @@ def isolated_gpu_view(
         start_timeout_seconds=start_timeout_seconds,
         one_shot=one_shot,
         env=environ,
+        memory_limit=memory_limit,
     )
 
 
