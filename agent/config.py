@@ -441,6 +441,8 @@ class IbPeerSettings:
     this node reads (its share of its leaves' uplinks, see ``agent/ibpeer/fabric.py``; 0:
     none). ``extended_counters``: read PortCountersExtended too (the 64-bit data and packet
     counters only ``--collector.detail=full`` exports): a second query per switch.
+    ``spine_links``: read the port tables of the spines the uplinks this node reads land on,
+    and export their cables to other switches (the core tier, for the fabric map).
     """
 
     command_prefix: tuple[str, ...] = ()
@@ -449,6 +451,7 @@ class IbPeerSettings:
     topology_interval_seconds: float = 300.0
     uplinks_max: int = 8
     extended_counters: bool = False
+    spine_links: bool = False
 
     def __post_init__(self) -> None:
         if not self.tool_timeout_seconds > 0:

@@ -163,6 +163,7 @@ def build_samplers(
                     topology_interval=ip.topology_interval_seconds,
                     uplinks_max=ip.uplinks_max,
                     extended=ip.extended_counters,
+                    spine_links=ip.spine_links,
                     # one pass is all --once has: every leaf's table in it
                     tables_per_pass=64 if once else 1,
                     spread=not once,

@@ -32,7 +32,6 @@ to their sysfs trees. After ``healthy`` steps, at once, each on its own leaf:
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -48,7 +47,7 @@ from exporter.app import AgentApp
 from tests.ibsim_fabric import FatTree, fat_tree, set_counter, write_host
 from tests.ibsim_lab import IbsimLab, missing_tools
 from tests.lab.backfill import FLEET_RULES, openmetrics_lines
-from tests.promharness import PROMTOOL, backfill_recording_rules
+from tests.promharness import backfill_recording_rules, openmetrics_blocks
 from tests.promharness import start_prometheus as _start_prometheus
 
 HOSTS = tuple(f"host{i}" for i in range(1, 9))
@@ -164,17 +163,7 @@ def _agent(root: Path) -> AgentApp:
 
 def _backfill(lines: list[str], work: Path) -> Path:
     om = work / "fabric.om.txt"
-    om.write_text("".join(lines) + "# EOF\n")
-    tsdb = work / "tsdb"
-    done = subprocess.run(
-        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"promtool create-blocks-from failed: {done.stderr[-2000:]}")
+    tsdb = openmetrics_blocks(lines, om, work / "tsdb", timeout=300)
     om.unlink()
     return tsdb
 

@@ -30,7 +30,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -302,6 +302,23 @@ def start_prometheus(
         ]
 
     return _launch(Prometheus, argv, workdir, "prometheus")
+
+
+def openmetrics_blocks(lines: Iterable[str], om: Path, tsdb: Path, *, timeout: float) -> Path:
+    """Write ``lines`` (OpenMetrics samples) to ``om`` with the final ``# EOF`` and turn them
+    into TSDB blocks under ``tsdb`` (``promtool tsdb create-blocks-from openmetrics``);
+    returns ``tsdb``. RuntimeError with promtool's last words when it fails."""
+    om.write_text("".join(lines) + "# EOF\n")
+    done = subprocess.run(
+        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"promtool create-blocks-from failed: {done.stderr[-2000:]}")
+    return tsdb
 
 
 def backfill_recording_rules(

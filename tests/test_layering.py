@@ -78,8 +78,8 @@ EXPORTER_MAY_IMPORT = {
     "http": {"metrics"},
     # the metric catalog: which PMA counter feeds which metric (blind evidence)
     "explain": {"metrics"},
-    # the Prometheus client (exporter.explain.client)
-    "topology": {"explain"},
+    # the Prometheus client (exporter.explain.client); the controller's metric specs
+    "topology": {"explain", "metrics"},
 }
 
 

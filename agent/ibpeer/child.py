@@ -28,6 +28,7 @@ def child_sampler(
     uplinks_max: int,
     extended: bool,
     once: bool,
+    spine_links: bool = False,
 ) -> IbPeerSampler:
     """The sampler as its supervised child builds it (``prefix``: a JSON list)."""
     return IbPeerSampler(
@@ -38,6 +39,7 @@ def child_sampler(
         topology_interval=topology_interval,
         uplinks_max=uplinks_max,
         extended=extended,
+        spine_links=spine_links,
         # one pass is all --once has: every leaf's table in it
         tables_per_pass=64 if once else 1,
         spread=not once,
@@ -86,6 +88,7 @@ def isolated_sampler(
                 "topology_interval": settings.topology_interval_seconds,
                 "uplinks_max": settings.uplinks_max,
                 "extended": settings.extended_counters,
+                "spine_links": settings.spine_links,
                 "once": one_shot,
             },
         ),

@@ -16,6 +16,9 @@ ceiling or the floor of uplinks / CAs of its leaf (one, in a non-blocking fat tr
 uplink whose reader runs no agent is read by nobody (said in the docs); a host reads at most
 ``limit`` uplinks (:func:`assigned_uplinks`), so its share stays bounded whatever the fabric.
 
+One tier up, the spines' tables (:mod:`agent.ibpeer.spines`) are read by the reader of each
+leaf's lowest-port uplink to each spine (:func:`first_to_each`).
+
 Pure: the reading is in :mod:`agent.ibpeer.query`.
 """
 
@@ -90,3 +93,11 @@ def assigned_uplinks(table: SwitchTable, own: frozenset[str], limit: int) -> tup
     by = readers(table)
     mine = [u for u in table.uplinks if by.get(u.port) in own]
     return tuple(sorted(mine, key=lambda u: u.port)[:limit])
+
+
+def first_to_each(table: SwitchTable) -> dict[str, int]:
+    """Far switch GUID -> the lowest port of ``table``'s switch cabled to it."""
+    out: dict[str, int] = {}
+    for link in sorted(table.uplinks, key=lambda u: u.port):
+        out.setdefault(link.peer_guid, link.port)
+    return out

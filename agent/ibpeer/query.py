@@ -211,14 +211,22 @@ def parse_link_up(text: str) -> bool:
 
 
 def read_table(
-    run: Pass, issues: Issues, via: tuple[str, int], leaf: NodeInfo, now: float
+    run: Pass,
+    issues: Issues,
+    via: tuple[str, int],
+    leaf: NodeInfo,
+    now: float,
+    *,
+    beyond: int | None = None,
 ) -> SwitchTable | None:
     """The port table of the switch at the far end of local port ``via`` (``leaf``, as
-    :func:`read_neighbour` found it). A port whose query fails is left out of the table
-    (one issue); None when no port could be read."""
+    :func:`read_neighbour` found it), or with ``beyond`` of the switch cabled to that leaf's
+    port ``beyond`` (``leaf`` then that switch's NodeInfo, :func:`read_switch_node`). A port
+    whose query fails is left out of the table (one issue); None when no port could be
+    read."""
     device, port = via
     ca = ca_args(device, port)
-    hop = f"0,{port}"
+    hop = f"0,{port}" if beyond is None else f"0,{port},{beyond}"
     s = Steps(run, issues, f"{device}/{port}: switch {leaf.guid}")
     links: list[SwitchLink] = []
     read = 0
@@ -239,6 +247,20 @@ def read_table(
     if not read:
         return None
     return SwitchTable(leaf.guid, leaf.num_ports, tuple(links), now)
+
+
+def read_switch_node(
+    run: Pass, issues: Issues, via: tuple[str, int], beyond: int
+) -> NodeInfo | None:
+    """NodeInfo of the switch cabled to port ``beyond`` of the leaf at the far end of local
+    port ``via`` (its GUID and port count, before its table is read): 1 process."""
+    device, port = via
+    s = Steps(run, issues, f"{device}/{port}: uplink {beyond}")
+    return s.get(
+        "far end nodeinfo",
+        ["smpquery", *ca_args(device, port), "-D", "nodeinfo", f"0,{port},{beyond}"],
+        parse_nodeinfo,
+    )
 
 
 def read_far_end(

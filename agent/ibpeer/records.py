@@ -1,6 +1,7 @@
 """What the ``ibpeer`` sampler learns, as frozen records: each local port's cable and its far
-end (:class:`PeerPort`), the leaf uplinks this node reads (:class:`Uplink`), and the pass's
-snapshot (:class:`IbPeerSnapshot`). ``None`` means not learnt (a step failed; the pass's
+end (:class:`PeerPort`), the leaf uplinks this node reads (:class:`Uplink`), the cables of
+the spines at their far ends (:class:`SpineLink`), and the pass's snapshot
+(:class:`IbPeerSnapshot`). ``None`` means not learnt (a step failed; the pass's
 issues say which), never 0."""
 
 from __future__ import annotations
@@ -103,6 +104,18 @@ class Uplink:
 
 
 @dataclass(frozen=True, slots=True)
+class SpineLink:
+    """A cable from a spine (the far end of an uplink this node reads) to another switch,
+    from the spine's port table: the spine's port and the switch and port at its far end (a
+    core switch, or another leaf under the spine)."""
+
+    switch_guid: str
+    switch_port: int
+    peer_guid: str
+    peer_port: int
+
+
+@dataclass(frozen=True, slots=True)
 class IbPeerSnapshot:
     ports: tuple[PeerPort, ...] = ()
     issues: tuple[ReadIssue, ...] = ()
@@ -113,3 +126,6 @@ class IbPeerSnapshot:
     #: whether this pass re-read the topology (neighbours, a leaf's table, uplinks' far ends)
     #: or only the counters
     topology_read: bool = False
+    #: the spines' cables to other switches, from the tables of the spines this node reads
+    #: (``spine_links`` on; empty otherwise)
+    spine_links: tuple[SpineLink, ...] = ()

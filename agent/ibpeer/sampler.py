@@ -71,6 +71,7 @@ from agent.ibpeer.query import (
     read_table,
 )
 from agent.ibpeer.records import IbPeerSnapshot, PeerId, PeerPort, Uplink, best_common
+from agent.ibpeer.spines import SpineTables
 from agent.infiniband.parse import parse_counter, parse_state, parse_text
 from agent.infiniband.perfquery import PERFQUERY_NAMES
 from agent.infiniband.records import PHYS_STATE_LINK_UP, PortCounter
@@ -195,6 +196,10 @@ class IbPeerSampler:
     #: read no table in a pass that re-read the neighbours (off for ``--once``: one pass)
     spread: bool = True
     uplinks_max: int = 8
+    #: read the port tables of the spines at the far ends of the uplinks this node reads
+    #: (each leaf's lowest-port uplink to each spine), and export their cables to other
+    #: switches: the core tier of a three-tier fabric
+    spine_links: bool = False
     #: read PortCountersExtended too (64-bit data and packet counters; ``--collector.detail=
     #: full`` exports them): a second perfquery per switch
     extended: bool = False
@@ -211,6 +216,7 @@ class IbPeerSampler:
         default_factory=dict
     )
     _uplinks: tuple[Uplink, ...] = ()
+    _spines: SpineTables = field(default_factory=SpineTables)
     _missing: list[str] | None = None
     _deferred: bool = False
     _last: dict[tuple[str, int], PeerId] = field(default_factory=dict)
@@ -257,6 +263,16 @@ class IbPeerSampler:
         tables_read = not defer and self._read_due_tables(run, issues, leaves, now)
         if topo_read or tables_read:
             self._uplinks = self._read_uplinks(run, issues, leaves)
+        spines_read = self.spine_links and self._spines.read_due(
+            run,
+            issues,
+            self._uplinks,
+            self._tables,
+            now,
+            skip=defer or (tables_read and self.spread),
+            interval=self.table_interval,
+            per_pass=self.tables_per_pass,
+        )
         got = self._read_counters(run, issues, peers, self._uplinks)
         cap = _UnknownCap(NODE_UNKNOWN_FIELDS)
         held = [
@@ -285,7 +301,8 @@ class IbPeerSampler:
             run.calls,
             run.seconds,
             uplinks=uplinks_out,
-            topology_read=topo_read or tables_read,
+            topology_read=topo_read or tables_read or spines_read,
+            spine_links=self._spines.links() if self.spine_links else (),
         )
 
     def _need_tools(self) -> None:

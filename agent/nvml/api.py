@@ -285,6 +285,11 @@ class NvmlApi(Protocol):
     def xid_close(self) -> None:
         """nvmlEventSetFree."""
 
+    def gpu_fabric_info(self, gpu: int) -> tuple[str, int, int, int]:
+        """nvmlDeviceGetGpuFabricInfoV (nvmlDeviceGetGpuFabricInfo where the driver or
+        pynvml lacks it): (cluster UUID as 32 hex digits, status code, clique ID, state
+        code), as :func:`agent.nvml.fabric.parse_fabric` reads them."""
+
 
 def _text(value: object) -> str:
     if isinstance(value, bytes):
@@ -312,6 +317,13 @@ class _FieldValue(Protocol):  # pynvml's c_nvmlFieldValue_t
     valueType: int  # noqa: N815
     nvmlReturn: int  # noqa: N815
     value: object
+
+
+class _FabricInfo(Protocol):  # pynvml's c_nvmlGpuFabricInfo(V)_t, the fields used
+    clusterUuid: Sequence[int]  # noqa: N815
+    status: int
+    cliqueId: int  # noqa: N815
+    state: int
 
 
 class _EventData(Protocol):  # pynvml's c_nvmlEventData_t
@@ -571,6 +583,34 @@ class LiveNvml:
             return
         event_set, self._event_set = self._event_set, None
         self._call("nvmlEventSetFree", event_set)
+
+    def gpu_fabric_info(self, gpu: int) -> tuple[str, int, int, int]:
+        info: _FabricInfo | None = None
+        for call, struct in (
+            ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+            ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
+        ):
+            make = getattr(self._nv, struct, None)
+            if make is None:
+                continue
+            out = cast(ctypes.Structure, make())
+            try:
+                self._dev(call, gpu, ctypes.byref(out))
+            except NvmlCallError as exc:
+                if exc.name != "FUNCTION_NOT_FOUND":
+                    raise
+                continue
+            info = cast(_FabricInfo, out)
+            break
+        if info is None:
+            raise NvmlCallError("nvmlDeviceGetGpuFabricInfoV", 13, "FUNCTION_NOT_FOUND")
+        call = "nvmlDeviceGetGpuFabricInfoV"
+        return (
+            bytes(info.clusterUuid).hex(),
+            _int(info.status, call),
+            _int(info.cliqueId, call),
+            _int(info.state, call),
+        )
 
 
 def _address(handle: object) -> int | None:

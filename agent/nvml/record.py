@@ -26,6 +26,11 @@ its slot (``nvmlDeviceGetUUID(0,mig2)``: :func:`mig_key`); a recording without
 in the order the recorded node delivered them; :class:`ReplayNvml` hands them out through
 ``xid_wait`` and tests can add more with :meth:`ReplayNvml.feed_xid`.
 
+A recording made before a call existed lacks its key: ``nvmlDeviceGetGpuFabricInfoV``
+missing from a recording replays as ``FUNCTION_NOT_FOUND`` (the node was not asked, as a
+driver without the call answers), whatever ``strict`` says; every other missing key is
+:class:`NotRecordedError` when strict.
+
 The sampler's first pass asks every question its later passes ask (they read subsets: a
 rotating share of the links' error counters, the static facts again), so a recording of one
 pass replays for any number of passes, each giving what the recorded pass gave.
@@ -318,6 +323,16 @@ class ReplayNvml:
     def xid_close(self) -> None:
         self._answer("nvmlEventSetFree")
 
+    def gpu_fabric_info(self, gpu: int) -> tuple[str, int, int, int]:
+        call = "nvmlDeviceGetGpuFabricInfoV"
+        key = call_key(call, gpu)
+        if key not in self._calls:  # recorded before fabricscope asked (module docstring)
+            raise NvmlCallError(call, 13, "FUNCTION_NOT_FOUND")
+        raw = _list(self._answer(call, gpu), key)
+        if len(raw) != 4:
+            raise NvmlAnswerError(call, f"{key}: expected [uuid hex, status, clique, state]")
+        return _str(raw[0], key), _int(raw[1], key), _int(raw[2], key), _int(raw[3], key)
+
 
 class RecordingNvml:
     """:class:`~agent.nvml.api.NvmlApi` passing every call to ``inner`` and recording its answer,
@@ -577,6 +592,11 @@ class RecordingNvml:
 
     def xid_close(self) -> None:
         self._rec("nvmlEventSetFree", (), self._inner.xid_close)
+
+    def gpu_fabric_info(self, gpu: int) -> tuple[str, int, int, int]:
+        return self._rec(
+            "nvmlDeviceGetGpuFabricInfoV", (gpu,), lambda: self._inner.gpu_fabric_info(gpu)
+        )
 
 
 def record(

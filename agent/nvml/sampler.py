@@ -6,7 +6,8 @@ tests replay recorded answers (:mod:`agent.nvml.record`) instead of mocking call
 records a pass returns (:class:`NvmlSnapshot` and its parts) are in :mod:`agent.nvml.snapshot`;
 findings are in :mod:`agent.nvml.findings`; a pass's error policy and batched field values
 are in :mod:`agent.nvml.sweep`, the XID event watch in :mod:`agent.nvml.xid`, the MIG devices
-(read after the GPUs, every pass) in :mod:`agent.nvml.mig`.
+(read after the GPUs, every pass) in :mod:`agent.nvml.mig`, each GPU's NVLink fabric
+registration (its multi-node NVLink domain, read once a pass) in :mod:`agent.nvml.fabric`.
 
 What is exported and what is not
     Only what the hardware answers. ``NOT_SUPPORTED`` and ``FUNCTION_NOT_FOUND`` (an older
@@ -79,6 +80,7 @@ from agent.nvml.api import (
     NvmlCallError,
     open_api,
 )
+from agent.nvml.fabric import read_fabric
 from agent.nvml.mig import read_mig
 from agent.nvml.snapshot import (
     ComputeProcess,
@@ -265,6 +267,7 @@ class NvmlSampler:
             self._xid.open(range(count))
         if self._xid is not None:
             self._xid.poll()
+        fabric = read_fabric(api, p, (g.index for g in gpus if not g.lost))
         return NvmlSnapshot(
             driver_version=node.driver_version,
             nvml_version=node.nvml_version,
@@ -272,6 +275,7 @@ class NvmlSampler:
             xid_registrations=self._xid.registrations if self._xid else (),
             xid_errors=self._xid.counts() if self._xid else (),
             issues=tuple(p.issues),
+            fabric=fabric,
             mig_modes=mig_modes,
             mig_devices=mig_devices,
         )

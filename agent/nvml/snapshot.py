@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from agent.core.sysfs import ReadIssue
 from agent.nvml.api import CLOCKS_EVENT_REASONS, NVLINK_STATE_INACTIVE
+from agent.nvml.fabric import GpuFabric
 from agent.nvml.mig import MigDevice, MigMode
 
 #: the NVLink error counters that make a finding (what ``nvidia-smi nvlink -e`` shows)
@@ -154,6 +155,8 @@ class NvmlSnapshot:
     #: XID events counted since the watcher started, per (GPU, code); only grow
     xid_errors: tuple[XidCount, ...] = ()
     issues: tuple[ReadIssue, ...] = ()
+    #: each GPU's NVLink fabric registration (:mod:`agent.nvml.fabric`), GPUs not lost
+    fabric: tuple[GpuFabric, ...] = ()
     #: the MIG mode of every GPU that has one, and the MIG devices of those in MIG mode
     #: (:mod:`agent.nvml.mig`)
     mig_modes: tuple[MigMode, ...] = ()

@@ -258,6 +258,15 @@ def add_samplers(p: argparse.ArgumentParser) -> None:
         "(0: none; default: 8)",
     )
     g.add_argument(
+        "--ibpeer.spine-links",
+        dest="ibpeer_spine_links",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also read the port tables of the spines those uplinks land on and export "
+        "their cables to other switches: the core tier of a three-tier fabric, for "
+        "`fabricscope topology` (default: off)",
+    )
+    g.add_argument(
         "--sampling.interval",
         dest="sampling_interval",
         type=positive_duration,
@@ -365,4 +374,5 @@ def _ibpeer_settings(ns: argparse.Namespace) -> IbPeerSettings:
         getattr(ns, "ibpeer_uplinks_max", 8),
         # the neighbours' 64-bit data counters are exported at full detail only
         extended_counters=getattr(ns, "collector_detail", "default") == "full",
+        spine_links=getattr(ns, "ibpeer_spine_links", False),
     )

@@ -140,3 +140,28 @@ def whole_seconds(text: str) -> int:
 def warn(message: str) -> None:
     """A flag that is accepted but has no effect in this mode: said once, on stderr."""
     print(f"fabricscope: note: {message}", file=sys.stderr)
+
+
+#: argparse's add_argument_group and ArgumentParser both take add_argument
+_Adds = argparse.ArgumentParser | argparse._ArgumentGroup
+
+
+def add_prometheus_timeout(g: _Adds) -> None:
+    """``--prometheus.timeout``: every command that asks Prometheus takes it alike."""
+    g.add_argument(
+        "--prometheus.timeout",
+        dest="prom_timeout",
+        type=duration,
+        default=10.0,
+        metavar="DURATION",
+        help="per request: connect, headers and the whole answer (default: 10s)",
+    )
+
+
+def add_choice(
+    g: _Adds, flag: str, dest: str, *, choices: tuple[str, ...], default: str, help: str
+) -> None:
+    """A flag of a few named values, its help ending with the default."""
+    g.add_argument(
+        flag, dest=dest, choices=choices, default=default, help=f"{help} (default: %(default)s)"
+    )

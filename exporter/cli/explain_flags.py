@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from agent.core.logsetup import LEVELS
-from exporter.cli.argtypes import byte_size, count, duration
+from exporter.cli.argtypes import add_prometheus_timeout, byte_size, count, duration
 from exporter.explain.times import parse_time
 
 
@@ -32,14 +32,7 @@ def add_parser(sub: Any) -> None:
     )
     g = p.add_argument_group("Prometheus")
     g.add_argument("--prometheus.url", dest="prom_url", required=True, metavar="URL")
-    g.add_argument(
-        "--prometheus.timeout",
-        dest="prom_timeout",
-        type=duration,
-        default=10.0,
-        metavar="DURATION",
-        help="per request: connect, headers and the whole answer (default: 10s)",
-    )
+    add_prometheus_timeout(g)
     g.add_argument(
         "--prometheus.max-body-bytes",
         dest="prom_max_body",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from agent.config import DEFAULT_POD_LOGS, ThroughputFile, ThroughputSettings
-from exporter.cli.argtypes import count, positive_duration
+from exporter.cli.argtypes import add_choice, count, positive_duration
 
 
 def _throughput_file(value: str) -> ThroughputFile:
@@ -56,13 +56,13 @@ def add_agent_flags(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the kubelet's pod log directory (CRI format) (default: %(default)s)",
     )
-    g.add_argument(
+    add_choice(
+        g,
         "--throughput.pods",
-        dest="throughput_pods",
+        "throughput_pods",
         choices=("gpu", "all"),
         default="gpu",
-        help="whose container logs to read: pods holding a GPU of this node, or all "
-        "(default: %(default)s)",
+        help="whose container logs to read: pods holding a GPU of this node, or all",
     )
     g.add_argument(
         "--throughput.namespace",

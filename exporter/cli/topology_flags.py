@@ -7,9 +7,15 @@ import argparse
 from typing import Any
 
 from agent.core.logsetup import LEVELS
-from exporter.cli.argtypes import byte_size, duration, positive_duration
+from exporter.cli.argtypes import (
+    add_choice,
+    add_prometheus_timeout,
+    byte_size,
+    duration,
+    positive_duration,
+)
 
-OUTPUTS = ("labels", "kueue", "volcano", "slurm", "graph")
+OUTPUTS = ("labels", "kueue", "volcano", "slurm", "slurm-block", "graph")
 
 
 def _prometheus(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -22,14 +28,7 @@ def _prometheus(p: argparse.ArgumentParser, required: bool = True) -> None:
         metavar="URL",
         help=None if required else "where the agents' series are (or --exposition.dir)",
     )
-    g.add_argument(
-        "--prometheus.timeout",
-        dest="prom_timeout",
-        type=duration,
-        default=10.0,
-        metavar="DURATION",
-        help="per request: connect, headers and the whole answer (default: 10s)",
-    )
+    add_prometheus_timeout(g)
     g.add_argument(
         "--prometheus.max-body-bytes",
         dest="prom_max_body",
@@ -66,8 +65,17 @@ def _labels(p: argparse.ArgumentParser) -> None:
         dest="label_prefix",
         default="fabric.topograph.run/",
         metavar="PREFIX",
-        help="node label keys are PREFIX + tier-0 (the leaf) and tier-1 (the spine block); "
-        "the default is topograph's, which schedulers set up for it read unchanged",
+        help="node label keys are PREFIX + tier-0 (the leaf), tier-1 (the spine block) and "
+        "tier-2 (the core group, where one is seen); the default is topograph's, which "
+        "schedulers set up for it read unchanged",
+    )
+    p.add_argument(
+        "--label.accelerator",
+        dest="label_accelerator",
+        default="accelerator.topograph.run/domain",
+        metavar="KEY",
+        help="the node label key of the NVLink domain (<cluster UUID>.<clique ID>, where the "
+        "GPUs report one; '' for none; default: topograph's, %(default)s)",
     )
 
 
@@ -101,26 +109,28 @@ def add_parsers(sub: Any) -> None:
         choices=OUTPUTS,
         default="labels",
         help="labels (node -> labels, JSON), kueue (a Topology, YAML), volcano (HyperNodes, "
-        "YAML), slurm (topology.conf, tree plugin), graph (switches, nodes, links, JSON) "
+        "YAML), slurm (topology.conf, tree plugin), slurm-block (topology.conf, block plugin: "
+        "one block per NVLink domain), graph (switches, nodes, links, JSON) "
         "(default: %(default)s)",
     )
     p.add_argument("--kueue.name", dest="kueue_name", default="fabricscope", metavar="NAME")
-    p.add_argument(
+    add_choice(
+        p,
         "--kueue.api-version",
-        dest="kueue_api_version",
+        "kueue_api_version",
         choices=("v1beta1", "v1beta2"),
         default="v1beta2",
-        help="Kueue's Topology version (v1beta1 for a Kueue that serves no v1beta2; "
-        "default: %(default)s)",
+        help="Kueue's Topology version (v1beta1 for a Kueue that serves no v1beta2)",
     )
-    p.add_argument(
+    add_choice(
+        p,
         "--volcano.members",
-        dest="volcano_members",
+        "volcano_members",
         choices=("name", "label"),
         default="name",
         help="a leaf HyperNode's nodes: by name (exactMatch), or by their tier-0 label "
         "(labelMatch: follows the controller's labels; needs a Volcano whose HyperNode has "
-        "labelMatch) (default: %(default)s)",
+        "labelMatch)",
     )
     _logging(p)
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import sys
 
 from agent.core.findings import KINDS
+from exporter.metrics import topology
 from exporter.metrics.catalog import all_specs
-from exporter.metrics.spec import LABELS
+from exporter.metrics.spec import LABELS, MetricSpec
 
 #: The metric-stability policy, at the end of docs/metrics.md.
 STABILITY = (
@@ -38,6 +39,15 @@ STABILITY = (
 )
 
 
+def _row(spec: MetricSpec) -> str:
+    labels = ", ".join(f"`{x}`" for x in spec.labels)
+    help_text = spec.help.replace("|", "\\|")
+    detail = spec.detail + ("*" if spec.fold else "")
+    return (
+        f"| `{spec.name}` | {spec.type} | {spec.unit or '-'} | {labels} | {detail} | {help_text} |"
+    )
+
+
 def render_markdown() -> str:
     lines = [
         "# Metrics",
@@ -53,14 +63,18 @@ def render_markdown() -> str:
         "| name | type | unit | labels | detail | help |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for spec in all_specs():
-        labels = ", ".join(f"`{x}`" for x in spec.labels)
-        help_text = spec.help.replace("|", "\\|")
-        detail = spec.detail + ("*" if spec.fold else "")
-        lines.append(
-            f"| `{spec.name}` | {spec.type} | {spec.unit or '-'} | {labels} | {detail} "
-            f"| {help_text} |"
-        )
+    lines += [_row(spec) for spec in all_specs()]
+    lines += [
+        "",
+        "## The topology controller",
+        "",
+        "`fabricscope topology-controller` (the chart's `topology.enabled`) serves these on its "
+        "own `/metrics` ([topology.md](topology.md#the-controller)), not the agents'.",
+        "",
+        "| name | type | unit | labels | detail | help |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *(_row(spec) for spec in topology.SPECS),
+    ]
     lines += [
         "",
         "## Detail levels",
@@ -79,7 +93,7 @@ def render_markdown() -> str:
         if spec.fold:
             lines.append(f"| `{spec.name}` | {spec.fold.replace('|', chr(92) + '|')} |")
     lines += ["", "## Labels", "", "| label | meaning |", "| --- | --- |"]
-    used = {label for spec in all_specs() for label in spec.labels}
+    used = {label for spec in (*all_specs(), *topology.SPECS) for label in spec.labels}
     for label in sorted(used):
         lines.append(f"| `{label}` | {LABELS[label]} |")
     lines += [

@@ -191,6 +191,15 @@ SWITCH_LINK_INFO = MetricSpec(
     ),
 )
 
+SPINE_LINK_INFO = MetricSpec(
+    "fabricscope_infiniband_spine_link_info",
+    "gauge",
+    "A cable from a spine (the far end of a leaf uplink this node reads) to another switch "
+    "(a core switch, or a leaf under the spine), from the spine's port table: the spine's "
+    "port and the switch and port it lands on; always 1. Only with --ibpeer.spine-links; "
+    "each spine is read by one host under each of its leaves.",
+    ("switch_guid", "switch_port", "peer_guid", "peer_port"),
+)
 
 #: kernel counter file name -> the perfquery field that carries it
 _FIELDS = {name: field for field, name in PERFQUERY_NAMES.items()}
@@ -284,6 +293,7 @@ SPECS: tuple[MetricSpec, ...] = (
     PEER_GENERIC,
     FIELDS_DROPPED,
     SWITCH_LINK_INFO,
+    SPINE_LINK_INFO,
     *_unique(list(_BY_COUNTER.values())),
     *_unique(list(_SWITCH_BY_COUNTER.values())),
 )
@@ -377,3 +387,7 @@ def render(snap: IbPeerSnapshot, out: Families) -> None:
         render_port(p, out)
     for u in snap.uplinks:
         render_uplink(u, out)
+    for s in snap.spine_links:
+        out.add(
+            SPINE_LINK_INFO, 1, s.switch_guid, str(s.switch_port), s.peer_guid, str(s.peer_port)
+        )

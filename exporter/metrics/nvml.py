@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from agent.nvml.findings import generation_degraded_under_load
 from agent.nvml.snapshot import NvLink, NvmlGpu, NvmlSnapshot
-from exporter.metrics import nvml_mig
+from exporter.metrics import nvml_fabric, nvml_mig
 from exporter.metrics.spec import Families, MetricSpec
 
 _G = ("gpu",)
@@ -269,6 +269,7 @@ SPECS: tuple[MetricSpec, ...] = (
     GPU_NVLINK_ERRORS,
     NVLINK_TRANSMITTED_BYTES,
     NVLINK_RECEIVED_BYTES,
+    *nvml_fabric.SPECS,
     *nvml_mig.SPECS,
 )
 
@@ -284,6 +285,7 @@ def render(snap: NvmlSnapshot, out: Families) -> None:
         out.add(XID_WATCHED, reg.watched, str(reg.gpu))
     for xid in snap.xid_errors:
         out.add(XID_ERRORS, xid.count, str(xid.gpu), str(xid.xid))
+    nvml_fabric.render(snap, out)
     nvml_mig.render(snap, out)
 
 

@@ -10,6 +10,7 @@ Owns: ``parse`` (Prometheus samples -> attachments and switch links, pure, bound
 ``model`` (the tiers, pure), ``render`` (the outputs, pure), ``hold`` (the hold-down, pure),
 ``kubeapi`` (the node reads and label patches, one bounded HTTP call each) and ``controller``
 (the loop).
-May import ``exporter.explain.client`` (the Prometheus client) and nothing else of the
+May import ``exporter.explain.client`` (the Prometheus client) and ``exporter.metrics`` (the
+controller's metric specs, :mod:`exporter.metrics.topology`) and nothing else of the
 exporter; nothing of the agent.
 """

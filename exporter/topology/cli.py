@@ -39,10 +39,13 @@ def _client(ns: argparse.Namespace) -> PrometheusClient:
 
 
 def _keys(ns: argparse.Namespace) -> render.LabelKeys | None:
+    flag = "--label.prefix"
     try:
-        return render.LabelKeys(ns.label_prefix)
+        render.LabelKeys(ns.label_prefix, "")
+        flag = "--label.accelerator"
+        return render.LabelKeys(ns.label_prefix, ns.label_accelerator)
     except ValueError as exc:
-        print(f"fabricscope {ns.command}: error: --label.prefix: {exc}", file=sys.stderr)
+        print(f"fabricscope {ns.command}: error: {flag}: {exc}", file=sys.stderr)
         return None
 
 
@@ -79,63 +82,57 @@ def cmd_topology(ns: argparse.Namespace) -> int:
     if ns.output == "labels":
         out.write(json.dumps(render.node_labels(fmap, keys), indent=2, sort_keys=True) + "\n")
     elif ns.output == "kueue":
-        topo = render.kueue_topology(keys, ns.kueue_name, ns.kueue_api_version)
+        topo = render.kueue_topology(
+            keys,
+            ns.kueue_name,
+            ns.kueue_api_version,
+            depth=fmap.depth,
+            domains=bool(fmap.domains),
+        )
         out.write(yaml.safe_dump(topo, sort_keys=False))
     elif ns.output == "volcano":
         hypernodes = render.volcano_hypernodes(fmap, keys, by_label=ns.volcano_members == "label")
         out.write(yaml.safe_dump_all(hypernodes, sort_keys=False))
     elif ns.output == "slurm":
         out.write(render.slurm_tree(fmap))
+    elif ns.output == "slurm-block":
+        if not fmap.domains:
+            print(
+                "fabricscope topology: no NVLink domain: no GPU of the placed nodes reports "
+                "one (fabricscope_nvml_gpu_fabric_info with state completed)",
+                file=sys.stderr,
+            )
+            return 1
+        out.write(render.slurm_block(fmap))
     else:
         out.write(json.dumps(render.graph(fmap, keys), indent=2) + "\n")
     return 0
 
 
 class _Collector:
+    """The controller's counters as the catalog's families (:mod:`exporter.metrics.
+    topology`), rendered at each scrape."""
+
     def __init__(self, counters: Counters) -> None:
         self.c = counters
 
     def collect(self) -> Iterator[object]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from exporter.metrics import topology as specs
+        from exporter.metrics.exposition import to_metrics
+        from exporter.metrics.spec import Families
 
-        p = "fabricscope_topology_"
-        changes = CounterMetricFamily(
-            p + "label_changes",
-            "Node label changes applied, by kind (set: tiers written or changed; removed: "
-            "the node left the map).",
-            labels=("change",),
+        out = Families("full")
+        specs.render(
+            out,
+            changes=self.c.changes,
+            passes=self.c.passes,
+            patch_errors=self.c.patch_errors,
+            removals_refused=self.c.removals_refused,
+            placed=self.c.placed,
+            pending=self.c.pending,
+            last_success=self.c.last_success,
         )
-        for k, v in self.c.changes.items():
-            changes.add_metric((k,), v)
-        passes = CounterMetricFamily(
-            p + "passes", "Controller passes, by result.", labels=("result",)
-        )
-        for k, v in self.c.passes.items():
-            passes.add_metric((k,), v)
-        yield changes
-        yield passes
-        yield CounterMetricFamily(
-            p + "patch_errors",
-            "Node label patches the API refused or lost.",
-            value=self.c.patch_errors,
-        )
-        yield CounterMetricFamily(
-            p + "removals_refused",
-            "Passes whose removals were held back: more nodes would have lost their labels "
-            "than --max-removals allows.",
-            value=self.c.removals_refused,
-        )
-        yield GaugeMetricFamily(p + "nodes_placed", "Nodes the latest map places.", self.c.placed)
-        yield GaugeMetricFamily(
-            p + "nodes_pending",
-            "Nodes whose label change waits out the hold-down.",
-            self.c.pending,
-        )
-        yield GaugeMetricFamily(
-            p + "last_success_timestamp_seconds",
-            "When a pass last read the map and the nodes (Unix time).",
-            self.c.last_success,
-        )
+        yield from to_metrics(out)
 
 
 def _listen(listen: str) -> tuple[str, int] | None:

@@ -9,10 +9,8 @@ than ``max_removals`` of the labelled nodes removes none of them (a Prometheus t
 agents' series must not unlabel the fleet), logs and counts the refusal; the other changes
 go ahead.
 
-Its own counters (served on ``/metrics`` by the CLI), all ``fabricscope_topology_*``:
-``label_changes_total{change="set|removed"}``, ``passes_total{result="ok|map_error|
-nodes_error"}``, ``patch_errors_total``, ``removals_refused_total``, and the gauges
-``nodes_placed``, ``nodes_pending`` (a change held down), ``last_success_timestamp_seconds``.
+Its own counters (:class:`Counters`), served on ``/metrics`` by the CLI as the catalog's
+``fabricscope_topology_*`` families (:mod:`exporter.metrics.topology`, docs/metrics.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ every ``NODE.prom`` file of one directory is node ``NODE``'s ``/metrics`` text.
 Untrusted input, bounded: a file larger than :data:`MAX_FILE_BYTES`, a symbolic link or
 anything but a regular file, a name that is not a Kubernetes/Slurm node name, or text the
 exposition parser refuses is skipped with one log line and counted in the rejects; at most
-:data:`MAX_FILES` files are read. Only the three families the map needs are kept.
+:data:`MAX_FILES` files are read. Only the families the map needs are kept.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ _WANTED = {
     "fabricscope_infiniband_peer_info": "peer",
     "fabricscope_infiniband_port_up": "up",
     "fabricscope_infiniband_switch_link_info": "uplink",
+    "fabricscope_infiniband_spine_link_info": "spine",
+    "fabricscope_gpu_fabric_info": "domain",
 }
 
 Samples = list[tuple[Mapping[str, str], float]]
@@ -62,7 +64,7 @@ def _samples(text: str, node: str, out: dict[str, Samples]) -> None:
 def read_dir(directory: str) -> tuple[model.FabricMap, dict[str, int]]:
     """The map of every ``*.prom`` file in ``directory``; (map, rejects by reason)."""
     rejects = parse.Rejects()
-    found: dict[str, Samples] = {"peer": [], "up": [], "uplink": []}
+    found: dict[str, Samples] = {kind: [] for kind in _WANTED.values()}
     root = Path(directory)
     if not root.is_dir():
         raise parse.MapError(f"--exposition.dir {directory}: not a directory")
@@ -82,4 +84,6 @@ def read_dir(directory: str) -> tuple[model.FabricMap, dict[str, int]]:
             log.warning("%s: skipped: %s", name, getattr(exc, "strerror", None) or exc)
     atts = parse.attachments(found["peer"], found["up"], rejects)
     links = parse.switch_links(found["uplink"], rejects)
-    return model.build(atts, links), dict(rejects.counts)
+    core = parse.switch_links(found["spine"], rejects)
+    domains = parse.domains(found["domain"], rejects)
+    return model.build(atts, links, core, domains), dict(rejects.counts)

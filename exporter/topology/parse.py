@@ -7,7 +7,11 @@ name as the chart relabels it):
   ``port``) of a node and the switch its cable lands on (``peer_guid``, ``peer_description``):
   the node's leaf, one per HCA port;
 - ``fabricscope_infiniband_switch_link_info``: a leaf's port (``switch_guid``) cabled to
-  another switch (``peer_guid``): the leaf's uplinks, each read by one host under the leaf.
+  another switch (``peer_guid``): the leaf's uplinks, each read by one host under the leaf;
+- ``fabricscope_infiniband_spine_link_info`` (agents with ``--ibpeer.spine-links``): a
+  spine's port cabled to another switch: the core above it, or a leaf below it;
+- ``fabricscope_gpu_fabric_info``: a GPU's multi-node NVLink domain (``cluster_uuid``,
+  ``clique_id``), the node's when all its GPUs that report one report the same.
 
 An answer is untrusted: a GUID that is not ``0x`` and 16 hex digits, an empty or oversized
 node name, a sample whose value is not 1 is left out and counted (:class:`Rejects`), never
@@ -30,6 +34,12 @@ MAX_EDGES = 200_000
 
 PEER_QUERY = 'fabricscope_infiniband_peer_info{node_type="switch"}'
 UPLINK_QUERY = "fabricscope_infiniband_switch_link_info"
+#: the spines' cables (to the core), where the agents read spines' tables
+SPINE_QUERY = "fabricscope_infiniband_spine_link_info"
+#: each GPU's multi-node NVLink domain, where its registration completed
+DOMAIN_QUERY = "fabricscope_gpu_fabric_info"
+#: a cluster UUID as the agents print it
+CLUSTER_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 #: a port the node's agent says is down does not count (the peer identity is the last
 #: one read, which outlives a link that went down between two topology reads)
 PORT_UP_QUERY = "fabricscope_infiniband_port_up"
@@ -150,3 +160,47 @@ def switch_links(
         if len(out) > max_edges:
             raise MapError(f"more than {max_edges} switch-to-switch edges: narrow the query")
     return sorted(out.values())
+
+
+def domains(
+    samples: Iterable[tuple[Mapping[str, str], float]],
+    rejects: Rejects,
+    *,
+    node_label: str = "instance",
+    max_edges: int = MAX_EDGES,
+) -> dict[str, str]:
+    """Node -> its NVLink domain (``<cluster UUID>.<clique ID>``) from ``gpu_fabric_info``
+    samples. A node whose GPUs report different domains (a tray split across NVLink
+    partitions) gets none, counted as ``domain_conflict``: a domain label must be true of
+    every GPU a job gets there."""
+    found: dict[str, set[str]] = {}
+    count = 0
+    for labels, value in samples:
+        node = labels.get(node_label, "")
+        uuid = labels.get("cluster_uuid", "").lower()
+        clique = labels.get("clique_id", "")
+        if not NODE_NAME.fullmatch(node):
+            rejects.add("node_name")
+            continue
+        if (
+            not CLUSTER_UUID.fullmatch(uuid)
+            or not clique.isdigit()
+            or len(clique) > 10
+            or int(clique) >= 1 << 32
+        ):
+            rejects.add("domain")
+            continue
+        if value != 1:
+            rejects.add("value")
+            continue
+        found.setdefault(node, set()).add(f"{uuid}.{int(clique)}")
+        count += 1
+        if count > max_edges:
+            raise MapError(f"more than {max_edges} GPU domain samples: narrow the query")
+    out: dict[str, str] = {}
+    for node, ds in sorted(found.items()):
+        if len(ds) == 1:
+            out[node] = ds.pop()
+        else:
+            rejects.add("domain_conflict")
+    return out

@@ -1,5 +1,6 @@
-"""Read the map from Prometheus: three instant queries (the nodes' leaves, their ports' state,
-the leaves' uplinks), narrowed by a selector, parsed by :mod:`exporter.topology.parse`."""
+"""Read the map from Prometheus: five instant queries (the nodes' leaves, their ports' state,
+the leaves' uplinks, the spines' cables, the GPUs' NVLink domains), narrowed by a selector,
+parsed by :mod:`exporter.topology.parse`."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def read(
     peers = client.query(_with(parse.PEER_QUERY, selector), at)
     up = client.query(_with(parse.PORT_UP_QUERY, selector), at)
     uplinks = client.query(_with(parse.UPLINK_QUERY, selector), at)
+    spines = client.query(_with(parse.SPINE_QUERY, selector), at)
+    gpus = client.query(_with(parse.DOMAIN_QUERY, selector), at)
     atts = parse.attachments(
         ((s.labels, s.value) for s in peers),
         ((s.labels, s.value) for s in up),
@@ -41,6 +44,8 @@ def read(
         node_label=node_label,
     )
     links = parse.switch_links(((s.labels, s.value) for s in uplinks), rejects)
+    core = parse.switch_links(((s.labels, s.value) for s in spines), rejects)
+    domains = parse.domains(((s.labels, s.value) for s in gpus), rejects, node_label=node_label)
     if rejects.total:
         log.warning("samples left out of the fabric map: %s", rejects.counts)
-    return Read(model.build(atts, links), dict(rejects.counts))
+    return Read(model.build(atts, links, core, domains), dict(rejects.counts))

@@ -339,3 +339,32 @@ def test_fields_of_no_known_counter_are_capped_per_answer_and_per_node(
     dropped = next(rows for spec, rows in out.items() if spec is ibpeer_metrics.FIELDS_DROPPED)
     assert sorted(v for _, v in dropped) == [16, 16, 16, 72, 80, 80, 80, 80]
     assert not any(spec is ibpeer_metrics.PEER_GENERIC for spec, _ in out.items())  # full only
+
+
+def test_a_spine_is_read_by_the_reader_of_each_leafs_lowest_uplink_to_it() -> None:
+    from agent.ibpeer.fabric import SwitchLink, SwitchTable, first_to_each
+    from agent.ibpeer.records import Uplink
+    from agent.ibpeer.spines import targets
+
+    leaf = "0x0000000000000001"
+    s1, s2 = "0x00000000000000a1", "0x00000000000000a2"
+    table = SwitchTable(
+        leaf,
+        8,
+        (
+            SwitchLink(5, s1, "switch", 3),
+            SwitchLink(6, s1, "switch", 4),
+            SwitchLink(7, s2, "switch", 3),
+            SwitchLink(1, "0x00000000000000c1", "CA", 1),
+        ),
+        0.0,
+    )
+    assert first_to_each(table) == {s1: 5, s2: 7}
+
+    def up(port: int, spine: str) -> Uplink:
+        return Uplink(leaf, "lf", 1, port, spine, 3, "sp", 2, ("mlx5_0", 1))
+
+    # this node reads ports 6 (s1's second cable) and 7 (s2's first): it reads s2 only
+    assert targets([up(6, s1), up(7, s2)], {leaf: table}) == {s2: (("mlx5_0", 1), 7)}
+    assert targets([up(5, s1)], {leaf: table}) == {s1: (("mlx5_0", 1), 5)}
+    assert targets([up(5, s1)], {}) == {}  # the leaf's table not read yet

@@ -657,6 +657,7 @@ PER_CALL_FIRST = {
     "nvmlDeviceGetNvLinkRemoteDeviceType": 18,
     "nvmlDeviceGetNvLinkErrorCounter": 90,  # 18 links x 5 counters: the first pass reads all
     "nvmlDeviceGetMigMode": 1,  # every pass (the recording has none: a GPU without MIG)
+    "nvmlDeviceGetGpuFabricInfoV": 1,  # every pass (the recording predates it: not offered)
 }
 PER_CALL_STEADY = {
     "nvmlDeviceGetNvLinkState": 18,
@@ -669,6 +670,7 @@ PER_CALL_STEADY = {
     "nvmlDeviceGetComputeRunningProcesses": 1,
     "nvmlDeviceGetNvLinkErrorCounter": 6 * 3 + 2 * 2,  # 18/3 links x 3, 18/9 links x 2
     "nvmlDeviceGetMigMode": 1,
+    "nvmlDeviceGetGpuFabricInfoV": 1,
 }
 BATCHED_FIRST = {
     k: v
@@ -689,6 +691,7 @@ BATCHED_STEADY = {
     "nvmlDeviceGetComputeRunningProcesses": 1,
     "nvmlDeviceGetNvLinkErrorCounter": 2 * 2,
     "nvmlDeviceGetMigMode": 1,
+    "nvmlDeviceGetGpuFabricInfoV": 1,
 }
 NODE_FIRST = {
     "nvmlInit": 1,
@@ -719,19 +722,19 @@ def test_calls_per_pass_drop_after_the_first(
 ) -> None:
     """Before caching and rotation every pass made 430 calls on this node (the recording's
     answers, less init, shutdown and XID registration). Now the first pass reads everything
-    (per-call: 399 calls; batched: 283) and later passes only what can change (99; 57), MIG
-    mode included (one call per GPU and pass: a GPU re-partitioned shows at once)."""
+    (per-call: 401 calls; batched: 285) and later passes only what can change (101; 59), MIG
+    mode and the fabric registration included (one call each per GPU and pass)."""
     rec = h200x2_recording()
     run = Passes(rec if variant == "per-call" else with_field_values(rec), replay_sampler)
     _, calls, _ = run.run()
     assert calls == per_node(first, NODE_FIRST)
-    assert sum(calls.values()) == (399 if variant == "per-call" else 283)
+    assert sum(calls.values()) == (401 if variant == "per-call" else 285)
     for _ in range(2 * run.sampler.slow_error_rotation):
         run.api.fields_read.clear()
         _, calls, _ = run.run()
         assert calls == per_node(steady, {"nvmlDeviceGetCount": 1})
         assert sum(run.api.fields_read.values()) == fields_steady
-    assert sum(calls.values()) == (99 if variant == "per-call" else 57)
+    assert sum(calls.values()) == (101 if variant == "per-call" else 59)
 
 
 def test_rotation_reads_every_link_once_per_rotation(
@@ -1123,6 +1126,8 @@ def test_render_exact_values(replay_sampler: list[NvmlSampler]) -> None:
     g, up, down = ("0",), ("0", "0"), ("0", "1")
     assert rendered(snap) == {
         ("fabricscope_gpu_driver_info", ("580.159.04",)): 1,
+        # no fabric answer recorded: not offered (tests/nvml/test_nvml_fabric.py has them)
+        ("fabricscope_gpu_fabric_state", ("0", "not_supported", "")): 1,
         (
             "fabricscope_gpu_info",
             (
@@ -1242,6 +1247,8 @@ def test_every_spec_is_rendered_by_some_fixture(
     mig_sampler = NvmlSampler(lambda: ReplayNvml(mig, strict=False), watch_xid=False)
     replay_sampler.append(mig_sampler)
     seen |= {name for name, _ in rendered(mig_sampler.sample())}
+    # no recording is of a GPU in a multi-node NVLink domain: tests/nvml/test_nvml_fabric.py
+    seen |= {"fabricscope_gpu_fabric_info"}
     assert {s.name for s in metrics.SPECS} == seen
     assert len({s.name for s in metrics.SPECS}) == len(metrics.SPECS)
 

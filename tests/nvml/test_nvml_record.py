@@ -53,6 +53,7 @@ def replayed(rec: Recording) -> NvmlSnapshot:
 
 
 NOT_SUPPORTED = {"error": "NOT_SUPPORTED", "code": 3}
+NOT_FOUND = {"error": "FUNCTION_NOT_FOUND", "code": 13}
 
 
 @pytest.mark.parametrize(
@@ -80,15 +81,19 @@ def test_recording_a_replay_reproduces_it_pass_by_pass(
     assert snap == original[0]
     assert replayed_passes(again) == original
     # every answer recorded is the one given; a field entry or a MIG mode the old
-    # recording never had is recorded as the NOT_SUPPORTED the replay gave, nothing else
-    # is invented
+    # recording never had is recorded as the NOT_SUPPORTED the replay gave, a fabric
+    # question it never had as the FUNCTION_NOT_FOUND the replay gave (agent/nvml/record.py),
+    # nothing else is invented
     given, recorded = base["calls"], again["calls"]
     assert isinstance(given, dict) and isinstance(recorded, dict)
     assert recorded
     for key, entry in recorded.items():
-        assert given.get(key, NOT_SUPPORTED) == entry, key
-        assert key in given or key.startswith(
-            ("nvmlDeviceGetFieldValues(", "nvmlDeviceGetMigMode(")
+        fabric = key.startswith("nvmlDeviceGetGpuFabricInfoV(")
+        assert given.get(key, NOT_FOUND if fabric else NOT_SUPPORTED) == entry, key
+        assert (
+            key in given
+            or fabric
+            or key.startswith(("nvmlDeviceGetFieldValues(", "nvmlDeviceGetMigMode("))
         )
     # a fixed point: the new recording answers every question of every later pass
     third, _ = record(ReplayNvml(again))

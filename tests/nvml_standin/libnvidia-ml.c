@@ -219,3 +219,46 @@ int nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) { (void)
 int nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 16); }
 int nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 16); }
 int nvmlDeviceGetPcieReplayCounter(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 0); }
+
+/*
+ * nvmlDeviceGetGpuFabricInfoV, answered from $FABRICSCOPE_STANDIN_FABRIC (read on every call):
+ * unset or empty: NVML_ERROR_NOT_SUPPORTED (a GPU without multi-node NVLink, as a lone H200);
+ * otherwise "STATE STATUS CLIQUE UUIDHEX" (decimal, decimal, decimal, 32 hex digits), put into
+ * the caller's nvmlGpuFabricInfo_v2_t as the real library fills it. A caller whose struct
+ * version is not v2's gets NVML_ERROR_ARGUMENT_VERSION_MISMATCH, as the real library answers.
+ */
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+#define FABRIC_INFO_V2 0x02000024u
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    int status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+} fabric_info_v2;
+
+int nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, fabric_info_v2 *info) {
+    (void)device;
+    if (info == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != FABRIC_INFO_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    const char *spec = getenv("FABRICSCOPE_STANDIN_FABRIC");
+    if (spec == NULL || spec[0] == '\0') return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int state = 0, clique = 0;
+    int status = 0;
+    char hex[33] = {0};
+    if (sscanf(spec, "%u %d %u %32s", &state, &status, &clique, hex) != 4 || strlen(hex) != 32)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < 16; i++) {
+        unsigned int byte = 0;
+        if (sscanf(hex + 2 * i, "%2x", &byte) != 1) return NVML_ERROR_INVALID_ARGUMENT;
+        info->clusterUuid[i] = (unsigned char)byte;
+    }
+    info->status = status;
+    info->cliqueId = clique;
+    info->state = state;
+    info->healthMask = 0;
+    return NVML_SUCCESS;
+}

@@ -16,12 +16,20 @@ LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 def check_all(fmap: FabricMap, keys: render.LabelKeys) -> None:
     labels = render.node_labels(fmap, keys)
+    tier_keys = {keys.key(t) for t in fmap.tiers}
+    placed = {p.node for p in fmap.places}
     for node, lb in labels.items():
-        assert set(lb) == set(keys.keys), node
+        want = (tier_keys if node in placed else set()) | (
+            {keys.accelerator} if node in fmap.domains and keys.accelerator else set()
+        )
+        assert set(lb) == want, node
+        assert set(lb) <= set(keys.keys), node
         for v in lb.values():
             assert len(v) <= 63 and LABEL_VALUE.fullmatch(v), (node, v)
     for version in render.KUEUE_VERSIONS:
-        topo = render.kueue_topology(keys, api_version=version)
+        topo = render.kueue_topology(
+            keys, api_version=version, depth=fmap.depth, domains=bool(fmap.domains)
+        )
         validate(topo, "kueue.x-k8s.io_topologies.yaml", version)
         levels = [lv["nodeLabel"] for lv in topo["spec"]["levels"]]  # type: ignore[index]
         # the CRD's CEL rule: kubernetes.io/hostname, when present, is the last level
@@ -60,9 +68,21 @@ def check_all(fmap: FabricMap, keys: render.LabelKeys) -> None:
         for hn in hypernodes
         for m in hn["spec"]["members"]  # type: ignore[index]
     ]
-    assert sorted(members) == sorted([*labels, *(n for n in names if n.startswith("leaf-"))])
+    assert sorted(members) == sorted(
+        [*placed, *(n for n in names if not n.startswith(render.TIER_NAMES[fmap.depth - 1]))]
+    )
     conf = render.slurm_tree(fmap).splitlines()
     switches = [ln.split()[0].removeprefix("SwitchName=") for ln in conf[1:]]
     assert len(switches) == len(set(switches))
     in_leaves = [n for ln in conf[1:] if " Nodes=" in ln for n in ln.split("Nodes=")[1].split(",")]
-    assert sorted(in_leaves) == sorted(labels)
+    assert sorted(in_leaves) == sorted(placed)
+    # every switch line but the top tier's is named once as a child
+    children = [
+        c for ln in conf[1:] if " Switches=" in ln for c in ln.split("Switches=")[1].split(",")
+    ]
+    assert len(children) == len(set(children)) and set(children) <= set(switches)
+    blocks = render.slurm_block(fmap).splitlines()
+    in_blocks = [
+        n for ln in blocks if ln.startswith("BlockName=") for n in ln.split("Nodes=")[1].split(",")
+    ]
+    assert sorted(in_blocks) == sorted(fmap.domains)

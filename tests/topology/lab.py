@@ -14,7 +14,6 @@ so an instant query at one phase's time sees that phase's series only (Prometheu
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +28,7 @@ from exporter.app import AgentApp
 from tests.ibsim_fabric import write_host
 from tests.ibsim_lab import IbsimLab, missing_tools
 from tests.lab.backfill import openmetrics_lines
-from tests.promharness import PROMTOOL
+from tests.promharness import openmetrics_blocks
 from tests.promharness import start_prometheus as _start_prometheus
 from tests.topology.nets import Tree, net_text
 
@@ -48,11 +47,15 @@ class Served:
     bodies: tuple[dict[str, bytes], ...]
 
 
-def _agent(root: Path) -> AgentApp:
+def _agent(root: Path, spine_links: bool) -> AgentApp:
     config = AgentConfig(
         paths=Paths(str(root / "sys"), str(root / "no-procfs")),
         sampling=Sampling(frozenset({"infiniband", "ibpeer"}), 60.0, 60.0),
-        ibpeer=IbPeerSettings(command_prefix=(str(root / "ibsim-wrap"),), interval_seconds=60.0),
+        ibpeer=IbPeerSettings(
+            command_prefix=(str(root / "ibsim-wrap"),),
+            interval_seconds=60.0,
+            spine_links=spine_links,
+        ),
     )
     latest = Latest()
     specs = build_specs(
@@ -61,11 +64,11 @@ def _agent(root: Path) -> AgentApp:
     return AgentApp(specs, latest)
 
 
-def _pass(roots: dict[str, Path]) -> dict[str, bytes]:
+def _pass(roots: dict[str, Path], spine_links: bool) -> dict[str, bytes]:
     """Each host's exposition from one pass of a fresh agent as ``fabricscope agent --once``
     runs it: the neighbours, every leaf's port table and the uplinks it reads in that pass (a
     serving agent spreads them over its first passes and exports the same series)."""
-    apps = {h: _agent(r) for h, r in roots.items()}
+    apps = {h: _agent(r, spine_links) for h, r in roots.items()}
 
     def run(host: str) -> bytes:
         return apps[host].run_once()
@@ -87,8 +90,11 @@ def port_down(root: Path, device: str) -> None:
 
 
 @contextmanager
-def topology_run(work: Path, tree: Tree, changes: Sequence[Change | None]) -> Iterator[Served]:
-    """One phase per entry of ``changes`` (``None``: the fabric as it is), served."""
+def topology_run(
+    work: Path, tree: Tree, changes: Sequence[Change | None], *, spine_links: bool = False
+) -> Iterator[Served]:
+    """One phase per entry of ``changes`` (``None``: the fabric as it is), served; the agents
+    read the spines' tables too with ``spine_links`` (``--ibpeer.spine-links``)."""
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"install ibsim-utils infiniband-diags opensm: {missing}")
@@ -105,7 +111,7 @@ def topology_run(work: Path, tree: Tree, changes: Sequence[Change | None]) -> It
             if change is not None:
                 change(lab, roots)
                 lab.run_opensm()
-            bodies.append(_pass(roots))
+            bodies.append(_pass(roots, spine_links))
             for host, body in bodies[-1].items():
                 lines += openmetrics_lines(body, host, t)
     finally:
@@ -114,17 +120,6 @@ def topology_run(work: Path, tree: Tree, changes: Sequence[Change | None]) -> It
             os.environ.pop("IBSIM_SOCKNAME", None)
         else:
             os.environ["IBSIM_SOCKNAME"] = old
-    om = work / "topology.om.txt"
-    om.write_text("".join(lines) + "# EOF\n")
-    tsdb = work / "tsdb"
-    done = subprocess.run(
-        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"promtool create-blocks-from failed: {done.stderr[-2000:]}")
+    tsdb = openmetrics_blocks(lines, work / "topology.om.txt", work / "tsdb", timeout=120)
     with _start_prometheus(work / "prometheus", [], tsdb_path=tsdb) as prom:
         yield Served(prom.url, times, tuple(bodies))

@@ -78,7 +78,8 @@ def net_text(tree: Tree) -> str:
 def expected_groups(tree: Tree, tier: int) -> set[frozenset[str]]:
     """The partition of hosts the net file defines at ``tier``: 0 the leaf (the set of
     leaves, for a host on several), 1 the switches above the leaves (hosts whose leaves
-    share a block: leaves joined through common uplink switches)."""
+    share a block: leaves joined through common uplink switches), 2 the switches above those
+    (hosts whose blocks are joined through common uplink switches of their spines)."""
     if tier == 0:
         key: dict[str, frozenset[str]] = {
             h: frozenset(devs.values()) for h, devs in tree.hosts.items()
@@ -95,8 +96,9 @@ def expected_groups(tree: Tree, tier: int) -> set[frozenset[str]]:
         leaves = {leaf for devs in tree.hosts.values() for leaf in devs.values()}
         for leaf in leaves:
             find(leaf)
+        spines = {up for low, up in tree.links() if low in leaves}
         for low, up in tree.links():
-            if low in leaves:
+            if low in leaves or (tier == 2 and low in spines and up not in leaves | spines):
                 a, b = find(low), find(up)
                 if a != b:
                     parent[a] = b
@@ -145,8 +147,9 @@ def from_topograph_model(model: Mapping[str, object]) -> Tree:
 def joined(*trees: Tree, top: str = "root") -> Tree:
     """One fabric of several trees (switch and host names disjoint), their top switches cabled
     to one more switch above them, so one subnet (one ibsim, one OpenSM) holds them all. The
-    agents read one hop past their leaves, so a switch above the trees' spines changes none of
-    the tiers they can see: each tree groups as it would alone."""
+    agents read at most two hops past their leaves (their spines' cables), so a switch above
+    a tree's core changes none of the tiers they can see: each tree groups as it would alone
+    (a two-tier tree gets the joining switch as its core, alone in it)."""
     uplinks: dict[str, tuple[str, ...]] = {top: ()}
     hosts: dict[str, Mapping[str, str]] = {}
     for tree in trees:

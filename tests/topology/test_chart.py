@@ -64,6 +64,7 @@ def test_the_controller_renders_with_least_privilege(tmp_path: Path) -> None:
     assert ns.hold_down == 600 and ns.interval == 60 and ns.max_removals == 0.1
     assert ns.prom_url == "http://prometheus-operated.monitoring:9090"
     assert ns.label_prefix == "fabric.topograph.run/"
+    assert ns.label_accelerator == "accelerator.topograph.run/domain"
     # the agents' RBAC is unchanged: nothing of theirs touches nodes
     agents = objs[("ClusterRole", "fabricscope")]
     assert all("nodes" not in r["resources"] for r in agents["rules"])
@@ -93,7 +94,13 @@ def test_bad_values_are_refused(values: dict[str, Any], message: str, tmp_path: 
 
 
 def test_the_schema_refuses_each_bad_value_by_name(tmp_path: Path) -> None:
-    bad = {"holdDown": "1.5h", "labelPrefix": "Bad/", "maxRemovals": 2, "holddown": "5m"}
+    bad = {
+        "holdDown": "1.5h",
+        "labelPrefix": "Bad/",
+        "acceleratorLabel": "no-prefix",
+        "maxRemovals": 2,
+        "holddown": "5m",
+    }
     err = render_fails({**ON, "topology": {**ON["topology"], **bad}}, tmp_path)
     for key in bad:
         assert key in err, (key, err)
@@ -152,6 +159,8 @@ BASE = {"kubernetes.io/hostname": "h1", "example.com/rack": "r7"}
         (_node({**BASE, T0: "0x1"}), SA, True),  # adds a tier label
         (_node({**BASE, T0: "0x2", "fabric.topograph.run/tier-1": "0x9"}), SA, True),
         (_node(BASE), SA, True),  # removes its labels (the old node has tier-0 below)
+        (_node({**BASE, T0: "0x1", "accelerator.topograph.run/domain": "u.1"}), SA, True),
+        (_node({**BASE, T0: "0x1", "accelerator.topograph.run/sub-domain": "x"}), SA, False),
         (_node({**BASE, T0: "0x1", "example.com/evil": "1"}), SA, False),
         (_node({**BASE, T0: "0x1", "kubernetes.io/hostname": "h2"}), SA, False),
         (_node({"kubernetes.io/hostname": "h1", T0: "0x1"}), SA, False),  # drops another
@@ -171,3 +180,12 @@ def test_the_admission_policy_lets_the_controller_change_only_its_labels(
 def test_lint_strict_with_the_controller(tmp_path: Path) -> None:
     helm()
     run_helm("lint", "--strict", *template_args()[2:3], values=ON, tmp=tmp_path)
+
+
+def test_spine_links_is_an_agent_flag_the_parser_accepts(tmp_path: Path) -> None:
+    on = {**ON, "ibpeer": {"enabled": True, "spineLinks": True}}
+    for values, want in ((ON, False), (on, True)):
+        ds = next(d for d in render(values, tmp_path) if d["kind"] == "DaemonSet")
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert ("--ibpeer.spine-links" in args) is want
+    assert parse_known(build_parser(), ["agent", "--ibpeer.spine-links"]).ibpeer_spine_links

@@ -32,7 +32,7 @@ from tests.topology.nodes_api import NodesApi
 from tests.topology.scenario import SCENARIO
 
 KEYS = render.LabelKeys()
-T0, T1 = KEYS.keys
+T0, T1 = KEYS.key(0), KEYS.key(1)
 OTHER = {"kubernetes.io/os": "linux", "example.com/rack": "r7"}
 
 

@@ -231,3 +231,169 @@ def test_a_fifo_never_blocks_the_read(tmp_path: Path) -> None:
     fmap, rejects = files.read_dir(str(tmp_path))
     assert rejects == {"file": 1} and not fmap.places
     assert time.monotonic() - t0 < 5
+
+
+def test_the_core_tier_comes_only_from_spines_cables_to_switches_above_them() -> None:
+    """Leaves 1 and 2 under spine 10, leaf 3 under spine 11; spine 10 cabled to core 20 and
+    back down to its leaves (the agents cannot tell which is which), spine 11 to core 20 too
+    in one map and to nothing in the other; a cable from a switch no leaf reaches (a core's
+    own) is ignored."""
+    atts = [
+        parse.Attachment("a", "mlx5_0", "1", g(1)),
+        parse.Attachment("b", "mlx5_0", "1", g(2)),
+        parse.Attachment("c", "mlx5_0", "1", g(3)),
+    ]
+    up = [parse.SwitchLink(g(1), g(10)), parse.SwitchLink(g(2), g(10))]
+    up.append(parse.SwitchLink(g(3), g(11)))
+    down = [parse.SwitchLink(g(10), g(1)), parse.SwitchLink(g(10), g(2))]
+    above = [parse.SwitchLink(g(10), g(20)), parse.SwitchLink(g(20), g(30))]
+    two = model.build(atts, up, down)
+    assert two.depth == 2 and two.core_links == ()  # cables down to leaves: no core
+    three = model.build(atts, up, [*down, *above, parse.SwitchLink(g(11), g(20))])
+    assert three.depth == 3
+    assert {p.node: p.tiers[2] for p in three.places} == {"a": g(20), "b": g(20), "c": g(20)}
+    assert g(30) not in three.switches  # above the core: not a tier
+    cut = model.build(atts, up, [*down, *above])
+    tiers = {p.node: p.tiers for p in cut.places}
+    assert tiers["a"][2] == tiers["b"][2] == g(20)
+    assert tiers["c"][2] == f"isolated-{g(11)}"  # spine 11's block, no core seen above it
+    check_all(three, render.LabelKeys())
+    check_all(cut, render.LabelKeys())
+
+
+def test_a_node_in_two_planes_with_different_cores_gets_a_set_name() -> None:
+    atts = [
+        parse.Attachment("r", "mlx5_0", "1", g(1)),
+        parse.Attachment("r", "mlx5_1", "1", g(2)),
+    ]
+    up = [parse.SwitchLink(g(1), g(10)), parse.SwitchLink(g(2), g(11))]
+    fmap = model.build(atts, up, [parse.SwitchLink(g(10), g(20)), parse.SwitchLink(g(11), g(21))])
+    (place,) = fmap.places
+    assert place.tiers[1].startswith("planes-") and place.tiers[2].startswith("planes-")
+    check_all(fmap, render.LabelKeys())
+
+
+# -- NVLink domains ------------------------------------------------------------------------
+
+#: the GB200 node's domain (tests/fixtures/nvml-fabric/gb200-completed.txt)
+GB200_UUID = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
+
+
+def fabric(node: str, gpu: str, uuid: str = GB200_UUID, clique: str = "4026") -> dict[str, str]:
+    return {"instance": node, "gpu": gpu, "cluster_uuid": uuid, "clique_id": clique}
+
+
+def test_hostile_domain_samples_are_left_out_and_counted() -> None:
+    rejects = parse.Rejects()
+    samples = [
+        (fabric("n1", "0"), 1.0),
+        (fabric("n1", "1"), 1.0),  # the same domain twice: one
+        (fabric("n2", "0"), 1.0),
+        (fabric("n2", "1", clique="2"), 1.0),  # split across partitions: none, counted
+        (fabric("n3", "0", uuid="not-a-uuid"), 1.0),
+        (fabric("n4", "0", uuid=GB200_UUID + "0" * 10_000), 1.0),
+        (fabric("n5", "0", clique="-1"), 1.0),
+        (fabric("n6", "0", clique="99999999999999999999"), 1.0),
+        (fabric("n7", "0", clique="4294967296"), 1.0),  # 2**32
+        (fabric("N8", "0"), 1.0),
+        (fabric("n9", "0"), 0.0),
+        (fabric("n10", "0", uuid=GB200_UUID.upper()), 1.0),  # case: the same domain
+    ]
+    got = parse.domains(samples, rejects)
+    assert got == {"n1": f"{GB200_UUID}.4026", "n10": f"{GB200_UUID}.4026"}
+    assert rejects.counts == {"domain_conflict": 1, "domain": 5, "node_name": 1, "value": 1}
+
+
+def test_domains_are_labels_a_kueue_level_and_slurm_blocks() -> None:
+    atts = [parse.Attachment(n, "mlx5_0", "1", g(1)) for n in ("a", "b", "c")]
+    atts.append(parse.Attachment("d", "mlx5_0", "1", g(2)))
+    domains = {"a": f"{GB200_UUID}.4026", "b": f"{GB200_UUID}.4026", "c": f"{GB200_UUID}.7"}
+    domains["x"] = f"{GB200_UUID}.7"  # a GPU node without InfiniBand: its domain only
+    fmap = model.build(
+        atts, [parse.SwitchLink(g(1), g(10)), parse.SwitchLink(g(2), g(10))], (), domains
+    )
+    keys = render.LabelKeys()
+    labels = render.node_labels(fmap, keys)
+    assert labels["a"][render.TOPOGRAPH_ACCELERATOR] == f"{GB200_UUID}.4026"
+    assert render.TOPOGRAPH_ACCELERATOR not in labels["d"]
+    assert labels["x"] == {render.TOPOGRAPH_ACCELERATOR: f"{GB200_UUID}.7"}
+    assert (
+        render.TOPOGRAPH_ACCELERATOR
+        not in render.node_labels(fmap, render.LabelKeys(accelerator=""))["a"]
+    )
+    topo = render.kueue_topology(keys, depth=fmap.depth, domains=True)
+    levels = [lv["nodeLabel"] for lv in topo["spec"]["levels"]]  # type: ignore[index]
+    assert levels == [keys.key(1), keys.key(0), render.TOPOGRAPH_ACCELERATOR, render.HOSTNAME]
+    assert render.slurm_block(fmap).splitlines()[1:] == [
+        f"# NVLink domain {GB200_UUID}.4026",
+        "BlockName=nvl1 Nodes=a,b",
+        f"# NVLink domain {GB200_UUID}.7",
+        "BlockName=nvl2 Nodes=c,x",
+    ]
+    check_all(fmap, keys)
+
+
+def test_the_agents_nvml_series_give_the_domain(tmp_path: Path) -> None:
+    """The exposition the real exporter renders from a replayed NVML pass (the 2x H200
+    recording, its fabric answers edited to the GB200 node's), read as a node's file."""
+    import copy
+
+    from agent.nvml.record import ReplayNvml, call_key
+    from agent.nvml.sampler import NvmlSampler
+    from exporter.metrics import nvml as nvml_metrics
+    from exporter.metrics.exposition import render_text
+    from exporter.metrics.spec import Families
+    from tests.nvml.test_nvml_fixtures import h200x2_recording
+
+    rec = copy.deepcopy(h200x2_recording())
+    calls = rec["calls"]
+    assert isinstance(calls, dict)
+    for gpu in (0, 1):
+        calls[call_key("nvmlDeviceGetGpuFabricInfoV", gpu)] = {
+            "value": [GB200_UUID.replace("-", ""), 0, 4026, 3]
+        }
+    sampler = NvmlSampler(lambda: ReplayNvml(rec))
+    try:
+        snap = sampler.sample()
+    finally:
+        sampler.close()
+    out = Families("default")
+    nvml_metrics.render(snap, out)
+    leaf = (
+        'fabricscope_infiniband_peer_info{device="mlx5_0",port="1",peer_guid='
+        '"0x0000000000000001",peer_port="3",node_type="switch",peer_lid="5",'
+        'peer_description="lf"} 1\n'
+    )
+    text = render_text(out).decode()
+    (tmp_path / "gb1.prom").write_text(
+        text + "# TYPE fabricscope_infiniband_peer_info gauge\n" + leaf
+    )
+    fmap, rejects = files.read_dir(str(tmp_path))
+    assert rejects == {}
+    assert fmap.domains == {"gb1": f"{GB200_UUID}.4026"}
+
+
+def test_slurm_block_output_from_the_agents_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from exporter.cli.main import main
+
+    leaf = (
+        'fabricscope_infiniband_peer_info{device="mlx5_0",port="1",peer_guid='
+        '"0x0000000000000001",peer_port="3",node_type="switch",peer_lid="5",'
+        'peer_description="lf"} 1\n'
+    )
+    info = (
+        f'fabricscope_gpu_fabric_info{{gpu="0",cluster_uuid="{GB200_UUID}",clique_id="4026"}} 1\n'
+    )
+    for node in ("gb1", "gb2"):
+        (tmp_path / f"{node}.prom").write_text(leaf + info)
+    (tmp_path / "h1.prom").write_text(leaf)
+    assert main(["topology", "--exposition.dir", str(tmp_path), "--output", "slurm-block"]) == 0
+    out = capsys.readouterr().out
+    assert "BlockName=nvl1 Nodes=gb1,gb2\n" in out and "h1" not in out
+    for node in ("gb1", "gb2"):
+        (tmp_path / f"{node}.prom").write_text(leaf)
+    assert main(["topology", "--exposition.dir", str(tmp_path), "--output", "slurm-block"]) == 1
+    err = capsys.readouterr().err
+    assert "no NVLink domain" in err and len(err.strip().splitlines()) == 1

@@ -6,8 +6,8 @@ ones the net file defines, and every rendering must validate against the schedul
   two spines under a core; ``small-tree.yaml``: two leaves, uneven, under one spine) built as
   ibsim fabrics of the same shape (both in one subnet, joined above their tops): the same
   leaf and spine grouping as topograph's models (and its labeler test's ``S2``/``S3`` under
-  ``S1``) define. The core tier above the spines
-  is not seen by the agents and not emitted.
+  ``S1``) define; with the agents reading their spines' tables, ``medium``'s core tier too
+  (its core above its spines; the switch joining the two models is above every agent's view).
 - a two-tier tree with two spines, uneven leaves (3, 1 and 2 hosts) and a host with two HCAs
   on two leaves (a rail), in two phases: as built; then at once one uplink down (nothing
   moves), a leaf cut off from both spines (its block isolated, the rail host spanning two
@@ -63,18 +63,20 @@ MODELS = ("medium", "small-tree")
 
 
 def test_topograph_models_group_as_topograph_defines(tmp_path: Path) -> None:
-    """Both models in one subnet (``nets.joined``: their tops under one more switch, which the
-    agents cannot see), each grouped as its model defines."""
+    """Both models in one subnet (``nets.joined``: their tops under one more switch), each
+    grouped as its model defines at every tier: ``medium``'s core joins its spines' blocks,
+    ``small-tree``'s one block stays alone (the switch joining the two is cabled to
+    ``medium``'s core, whose cables no agent reads)."""
     specs = {
         m: yaml.safe_load((FIXTURES / "topograph-models" / f"{m}.yaml").read_text()) for m in MODELS
     }
     trees = {m: from_topograph_model(spec) for m, spec in specs.items()}
-    with topology_run(tmp_path, joined(*trees.values()), [None]) as served:
+    with topology_run(tmp_path, joined(*trees.values()), [None], spine_links=True) as served:
         fmap = read(served, 0)
     assert {p.node for p in fmap.places} == {h for t in trees.values() for h in t.hosts}
     for model, tree in trees.items():
         mine = set(tree.hosts)
-        for tier in (0, 1):
+        for tier in (0, 1, 2):
             got = {g for g in partition(fmap, tier) if g & mine}
             assert all(g <= mine for g in got), (model, tier)
             assert got == expected_groups(tree, tier), (model, tier)
