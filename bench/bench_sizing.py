@@ -295,6 +295,14 @@ def start_agent(
 # --- measuring -----------------------------------------------------------------------------
 
 
+def vmdata(pid: int) -> int:
+    """``VmData`` of ``pid`` in bytes (what ``RLIMIT_DATA`` counts)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmData:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def children(pid: int) -> list[int]:
     out: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -409,6 +417,13 @@ def main() -> int:
     ap.add_argument("--per-gpu", action="store_true", help="also the NVML sampler's memory per GPU")
     ap.add_argument("--extrapolate-to", type=int, default=8, help="GPUs (with --per-gpu)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--memory-limit",
+        type=int,
+        default=None,
+        help="bytes: the pod's memory limit, given to the agent as the chart does "
+        "(--agent.memory-limit: each child's memory ceiling is its share of it)",
+    )
     ns = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="fabricscope-sizing-"))
@@ -434,7 +449,11 @@ def main() -> int:
         stack.enter_context(kubelet(sock, gpu_uuids, ns.logs))
         logs = work / "pods"
         stack.enter_context(BusyLogs(logs, ns.logs, ns.lines_per_second))
-        agent = start_agent(work, env, url=url, port=port, sock=sock, logs=logs, sysfs=ns.sysfs)
+        limit = (f"--agent.memory-limit={ns.memory_limit}",) if ns.memory_limit else ()
+        agent = start_agent(
+            work, env, url=url, port=port, sock=sock, logs=logs, sysfs=ns.sysfs, flags=limit
+        )
+        result["memory_limit"] = ns.memory_limit
         try:
             metrics = f"http://127.0.0.1:{port}/metrics"
             deadline = time.monotonic() + ns.warmup
@@ -473,6 +492,8 @@ def main() -> int:
                         "rss_mib": round(peak[p][0] / 2**20, 1),
                         "pss_mib": round(peak[p][1] / 2**20, 1),
                         "cpu_millicores": round(1000 * (cpu_seconds(p) - cpu0[p]) / elapsed, 1),
+                        # what RLIMIT_DATA counts against a child's memory ceiling
+                        "vmdata_mib": round(vmdata(p) / 2**20, 1),
                     })  # fmt: skip
             result["processes"] = procs
             result["total"] = {
@@ -481,6 +502,16 @@ def main() -> int:
                 "cpu_millicores": round(sum(p["cpu_millicores"] for p in procs), 1),
             }
             result["scrapes"] = scraped
+            # children ended at their memory ceiling over the whole run (none, on a healthy node)
+            body = _OPENER.open(metrics, timeout=10).read().decode()
+            result["memory_ceiling_errors"] = sum(
+                float(m)
+                for m in re.findall(
+                    r'^fabricscope_sampler_errors_total\{[^}]*reason="memory_ceiling"[^}]*\} (\S+)',
+                    body,
+                    re.M,
+                )
+            )
         finally:
             agent.send_signal(signal.SIGTERM)
             try:

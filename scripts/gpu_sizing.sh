@@ -26,7 +26,11 @@ step "machine"
 { nvidia-smi -L; nproc; free -m; uname -a; python3 --version; } 2>&1 | tee "$OUT/machine.txt"
 
 step "the agent as the chart runs it, live NVML (5 min after 1 min of warm-up)"
+# the chart's memory limit, given to the agent as the chart does (each child's ceiling is its
+# share of it)
+limit=$(python3 -c 'import yaml; v = yaml.safe_load(open("deploy/helm/fabricscope/values.yaml"))["resources"]["limits"]["memory"]; u = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}; print(int(v[:-2]) * u[v[-2:]])')
 python3 bench/bench_sizing.py --live-nvml --sysfs /sys --per-gpu --extrapolate-to 8 \
+  --memory-limit "$limit" \
   --duration 300 --warmup 60 --json "$OUT/sizing-gpu.json" 2>&1 | tee "$OUT/sizing-gpu.txt" || rc=1
 
 step "checks"
@@ -42,6 +46,7 @@ def check(cond, what):
 check("nvml child" in roles, f"an NVML child process (roles: {roles})")
 check("throughput child" in roles, "a throughput child holding the pod logs")
 check(r["throughput_series"] == r["busy_logs"], f"{r['throughput_series']} throughput series for {r['busy_logs']} logs")
+check(r.get("memory_ceiling_errors") == 0, f"no child reached its memory ceiling under the chart's limit ({r.get('memory_limit')} bytes): {r.get('memory_ceiling_errors')} ended")
 check(r["nvml_sampler_memory"]["gpus"] >= 1, f"NVML saw {r['nvml_sampler_memory']['gpus']:.0f} GPUs")
 e = r["extrapolated"]
 main = next(p for p in r["processes"] if p["role"] == "main")
