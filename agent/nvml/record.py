@@ -133,7 +133,10 @@ class ReplayNvml:
         self._events.put(XidEvent(gpu, xid))
 
     def _answer(self, call: str, *args: int) -> JsonValue:
-        key = call_key(call, *args)
+        return self._entry(call, call_key(call, *args))
+
+    def _entry(self, call: str, key: str) -> JsonValue:
+        """The recorded answer to ``call`` under ``key``: its value, or its error raised."""
         entry = self._calls.get(key)
         if entry is None:
             if self._strict:
@@ -242,19 +245,7 @@ class ReplayNvml:
         return self._i("nvmlDeviceGetMaxMigDeviceCount", gpu)
 
     def _mig(self, call: str, gpu: int, slot: int) -> JsonValue:
-        key = mig_key(call, gpu, slot)
-        entry = self._calls.get(key)
-        if entry is None:
-            if self._strict:
-                raise NotRecordedError(key)
-            raise NvmlCallError(call, 3, "NOT_SUPPORTED")
-        if not isinstance(entry, dict):
-            raise RecordingError(f"{key}: expected an object, got {entry!r}")
-        if "error" in entry:
-            raise NvmlCallError(call, _int(entry.get("code"), key), _str(entry["error"], key))
-        if "value" not in entry:
-            raise RecordingError(f"{key}: neither 'value' nor 'error'")
-        return entry["value"]
+        return self._entry(call, mig_key(call, gpu, slot))
 
     def mig_uuid(self, gpu: int, slot: int) -> str:
         return _str(self._mig("nvmlDeviceGetUUID", gpu, slot), mig_key("uuid", gpu, slot))

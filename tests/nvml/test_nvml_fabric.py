@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,10 +23,10 @@ from agent.nvml.sweep import Pass
 from exporter.metrics import nvml as metrics
 from exporter.metrics.spec import Families
 from tests.nvml.test_nvml_fixtures import Recording, h200x2_recording
+from tests.standin_nvml import build_standin
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvml-fabric"
-SOURCE = ROOT / "tests" / "nvml_standin" / "libnvidia-ml.c"
 CALL = "nvmlDeviceGetGpuFabricInfoV"
 
 #: nvidia-smi's words for NVML's fabric states and statuses
@@ -182,23 +181,7 @@ def test_the_sampler_exports_the_domain_only_when_completed() -> None:
 
 @pytest.fixture(scope="module")
 def standin_lib(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    gcc = shutil.which("gcc")
-    assert gcc, "gcc is needed to build the stand-in NVML library (scripts/test.sh installs it)"
-    libdir = tmp_path_factory.mktemp("nvml-fabric-standin")
-    subprocess.run(
-        [
-            gcc,
-            "-Wall",
-            "-Werror",
-            "-shared",
-            "-fPIC",
-            "-o",
-            str(libdir / "libnvidia-ml.so.1"),
-            str(SOURCE),
-        ],
-        check=True,
-    )
-    yield libdir
+    yield build_standin(tmp_path_factory.mktemp("nvml-fabric-standin"))
 
 
 _READ = """

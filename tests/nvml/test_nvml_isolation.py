@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -30,9 +29,9 @@ from agent.core.isolation import ChildSpec, IsolatedSampler, describe_exit
 from agent.probe.run.devices import GpuSlot, NvmlBusyGpus, discover_slots, isolated_gpu_view
 from tests.procwatch import children, data_limit, peak_rss
 from tests.promharness import free_port
+from tests.standin_nvml import build_standin
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE = ROOT / "tests" / "nvml_standin" / "libnvidia-ml.c"
 SYSFS = ROOT / "tests" / "fixtures" / "dgx-h100" / "sys"
 RECORDING = ROOT / "tests" / "fixtures" / "nvml" / "h200x2.recording.json"
 GPU_INFO = "fabricscope_gpu_info{"
@@ -64,22 +63,7 @@ class StandIn:
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> StandIn:
     """The stand-in library, compiled once for the module."""
-    gcc = shutil.which("gcc")
-    assert gcc, "gcc is needed to build the stand-in NVML library (scripts/test.sh installs it)"
-    libdir = tmp_path_factory.mktemp("nvml-standin")
-    subprocess.run(
-        [
-            gcc,
-            "-Wall",
-            "-Werror",
-            "-shared",
-            "-fPIC",
-            "-o",
-            str(libdir / "libnvidia-ml.so.1"),
-            str(SOURCE),
-        ],
-        check=True,
-    )
+    libdir = build_standin(tmp_path_factory.mktemp("nvml-standin"))
     trigger = libdir / "trigger"
     trigger.write_text("")
     return StandIn(libdir, trigger)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from exporter.metrics.spec import Families
 from tests.nvml.mig_transcripts import MIG_FIXTURES, transcript_recording
 from tests.nvml.test_nvml import fake_pynvml, raising
 from tests.nvml.test_nvml_fixtures import h200x2_recording
+from tests.standin_nvml import build_standin
 
 GO_NVML_60 = "a100-pcie-40gb.go-nvml-60.txt"
 TELEGRAF_5812 = "a100-sxm4-80gb-x4.telegraf-5812.txt"
@@ -381,7 +381,6 @@ def test_recording_a_mig_node_replays_it_strictly(samplers: list[NvmlSampler]) -
 
 # -- through the real pynvml, against the stand-in library ------------------------------------
 
-STANDIN_SOURCE = Path(__file__).resolve().parents[1] / "nvml_standin" / "libnvidia-ml.c"
 _LIVE_PASS = """
 import json
 from agent.nvml.sampler import NvmlSampler
@@ -401,13 +400,7 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def standin_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/nvml_standin's libnvidia-ml.so.1, built for this module."""
-    gcc = shutil.which("gcc")
-    assert gcc, "gcc is needed to build the stand-in NVML library (scripts/test.sh installs it)"
-    libdir = tmp_path_factory.mktemp("nvml-standin-mig")
-    out = str(libdir / "libnvidia-ml.so.1")
-    cmd = [gcc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", out, str(STANDIN_SOURCE)]
-    subprocess.run(cmd, check=True, timeout=120)
-    return libdir
+    return build_standin(tmp_path_factory.mktemp("nvml-standin-mig"))
 
 
 def live_pass(libdir: Path, mig: str) -> dict[str, object]:
