@@ -29,8 +29,15 @@ def limit_arenas(count: int = ARENAS) -> bool:
     threads); False when not applied (not glibc, or ``MALLOC_ARENA_MAX`` already set)."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
+    return set_arenas(count)
+
+
+def set_arenas(count: int) -> bool:
+    """glibc's ``mallopt(M_ARENA_MAX, count)``, whatever the environment says; False on
+    another C library (musl has no ``mallopt``: its own allocator)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     return bool(mallopt(M_ARENA_MAX, count))

@@ -40,17 +40,17 @@ Imports only the standard library (it runs first in every child).
 
 from __future__ import annotations
 
-import ctypes
 import resource
 from dataclasses import dataclass
 from pathlib import Path
+
+from agent.core.allocator import set_arenas
 
 MIB = 1 << 20
 #: glibc malloc arenas a child keeps: each thread that allocates would otherwise get an
 #: arena of its own, whose pages made writable stay counted after they are freed (the RAS
 #: child, which reads in threads, counted 255 MiB decoding an answer that needs 186 MiB)
 MALLOC_ARENAS = 1
-_M_ARENA_MAX = -8  # glibc's malloc.h
 #: the fraction of its ceiling a child's counted memory may stay at after a pass
 NEAR = 0.9
 
@@ -97,22 +97,11 @@ def apply_ceiling(limit: int) -> None:
     """Set this process's ``RLIMIT_DATA`` soft limit to ``limit`` bytes (never above a hard
     limit already set), and keep glibc's malloc to :data:`MALLOC_ARENAS` arenas. Raises
     ``OSError`` where the kernel refuses."""
-    _arenas(MALLOC_ARENAS)
+    set_arenas(MALLOC_ARENAS)
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
-
-
-def _arenas(n: int) -> None:
-    """glibc's ``mallopt(M_ARENA_MAX, n)``; nothing on another C library."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt): its own allocator
-        return
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt(_M_ARENA_MAX, n)
 
 
 def data_bytes() -> int | None:
