@@ -209,6 +209,13 @@ def _values(prom: Prometheus, expr: str) -> dict[tuple[str, str], float]:
 _OWN_ERRORS = "fabricscope_sampler_(?:read_errors|(?:read_|render_)?errors_total)"
 
 
+#: the PMA source's ``reason`` is the state of the last perfquery call, not an identity: a
+#: call that ran out of time on a loaded machine says ``timeout`` until the next pass (one CI
+#: run saw it move from ``not_advertised`` to ``timeout`` across a restart). Its ``source``
+#: (how the counters are read) must stay the same.
+_STATE_LABELS = {f"{P}pma_source_info": "reason"}
+
+
 def _series(prom: Prometheus) -> dict[str, set[str]]:
     """Each node's series (name and labels) in its latest scrape, its own error counters
     aside: the same identities before and after a restart, not only as many."""
@@ -217,6 +224,7 @@ def _series(prom: Prometheus) -> dict[str, set[str]]:
     for s in prom.query(sel):
         labels = dict(s.labels)
         instance = labels.pop("instance")
+        labels.pop(_STATE_LABELS.get(labels["__name__"], ""), None)
         out.setdefault(instance, set()).add(",".join(f"{k}={v}" for k, v in sorted(labels.items())))
     return out
 
