@@ -34,8 +34,11 @@ standing out; seconds per answer: explain's own time in process (the Prometheus 
 same machine).
 
     python bench/explain_accuracy.py [--seed 1] [--cases 105] [--sizes 64,128,256,1024]
-        [--workdir DIR] [--json out.json] [--markdown out.md] [--classes a,b]
+        [--extra "1024:spine,leaf"] [--workdir DIR] [--json out.json] [--markdown out.md]
+        [--classes a,b] [--log answers.log] [--template node.json]
         [--min-top1 0.9 --max-false 0.1]  (exit 1 below them: CI's slice)
+    python bench/explain_accuracy.py --merge a.json b.json [--markdown all.md]
+        (the summary of several runs' cases together; each --json keeps every case)
 """
 
 from __future__ import annotations
@@ -165,6 +168,9 @@ def serve(work: Path, prometheus: str) -> Iterator[str]:
             "--storage.tsdb.retention.time=10y",
             f"--web.listen-address=127.0.0.1:{port}",
             "--query.max-samples=200000000",
+            # the blocks stay as promtool wrote them: no compaction competing with answers
+            "--storage.tsdb.min-block-duration=2h",
+            "--storage.tsdb.max-block-duration=2h",
         ],
         stdout=subprocess.DEVNULL,
         stderr=(work / "prometheus.log").open("w"),
@@ -196,6 +202,10 @@ def run(args: argparse.Namespace) -> list[Outcome]:
     cases = cases_for(args.seed, args.cases, sizes, classes)
     if args.largest:  # the timing case: the last case at the largest size
         cases[-1] = make_case(args.seed, len(cases) - 1, cases[-1].cls, max(sizes))
+    for spec in filter(None, args.extra.split(";")):  # "1024:spine,leaf": one case each
+        nodes, _, names = spec.partition(":")
+        for cls in names.split(","):
+            cases.append(make_case(args.seed, len(cases), cls, int(nodes)))
     template = load_template(args.template)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fs-explain-acc-"))
     shutil.rmtree(work / "tsdb", ignore_errors=True)
@@ -238,45 +248,75 @@ def run(args: argparse.Namespace) -> list[Outcome]:
     return outcomes
 
 
-def summary(outcomes: list[Outcome]) -> dict[str, object]:
-    per: dict[str, list[Outcome]] = defaultdict(list)
-    for o in outcomes:
-        per[o.case.cls].append(o)
+def record(o: Outcome) -> dict[str, object]:
+    """One answer as the JSON keeps it (what the summary needs, and what --merge reads)."""
+    return {
+        "seed": o.case.seed,
+        "case": o.case.idx,
+        "class": o.case.cls,
+        "nodes": o.case.nodes,
+        "planted": [f"{f.cause} {f.device.strip()} x{f.magnitude:.1f}" for f in o.case.faults],
+        "top1": o.top1,
+        "cause_top1": o.cause_top1,
+        "found": o.found,
+        "seconds": round(o.seconds, 3),
+        "cpu": round(o.cpu, 3),
+        "first": f"{o.top[0][0]} {o.top[0][1]} {o.top[0][2]:.2f}" if o.top else "nothing",
+        "error": o.error,
+    }
 
-    def figures(os_: list[Outcome]) -> dict[str, float]:
-        faulty = [o for o in os_ if o.case.faults]
-        healthy = [o for o in os_ if not o.case.faults]
-        planted = sum(len(o.found) for o in faulty)
-        with_cause = [o for o in faulty if o.cause_top1]
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2] if xs else 0.0
+
+
+def summary(outcomes: list[Outcome] | list[dict]) -> dict[str, object]:  # type: ignore[type-arg]
+    """Per class and over all: top-1, recall, localisation, false causes, seconds; the
+    healthy windows' bound; every miss; and every case (``cases``)."""
+    recs = [o if isinstance(o, dict) else record(o) for o in outcomes]
+    per: dict[str, list[dict]] = defaultdict(list)  # type: ignore[type-arg]
+    for r in recs:
+        per[r["class"]].append(r)
+
+    def figures(rs: list[dict]) -> dict[str, float]:  # type: ignore[type-arg]
+        faulty = [r for r in rs if r["planted"]]
+        healthy = [r for r in rs if not r["planted"]]
+        planted = sum(len(r["found"]) for r in faulty)
+        with_cause = [r for r in faulty if r["cause_top1"]]
         return {
-            "cases": len(os_),
-            "top1": sum(o.top1 for o in os_) / len(os_) if os_ else 0.0,
-            "recall": sum(sum(o.found) for o in faulty) / planted if planted else float("nan"),
+            "cases": len(rs),
+            "top1": sum(r["top1"] for r in rs) / len(rs) if rs else 0.0,
+            "recall": sum(sum(r["found"]) for r in faulty) / planted if planted else float("nan"),
             "localisation": (
-                sum(o.top1 for o in with_cause) / len(with_cause) if with_cause else float("nan")
+                sum(r["top1"] for r in with_cause) / len(with_cause) if with_cause else float("nan")
             ),
             "false_causes": (
-                sum(not o.top1 for o in healthy) / len(healthy) if healthy else float("nan")
+                sum(not r["top1"] for r in healthy) / len(healthy) if healthy else float("nan")
             ),
-            "seconds_median": sorted(o.seconds for o in os_)[len(os_) // 2] if os_ else 0.0,
-            "seconds_max": max((o.seconds for o in os_), default=0.0),
-            "cpu_seconds_median": sorted(o.cpu for o in os_)[len(os_) // 2] if os_ else 0.0,
-            "cpu_seconds_max": max((o.cpu for o in os_), default=0.0),
+            "seconds_median": _median([r["seconds"] for r in rs]),
+            "seconds_max": max((r["seconds"] for r in rs), default=0.0),
+            "cpu_seconds_median": _median([r["cpu"] for r in rs]),
+            "cpu_seconds_max": max((r["cpu"] for r in rs), default=0.0),
         }
 
-    by_size: dict[int, list[Outcome]] = defaultdict(list)
-    for o in outcomes:
-        by_size[o.case.nodes].append(o)
-    healthy = [o for o in outcomes if not o.case.faults]
-    false = sum(not o.top1 for o in healthy)
+    by_size: dict[int, list[dict]] = defaultdict(list)  # type: ignore[type-arg]
+    for r in recs:
+        by_size[r["nodes"]].append(r)
+    healthy = [r for r in recs if not r["planted"]]
+    false = sum(not r["top1"] for r in healthy)
+    faulty = [r for r in recs if r["planted"]]
     return {
-        "all": figures(outcomes),
+        "all": figures(recs),
+        "faulty": figures(faulty),
         "classes": {c: figures(v) for c, v in sorted(per.items())},
         "seconds_by_nodes": {
             str(n): {
                 "cases": len(v),
-                "seconds_max": max(o.seconds for o in v),
-                "cpu_seconds_max": max(o.cpu for o in v),
+                "seconds_median": _median([r["seconds"] for r in v]),
+                "seconds_max": max(r["seconds"] for r in v),
+                "cpu_seconds_median": _median([r["cpu"] for r in v]),
+                "cpu_seconds_max": max(r["cpu"] for r in v),
+                "top1": sum(r["top1"] for r in v) / len(v),
             }
             for n, v in sorted(by_size.items())
         },
@@ -285,21 +325,23 @@ def summary(outcomes: list[Outcome]) -> dict[str, object]:
             "false_causes": false,
             "upper95": upper_bound(false, len(healthy)),
         },
+        "top1_lower95": {
+            "all": lower_bound(sum(r["top1"] for r in recs), len(recs)),
+            "faulty": lower_bound(sum(r["top1"] for r in faulty), len(faulty)),
+        },
         "misses": [
-            {
-                "case": o.case.idx,
-                "class": o.case.cls,
-                "nodes": o.case.nodes,
-                "planted": [
-                    f"{f.cause} {f.device.strip()} x{f.magnitude:.1f}" for f in o.case.faults
-                ],
-                "first": (f"{o.top[0][0]} {o.top[0][1]} {o.top[0][2]:.2f}" if o.top else "nothing"),
-                "error": o.error,
-            }
-            for o in outcomes
-            if not o.top1
+            {k: r[k] for k in ("seed", "case", "class", "nodes", "planted", "first", "error")}
+            for r in recs
+            if not r["top1"]
         ],
+        "cases": recs,
     }
+
+
+def lower_bound(k: int, n: int, confidence: float = 0.95) -> float:
+    """The one-sided Clopper-Pearson lower bound of a success rate seen ``k`` times in
+    ``n``: one minus the upper bound of the failures."""
+    return 1.0 - upper_bound(n - k, n, confidence) if n else 0.0
 
 
 def upper_bound(k: int, n: int, confidence: float = 0.95) -> float:
@@ -334,14 +376,20 @@ def markdown(s: dict, command: str) -> str:  # type: ignore[type-arg]
             f"{pct(f['localisation'])} | {pct(f['false_causes'])} | "
             f"{f['seconds_median']:.1f}, {f['seconds_max']:.1f} |"
         )
+    lo = s["top1_lower95"]
     lines += [
         "",
-        "Seconds per answer (the slowest; explain's own CPU seconds) by job size: "
-        + ", ".join(
-            f"{n} nodes {v['seconds_max']:.1f} s ({v['cpu_seconds_max']:.1f} s CPU, "
-            f"{v['cases']} cases)"
+        "| nodes | cases | top-1 | s/answer (median, max) | explain CPU s (median, max) |",
+        "|---:|---:|---:|---:|---:|",
+        *(
+            f"| {n} | {v['cases']} | {pct(v['top1'])} | {v['seconds_median']:.1f}, "
+            f"{v['seconds_max']:.1f} | {v['cpu_seconds_median']:.1f}, {v['cpu_seconds_max']:.1f} |"
             for n, v in s["seconds_by_nodes"].items()
         ),
+        "",
+        f"Top-1 over all cases {100 * s['all']['top1']:.1f} % (above {100 * lo['all']:.1f} %, "
+        f"95 % one-sided Clopper-Pearson); over the {s['faulty']['cases']} with faults "
+        f"{100 * s['faulty']['top1']:.1f} % (above {100 * lo['faulty']:.1f} %).",
         "",
         f"Healthy windows: {h['false_causes']} of {h['windows']} with a false cause; "
         f"the rate is below {100 * h['upper95']:.1f} % (95 % one-sided Clopper-Pearson).",
@@ -352,12 +400,15 @@ def markdown(s: dict, command: str) -> str:  # type: ignore[type-arg]
     if not s["misses"]:
         lines.append("none")
     else:
-        lines += ["| case | class | nodes | planted | ranked first |", "|---:|---|---:|---|---|"]
+        lines += [
+            "| seed | case | class | nodes | planted | ranked first |",
+            "|---:|---:|---|---:|---|---|",
+        ]
         for m in s["misses"]:
             first = m["first"] if not m["error"] else f"error: {m['error'][:80]}"
             lines.append(
-                f"| {m['case']} | {m['class']} | {m['nodes']} | {'; '.join(m['planted'])} | "
-                f"{first} |"
+                f"| {m['seed']} | {m['case']} | {m['class']} | {m['nodes']} | "
+                f"{'; '.join(m['planted']) or 'none (healthy)'} | {first} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -369,6 +420,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="64,128,256,512,1024")
     p.add_argument("--classes", default="")
     p.add_argument("--largest", action="store_true", help="the last case at the largest size")
+    p.add_argument(
+        "--extra",
+        default="",
+        help="cases added after the drawn ones, one per class named: 1024:spine,leaf[;256:numa]",
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        help="no run: the summary of the cases of these --json files together",
+    )
     p.add_argument("--workdir", default="")
     p.add_argument("--workers", type=int, default=2, help="processes building cases")
     p.add_argument("--template", default="", help="the node template from --dump-template")
@@ -384,8 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump_template:
         Path(args.dump_template).write_text(json.dumps(explain_lab.agent_template()))
         return 0
-    outcomes = run(args)
-    s = summary(outcomes)
+    if args.merge:
+        s = summary([r for f in args.merge for r in json.loads(Path(f).read_text())["cases"]])
+    else:
+        s = summary(run(args))
     command = "python bench/explain_accuracy.py " + " ".join(argv or sys.argv[1:])
     md = markdown(s, command)
     print(md)

@@ -1,6 +1,6 @@
 """Turns a :class:`~boards.model.Board` into Grafana dashboard JSON with
 grafana-foundation-sdk's builders: panels laid out left to right in rows of 24 columns,
-ids in table order (explain's links name them: exporter/explain/checks.py ``CAUSES``), the
+ids in table order (explain's links name them: exporter/explain/checks/ ``CAUSES``), the
 datasource/cluster/node variables and the link to the other fabricscope dashboards."""
 
 from __future__ import annotations

@@ -26,14 +26,15 @@ counters (``fabricscope_infiniband_switch_port_*``). This module joins them for 
    show only at the spine is found) scores at least :data:`MEMBER_SCORE` is evidence for a
    spine (at least one of the spine's at :data:`~exporter.explain.checks.THRESHOLD`); a
    leaf's or a cable's needs the threshold. A spine is named when uplinks of at least two
-   of the job's leaves to it err and chance does not explain them (:func:`spine_chance`):
-   each of the job's uplinks is taken to err on its own with probability ``q``, estimated
-   from the job's uplinks to the *other* spines (the share of them that err, drawn towards
-   a prior of one uplink in fifty that weighs as much as ten uplinks seen:
-   :data:`PRIOR_FAULTS` in :data:`PRIOR_UPLINKS`); the binomial tail of ``k`` or more of
-   the spine's ``n`` uplinks erring, times the number of spines tested, must fall under
-   :data:`ALPHA`. Placement alone cannot decide this (with ``S`` spines, two erring
-   uplinks land on one spine by chance one time in about ``S``): what names the spine is
+   of the job's leaves to it err and chance does not explain them
+   (:func:`exporter.explain.crowd.spine_scan`): each of the job's uplinks is taken to err
+   at least as strongly as the spine's on its own with probability ``q``, estimated from
+   the job's uplinks to the *other* spines (the share of them that err that strongly,
+   drawn towards a prior of one uplink in fifty); the binomial tail of ``m`` or more of the
+   spine's ``n`` uplinks doing so, scanned over its strongest ``m`` and corrected for the
+   scan and the spines tested, must fall under :data:`ALPHA`. Placement alone cannot
+   decide this (with ``S`` spines, two erring uplinks land on one spine by chance one time
+   in about ``S``), nor the count of erring uplinks alone: what names the spine is
    that one fault explains what would otherwise take two or more independent cable faults
    in one window, and that the job's other uplinks stay clean (a fabric-wide event errs on
    every spine's uplinks and names none). Two or more uplinks of one leaf, not taken by a
@@ -55,6 +56,11 @@ from dataclasses import dataclass, field, replace
 
 from exporter.explain.checks import CAUSES, THRESHOLD, Check
 from exporter.explain.client import PrometheusClient, Sample
+from exporter.explain.crowd import (
+    binomial_tail,
+    chance_of,
+    spine_scan,
+)
 from exporter.explain.evidence import (
     CheckResult,
     Measurement,
@@ -72,11 +78,6 @@ MEMBER_SCORE = 0.5
 #: the chance (after Bonferroni over the job's leaves or spines) under which a crowd of
 #: evidence ports on one switch is not the job's placement alone
 ALPHA = 0.05
-#: the spine test's prior for the chance that one uplink errs on its own in a window
-#: (:func:`spine_chance`): PRIOR_FAULTS erring uplinks in PRIOR_UPLINKS, one in fifty, as
-#: much weight as ten uplinks seen (a Beta(0.2, 9.8) prior)
-PRIOR_FAULTS = 0.2
-PRIOR_UPLINKS = 10.0
 #: the port causes tested for crowding under a leaf
 GROUPED_CAUSES = ("ib_link", "drops", "ib_congestion", "port_rate", "rail_share")
 #: what each of them is called in a switch's evidence
@@ -323,22 +324,14 @@ def crowding(k: int, population: int, on_switch: int, evidence: int) -> float:
     return num / math.comb(population, evidence)
 
 
-def binomial_tail(k: int, n: int, q: float) -> float:
-    """``P(X >= k)`` for ``X`` binomial with ``n`` trials of probability ``q``."""
-    if k <= 0:
-        return 1.0
-    if k > n:
-        return 0.0
-    return sum(math.comb(n, i) * q**i * (1.0 - q) ** (n - i) for i in range(k, n + 1))
-
-
 def spine_chance(hit: int, uplinks: int, others_hit: int, others: int) -> tuple[float, float]:
     """The chance that ``hit`` or more of a spine's ``uplinks`` err as independent cable
     faults, and the per-uplink chance ``q`` it assumed: the posterior mean of the share of
     the job's ``others`` uplinks to other spines that err (``others_hit`` of them) under
-    the prior (:data:`PRIOR_FAULTS` in :data:`PRIOR_UPLINKS`)."""
-    q = (max(others_hit, 0) + PRIOR_FAULTS) / (max(others, 0) + PRIOR_UPLINKS)
-    return binomial_tail(hit, uplinks, min(q, 1.0)), q
+    the prior of :mod:`exporter.explain.crowd`: the count-only special case of its
+    :func:`~exporter.explain.crowd.spine_scan`."""
+    q = chance_of(others_hit, others)
+    return binomial_tail(hit, uplinks, q), q
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,8 +500,17 @@ def _group_uplinks(
         if len(leaves) < 2 or max(best[u][0][0].score for u in hit) < THRESHOLD:
             continue
         others = len(topo.uplinks) - len(ups)
-        p, q = spine_chance(len(hit), len(ups), len(best) - len(hit), others)
-        p_adj = min(1.0, p * max(spines_tested, 1))
+        # the spine's evidence over all its uplinks, each the stronger end of its cable,
+        # against how strongly the job's uplinks to the other spines err (crowd.py)
+        test = spine_scan(
+            [(best[u][0][0].score, u[0]) for u in hit],
+            len(ups),
+            [ms[0][0].score for u, ms in best.items() if u not in hit],
+            others,
+        )
+        if test is None:
+            continue
+        p_adj = min(1.0, test.p * max(spines_tested, 1))
         if p_adj > ALPHA:
             continue
         sw = named.setdefault(spine, _Named(spine))
@@ -519,9 +521,11 @@ def _group_uplinks(
                 sw.top + 100.0,
                 f"{len(hit)} of the job's leaves' {len(ups)} uplinks to it, from "
                 f"{len(leaves)} leaves, show faults, {len(best) - len(hit)} of their "
-                f"{others} uplinks to other spines do: as independent cable faults p = "
-                f"{_fmt_p(p_adj)} (binomial, each uplink erring with q = {q:.2g}, "
-                f"x{max(spines_tested, 1)} spines)",
+                f"{others} uplinks to other spines do; {test.m} of its uplinks score "
+                f"{test.weakest:.2f} or more, {test.others_as_strong} to other spines do: "
+                f"as independent cable faults p = {_fmt_p(p_adj)} (binomial, each uplink "
+                f"erring that strongly with q = {test.q:.2g}, x{test.tried} strengths "
+                f"scanned, x{max(spines_tested, 1)} spines)",
             )
         )
         for u in hit:

@@ -167,7 +167,7 @@ def test_variables_units_links_and_catalog(board: generate.Board) -> None:
 
 def test_explain_links_name_existing_panels() -> None:
     """``fabricscope explain`` links each cause to a dashboard panel by uid and panel id
-    (exporter/explain/checks.py): every such panel exists in the generated JSON."""
+    (exporter/explain/checks/): every such panel exists in the generated JSON."""
     boards = {b.uid: json.loads(generate.path_of(b).read_text()) for b in generate.BOARDS}
     for cause in CAUSES.values():
         assert cause.dashboard in boards, cause

@@ -321,7 +321,7 @@ def test_the_number_of_explain_checks_is_the_codes() -> None:
     assert said, "docs/explain.md no longer says how many checks explain runs"
     for now, listed in said:
         assert int(now or listed) == len(CHECKS), (
-            f"docs/explain.md says {now or listed} checks; exporter/explain/checks.py has "
+            f"docs/explain.md says {now or listed} checks; exporter/explain/checks/ has "
             f"{len(CHECKS)}"
         )
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import pytest
 
 from exporter.explain.checks import CHECKS_BY_NAME, Check
+from exporter.explain.crowd import spine_scan
 from exporter.explain.evidence import CheckResult, Measurement, Periods
 from exporter.explain.switches import (
     UPLINK_CHECKS,
@@ -218,6 +219,63 @@ def test_spine_chance_is_the_binomial_tail_with_the_others_share() -> None:
     p, q = spine_chance(2, 3, 5, 6)
     assert q == pytest.approx(5.2 / 16) and p > 0.2
     assert binomial_tail(0, 3, 0.1) == 1.0 and binomial_tail(4, 3, 0.1) == 0.0
+
+
+def test_the_spine_scan_weighs_how_strongly_its_uplinks_err() -> None:
+    """71 leaves under 3 spines: two leaves' uplinks to one spine err at 6.6 and 5.5/min
+    (scores 2.93 and 2.70), one uplink to another spine trickles at 1.1/min (1.07). The count
+    alone says two of 213 erring uplinks share a spine one time in three; none of the other
+    spines' 142 uplinks errs even half as strongly, which independent faults rarely give."""
+    p_count, _ = spine_chance(2, 71, 1, 142)
+    assert p_count * 3 > 0.3  # the count-only test: not named
+    test = spine_scan([(2.93, "a"), (2.70, "b")], 71, [1.07], 142)
+    assert test is not None and test.m == 2 and test.others_as_strong == 0
+    assert test.q == pytest.approx(0.2 / 152)
+    assert test.p == pytest.approx(binomial_tail(2, 71, 0.2 / 152))
+    assert test.p * 3 < 0.05
+    # the other spines' uplinks err as strongly: chance again
+    same = spine_scan([(2.93, "a"), (2.70, "b")], 71, [3.1, 2.8, 3.0], 142)
+    assert same is not None and same.others_as_strong == 3 and same.p * 3 > 0.05
+    # weak hits among weak others (a trickle's noise): chance
+    weak = spine_scan([(1.0, "a"), (0.6, "b")], 71, [0.7, 0.8, 0.9], 142)
+    assert weak is not None and weak.p * 3 > 0.3
+    # uplinks of one leaf only: a leaf's evidence, not the spine's
+    assert spine_scan([(3.0, "a"), (2.0, "a")], 71, [], 142) is None
+    # the scan's correction: three hits, two sizes tried
+    three = spine_scan([(3.0, "a"), (2.0, "b"), (0.6, "c")], 71, [1.0], 142)
+    assert three is not None and three.tried == 2
+
+
+def test_two_leaves_of_seventy_one_name_their_spine() -> None:
+    """The 1,024-node miss: 71 single-host leaves, 3 spines; spine2's ends of its cables
+    to two leaves err strongly, one uplink to spine1 trickles. The spine, not two cables."""
+    topo = tree(71, 1, devices=1, uplinks_to=3)
+    found = named(
+        topo,
+        uplinks=[
+            uplink(topo, 2.93, (spine(1), "10")),
+            uplink(topo, 2.70, (spine(1), "40")),
+            uplink(topo, 1.07, (spine(0), "5")),
+        ],
+    )
+    assert "spine2 (0x0000000000300001)" in found, list(found)
+    assert not [d for d in found if d.startswith("uplink cable") and "spine2" in d]
+    first = found["spine2 (0x0000000000300001)"].evidence[0]
+    assert "2 of its uplinks score 2.70 or more, 0 to other spines do" in first
+
+
+def test_as_strong_errors_on_every_spine_name_no_spine_at_scale() -> None:
+    """The same two strong uplinks, and as strong ones to the other spines: no spine."""
+    topo = tree(71, 1, devices=1, uplinks_to=3)
+    found = named(
+        topo,
+        uplinks=[
+            uplink(topo, 2.93, (spine(1), "10")),
+            uplink(topo, 2.70, (spine(1), "40")),
+            *(uplink(topo, 3.0, (spine(s), str(lf))) for s, lf in ((0, 5), (0, 22), (2, 7))),
+        ],
+    )
+    assert not [d for d in found if d.startswith("spine")], list(found)
 
 
 def test_the_uplinks_and_the_ports_of_one_leaf_are_one_finding() -> None:
