@@ -26,6 +26,7 @@ from agent.core.ceiling import (
 from agent.core.errors import SamplerFailure
 from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.ras.sampler import CEILING_PER_ANSWER_BYTE, MIN_ANSWER_CAP, answer_cap
+from tests.agentrun import throughput_once
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -238,3 +239,27 @@ def test_a_child_at_its_ceiling_is_ended_counted_and_replaced(
         assert child.restarts_total == 1
     finally:
         child.close()
+
+
+@pytest.mark.parametrize(("limit", "short_mib"), [(64 * MIB, 80), (512 * MIB, 0)])
+def test_a_limit_too_small_is_said_in_one_line_at_start_and_exported(
+    tmp_path: Path, limit: int, short_mib: int
+) -> None:
+    """The real agent (``--once``, the throughput child alone: 48 MiB and the main process's
+    96 MiB): a limit that cannot hold them is one warning line at start and the shortfall in
+    ``fabricscope_agent_memory_overcommit_bytes``; one that holds them, 0 and no warning."""
+    log = tmp_path / "train.log"
+    log.write_text("")
+    done = throughput_once(
+        [str(log)], tmp_path, f"--agent.memory-limit={limit}", "--log.level=warning"
+    )
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "--agent.memory-limit of" in line]
+    if short_mib:
+        assert len(said) == 1, done.stderr
+        assert f"is {short_mib} MiB short" in said[0] and "at least 144 MiB" in said[0]
+    else:
+        assert said == [], done.stderr
+    got = re.search(r"^fabricscope_agent_memory_overcommit_bytes (\S+)$", done.stdout, re.M)
+    assert got is not None, done.stdout[-2000:]
+    assert float(got.group(1)) == short_mib * MIB
