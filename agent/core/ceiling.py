@@ -86,9 +86,10 @@ class Share:
 #: The main process (HTTP server, runner, pod watch, attribution, rendering, the PMA reads'
 #: perfquery): not held to a ceiling; its floor is its peak resident memory as measured
 #: (68.4 MiB over a 1,000-pod node's watch, bench/results/sizing-cpu-1000-pods.json; 64.9 MiB
-#: on an H200 node, sizing-h200.json) and about 40 % more for what the container is charged
-#: besides the ceilings: bursts of scrapes, the children's own library text, the kernel's
-#: socket buffers. What the limit leaves above every floor goes to it for its weight.
+#: on an H200 node, sizing-h200.json; 72.4 MiB at the end of an hour's soak) and a third
+#: more for what the container is charged besides the ceilings: bursts of scrapes, the
+#: children's own library text, the kernel's socket buffers. What the limit leaves above
+#: every floor goes to it for its weight.
 MAIN = Share(floor=96 * MIB, weight=0.30, most=0)
 
 #: Each child's share, keyed by the supervised sampler's name. Floors from the worst cases
@@ -103,7 +104,8 @@ SHARES: dict[str, Share] = {
     # 32.6 MiB reading 8 busy logs on the H200 node, 31 MiB under the worst log built
     "throughput": Share(floor=48 * MIB, weight=0.05, most=256 * MIB),
     # 28.8 MiB under a tool printing 200 MB; the tool it runs (one at a time) inherits the
-    # same ceiling, so the partition holds it twice
+    # same ceiling, so the partition holds it twice (infiniband-diags' smpquery, perfquery and
+    # ibnetdiscover on a simulated fabric ran under 16 MiB, 13 MiB resident; not under 8)
     "ibpeer": Share(floor=40 * MIB, weight=0.05, most=256 * MIB, processes=2),
     # its own 48 MiB; each byte of the answers it decodes adds CEILING_PER_ANSWER_BYTE (14)
     # bytes (agent.ras.sampler): the partition holds the smallest cap (1 MiB), the rest of
