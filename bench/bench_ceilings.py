@@ -40,6 +40,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -51,8 +53,17 @@ from tests.promharness import free_port  # noqa: E402
 from tests.ras.rasagent import value  # noqa: E402
 
 MIB = 1 << 20
-#: the chart's memory limit (deploy/helm/fabricscope/values.yaml)
-POD_LIMIT = 256 * MIB
+
+
+def chart_limit() -> int:
+    """The chart's memory limit (deploy/helm/fabricscope/values.yaml), in bytes."""
+    text = (ROOT / "deploy" / "helm" / "fabricscope" / "values.yaml").read_text()
+    quantity = str(yaml.safe_load(text)["resources"]["limits"]["memory"])
+    return int(quantity[:-2]) * {"Mi": MIB, "Gi": 1 << 30}[quantity[-2:]]
+
+
+#: the chart's memory limit
+POD_LIMIT = chart_limit()
 #: --ras.max-answer-bytes (its default), and the answers the RAS child decodes under the limit
 RAS_FLAG = 16 * MIB
 RAS_CAP = answer_cap(RAS_FLAG, POD_LIMIT)
@@ -101,7 +112,11 @@ class Watch:
 
 
 def run_agent(
-    args: Sequence[str], env: dict[str, str], log: Path, during: Callable[[Watch, int], None]
+    args: Sequence[str],
+    env: dict[str, str],
+    log: Path,
+    during: Callable[[Watch, int], None],
+    pod_limit: int = POD_LIMIT,
 ) -> tuple[Watch, str]:
     port = free_port()
     with log.open("wb") as out:
@@ -109,7 +124,7 @@ def run_agent(
             [
                 *(sys.executable, "-m", "exporter.cli", "agent"),
                 f"--web.listen-address=127.0.0.1:{port}",
-                f"--agent.memory-limit={POD_LIMIT}",
+                f"--agent.memory-limit={pod_limit}",
                 *args,
             ],
             stdout=out,
@@ -324,6 +339,136 @@ def bench_ras(tmp: Path, seconds: float) -> dict[str, object]:
     )
 
 
+def tree(pid: int) -> list[int]:
+    """Process ``pid`` and all its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children(p)
+    return out
+
+
+TOGETHER_SERVERS = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from tests.ras_standin import RasStandIn, job
+cap = int(sys.argv[2])
+head = (b'{"nccl_version": "2.28.9", "communicators": [], '
+        b'"ras": {"collection_time_sec": 0.1, "timeouts_count": 0}, "x": [')
+def padded(filler):
+    return head + filler * ((cap - 4096 - len(head)) // len(filler)) + b"0]}"
+servers = {"good": RasStandIn([job(4, 100), job(4, 101), job(4, 102)]),
+           "floats": RasStandIn([padded(b"1.5,   ")])}
+for i in range(14):
+    servers[f"objects{i}"] = RasStandIn([padded(b"{},")])
+print(json.dumps({n: s.port for n, s in servers.items()}), flush=True)
+sys.stdin.read()
+"""
+
+
+def run_together(tmp: Path, seconds: float, pod_limit: int = POD_LIMIT) -> dict[str, object]:
+    """Every child attacked at once in one agent under ``pod_limit``: the NVML library leaking
+    until its child is ended at its ceiling, the throughput log of huge lines, the ibpeer tool
+    allocating 400 MiB, 15 RAS jobs answering the largest answers read (the worst decoded)
+    beside a healthy 4-rank job. Every 0.1 s the resident memory of the agent's whole process
+    tree is summed (an upper bound of what its memory cgroup is charged for it: shared pages
+    counted once per process); the healthy job's series are read in a scrape every second."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise SystemExit("gcc is needed to build the stand-in NVML library")
+    lib = tmp / "libnvidia-ml.so.1"
+    source = ROOT / "tests" / "nvml_standin" / "libnvidia-ml.c"
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(lib), str(source)], check=True)
+    trigger = tmp / "trigger"
+    trigger.write_text("leak")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp), FABRICSCOPE_STANDIN_TRIGGER=str(trigger))
+    env = {k: v for k, v in env.items() if "proxy" not in k.lower()}
+    notes = tmp / "notes"
+    wrapper = tmp / "diags"
+    wrapper.write_text(GREEDY.format(python=sys.executable, notes=notes))
+    wrapper.chmod(0o755)
+    log = tmp / "train.log"
+    log.write_text("")
+    cap = answer_cap(RAS_FLAG, pod_limit)
+    servers = subprocess.Popen(
+        [sys.executable, "-c", TOGETHER_SERVERS, str(ROOT), str(cap)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert servers.stdout is not None and servers.stdin is not None
+    writer = None
+    peak_sum = 0
+    scrapes = healthy = 0
+
+    def during(watch: Watch, port: int) -> None:
+        nonlocal writer, peak_sum, scrapes, healthy
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(log)])
+        end = time.monotonic() + seconds
+        next_scrape = time.monotonic() + 4  # the first RAS pass
+        while time.monotonic() < end:
+            watch.poll_for(0.1, every=0.1)
+            peak_sum = max(peak_sum, sum(status_bytes(p, "VmRSS") for p in tree(watch.agent.pid)))
+            if time.monotonic() >= next_scrape:
+                next_scrape += 1
+                scrapes += 1
+                healthy += value(scrape(port), "fabricscope_nccl_ras_up", "good") == 1
+
+    try:
+        ports = json.loads(servers.stdout.readline())
+        sysfs = ROOT / "tests" / "fixtures" / "dgx-h100" / "sys"
+        keep = ("nvml", "throughput", "ibpeer", "ras")
+        _, body = run_agent(
+            [
+                f"--path.sysfs={sysfs}",
+                f"--path.procfs={tmp}",
+                *(f"--no-sampler.{n}" for n in SAMPLER_NAMES if n not in keep),
+                "--sampler.ibpeer",
+                f"--ibpeer.command-prefix={wrapper}",
+                "--ibpeer.interval=1",
+                f"--throughput.file={log}=llm",
+                f"--path.pod-logs={tmp / 'no-pods'}",
+                *(f"--ras.endpoint=127.0.0.1:{p}={name}" for name, p in ports.items()),
+                *("--ras.interval=2s", "--ras.timeout=1500ms", "--ras.gather-timeout=1"),
+                f"--ras.max-answer-bytes={RAS_FLAG}",
+                "--sampling.interval=1",
+            ],
+            env,
+            tmp / "together.log",
+            during,
+            pod_limit,
+        )
+    finally:
+        servers.stdin.close()
+        servers.wait(10)
+        if writer is not None:
+            writer.kill()
+            writer.wait()
+    ended = {
+        child: int(
+            counter(
+                body,
+                f'fabricscope_sampler_errors_total{{reason="memory_ceiling",sampler="{child}"}}',
+            )
+        )
+        for child in keep
+    }
+    return {
+        "child": "all at once",
+        "worst": "each child's worst case above at the same time, beside a healthy RAS job",
+        "pod_limit_mib": pod_limit // MIB,
+        "peak_tree_rss_mib": round(peak_sum / MIB, 1),
+        "ended_at_ceiling": ended,
+        "scrapes": scrapes,
+        "healthy_job_in_scrapes": healthy,
+        "tool_allocation_refused": not notes.exists(),
+    }
+
+
+def bench_together(tmp: Path, seconds: float) -> dict[str, object]:
+    return run_together(tmp, seconds)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0, help="per child")
@@ -336,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             ("throughput", bench_throughput),
             ("ibpeer", bench_ibpeer),
             ("ras", bench_ras),
+            ("together", bench_together),
         ):
             tmp = Path(d) / name
             tmp.mkdir()

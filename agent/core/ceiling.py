@@ -18,16 +18,23 @@ What the kernel counts
     The count is of memory the process could touch, so it is at least its resident memory:
     children held under their ceilings cannot together take more than the sum of the ceilings.
 
-The shares
+The partition
     With ``--agent.memory-limit`` (the chart passes the container's limit from the downward
-    API) a child's ceiling is its share of that limit (:data:`SHARES`), never below its floor:
-    what it needs on a busy node plus room (a ceiling below what a healthy pass needs would
-    only restart it). Without a limit, each child gets its ceiling for an unknown limit. The
-    NVML child's floor is the most generous: what the driver library allocates was measured
-    only on the NVML stand-in and recorded nodes here, and a ceiling must never be what breaks
-    a healthy driver; its ceiling bounds a leak, it does not squeeze the library.
+    API) the limit is divided: the main process keeps :data:`MAIN` (not enforced: it holds the
+    HTTP server and the pod watch), and each child that runs in every agent
+    (:data:`PARTITIONED`) gets its floor, what it was measured to need plus a stated margin,
+    and a share (``weight``) of what the limit leaves above all the floors, never above its
+    ``most``. The ceilings of those children (counted once per process that runs under it at
+    once: the ibpeer child and the one tool it runs) and the main process's floor then add up
+    to at most the limit: one child at its ceiling cannot take the container to its limit.
+    A limit below :func:`minimum_limit` cannot hold every floor: the floors are kept (a
+    ceiling below what a healthy pass needs would only restart the child), and the agent says
+    so in one line at start and exports by how much (:func:`plan`). The probe's GPU view and a
+    child without a share of its own are outside the partition: their floor, from what the
+    probe's larger limit adds. Without a limit, each child gets its ``most``.
     ``extra`` raises a child's floor by what its configuration admits (the RAS child decodes
-    answers up to ``--ras.max-answer-bytes``).
+    answers up to ``--ras.max-answer-bytes``; the partition holds ``admits`` of it, and its
+    answer cap is brought down to what its ceiling decodes).
 
 Reaching it
     A pass that raises ``MemoryError``, or after which the child's counted memory is above
@@ -41,6 +48,7 @@ Imports only the standard library (it runs first in every child).
 from __future__ import annotations
 
 import resource
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,30 +65,70 @@ NEAR = 0.9
 
 @dataclass(frozen=True, slots=True)
 class Share:
-    """``fraction`` of the pod's memory limit; never below ``floor`` bytes; ``unknown``
-    bytes when no limit is known."""
+    """A process's part of the pod's memory limit: never below ``floor`` bytes (what it was
+    measured to need, with a margin), plus ``weight`` of what the limit leaves above every
+    floor, never above ``most`` bytes (its ceiling when no limit is known). ``processes``:
+    how many processes run under this ceiling at once; ``admits``: bytes of ``extra`` the
+    partition holds for it at the least (see the module docstring)."""
 
-    fraction: float
     floor: int
-    unknown: int
+    weight: float
+    most: int
+    processes: int = 1
+    admits: int = 0
+
+    @property
+    def need(self) -> int:
+        """What the partition must hold for it: its floor and ``admits``, per process."""
+        return (self.floor + self.admits) * self.processes
 
 
-#: each child's share (the probe's GPU view runs only with the probe, whose pods get a larger
-#: limit); the fractions of the four that run by default add up to 0.80, leaving the agent's
-#: main process a fifth of the limit. Keyed by the supervised sampler's name.
+#: The main process (HTTP server, runner, pod watch, attribution, rendering, the PMA reads'
+#: perfquery): not held to a ceiling; its floor is its peak resident memory as measured
+#: (68.4 MiB over a 1,000-pod node's watch, bench/results/sizing-cpu-1000-pods.json; 64.9 MiB
+#: on an H200 node, sizing-h200.json; 72.4 MiB at the end of an hour's soak) and a third
+#: more for what the container is charged besides the ceilings: bursts of scrapes, the
+#: children's own library text, the kernel's socket buffers. What the limit leaves above
+#: every floor goes to it for its weight.
+MAIN = Share(floor=96 * MIB, weight=0.30, most=0)
+
+#: Each child's share, keyed by the supervised sampler's name. Floors from the worst cases
+#: measured against them (bench/bench_ceilings.py, bench/results/ceilings.json) and the
+#: sizing runs on a GPU node (VmData, what the ceiling counts).
 SHARES: dict[str, Share] = {
-    # generous: a ceiling must never break a healthy driver library (see the docstring); the
-    # NVML child was 44 MiB resident on an H200 node
-    "nvml": Share(0.20, 192 * MIB, 1024 * MIB),
-    "probe-gpus": Share(0.10, 192 * MIB, 1024 * MIB),
-    "throughput": Share(0.15, 96 * MIB, 256 * MIB),
-    "ibpeer": Share(0.10, 96 * MIB, 256 * MIB),
-    # its floor is its own needs; each byte of the answers it decodes adds to it (its answer
-    # cap is brought down to what its share can decode: agent.ras.sampler.answer_cap)
-    "ras": Share(0.35, 48 * MIB, 256 * MIB),
+    # NVIDIA's library counted 56.8 MiB with one GPU (an H200 node, sizing-h200-limit.json).
+    # Not measured with 8: the floor assumes at most 4 MiB more per further GPU (85 MiB for
+    # 8) and keeps 27 MiB (about a third) above that; a ceiling below what the library needs
+    # would show as memory_ceiling restarts, never a silent loss.
+    "nvml": Share(floor=112 * MIB, weight=0.20, most=1024 * MIB),
+    # 32.6 MiB reading 8 busy logs on the H200 node, 31 MiB under the worst log built
+    "throughput": Share(floor=48 * MIB, weight=0.05, most=256 * MIB),
+    # 28.8 MiB under a tool printing 200 MB; the tool it runs (one at a time) inherits the
+    # same ceiling, so the partition holds it twice (infiniband-diags' smpquery, perfquery and
+    # ibnetdiscover on a simulated fabric ran under 16 MiB, 13 MiB resident; not under 8)
+    "ibpeer": Share(floor=40 * MIB, weight=0.05, most=256 * MIB, processes=2),
+    # its own 48 MiB; each byte of the answers it decodes adds CEILING_PER_ANSWER_BYTE (14)
+    # bytes (agent.ras.sampler): the partition holds the smallest cap (1 MiB), the rest of
+    # its ceiling raises the cap (agent.ras.sampler.answer_cap); most: the default 16 MiB cap
+    "ras": Share(floor=48 * MIB, weight=0.35, most=272 * MIB, admits=14 * MIB),
+    # the probe's GPU view: an NVML child of its own, in the probe's larger limit
+    "probe-gpus": Share(floor=112 * MIB, weight=0.0, most=1024 * MIB),
 }
-#: a child not named above
-DEFAULT_SHARE = Share(0.10, 128 * MIB, 256 * MIB)
+#: a child not named above (outside the partition: its floor under a limit)
+DEFAULT_SHARE = Share(floor=128 * MIB, weight=0.0, most=256 * MIB)
+#: the children every agent runs by default, together: the partition divides the limit
+#: between them and the main process (their weights and MAIN's add up to 1)
+PARTITIONED = ("nvml", "throughput", "ibpeer", "ras")
+
+
+def minimum_limit() -> int:
+    """The smallest pod limit that holds the main process's floor and every partitioned
+    child's (per process)."""
+    return MAIN.need + sum(SHARES[n].need for n in PARTITIONED)
+
+
+def _room(pod_limit: int) -> int:
+    return max(pod_limit - minimum_limit(), 0)
 
 
 def child_ceiling(name: str, pod_limit: int | None, *, extra: int = 0) -> int:
@@ -89,8 +137,68 @@ def child_ceiling(name: str, pod_limit: int | None, *, extra: int = 0) -> int:
     share = SHARES.get(name, DEFAULT_SHARE)
     floor = share.floor + extra
     if not pod_limit:
-        return max(share.unknown, floor)
-    return max(int(pod_limit * share.fraction), floor)
+        return max(share.most, floor)
+    if name not in PARTITIONED:
+        return floor
+    part = share.floor + share.admits + int(share.weight * _room(pod_limit))
+    return max(min(part, share.most), floor)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How a pod limit of ``limit`` bytes is divided between ``ceilings`` (each running
+    child's, in bytes) and the main process (``main``: what is left to it, at least its
+    floor); ``over``: bytes by which the ceilings (per process) and the main process's floor
+    exceed the limit, 0 when they fit."""
+
+    limit: int
+    ceilings: dict[str, int]
+    main: int
+    over: int
+
+    def summary(self) -> str:
+        """One line for the log: the division, and whether it fits."""
+        parts = ", ".join(f"{n} {_mib(c)}{_times(n)}" for n, c in self.ceilings.items())
+        if not self.over:
+            return (
+                f"--agent.memory-limit of {_mib(self.limit)}: memory ceilings {parts}; "
+                f"the main process {_mib(self.main)}"
+            )
+        return (
+            f"--agent.memory-limit of {_mib(self.limit)} is {_mib(self.over)} short of what "
+            f"the agent's processes need (memory ceilings {parts}; the main process "
+            f"{_mib(MAIN.floor)}): one child at its ceiling can take the container to its "
+            f"limit; give it at least {_mib(self.limit + self.over)}"
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:.0f} MiB"
+
+
+def _times(name: str) -> str:
+    n = SHARES.get(name, DEFAULT_SHARE).processes
+    return f" x{n}" if n > 1 else ""
+
+
+def running_children(samplers: Iterable[str]) -> set[str]:
+    """The children that run for the samplers named in ``samplers`` (the probe runs its GPU
+    view's); a sampler with no child of its own is left out."""
+    names = set(samplers)
+    return (names & SHARES.keys()) | ({"probe-gpus"} if "probe" in names else set())
+
+
+def plan(pod_limit: int, running: Iterable[str]) -> Plan:
+    """The division of ``pod_limit`` between the children in ``running`` (supervised
+    samplers' names) and the main process."""
+    ceilings = {n: child_ceiling(n, pod_limit) for n in sorted(set(running))}
+    held = sum(c * SHARES.get(n, DEFAULT_SHARE).processes for n, c in ceilings.items())
+    return Plan(
+        limit=pod_limit,
+        ceilings=ceilings,
+        main=max(pod_limit - held, MAIN.floor),
+        over=max(held + MAIN.floor - pod_limit, 0),
+    )
 
 
 def apply_ceiling(limit: int) -> None:

@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from agent import __version__
@@ -66,6 +67,8 @@ def cmd_agent(ns: argparse.Namespace) -> int:
             latest=latest,
             once=ns.once,
         )
+        if ns.memory_limit:  # how the limit is divided; one line, a warning if too small
+            _say_memory_plan(ns.memory_limit, (s.sampler.name for s in specs))
         app = AgentApp(
             specs, latest, detail=ns.collector_detail, memory_limit_bytes=ns.memory_limit or None
         )
@@ -76,6 +79,16 @@ def cmd_agent(ns: argparse.Namespace) -> int:
         _warn_unread_once(app, config.sampling.timeout_seconds)
     _exit_past_abandoned_passes()
     return 0
+
+
+def _say_memory_plan(limit: int, samplers: Iterable[str]) -> None:
+    """Log how ``--agent.memory-limit`` is divided between the children's memory ceilings
+    and the main process: a warning when it is too small to hold them (also exported as
+    ``fabricscope_agent_memory_overcommit_bytes``)."""
+    from agent.core.ceiling import plan, running_children
+
+    division = plan(limit, running_children(samplers))
+    (log.warning if division.over else log.info)("%s", division.summary())
 
 
 def _exit_past_abandoned_passes() -> None:

@@ -6,6 +6,7 @@ import platform
 from collections.abc import Mapping
 
 from agent import __version__
+from agent.core.ceiling import plan, running_children
 from agent.core.procstat import ProcessStats
 from agent.core.runner import CHILD_REASONS, ERROR_REASONS, SamplerStatus
 from exporter.metrics.spec import Families, MetricSpec
@@ -126,11 +127,21 @@ MEMORY_LIMIT = MetricSpec(
     "chart sets from its limit); absent when none was given.",
     unit="bytes",
 )
+MEMORY_OVERCOMMIT = MetricSpec(
+    "fabricscope_agent_memory_overcommit_bytes",
+    "gauge",
+    "How far what the agent's processes may hold (each running child's memory ceiling, the "
+    "main process's measured need) exceeds --agent.memory-limit: 0 when the limit holds them, "
+    "more when one child at its ceiling can take the container to its limit (the agent says "
+    "so at start); absent when no limit was given.",
+    unit="bytes",
+)
 PROCESS_SPECS = (PROCESS_RESIDENT, PROCESS_CPU, PROCESS_OPEN_FDS, PROCESS_START)
 
 SPECS = (
     *PROCESS_SPECS,
     MEMORY_LIMIT,
+    MEMORY_OVERCOMMIT,
     SAMPLER_RENDER_ERRORS,
     SAMPLER_CHILD_RESTARTS,
     BUILD_INFO,
@@ -168,6 +179,8 @@ def render(
         out.declare(spec)
     _process(main, "", out)
     out.add(MEMORY_LIMIT, memory_limit_bytes)
+    if memory_limit_bytes:
+        out.add(MEMORY_OVERCOMMIT, plan(memory_limit_bytes, running_children(statuses)).over)
     for name, n in render_errors.items():
         if name not in statuses:  # a renderer that joins samplers ("findings")
             out.add(SAMPLER_RENDER_ERRORS, n, name)

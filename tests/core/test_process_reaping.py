@@ -249,7 +249,10 @@ def _no_stray_sleeps() -> Iterator[None]:
 
 
 #: the memory limit the chart gives the agent (deploy/helm/fabricscope/values.yaml)
-POD_LIMIT = 256 << 20
+POD_LIMIT = 512 << 20
+#: what the ibpeer child may hold with a greedy tool: its own ~22 MiB resident (VmHWM, Python
+#: 3.11 on the development machine) and 10 MiB; the tool's 200 MB and 400 MiB add nothing
+CHILD_PEAK = 32 << 20
 
 #: a tool that tries to take 400 MiB (noting whether it could), then prints 200 MB
 GREEDY = """#!/bin/sh
@@ -261,10 +264,11 @@ head -c 200000000 /dev/zero | tr '\\0' 7
 
 def test_a_greedy_tool_costs_the_ibpeer_child_nothing(tmp_path: Path) -> None:
     """An ibpeer tool that prints 200 MB and tries to allocate 400 MiB, under the chart's
-    256 MiB pod limit: the child runs under its memory ceiling (``RLIMIT_DATA``, its share of
+    512 MiB pod limit: the child runs under its memory ceiling (``RLIMIT_DATA``, its share of
     the limit), which the tools it starts inherit, so the tool's allocation is refused by the
     kernel; its output is cut at the tools' cap and counted; the child's resident memory
-    stays far below its ceiling and it is never replaced; /metrics answers throughout."""
+    stays at its own size, under its ceiling, and it is never replaced; /metrics answers
+    throughout."""
     notes = tmp_path / "notes"
     script = GREEDY.format(python=sys.executable, notes=notes)
     ceiling = child_ceiling("ibpeer", POD_LIMIT)
@@ -283,6 +287,6 @@ def test_a_greedy_tool_costs_the_ibpeer_child_nothing(tmp_path: Path) -> None:
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(30) == 0
     assert "took" not in notes.read_text(), "a tool took 400 MiB past the child's ceiling"
-    assert 0 < peak < ceiling // 2, f"the ibpeer child peaked at {peak >> 20} MiB"
+    assert 0 < peak < min(CHILD_PEAK, ceiling), f"the ibpeer child peaked at {peak >> 20} MiB"
     assert 'fabricscope_sampler_child_restarts_total{sampler="ibpeer"} 0.0' in body
     assert "printed more than" in (tmp_path / "agent.log").read_text()

@@ -560,7 +560,7 @@ def test_nvidia_runtime_environment(built: dict[str, list[Doc]]) -> None:
 def test_resources(built: dict[str, list[Doc]]) -> None:
     assert agent_container(built["standard"])["resources"] == {
         "requests": {"cpu": "50m", "memory": "128Mi"},
-        "limits": {"memory": "256Mi"},
+        "limits": {"memory": "512Mi"},
     }
     probe = agent_container(built["probe"])["resources"]
     assert "cpu" not in probe["limits"]
@@ -629,8 +629,8 @@ def test_web_config_comes_from_the_administrators_secret(built: dict[str, list[D
 STATE_DIR = "/var/lib/fabricscope"
 
 #: what the kubelet puts in for a $(VAR) the downward API fills with a number: the container's
-#: memory limit in bytes (resourceFieldRef limits.memory, divisor 1); 256Mi here
-KUBELET_NUMBERS = {"MEMORY_LIMIT": str(256 * 2**20)}
+#: memory limit in bytes (resourceFieldRef limits.memory, divisor 1); 512Mi here
+KUBELET_NUMBERS = {"MEMORY_LIMIT": str(512 * 2**20)}
 
 
 def kubelet_expanded(args: list[str]) -> list[str]:
@@ -1151,7 +1151,7 @@ def test_deploy_doc_covers_what_it_must() -> None:
         "IPC_LOCK",
     ):
         assert re.search(rf"^\| `{cap}` \|", table, re.MULTILINE), cap
-    for phrase in ("hostNetwork", "What is unverified", "128Mi", "256Mi", "system-node-critical"):
+    for phrase in ("hostNetwork", "What is unverified", "128Mi", "512Mi", "system-node-critical"):
         assert phrase in doc, phrase
     # every top-level value is documented
     values = yaml.safe_load((DEPLOY / "helm" / "fabricscope" / "values.yaml").read_text())

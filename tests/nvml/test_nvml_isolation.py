@@ -411,12 +411,12 @@ def test_describe_exit() -> None:
 
 
 #: the pod limit the chart gives the agent (deploy/helm/fabricscope/values.yaml)
-POD_LIMIT = 256 << 20
+POD_LIMIT = 512 << 20
 
 
 def test_a_leaking_library_is_stopped_at_its_ceiling(standin: StandIn, tmp_path: Path) -> None:
     """A driver library that allocates without end (the stand-in's ``leak``: 64 MiB a pass in
-    8 MiB blocks, written, kept, up to 400 MiB) under the chart's 256 MiB pod limit: the
+    8 MiB blocks, written, kept, up to 400 MiB) under the chart's 512 MiB pod limit: the
     kernel holds the NVML child to its ceiling (``RLIMIT_DATA``, its share of the limit), the
     child is ended
     and counted (``reason="memory_ceiling"``, one log line each), restarted after its

@@ -12,7 +12,7 @@ regex RE2 refuses (a backreference). While a good pod logs one throughput line e
 megabytes of 16 KiB lines of digits that use up their CPU budget, and one line of 48 MiB
 (3,072 partial CRI records the runtime would join). A scraper takes 20 scrapes over 10 s:
 every one must answer 200 within 250 ms, and the good pod's series must keep moving; the
-throughput child runs under its memory ceiling (its share of the chart's 256 MiB limit,
+throughput child runs under its memory ceiling (its share of the chart's 512 MiB limit,
 ``RLIMIT_DATA``) and its resident memory stays below it. Then SIGTERM, in the middle of the
 attack, must end the agent within 5 s.
 """
@@ -155,7 +155,7 @@ def errors(body: str, reason: str) -> float:
 
 
 #: the memory limit the chart gives the agent (deploy/helm/fabricscope/values.yaml)
-POD_LIMIT = 256 << 20
+POD_LIMIT = 512 << 20
 
 
 @pytest.fixture
