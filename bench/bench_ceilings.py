@@ -373,7 +373,8 @@ def run_together(tmp: Path, seconds: float, pod_limit: int = POD_LIMIT) -> dict[
     allocating 400 MiB, 15 RAS jobs answering the largest answers read (the worst decoded)
     beside a healthy 4-rank job. Every 0.1 s the resident memory of the agent's whole process
     tree is summed (an upper bound of what its memory cgroup is charged for it: shared pages
-    counted once per process); the healthy job's series are read in a scrape every second."""
+    counted once per process); from the healthy job's first answer, its series are read in a
+    scrape every second for ``seconds``."""
     gcc = shutil.which("gcc")
     if gcc is None:
         raise SystemExit("gcc is needed to build the stand-in NVML library")
@@ -404,11 +405,22 @@ def run_together(tmp: Path, seconds: float, pod_limit: int = POD_LIMIT) -> dict[
     def during(watch: Watch, port: int) -> None:
         nonlocal writer, peak_sum, scrapes, healthy
         writer = subprocess.Popen([sys.executable, "-c", WRITER, str(log)])
-        end = time.monotonic() + seconds
-        next_scrape = time.monotonic() + 4  # the first RAS pass
-        while time.monotonic() < end:
+
+        def measure() -> None:
+            nonlocal peak_sum
             watch.poll_for(0.1, every=0.1)
             peak_sum = max(peak_sum, sum(status_bytes(p, "VmRSS") for p in tree(watch.agent.pid)))
+
+        # the attack runs from the start; the healthy job is counted from its first answer
+        deadline = time.monotonic() + 60
+        while value(scrape(port), "fabricscope_nccl_ras_up", "good") != 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the healthy RAS job was never answered")
+            measure()
+        end = time.monotonic() + seconds
+        next_scrape = time.monotonic()
+        while time.monotonic() < end:
+            measure()
             if time.monotonic() >= next_scrape:
                 next_scrape += 1
                 scrapes += 1

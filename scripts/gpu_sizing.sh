@@ -75,6 +75,16 @@ target(main["rss_mib"] <= 64, f"main process RSS {main['rss_mib']} MiB within 64
 check(e["pss_mib"] <= req, f"extrapolated PSS within the {req}Mi request")
 check(e["rss_mib"] * 1.5 <= lim, f"extrapolated RSS with half again of headroom within the {lim}Mi limit")
 check(r["total"]["cpu_millicores"] <= cpu, f"average CPU within the {cpu}m request")
+# each process within what the partition of the limit holds for it (agent/core/ceiling.py):
+# on a node of 8 GPUs this checks the NVML floor's assumption (at most 4 MiB more a GPU)
+from agent.core.ceiling import MAIN, SHARES
+gpus = r["nvml_sampler_memory"]["gpus"]
+check(main["rss_mib"] * 2**20 < MAIN.floor, f"main process RSS {main['rss_mib']} MiB within its {MAIN.floor >> 20} MiB floor")
+for p in r["processes"]:
+    child = p["role"].removesuffix(" child")
+    if child in SHARES and "vmdata_mib" in p:
+        floor = SHARES[child].floor
+        check(p["vmdata_mib"] * 2**20 < floor, f"{p['role']} counted {p['vmdata_mib']} MiB (VmData) within its {floor >> 20} MiB floor, {gpus:.0f} GPUs")
 sys.exit(0 if ok else 1)
 PY
 

@@ -383,6 +383,22 @@ def test_every_repository_path_the_docs_name_exists() -> None:
     assert not missing, missing
 
 
+def test_every_test_the_docs_name_is_a_test_of_that_file() -> None:
+    """``tests/x.py::test_name`` in the docs (the security tables' "shown by" column) names
+    a test function of that file, parametrised or not (``test_name_*``: at least one whose
+    name starts so): a renamed test leaves no claim pointing at nothing."""
+    missing = []
+    for page in TEXTS:
+        for path, name, star in re.findall(r"`(tests/[\w/]+\.py)::(\w+)(\*?)", page.read_text()):
+            source = ROOT / path
+            tail = r"\w*" if star else ""
+            if not source.exists() or not re.search(
+                rf"^def {name}{tail}\(", source.read_text(), re.MULTILINE
+            ):
+                missing.append(f"{rel(page)}: {path}::{name}{star}")
+    assert not missing, missing
+
+
 # --- links ---------------------------------------------------------------------------------
 
 
