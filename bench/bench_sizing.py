@@ -359,8 +359,8 @@ def children(pid: int) -> list[int]:
 
 
 def role(pid: int, logs: Path) -> str:
-    """Which supervised child ``pid`` is (every child runs ``python -m
-    agent.core.isolation``): the one that mapped NVML's library, or the one holding the pod
+    """Which supervised child ``pid`` is (every child runs ``python -S -m
+    agent.core.childproc``): the one that mapped NVML's library, or the one holding the pod
     logs open."""
     try:
         if "libnvidia-ml" in Path(f"/proc/{pid}/maps").read_text():

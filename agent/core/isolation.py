@@ -2,12 +2,13 @@
 library (NVML) costs that sampler's pass, never the agent serving ``/metrics``.
 
 The parent side
-    :class:`IsolatedSampler` implements the :class:`~agent.core.sampler.Sampler` protocol. Its first
-    ``sample()`` starts ``python -m agent.core.childproc`` (a fresh interpreter: no inherited
-    threads, fds, signal handlers or NVML state; :mod:`agent.core.childproc` is the child's
-    side) and sends it a :class:`ChildSpec` naming a factory
-    (``"agent.nvml.sampler:child_sampler"``) and its keyword arguments; the child builds the sampler
-    once and keeps it (and so NVML's initialisation, caches and rotation) between passes.
+    :class:`IsolatedSampler` implements the :class:`~agent.core.sampler.Sampler` protocol.
+    Its first ``sample()`` starts ``python -S -m agent.core.childproc`` (a fresh interpreter:
+    no inherited threads, fds, signal handlers or NVML state, no start-up hooks of the Python
+    environment: :func:`child_path`; :mod:`agent.core.childproc` is the child's side) and
+    sends it a :class:`ChildSpec` naming a factory (``"agent.nvml.sampler:child_sampler"``)
+    and its keyword arguments; the child builds the sampler once and keeps it (and so NVML's
+    initialisation, caches and rotation) between passes.
     Each ``sample()`` sends one request and waits for the answer: the pass's pickled
     snapshot, ``NoData`` (raised again here), a :class:`~agent.core.errors.SamplerFailure`
     the sampler raised (raised again here with its reason: an ibpeer pass's ``timeout``), or
@@ -122,6 +123,18 @@ KILL_WAIT_SECONDS = 2.0
 #: the package root, put first on the child's PYTHONPATH so it runs the agent's own code
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
+
+def child_path(pythonpath: str | None = None) -> str:
+    """The child's ``PYTHONPATH``: the package root, ``pythonpath`` (the environment's), then
+    the agent's own module search path as it is. The child runs without :mod:`site`
+    (``python -S``), so it finds exactly the modules the agent finds and runs no start-up
+    hook (``.pth`` import lines, ``sitecustomize``) of the Python environment it was
+    installed in: in an environment whose hooks import at start (the H200 machines' torch
+    environment: certifi, zipfile, importlib.resources...) that is several MiB per child."""
+    entries = (_ROOT, *(pythonpath or "").split(os.pathsep), *sys.path)
+    return os.pathsep.join(dict.fromkeys(p for p in entries if p))
+
+
 __all__ = [
     "KILL_WAIT_SECONDS",
     "MAX_FRAME_BYTES",
@@ -132,6 +145,7 @@ __all__ = [
     "IsolatedSampler",
     "Setting",
     "child_main",
+    "child_path",
     "describe_exit",
     "encode",
     "expect",
@@ -299,9 +313,9 @@ class IsolatedSampler:
         import subprocess  # here, not at the top: the children import this module's names
 
         env = dict(self._env)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = child_path(env.get("PYTHONPATH"))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.core.childproc"],
+            [sys.executable, "-S", "-m", "agent.core.childproc"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

@@ -81,3 +81,25 @@ def test_a_childs_imports_leave_out_tls_http_and_subprocess() -> None:
         [sys.executable, "-c", LEAN], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_environments_start_up_hooks_do_not_run_in_the_child(tmp_path: Path) -> None:
+    """A ``sitecustomize`` (or a ``.pth`` import line) of the Python environment runs in the
+    agent but not in its children (``python -S``), which still find every module the agent
+    finds."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    marker = tmp_path / "hook-ran"
+    (hooks / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    env = dict(os.environ, PYTHONPATH=str(hooks))
+    sampler = IsolatedSampler(
+        "hookcheck", ChildSpec("tests.core.test_childproc:report"), timeout_seconds=30, env=env
+    )
+    try:
+        assert isinstance(sampler.sample(), ChildView)  # the factory's module was found
+    finally:
+        sampler.close()
+    assert not marker.exists()
+    # the same environment does run the hook in a plain interpreter: the check can fail
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True, timeout=60)
+    assert marker.exists()
