@@ -18,7 +18,7 @@ from agent.infiniband.records import InfinibandSnapshot
 from agent.infiniband.sampler import InfinibandSampler
 from agent.kubernetes.allocation import GpuAllocation
 from agent.kubernetes.attribution import AttributionSampler, AttributionSnapshot, gpu_allocation
-from agent.kubernetes.podwatch import PodIndex
+from agent.kubernetes.pods import PodIndex
 from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE
 from agent.nvml.api import NvmlApi
 from agent.nvml.sampler import NvmlSampler, isolated_sampler

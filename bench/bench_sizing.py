@@ -65,6 +65,49 @@ TICK = os.sysconf("SC_CLK_TCK")
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+#: what the agent imports from outside the repository (compiled with it, below)
+DEPENDENCIES = (
+    "pynvml",
+    "prometheus_client",
+    "grpc",
+    "google.protobuf",
+    "pyroute2",
+    "re2",
+    "yaml",
+    "psutil",
+)
+
+
+def compile_bytecode() -> list[str]:
+    """Compile the agent's modules and its dependencies' to bytecode before the agent starts,
+    as the image's ``pip install`` does (the image ships ``.pyc`` files and never writes
+    any): otherwise the first process to import a module compiles it, and the compiler's
+    memory stays in that process's resident set (about 17 MiB for pynvml's 330 KB of source).
+    Returns what could not be compiled (a read-only directory)."""
+    import compileall
+    import importlib.util
+
+    missed: list[str] = []
+    targets: list[Path] = [ROOT / "agent", ROOT / "exporter"]
+    for name in DEPENDENCIES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or spec.origin is None:
+            continue
+        origin = Path(spec.origin)
+        targets.append(origin.parent if origin.name == "__init__.py" else origin)
+    for target in targets:
+        if target.is_dir():
+            ok = compileall.compile_dir(target, quiet=1, workers=0)
+        else:
+            ok = compileall.compile_file(target, quiet=1)
+        if not ok:
+            missed.append(str(target))
+    return missed
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -316,8 +359,8 @@ def children(pid: int) -> list[int]:
 
 
 def role(pid: int, logs: Path) -> str:
-    """Which supervised child ``pid`` is (every child runs ``python -m
-    agent.core.isolation``): the one that mapped NVML's library, or the one holding the pod
+    """Which supervised child ``pid`` is (every child runs ``python -S -m
+    agent.core.childproc``): the one that mapped NVML's library, or the one holding the pod
     logs open."""
     try:
         if "libnvidia-ml" in Path(f"/proc/{pid}/maps").read_text():
@@ -426,6 +469,7 @@ def main() -> int:
     )
     ns = ap.parse_args()
 
+    missed = compile_bytecode()
     work = Path(tempfile.mkdtemp(prefix="fabricscope-sizing-"))
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     gpu_uuids = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(8)]
@@ -441,6 +485,8 @@ def main() -> int:
         "busy_logs": ns.logs,
         "log_lines_per_second": ns.lines_per_second,
         "duration_s": ns.duration,
+        "bytecode": "compiled before the agent starts, as the image ships it"
+        + (f" (not: {', '.join(missed)})" if missed else ""),
     }
     port = free_port()
     with contextlib.ExitStack() as stack:

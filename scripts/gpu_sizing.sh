@@ -6,8 +6,11 @@
 # process and of each child over 5 minutes after a minute's warm-up, and the NVML sampler's
 # memory per GPU (tracemalloc over three passes) to extrapolate to 8 GPUs. Checks that the
 # extrapolated figures fit the chart's resources (read from values.yaml) with the headroom
-# values.yaml states; reports the footprint targets of docs/performance.md beside them.
-# Never writes into the repository: everything goes to OUTDIR.
+# values.yaml states; reports the footprint targets of docs/performance.md beside them. The
+# agent and its dependencies are compiled to bytecode first (bench_sizing.py), as the image
+# ships them.
+# Never writes into the repository (bytecode aside, which git ignores): everything goes to
+# OUTDIR.
 #   bash scripts/gpu_sizing.sh OUTDIR
 # Needs python3 with the agent's dependencies and the bench's (pytest-httpserver, werkzeug,
 # kubernetes, grpcio, protobuf): PYTHONPATH may point at carried wheels. gcc is not needed.

@@ -2,11 +2,13 @@
 library (NVML) costs that sampler's pass, never the agent serving ``/metrics``.
 
 The parent side
-    :class:`IsolatedSampler` implements the :class:`~agent.core.sampler.Sampler` protocol. Its first
-    ``sample()`` starts ``python -m agent.core.isolation`` (a fresh interpreter: no inherited
-    threads, no NVML state) and sends it a :class:`ChildSpec` naming a factory
-    (``"agent.nvml.sampler:child_sampler"``) and its keyword arguments; the child builds the sampler
-    once and keeps it (and so NVML's initialisation, caches and rotation) between passes.
+    :class:`IsolatedSampler` implements the :class:`~agent.core.sampler.Sampler` protocol.
+    Its first ``sample()`` starts ``python -S -m agent.core.childproc`` (a fresh interpreter:
+    no inherited threads, fds, signal handlers or NVML state, no start-up hooks of the Python
+    environment: :func:`child_path`; :mod:`agent.core.childproc` is the child's side) and
+    sends it a :class:`ChildSpec` naming a factory (``"agent.nvml.sampler:child_sampler"``)
+    and its keyword arguments; the child builds the sampler once and keeps it (and so NVML's
+    initialisation, caches and rotation) between passes.
     Each ``sample()`` sends one request and waits for the answer: the pass's pickled
     snapshot, ``NoData`` (raised again here), a :class:`~agent.core.errors.SamplerFailure`
     the sampler raised (raised again here with its reason: an ibpeer pass's ``timeout``), or
@@ -61,14 +63,15 @@ No hardware
     without GPUs keeps no second process and pays one interpreter start per minute.
 
 The pipe
-    Frames both ways are a 4-byte big-endian length and a pickle of a tuple of plain values
-    and the samplers' frozen snapshot dataclasses. The child writes frames to a duplicate of
-    its stdout and points its fd 1 at stderr, so a library printing to stdout cannot corrupt
-    the stream; its log lines (same level and format as the agent's) and faulthandler's
-    traceback of a crash go to the agent's stderr. The child exits within a second of the
-    agent's death, even while hung (a thread of its own watches the parent pid); a pass stuck
-    in C code that holds the GIL starves that thread, so faulthandler's watchdog (a C thread)
-    also ends any pass running ``ORPHAN_GRACE_SECONDS`` past its deadline.
+    Frames both ways (:mod:`agent.core.frames`) are a 4-byte big-endian length and a pickle
+    of a tuple of plain values and the samplers' frozen snapshot dataclasses. The child
+    writes frames to a duplicate of its stdout and points its fd 1 at stderr, so a library
+    printing to stdout cannot corrupt the stream; its log lines (same level and format as
+    the agent's) and faulthandler's traceback of a crash go to the agent's stderr. The child
+    exits within a second of the agent's death, even while hung (a thread of its own watches
+    the parent pid); a pass stuck in C code that holds the GIL starves that thread, so
+    faulthandler's watchdog (a C thread) also ends any pass running
+    ``ORPHAN_GRACE_SECONDS`` past its deadline.
     A ``precheck`` (cheap, in the agent) that raises ``NoData`` answers it without starting
     a child (the throughput sampler on a node with no log to read).
     ``close()`` closes the pipe; the child closes its sampler
@@ -77,36 +80,41 @@ The pipe
 
 from __future__ import annotations
 
-import faulthandler
-import importlib
 import logging
 import os
 import pickle
-import select
 import signal
-import struct
-import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
-from agent.core.ceiling import apply_ceiling, child_ceiling, near_ceiling
+from agent.core.ceiling import child_ceiling
+from agent.core.childproc import child_main
 from agent.core.errors import NoData, SamplerFailure
-from agent.core.logsetup import JsonFormatter, setup_logging
-from agent.core.procstat import ProcessStats, boot_time, read_process
-from agent.core.reaper import become_subreaper, kill_descendants, kill_tree, reap_strays
-from agent.core.sampler import Sampler, Snapshot
+from agent.core.frames import (
+    MAX_FRAME_BYTES,
+    Died,
+    FrameReader,
+    Hung,
+    Setting,
+    encode,
+    read_frame,
+    write_all,
+)
+from agent.core.logsetup import JsonFormatter
+from agent.core.procstat import ProcessStats
+from agent.core.reaper import kill_tree
+from agent.core.sampler import Snapshot
+
+if TYPE_CHECKING:
+    import subprocess
 
 log = logging.getLogger(__name__)
 
-_HEADER = struct.Struct(">I")
-#: the largest frame accepted (a snapshot of a large node is well under 1 MiB)
-MAX_FRAME_BYTES = 64 << 20
 #: seconds past its pass deadline a child ends itself (faulthandler's watchdog), for when the
 #: agent that should have killed it is gone
 ORPHAN_GRACE_SECONDS = 5.0
@@ -115,7 +123,35 @@ KILL_WAIT_SECONDS = 2.0
 #: the package root, put first on the child's PYTHONPATH so it runs the agent's own code
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
-Setting: TypeAlias = bool | int | float | str | None
+
+def child_path(pythonpath: str | None = None) -> str:
+    """The child's ``PYTHONPATH``: the package root, ``pythonpath`` (the environment's), then
+    the agent's own module search path as it is. The child runs without :mod:`site`
+    (``python -S``), so it finds exactly the modules the agent finds and runs no start-up
+    hook (``.pth`` import lines, ``sitecustomize``) of the Python environment it was
+    installed in: in an environment whose hooks import at start (the H200 machines' torch
+    environment: certifi, zipfile, importlib.resources...) that is several MiB per child."""
+    entries = (_ROOT, *(pythonpath or "").split(os.pathsep), *sys.path)
+    return os.pathsep.join(dict.fromkeys(p for p in entries if p))
+
+
+__all__ = [
+    "KILL_WAIT_SECONDS",
+    "MAX_FRAME_BYTES",
+    "ORPHAN_GRACE_SECONDS",
+    "ChildError",
+    "ChildSpec",
+    "ChildStats",
+    "IsolatedSampler",
+    "Setting",
+    "child_main",
+    "child_path",
+    "describe_exit",
+    "encode",
+    "expect",
+    "read_frame",
+]
+
 T = TypeVar("T")
 #: no inputs sent to the current child yet
 _UNSENT = object()
@@ -146,14 +182,6 @@ def expect(answer: object, kind: type[T]) -> T:
     return answer
 
 
-class _Died(Exception):  # noqa: N818 - control flow inside this module
-    pass
-
-
-class _Hung(Exception):  # noqa: N818
-    pass
-
-
 def describe_exit(returncode: int | None) -> str:
     """``killed by SIGSEGV`` / ``exited with status 3`` / ``still running``."""
     if returncode is None:
@@ -164,97 +192,6 @@ def describe_exit(returncode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with status {returncode}"
-
-
-# -- frames -------------------------------------------------------------------------------
-
-
-def encode(message: tuple[object, ...]) -> bytes:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(body)) + body
-
-
-def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
-    chunks, left = [], n
-    while left:
-        chunk = stream.read(left)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_frame(stream: BinaryIO) -> tuple[object, ...] | None:
-    """One frame from a blocking stream; None at end of stream."""
-    head = _read_exact(stream, _HEADER.size)
-    if head is None:
-        return None
-    (size,) = _HEADER.unpack(head)
-    if size > MAX_FRAME_BYTES:
-        raise ValueError(f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
-    body = _read_exact(stream, size)
-    if body is None:
-        return None
-    message = pickle.loads(body)
-    if not isinstance(message, tuple):
-        raise ValueError(f"frame holds a {type(message).__name__}, not a tuple")
-    return message
-
-
-def _write_all(fd: int, data: bytes, deadline: float) -> None:
-    """Write ``data`` to the non-blocking pipe ``fd`` by ``deadline`` (monotonic); raises
-    _Hung past it, BrokenPipeError when the child closed its end."""
-    view = memoryview(data)
-    poll = select.poll()
-    poll.register(fd, select.POLLOUT)
-    while view:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _Hung()
-        if not poll.poll(max(1, int(left * 1000) + 1)):
-            continue
-        try:
-            n = os.write(fd, view)
-        except BlockingIOError:
-            continue
-        view = view[n:]
-
-
-class _FrameReader:
-    """Reads frames from a pipe's fd with a deadline (the parent side)."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._buf = bytearray()
-        self._poll = select.poll()
-        self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-
-    def read(self, timeout: float) -> tuple[object, ...]:
-        """Raises _Died at end of stream, _Hung after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if len(self._buf) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(self._buf)
-                if size > MAX_FRAME_BYTES:
-                    raise _Died(f"sent a frame of {size} bytes")
-                end = _HEADER.size + size
-                if len(self._buf) >= end:
-                    body = bytes(self._buf[_HEADER.size : end])
-                    del self._buf[:end]
-                    message = pickle.loads(body)
-                    if not isinstance(message, tuple):
-                        raise _Died(f"sent a {type(message).__name__}")
-                    return message
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Hung()
-            if not self._poll.poll(max(1, int(left * 1000) + 1)):
-                continue
-            chunk = os.read(self._fd, 1 << 20)
-            if not chunk:
-                raise _Died("closed the pipe")
-            self._buf += chunk
 
 
 # -- the parent side ----------------------------------------------------------------------
@@ -314,7 +251,7 @@ class IsolatedSampler:
         self._mono = monotonic
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._reader: _FrameReader | None = None
+        self._reader: FrameReader | None = None
         self._fresh = True  # the child has not answered yet
         self._retry_at = 0.0
         self._replace = False  # the next child replaces one that failed
@@ -373,10 +310,12 @@ class IsolatedSampler:
             return self._ask()
 
     def _spawn(self) -> None:
+        import subprocess  # here, not at the top: the children import this module's names
+
         env = dict(self._env)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = child_path(env.get("PYTHONPATH"))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.core.isolation"],
+            [sys.executable, "-S", "-m", "agent.core.childproc"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -386,7 +325,7 @@ class IsolatedSampler:
         assert proc.stdout is not None and proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)  # every write has a deadline
         self._proc = proc
-        self._reader = _FrameReader(proc.stdout.fileno())
+        self._reader = FrameReader(proc.stdout.fileno())
         self._fresh = True
         self._sent = _UNSENT
         if self._replace:
@@ -413,7 +352,7 @@ class IsolatedSampler:
     def _send(self, message: tuple[object, ...], deadline: float) -> None:
         proc = self._proc
         assert proc is not None and proc.stdin is not None
-        _write_all(proc.stdin.fileno(), encode(message), deadline)
+        write_all(proc.stdin.fileno(), encode(message), deadline)
 
     def _ask(self) -> Snapshot:
         proc, reader = self._proc, self._reader
@@ -435,12 +374,12 @@ class IsolatedSampler:
             if value is not _UNSENT:
                 self._sent = value
             reply = reader.read(max(deadline - time.monotonic(), 0.0))
-        except (BrokenPipeError, _Died) as exc:
+        except (BrokenPipeError, Died) as exc:
             returncode = self._reap(kill_after=1.0)
             raise self._failed(
                 "crashed", f"child process {proc.pid} {describe_exit(returncode)} ({exc})"
             ) from None
-        except _Hung:
+        except Hung:
             self._reap(kill_after=0.0)
             what = "gave no answer" if delivered else "did not read its request"
             raise self._failed(
@@ -498,6 +437,8 @@ class IsolatedSampler:
     def _reap(self, kill_after: float) -> int | None:
         """Forget the child: wait ``kill_after`` seconds for it to exit, then SIGKILL its
         tree; wait at most :data:`KILL_WAIT_SECONDS` for it to go."""
+        import subprocess
+
         proc, self._proc, self._reader = self._proc, None, None
         self._pending = []
         if proc is None:
@@ -557,129 +498,3 @@ class IsolatedSampler:
             self._stop_child()
         finally:
             self._lock.release()
-
-
-# -- the child side -----------------------------------------------------------------------
-
-
-def _die_with_parent(parent: int, every: float = 1.0) -> None:
-    """Exit when the agent is gone, even while the sampler hangs in the library: a thread
-    that only compares ``getppid()`` (it never calls the library). Not PR_SET_PDEATHSIG: that
-    fires when the parent *thread* that started the child exits, and the runner starts it
-    from a short-lived one."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every)
-        kill_descendants(os.getpid())  # a tool it was running goes with it
-        os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def _stats(booted: float | None) -> tuple[int, float, int, int | None, float | None]:
-    """(pid, CPU seconds, RSS bytes, open fds, start time): plain values, since the child
-    runs this module as ``__main__`` and its classes would not unpickle in the agent."""
-    st = read_process(booted=booted)
-    if st is None:  # /proc unreadable: what the process knows of itself
-        t = os.times()
-        return os.getpid(), t.user + t.system, 0, None, None
-    return st.pid, st.cpu_seconds, st.rss_bytes, st.open_fds, st.start_time_seconds
-
-
-def _build(factory: str, kwargs: Mapping[str, Setting]) -> Sampler:
-    module, _, attr = factory.partition(":")
-    fn = getattr(importlib.import_module(module), attr)
-    return cast(Sampler, fn(**kwargs))
-
-
-def _set_ceiling(ceiling: int | None) -> int | None:
-    """Apply the memory ceiling the agent gave (None: none); the ceiling in force."""
-    if not ceiling:
-        return None
-    try:
-        apply_ceiling(int(ceiling))
-    except (OSError, ValueError) as exc:  # a hard limit or a kernel that refuses: say so
-        log.warning("cannot set this child's memory ceiling of %d bytes: %s", ceiling, exc)
-        return None
-    return int(ceiling)
-
-
-def child_main() -> int:
-    """The child: build the sampler, answer ``sample`` requests until the pipe closes."""
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)  # a library printing to stdout lands on stderr, not in the frames
-    faulthandler.enable()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the agent decides
-    become_subreaper()  # what a tool it runs leaves behind stays in this tree
-    inp = sys.stdin.buffer
-    init = read_frame(inp)
-    if init is None or init[0] != "init" or len(init) != 9:
-        print(f"fabricscope isolation child: expected init, got {init!r}", file=sys.stderr)
-        return 2
-    _, factory, kwargs, level, fmt, parent, first_limit, limit, ceiling = init
-    setup_logging(str(level), str(fmt))
-    memory = _set_ceiling(cast(int | None, ceiling))
-    _die_with_parent(int(cast(int, parent)))
-    sampler = _build(str(factory), cast(Mapping[str, Setting], kwargs))
-    passes = 0
-    booted = boot_time()
-    try:
-        while True:
-            request = read_frame(inp)
-            if request is None or request[0] == "close":
-                break
-            if request[0] == "resume":  # the state the child it replaces last reported
-                accept_resume = getattr(sampler, "accept_resume", None)
-                if callable(accept_resume) and len(request) > 1:
-                    try:
-                        accept_resume(request[1])
-                    except Exception as exc:
-                        log.warning("cannot resume from the previous child's state: %r", exc)
-                continue
-            reply: tuple[object, ...]
-            # a pass stuck in C code that holds the GIL (a backtracking regex) starves the
-            # parent-watch thread; faulthandler's watchdog is a C thread: it ends this process
-            # even then, should the agent be gone and unable to kill it
-            faulthandler.dump_traceback_later(
-                float(cast(float, first_limit if passes == 0 else limit)), exit=True
-            )
-            passes += 1
-            try:
-                if len(request) > 1:
-                    accept = getattr(sampler, "accept_inputs", None)
-                    if not callable(accept):
-                        raise TypeError(f"{factory} takes no inputs")
-                    accept(request[1])
-                reply = ("ok", sampler.sample())
-            except MemoryError as exc:
-                reply = ("ceiling", f"MemoryError in a pass: {str(exc)[:200] or 'no detail'}")
-            except NoData as exc:
-                reply = ("nodata", str(exc))
-            except SamplerFailure as exc:
-                reply = ("failure", exc.reason, str(exc))
-            except Exception as exc:
-                log.debug("sampler failed in the child", exc_info=exc)
-                text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                reply = ("error", text)
-            faulthandler.cancel_dump_traceback_later()
-            used = near_ceiling(memory)
-            if used is not None and reply[0] != "ceiling":
-                reply = ("ceiling", f"{used >> 20} MiB in use after a pass")
-            try:
-                frame = encode((*reply, _stats(booted)))
-            except Exception as exc:  # a snapshot that does not pickle: a bug, reported
-                frame = encode(("error", f"cannot send the answer: {exc!r}", _stats(booted)))
-            out.write(frame)
-            if reply[0] == "ceiling":
-                break
-    finally:
-        close = getattr(sampler, "close", None)
-        if callable(close):
-            close()
-        reap_strays()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(child_main())

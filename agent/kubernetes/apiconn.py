@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.client
+import json
 import os
 import socket
 import ssl
@@ -177,13 +178,20 @@ _SIMPLE_USER = {
 
 def kubeconfig_endpoint(path: Path) -> ApiEndpoint:
     """The current context's endpoint from the kubeconfig at ``path``."""
-    import yaml
-
     base = path.parent
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        text = path.read_text()
+    except OSError as exc:
         raise KubeConfigError(f"cannot read the kubeconfig {path}: {exc}") from None
+    try:  # JSON is YAML too: PyYAML (about 1 MiB resident) only for a kubeconfig that is not
+        doc = json.loads(text)
+    except ValueError:
+        import yaml
+
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise KubeConfigError(f"cannot read the kubeconfig {path}: {exc}") from None
     if not isinstance(doc, dict):
         raise KubeConfigError(f"kubeconfig {path}: not a mapping")
     context = _named(doc.get("contexts"), doc.get("current-context"), "context")

@@ -66,7 +66,8 @@ from agent.kubernetes.podresources import (
     PodResourcesClient,
     SocketAbsent,
 )
-from agent.kubernetes.podwatch import PodIndex, PodWatcher, WatchSettings, default_api_client
+from agent.kubernetes.pods import PodIndex
+from agent.kubernetes.podwatch import PodWatcher, WatchSettings, default_api_client
 from agent.nvml.mig import MigDevice
 from agent.nvml.snapshot import NvmlGpu, NvmlSnapshot
 

@@ -36,7 +36,7 @@ from agent.core.ceiling import SHARES, child_ceiling
 from agent.core.errors import NoData
 from agent.core.isolation import ChildSpec, IsolatedSampler, expect
 from agent.core.sysfs import ReadIssue, SysfsReader
-from agent.kubernetes.podwatch import PodIndex
+from agent.kubernetes.pods import PodIndex
 from agent.ras.addresses import NodeAddress, read_node_addresses
 from agent.ras.parse import MalformedAnswer, OversizedAnswer, parse_status
 from agent.ras.targets import Endpoint, LocalProcess, plan

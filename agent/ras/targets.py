@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.config import RAS_DEFAULT_PORT, RasEndpointFlag, parse_hostport
-from agent.kubernetes.podwatch import PodIndex, PodMeta
+from agent.kubernetes.pods import PodIndex, PodMeta
 from agent.workload.records import WorkloadProcess, WorkloadSnapshot
 
 DEFAULT_PORT = RAS_DEFAULT_PORT

@@ -31,7 +31,6 @@ Stdlib only; nothing here reads a file's content.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import struct
 from collections import Counter
@@ -51,7 +50,9 @@ _BTIME_OFFSET = 80  # struct statx: stx_btime (s64 seconds, u32 nanoseconds)
 
 def _load_statx() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # the process's own symbols, libc's among them: not ctypes.util.find_library, which
+        # runs ldconfig and imports subprocess and tempfile into the throughput child
+        libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.statx
     except (OSError, AttributeError):  # no glibc statx (musl, glibc < 2.28)
         return None

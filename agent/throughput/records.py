@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agent.core.sysfs import ReadIssue
-from agent.kubernetes.podwatch import PodIndex
+from agent.kubernetes.pods import PodIndex
 from agent.throughput.tail import TAIL_REASONS, TailResume
 
 # the label vocabularies of the NCCL series (what agent.throughput.nccl parses into)

@@ -65,7 +65,7 @@ from collections.abc import Callable
 from agent.config import ThroughputSettings
 from agent.core.errors import SamplerFailure
 from agent.core.sysfs import ReadIssue
-from agent.kubernetes.podwatch import PodIndex
+from agent.kubernetes.pods import PodIndex
 from agent.throughput.formats import BadRegex, compile_custom
 from agent.throughput.gaps import MISSED_BYTES, MISSED_LINES
 from agent.throughput.gzlog import read_gzip_tail

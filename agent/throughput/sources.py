@@ -22,7 +22,7 @@ from pathlib import Path
 from agent.config import ThroughputSettings
 from agent.core.errors import NoData
 from agent.core.sysfs import ReadIssue
-from agent.kubernetes.podwatch import PodIndex, PodMeta
+from agent.kubernetes.pods import PodIndex, PodMeta
 from agent.throughput.pods import (
     Requirement,
     current_log,

@@ -60,12 +60,18 @@ pair for the runner to log once. Nothing here logs or keeps a line beyond handin
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+try:  # CPython's own BLAKE2, what hashlib.blake2b is, without importing hashlib: hashlib
+    # loads OpenSSL's libcrypto (about 3.5 MiB resident in the throughput child, which has no
+    # other use for it)
+    from _blake2 import blake2b
+except ImportError:  # another implementation of Python
+    from hashlib import blake2b
 
 from agent.throughput.gaps import GapEstimator, birth_ns
 from agent.throughput.lines import LineSink, LineSplitter
@@ -141,7 +147,7 @@ class TailResume:
 
 
 def mark_digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=16).digest()
+    return blake2b(data, digest_size=16).digest()
 
 
 class FileTail:

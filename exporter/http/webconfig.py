@@ -41,17 +41,19 @@ include a password hash.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, NoReturn, cast
-
-import yaml
+from typing import TYPE_CHECKING, Literal, NoReturn, cast
 
 from agent.core.errors import ConfigError
+
+if TYPE_CHECKING:  # imported when a web config file is read: about 1 MiB resident otherwise
+    import yaml
 
 ClientAuthType = Literal[
     "NoClientCert",
@@ -207,29 +209,37 @@ def load_web_config(path: str) -> WebConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (exporter-toolkit's UnmarshalStrict
+@functools.cache
+def _unique_key_loader() -> type[yaml.SafeLoader]:
+    """A SafeLoader that refuses duplicate mapping keys (exporter-toolkit's UnmarshalStrict
     does too), so a user listed twice is an error, not a silent override."""
+    import yaml
 
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
 
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[object, object]:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if isinstance(key, str | int | float | bool) and key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key if isinstance(key, str | int | float | bool) else id(key_node))
-    return cast("dict[object, object]", loader.construct_mapping(node))
+    def construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[object, object]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key if isinstance(key, str | int | float | bool) else id(key_node))
+        return cast("dict[object, object]", loader.construct_mapping(node))
 
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    UniqueKeyLoader.add_constructor(
+        yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping
+    )
+    return UniqueKeyLoader
 
 
 def _parse(path: str, text: str) -> WebConfig:
+    import yaml
+
     try:
-        doc: object = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+        doc: object = yaml.load(text, Loader=_unique_key_loader())  # a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ConfigError(_yaml_problem(e)) from None
     if doc is None:
@@ -413,6 +423,8 @@ def _wrong_type(key: str, expected: str, value: object) -> NoReturn:
 def _yaml_problem(e: yaml.YAMLError) -> str:
     # PyYAML's own message quotes the offending line, which may hold a password hash:
     # report only the problem and where it is.
+    import yaml
+
     if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
         mark = e.problem_mark
         return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {e.problem}"

@@ -52,3 +52,20 @@ def test_eight_allocating_threads_share_two_arenas() -> None:
     # what the cap prevents: glibc gives each new thread an arena of its own up to its limit
     _, uncapped = arenas("none")
     assert uncapped > 2
+
+
+TRIM = """
+from agent.core.allocator import trim
+blocks = [bytearray(2000) for _ in range(20000)]  # malloc's heap, not Python's arenas
+del blocks
+print(trim())
+"""
+
+
+def test_trim_hands_freed_heap_back() -> None:
+    """After 40 MB of blocks are freed, ``malloc_trim`` releases memory (glibc)."""
+    done = subprocess.run(
+        [sys.executable, "-c", TRIM], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

@@ -559,7 +559,7 @@ def test_nvidia_runtime_environment(built: dict[str, list[Doc]]) -> None:
 
 def test_resources(built: dict[str, list[Doc]]) -> None:
     assert agent_container(built["standard"])["resources"] == {
-        "requests": {"cpu": "50m", "memory": "128Mi"},
+        "requests": {"cpu": "50m", "memory": "112Mi"},
         "limits": {"memory": "512Mi"},
     }
     probe = agent_container(built["probe"])["resources"]
@@ -1151,7 +1151,7 @@ def test_deploy_doc_covers_what_it_must() -> None:
         "IPC_LOCK",
     ):
         assert re.search(rf"^\| `{cap}` \|", table, re.MULTILINE), cap
-    for phrase in ("hostNetwork", "What is unverified", "128Mi", "512Mi", "system-node-critical"):
+    for phrase in ("hostNetwork", "What is unverified", "112Mi", "512Mi", "system-node-critical"):
         assert phrase in doc, phrase
     # every top-level value is documented
     values = yaml.safe_load((DEPLOY / "helm" / "fabricscope" / "values.yaml").read_text())

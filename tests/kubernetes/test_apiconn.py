@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -204,3 +206,27 @@ def test_a_bad_kubeconfig_is_one_clear_error(tmp_path: Path, doc: str, message: 
     path.write_text(doc)
     with pytest.raises(KubeConfigError, match=message):
         kubeconfig_endpoint(path)
+
+
+def test_a_yaml_kubeconfig_is_read_and_a_json_one_without_pyyaml(tmp_path: Path) -> None:
+    """JSON is YAML too: a kubeconfig in JSON is read with the standard library (PyYAML, about
+    1 MiB resident, stays out of the process), one in YAML's block style with PyYAML."""
+    (tmp_path / "config.yaml").write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters:\n- name: k\n  cluster:\n    server: https://k:6443\n"
+        "contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\n"
+        "users:\n- name: u\n  user:\n    token: abc\n"
+    )
+    ep = kubeconfig_endpoint(tmp_path / "config.yaml")
+    assert ep.server == "https://k:6443" and ep.bearer is not None and ep.bearer() == "Bearer abc"
+    path = kubeconfig(tmp_path, {"token": "abc"})
+    probe = (
+        "import sys; from pathlib import Path\n"
+        "from agent.kubernetes.apiconn import kubeconfig_endpoint\n"
+        f"assert kubeconfig_endpoint(Path({str(path)!r})).server == 'https://k:6443'\n"
+        "assert 'yaml' not in sys.modules, 'yaml imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr

@@ -46,13 +46,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from agent.kubernetes.pods import mapping_field, resource_version, text_field
 from agent.kubernetes.podwatch import (
     ListWatch,
     WatchSettings,
     default_api_client,
-    mapping_field,
-    resource_version,
-    text_field,
     watch_event,
 )
 

@@ -1,0 +1,105 @@
+"""A supervised child (``python -m agent.core.childproc``) starts clean: no file descriptor of
+the agent's but its pipe and the standard streams, no signal handler of the agent's, and none
+of the supervisor's modules (``subprocess``) nor the pod watch's HTTP and TLS; after a pass it
+hands what the pass freed back to the kernel (``malloc_trim``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.core.isolation import ChildSpec, IsolatedSampler
+
+
+@dataclass(frozen=True, slots=True)
+class ChildView:
+    """What the child saw of itself."""
+
+    fds: tuple[str, ...]  # what each open fd points to
+    usr1: str  # SIGUSR1's disposition
+
+
+class _Report:
+    def sample(self) -> ChildView:
+        fds = []
+        for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+            try:
+                fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:  # the directory's own fd, gone once listed
+                continue
+        usr1 = signal.getsignal(signal.SIGUSR1)
+        return ChildView(tuple(fds), str(usr1))
+
+
+def report() -> _Report:
+    """The factory the child runs (``tests.core.test_childproc:report``)."""
+    return _Report()
+
+
+def test_the_child_inherits_no_fd_and_no_signal_handler(tmp_path: Path) -> None:
+    secret = tmp_path / "agent-only"
+    secret.write_text("x")
+    fd = os.open(secret, os.O_RDONLY)
+    os.set_inheritable(fd, True)  # even one marked inheritable stays the agent's
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    sampler = IsolatedSampler(
+        "fdcheck", ChildSpec("tests.core.test_childproc:report"), timeout_seconds=30
+    )
+    try:
+        view = sampler.sample()
+    finally:
+        sampler.close()
+        signal.signal(signal.SIGUSR1, previous)
+        os.close(fd)
+    assert isinstance(view, ChildView)
+    assert not any(str(secret) in target for target in view.fds), view.fds
+    # stdin (the request pipe), stdout pointed at stderr, stderr, the answer pipe
+    assert len(view.fds) <= 4, view.fds
+    assert view.usr1 == str(signal.SIG_DFL)
+
+
+LEAN = """
+import sys
+import agent.core.childproc
+import agent.throughput.sampler
+import agent.throughput.child
+import agent.nvml.sampler
+heavy = [m for m in ("ssl", "http.client", "hashlib", "subprocess", "tempfile", "email")
+         if m in sys.modules]
+assert not heavy, heavy
+"""
+
+
+def test_a_childs_imports_leave_out_tls_http_and_subprocess() -> None:
+    """What the NVML and throughput children import (their factories and samplers): no TLS
+    (OpenSSL's libcrypto is about 3.5 MiB resident), no HTTP, no ``subprocess``."""
+    done = subprocess.run(
+        [sys.executable, "-c", LEAN], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_environments_start_up_hooks_do_not_run_in_the_child(tmp_path: Path) -> None:
+    """A ``sitecustomize`` (or a ``.pth`` import line) of the Python environment runs in the
+    agent but not in its children (``python -S``), which still find every module the agent
+    finds."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    marker = tmp_path / "hook-ran"
+    (hooks / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    env = dict(os.environ, PYTHONPATH=str(hooks))
+    sampler = IsolatedSampler(
+        "hookcheck", ChildSpec("tests.core.test_childproc:report"), timeout_seconds=30, env=env
+    )
+    try:
+        assert isinstance(sampler.sample(), ChildView)  # the factory's module was found
+    finally:
+        sampler.close()
+    assert not marker.exists()
+    # the same environment does run the hook in a plain interpreter: the check can fail
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True, timeout=60)
+    assert marker.exists()
