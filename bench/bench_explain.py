@@ -12,11 +12,15 @@ Measured per size, over ``--runs`` runs of the whole command (``python -m export
 explain``, interpreter start included): wall time, explain's user+system CPU and peak RSS
 (``getrusage`` of the child), its query count and bytes (its own ``--log.level=info``
 summary: received gzip'd, and uncompressed), Prometheus's user+system CPU during the run
-(``/proc/PID/stat``), and the top finding.
+(``/proc/PID/stat``), and the top finding. On Prometheus also the samples its engine read
+for the run's queries (its query log's ``totalQueryableSamples``, summed): what the
+queries ask of it, which other load on the machine does not change; ``--query-log FILE``
+writes the last run's queries, heaviest first, one line each (samples, seconds, its PromQL
+with the job's name alternations elided).
 
     python bench/bench_explain.py [--nodes 64,256,1024] [--hours 1,6] [--runs 3]
         [--workdir /tmp/fabricscope-bench-explain] [--plot docs/explain-ib_link_bad.png]
-        [--against /path/to/another/checkout]
+        [--against /path/to/another/checkout] [--query-log FILE]
 
 ``--against`` runs another checkout's explain (its own ``exporter``) against the same
 Prometheus in the same session, the two taking turns run by run (who goes first alternates),
@@ -40,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,17 +102,68 @@ def _build(workdir: Path, nodes: int, hours: float, step: float) -> tuple[Path, 
     return build, json.loads(meta.read_text())
 
 
+def _query_log(workdir: Path) -> Path:
+    return workdir / "prometheus" / "queries.jsonl"
+
+
+def _log_queries(url: str, config: Path, log: Path) -> None:
+    """Turn on Prometheus's query log (``global.query_log_file``, a reload away): every
+    query with the samples it read and its timings."""
+    text = config.read_text()
+    config.write_text(text.replace("global:\n", f"global:\n  query_log_file: {log}\n", 1))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(urllib.request.Request(f"{url}/-/reload", method="POST"), timeout=30):
+        pass
+
+
+def _logged(log: Path, offset: int) -> list[dict[str, object]]:
+    """The queries logged past ``offset`` bytes of ``log`` (none when it has no log)."""
+    if not log.exists():
+        return []
+    with log.open("rb") as fh:
+        fh.seek(offset)
+        return [json.loads(line) for line in fh.read().splitlines() if line.strip()]
+
+
+def _samples(entry: dict[str, object]) -> int:
+    stats = entry.get("stats")
+    if not isinstance(stats, dict):
+        return 0
+    samples = stats.get("samples")
+    return int(samples.get("totalQueryableSamples", 0)) if isinstance(samples, dict) else 0
+
+
+def _query_lines(entries: list[dict[str, object]]) -> list[str]:
+    """One line per query, heaviest first: samples read, evaluation seconds, endpoint, its
+    PromQL (name alternations elided)."""
+    rows = []
+    for e in entries:
+        params = e.get("params")
+        stats = e.get("stats")
+        http = e.get("httpRequest")
+        query = str(params.get("query", "")) if isinstance(params, dict) else ""
+        timings = stats.get("timings", {}) if isinstance(stats, dict) else {}
+        seconds = float(timings.get("evalTotalTime", 0.0)) if isinstance(timings, dict) else 0.0
+        path = str(http.get("path", "")) if isinstance(http, dict) else ""
+        short = re.sub(r'=~"[^"]{80,}"', '=~"..."', query)
+        rows.append((_samples(e), seconds, path.rsplit("/", 1)[-1], short))
+    rows.sort(key=lambda r: -r[0])
+    return [f"{n:>10,} {t:7.3f}s {path:<11} {q}" for n, t, path, q in rows]
+
+
 @contextmanager
 def serve(backend: str, workdir: Path, tsdb: Path) -> Iterator[tuple[str, int, int]]:
     """The TSDB served by ``backend``: (query URL, server PID, series: -1 to count). For
     VictoriaMetrics the same blocks are imported with vmctl (tests/vmharness.py) first; it
     keeps its default limits but one, so its series count is the import's (a count over every
     series exceeds its -search.maxUniqueTimeseries at 1,024 nodes). The one: explain's
-    longest query at 64 nodes a query is 18.6 KB, over the default -search.maxQueryLen
-    (16 KiB; docs/install.md, VictoriaMetrics)."""
+    longest query for the 1,024-node job is 27.8 KB (its nodes named three times), over the
+    default -search.maxQueryLen (16 KiB; docs/install.md, VictoriaMetrics)."""
     shutil.rmtree(workdir / backend, ignore_errors=True)
     if backend == "prometheus":
-        with start_prometheus(workdir / backend, [], tsdb_path=tsdb) as prom:
+        lifecycle = ["--web.enable-lifecycle"]
+        with start_prometheus(workdir / backend, [], tsdb_path=tsdb, extra_args=lifecycle) as prom:
+            _log_queries(prom.url, workdir / backend / "prometheus.yml", _query_log(workdir))
             yield prom.url, prom.process.pid, -1
     else:
         with start_victoria_metrics(workdir / backend, ["-search.maxQueryLen=64KiB"]) as vm:
@@ -128,9 +184,11 @@ def measure(
     plot: Path | None,
     against: Path | None = None,
     backend: str = "prometheus",
+    query_log: Path | None = None,
 ) -> list[dict[str, object]]:
     """One result per checkout: this one, then ``against`` when given; ``backend`` serves
-    the data (prometheus, or victoriametrics)."""
+    the data (prometheus, or victoriametrics); ``query_log``: where this checkout's last
+    run's queries go, heaviest first (Prometheus only)."""
     build, slot = _build(workdir, nodes, hours, step)
     with serve(backend, workdir, build / "tsdb") as (url, server_pid, imported):
         series = imported
@@ -165,9 +223,17 @@ def measure(
         checkouts = [ROOT] + ([against.resolve()] if against is not None else [])
         rows: dict[Path, list[dict[str, float]]] = {c: [] for c in checkouts}
         transcript = ""
+        queries: list[str] = []
+        log = _query_log(workdir) if backend == "prometheus" else None
         for i in range(runs):
             for code in checkouts if i % 2 == 0 else checkouts[::-1]:
+                mark = log.stat().st_size if log is not None and log.exists() else 0
                 row, out = _one(server_pid, args, code, plot if i == 0 and code == ROOT else None)
+                if log is not None:
+                    entries = _logged(log, mark)
+                    row["prometheus_samples_millions"] = sum(map(_samples, entries)) / 1e6
+                    if code == ROOT:
+                        queries = _query_lines(entries)
                 rows[code].append(row)
                 if code == ROOT:
                     transcript = transcript or out
@@ -182,6 +248,8 @@ def measure(
         )
         top = json.loads(js.stdout)["findings"][0]
     print(transcript, file=sys.stderr)
+    if query_log is not None and queries:
+        query_log.write_text("\n".join(queries) + "\n")
     results = []
     for code, got in rows.items():
         result: dict[str, object] = {
@@ -230,6 +298,21 @@ def _one(
     return row, out.stdout
 
 
+#: the measures printed as this checkout's over the other's
+RATIOS = (
+    "wall_s",
+    "cpu_s",
+    "rss_mib",
+    "queries",
+    "prometheus_cpu_s",
+    "prometheus_samples_millions",
+)
+
+
+def _millions(value: object) -> str:
+    return f"{value:.1f} M" if isinstance(value, float) else "-"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", default="64", help="comma-separated job sizes")
@@ -246,6 +329,12 @@ def main() -> int:
         help="another checkout whose explain takes turns with this one's (side by side)",
     )
     ap.add_argument(
+        "--query-log",
+        type=Path,
+        default=None,
+        help="write this checkout's last run's queries here, heaviest first (Prometheus)",
+    )
+    ap.add_argument(
         "--backends",
         default="prometheus",
         help="comma-separated: prometheus, victoriametrics (the same blocks, imported)",
@@ -255,14 +344,14 @@ def main() -> int:
     print(
         "| backend | nodes | window | checkout | series / samples in the TSDB "
         "| wall, median (max) | explain CPU | explain RSS | queries | received (uncompressed) "
-        "| server CPU | top finding |"
+        "| server CPU | samples the server read | top finding |"
     )
-    print("|" + " --- |" * 12)
+    print("|" + " --- |" * 13)
     sizes = [(int(n), float(h)) for n in ns.nodes.split(",") for h in ns.hours.split(",")]
     for (nodes, hours), backend in ((s, b) for s in sizes for b in ns.backends.split(",")):
         both = measure(
             ns.workdir, nodes, hours, ns.step, runs=ns.runs, plot=ns.plot,
-            against=ns.against, backend=backend,
+            against=ns.against, backend=backend, query_log=ns.query_log,
         )  # fmt: skip
         results += both
         for r in both:
@@ -272,15 +361,15 @@ def main() -> int:
                 f"| {r['wall_s']:.1f} s ({r['wall_max_s']:.1f} s) | {r['cpu_s']:.1f} s "
                 f"| {r['rss_mib']:.0f} MiB | {r['queries']:.0f} | {r['mb_received']:.1f} MB "
                 f"({r['mb_uncompressed']:.1f} MB) | {r['prometheus_cpu_s']:.1f} s "
-                f"| {r['top']} |",
+                f"| {_millions(r.get('prometheus_samples_millions'))} | {r['top']} |",
                 flush=True,
             )
         if len(both) == 2:
             this, other = both
             ratios = ", ".join(
                 f"{k} {float(this[k]) / float(other[k]):.2f}"  # type: ignore[arg-type]
-                for k in ("wall_s", "cpu_s", "rss_mib", "queries", "prometheus_cpu_s")
-                if float(other[k])  # type: ignore[arg-type]
+                for k in RATIOS
+                if k in this and k in other and float(other[k])  # type: ignore[arg-type]
             )
             print(f"this checkout over {other['checkout']}: {ratios}", flush=True)
     if ns.json:

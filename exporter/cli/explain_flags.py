@@ -49,7 +49,7 @@ def add_parser(sub: Any) -> None:
         default=None,  # explain.plan's MAX_NAMES_PER_QUERY: not imported to build the parser
         metavar="N",
         help="instances (or pods) one query names at most: a larger job's checks run as "
-        "one query per group, each reading a bounded number of samples (default: 64)",
+        "one query per group, each answer and query text bounded (default: 1024)",
     )
     g.add_argument(
         "--deadline",

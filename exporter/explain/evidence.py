@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from typing import cast
 
 from exporter.explain import noise
 from exporter.explain.checks import CHECKS, THRESHOLD, Check, _escape
-from exporter.explain.client import PrometheusClient, Sample
+from exporter.explain.client import Pair, PrometheusClient, Sample
 from exporter.explain.plan import MAX_NAMES_PER_QUERY, groups
+from exporter.explain.shared import DERIVED, SHARED_READS
+from exporter.explain.shared import derive as derive_shared
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +119,14 @@ class Window:
         return f"{max(1, round(self.seconds))}s"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Measurement:
     """One check on one device: baseline and slow figures (in the check's display unit),
     the change that was scored and the score.
+
+    Never changed once made (a changed one is a new one: ``dataclasses.replace``), but not
+    ``frozen``: a 1,024-node job makes 300,000 of them, and a frozen dataclass's
+    ``__init__`` (``object.__setattr__`` per field) costs seven times a plain one's.
 
     ``base``/``slow_window``: where each figure was taken (the whole period, or the part
     of it the series covers). ``noise``: the standard deviation of the change the baseline's
@@ -310,41 +318,87 @@ def evaluate(
     *,
     checks: Sequence[Check] = CHECKS,
     workers: int = 8,
+    derive: bool = True,
 ) -> list[CheckResult]:
-    """Run every check (two instant queries each, ``workers`` at a time)."""
+    """Run every check (two instant queries each, ``workers`` at a time; the checks of
+    :data:`DERIVED` from reads they share, each asked once, unless ``derive`` is False)."""
 
     seconds = {c.name: period_seconds(c, periods) for c in checks}
-
-    def run(job: tuple[Check, str]) -> tuple[list[Sample], list[Sample]]:
-        check, sel = job
-        base = client.query(check.expr(sel, f"{periods.base_seconds}s"), periods.base_end)
-        d = f"{seconds[check.name]}s"
-        slow = client.query(check.expr(sel, d), periods.slow_end)
-        return base, slow
-
     planned = [c for c in checks if scope.selectors(c)]
-    jobs = [(c, sel) for c in planned for sel in scope.selectors(c)]
+    derived = {
+        c.name: DERIVED[c.name]
+        for c in planned
+        if derive and c.name in DERIVED and DERIVED[c.name].template == c.template
+    }
+    # a unit of work: a check's template, or a shared read (by name), over one selector and
+    # the check's ranges; the shared reads of the derived checks asked once for all of them
+    units: dict[tuple[str, str, int, str], str] = {}
+    for c in planned:
+        for sel in scope.selectors(c):
+            if c.name not in derived:
+                units[("check", c.name, seconds[c.name], sel)] = c.template
+                continue
+            for read in derived[c.name].reads:
+                units[("read", read, seconds[c.name], sel)] = SHARED_READS[read]
+    jobs = list(units)
+
+    def run(job: tuple[str, str, int, str]) -> tuple[list[Pair], list[Pair]]:
+        template, sel = units[job], job[3]
+        base_expr = template.format(sel=sel, d=f"{periods.base_seconds}s", peers=sel)
+        base = client.vector(base_expr, periods.base_end)
+        slow_expr = template.format(sel=sel, d=f"{job[2]}s", peers=sel)
+        return base, client.vector(slow_expr, periods.slow_end)
+
+    answers: dict[tuple[str, str, int, str], tuple[list[Pair], list[Pair]]] = {}
+    needs = {
+        c.name: [
+            u
+            for sel in scope.selectors(c)
+            for u in (
+                [("read", r, seconds[c.name], sel) for r in derived[c.name].reads]
+                if c.name in derived
+                else [("check", c.name, seconds[c.name], sel)]
+            )
+        ]
+        for c in planned
+    }
+    waiting = {c.name: len(needs[c.name]) for c in planned}
+    users: dict[tuple[str, str, int, str], list[Check]] = defaultdict(list)
+    for c in planned:
+        for u in needs[c.name]:
+            users[u].append(c)
+    still_needed = {u: len(cs) for u, cs in users.items()}
+    done: dict[str, CheckResult] = {}
+    # each check compared as soon as its answers are in, while Prometheus answers the next
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        answers = list(pool.map(run, jobs))
-    base_of: dict[str, list[Sample]] = defaultdict(list)
-    slow_of: dict[str, list[Sample]] = defaultdict(list)
-    for (check, _), (base, slow) in zip(jobs, answers, strict=True):
-        base_of[check.name] += base
-        slow_of[check.name] += slow
-    return [
-        compare(
-            c,
-            base_of[c.name],
-            slow_of[c.name],
-            seconds[c.name] / periods.base_seconds,
-            base_window=Window(periods.base_seconds, periods.base_end),
-            slow_window=Window(seconds[c.name], periods.slow_end),
-            job_selector=scope.selectors(c)[0] if c.whole_job else "",
-        )
-        if c in planned
-        else CheckResult(c)
-        for c in checks
-    ]
+        futures = {pool.submit(run, job): job for job in jobs}
+        for future in as_completed(futures):
+            job = futures[future]
+            answers[job] = future.result()
+            for c in users[job]:
+                waiting[c.name] -= 1
+                if waiting[c.name]:
+                    continue
+                got = [answers[u] for u in needs[c.name]]
+                if c.name in derived:
+                    base, slow = derive_shared(derived[c.name], needs[c.name], got)
+                else:
+                    base = [p for a in got for p in a[0]]
+                    slow = [p for a in got for p in a[1]]
+                done[c.name] = compare_pairs(
+                    c,
+                    base,
+                    slow,
+                    seconds[c.name] / periods.base_seconds,
+                    base_window=Window(periods.base_seconds, periods.base_end),
+                    slow_window=Window(seconds[c.name], periods.slow_end),
+                    job_selector=scope.selectors(c)[0] if c.whole_job else "",
+                )
+                for u in needs[c.name]:
+                    still_needed[u] -= 1
+                    if not still_needed[u]:
+                        del answers[u]  # compared: not held until the last check is
+    return [done[c.name] if c.name in done else CheckResult(c) for c in checks]
 
 
 def period_seconds(check: Check, periods: Periods) -> int:
@@ -365,54 +419,101 @@ def compare(
     """Join baseline and slow samples per device and score them (against the significance
     level; :mod:`exporter.explain.judge` then holds the changes that come near it to their
     coverage and noise)."""
-    by_key: dict[tuple[str, ...], list[Sample | None]] = defaultdict(lambda: [None, None])
-    names = ("instance", *check.identity)
-    for i, samples in enumerate((base, slow)):
-        for s in samples:
-            get = s.labels.get
-            by_key[tuple([get(n, "") for n in names])][i] = s
-    result = CheckResult(check, series=len(by_key))
+    return compare_pairs(
+        check,
+        [(s.labels, s.value) for s in base],
+        [(s.labels, s.value) for s in slow],
+        ratio,
+        base_window=base_window,
+        slow_window=slow_window,
+        job_selector=job_selector,
+    )
+
+
+def _keyer(names: tuple[str, ...]) -> Callable[[Mapping[str, str]], tuple[str, ...]]:
+    """:func:`key` for ``names``: the labels looked up at once, "" for a missing one."""
+    if len(names) < 2:
+        return lambda labels: tuple([labels.get(n, "") for n in names])
+    every = operator.itemgetter(*names)
+
+    def keyof(labels: Mapping[str, str]) -> tuple[str, ...]:
+        try:
+            return cast("tuple[str, ...]", every(labels))
+        except KeyError:
+            return tuple([labels.get(n, "") for n in names])
+
+    return keyof
+
+
+def compare_pairs(
+    check: Check,
+    base: Sequence[Pair],
+    slow: Sequence[Pair],
+    ratio: float,
+    *,
+    base_window: Window | None = None,
+    slow_window: Window | None = None,
+    job_selector: str = "",
+) -> CheckResult:
+    """:func:`compare` of ``(labels, value)`` pairs (``PrometheusClient.vector``'s answers).
+    It runs once per device of the job per check (300,000 times for a 1,024-node job): one
+    dict per period, the device's figures and score in place."""
+    keyof = _keyer(("instance", *check.identity))
+    base_by = {keyof(labels): (labels, value) for labels, value in base}
+    slow_by = {keyof(labels): (labels, value) for labels, value in slow}
+    order = [*base_by, *(k for k in slow_by if k not in base_by)]
+    result = CheckResult(check, series=len(order))
+    events = check.mode == "events"
+    display = check.display
+    scale = 1.0 if events else check.scale
     # a pod-scoped check's baseline is the job's when a pod has none of its own (a restarted
     # job's new pods): the median of the job's pods then, its noise their spread; a
     # device-scoped check never borrows
     before: list[float] = []
     if check.scope == "pod":
-        before = [s.value for s in base if math.isfinite(s.value)]
-    if check.mode == "events":
-        before = [check.display(v) for v in before]
+        before = [v for _, v in base if math.isfinite(v)]
+    if events:
+        before = [display(v) for v in before]
     job = statistics.median(before) if before else None
     job_sigma = noise.values_spread(before) if job is not None else 0.0
-    for base_sample, slow_sample in by_key.values():
-        bv = _finite(base_sample)
-        sv = _finite(slow_sample)
-        if check.mode == "events":  # whole events, as printed (round() in the PromQL)
-            bv = None if bv is None else check.display(bv)
-            sv = None if sv is None else check.display(sv)
+    out = result.measurements
+    isfinite = math.isfinite
+    for k in order:
+        b = base_by.get(k)
+        s = slow_by.get(k)
+        bv = b[1] if b is not None and isfinite(b[1]) else None
+        sv = s[1] if s is not None and isfinite(s[1]) else None
+        if events:  # whole events, as printed (round() in the PromQL)
+            bv = None if bv is None else display(bv)
+            sv = None if sv is None else display(sv)
         borrowed = bv is None and sv is not None and job is not None
         if borrowed:
             bv = job
-        present = slow_sample if slow_sample is not None else base_sample
-        labels = present.labels if present is not None else {}
+        labels = s[0] if s is not None else b[0] if b is not None else {}
         naive = score(check, bv, sv, ratio)
         sigma = _relative(check, bv, job_sigma) if borrowed else 0.0
-        sc = score(check, bv, sv, ratio, sigma) if borrowed else naive
-        result.measurements.append(
+        out.append(
             Measurement(
                 check,
                 labels,
-                _scaled(check, bv),
-                _scaled(check, sv),
-                sc,
+                None if bv is None else bv * scale,
+                None if sv is None else sv * scale,
+                score(check, bv, sv, ratio, sigma) if borrowed else naive,
                 borrowed,
                 base_window,
                 slow_window,
-                noise=_scaled(check, job_sigma) if borrowed else None,
-                naive_score=naive,
-                job_selector=job_selector,
+                None if not borrowed else job_sigma * scale,
+                naive,
+                "",
+                "",
+                job_selector,
             )
         )
-    result.measurements.sort(key=lambda m: -m.score)
+    out.sort(key=_by_score, reverse=True)  # stable: equal scores keep the answer's order
     return result
+
+
+_by_score = operator.attrgetter("score")
 
 
 def _relative(check: Check, base: float | None, sigma: float) -> float:
@@ -420,20 +521,6 @@ def _relative(check: Check, base: float | None, sigma: float) -> float:
     if check.mode == "drop":
         return sigma / base if base else 0.0
     return sigma
-
-
-def _finite(sample: Sample | None) -> float | None:
-    if sample is None or not math.isfinite(sample.value):
-        return None
-    return sample.value
-
-
-def _scaled(check: Check, value: float | None) -> float | None:
-    if value is None:
-        return None
-    if check.mode == "events":
-        return value
-    return value * check.scale
 
 
 # --- NCCL settings across the job's pods ----------------------------------------------------

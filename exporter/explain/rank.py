@@ -104,12 +104,17 @@ def rank(
             elif m.score > 0:
                 groups[(m.check.cause, inventory.name(m.check, m.labels))].append(m)
     out = []
+    # one link per cause and node (a 1,024-node job's thousands of candidates share them)
+    links: dict[tuple[str, str], str] = {}
     for (cause, device), ms in groups.items():
         ms.sort(key=lambda m: -m.score)
         top = ms[0]
         lines = [*ms, *blind.get(device, [])]
         inst = top.labels.get("instance", "")
         _, slow = queries(top, env_sel)
+        link = links.get((cause, inst))
+        if link is None:
+            link = links[(cause, inst)] = panel_link(grafana, cause, inst, periods, job)
         out.append(
             Finding(
                 cause,
@@ -119,7 +124,7 @@ def rank(
                 round(top.score, 2),
                 tuple(m.text for m in lines),
                 slow.promql if slow else "",
-                panel_link(grafana, cause, inst, periods, job),
+                link,
                 peer=top.labels.get("peer", "") if top.check.key == "probe" else "",
                 measurements=tuple(lines),
                 promql_at=slow.at if slow else periods.slow_end,

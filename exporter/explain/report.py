@@ -30,7 +30,7 @@ from typing import Literal
 from exporter.explain import blind, changepoint, discover, evidence, judge, rank, switches
 from exporter.explain.checks import CHECKS, THRESHOLD
 from exporter.explain.client import PrometheusClient
-from exporter.explain.plan import MAX_NAMES_PER_QUERY
+from exporter.explain.plan import MAX_NAMES_PER_QUERY, without_cycle_collector
 
 #: steps a window is cut into at most; a step is never below the usual 15 s scrape interval
 NICE_STEPS = (15, 30, 60, 120, 300, 600, 900, 1800, 3600)
@@ -123,6 +123,7 @@ class Report:
         return EXIT_CODES[self.verdict]
 
 
+@without_cycle_collector
 def explain(
     client: PrometheusClient,
     job: discover.JobSpec,

@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 
 from exporter.explain import plot, render
-from exporter.explain.checks import THRESHOLD
+from exporter.explain.checks import CHECKS_BY_NAME, THRESHOLD
 from exporter.explain.client import ClientSettings, PrometheusClient
 from exporter.explain.discover import JobSpec
+from exporter.explain.evidence import Scope, evaluate, key
 from exporter.explain.plan import RunLedger
 from exporter.explain.report import Report, explain
+from exporter.explain.shared import DERIVED
 from tests.explain.reproduce import assert_every_figure_reproduces
 from tests.lab.backfill import TEST_HOURS, TEST_STEP, ScenarioCache, ServedScenario
 from tests.lab.scenarios import (
@@ -134,6 +136,33 @@ def test_healthy_is_no_fabric_cause(reports: dict[str, Report]) -> None:
     assert report.causes == []
     checked = {c.check: c.devices for c in report.checked}
     assert checked["symbol_errors"] >= 32 and checked["nvlink_errors"] == 32
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_checks_computed_from_shared_reads_equal_their_templates(
+    lab_cache: ScenarioCache, reports: dict[str, Report], name: str
+) -> None:
+    """rail_share and xmit_wait_share are computed from the ports' data and wait rates, each
+    asked once (exporter.explain.shared): on every scenario each device's
+    figures and score equal those of their templates asked of Prometheus."""
+    s = lab_cache.get(name, TEST_HOURS, TEST_STEP)
+    client = PrometheusClient(ClientSettings(s.url))
+    r = reports[name]
+    scope = Scope(r.footprint.instances, NAMESPACE, r.footprint.pods)
+    checks = [CHECKS_BY_NAME[n] for n in DERIVED]
+    assert all(DERIVED[c.name].template == c.template for c in checks)  # in use
+
+    def figures(derive: bool) -> list[dict[tuple[str, ...], tuple[object, ...]]]:
+        results = evaluate(client, scope, r.periods, checks=checks, derive=derive)
+        return [
+            {key(m.check, m.labels): (m.baseline, m.slow, m.score) for m in res.measurements}
+            for res in results
+        ]
+
+    computed, asked = figures(True), figures(False)
+    assert computed == asked
+    assert all(len(f) >= 32 for f in asked)  # every port of the four nodes
+    assert any(v[1] for f in asked for v in f.values())  # not all zero
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

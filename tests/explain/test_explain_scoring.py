@@ -139,7 +139,7 @@ def test_events_are_counted_back_over_the_guard_step() -> None:
     asked: list[tuple[str, float]] = []
 
     class Recorder:
-        def query(self, expr: str, at: float) -> list[Sample]:
+        def vector(self, expr: str, at: float) -> list[Sample]:
             asked.append((expr, at))
             return []
 
@@ -151,6 +151,37 @@ def test_events_are_counted_back_over_the_guard_step() -> None:
     slow = {expr.split("(")[1].split("{")[0]: expr for expr, at in asked if at == 2000.0}
     assert slow["fabricscope_infiniband_port_link_downed_total"].endswith("[1030s])")
     assert slow["fabricscope_infiniband_port_symbol_errors_total"].endswith("[1000s])")
+
+
+def test_checks_that_share_reads_ask_each_once_and_a_changed_template_as_it_is() -> None:
+    """rail_share and xmit_wait_share are computed from the ports' data and wait rates,
+    each asked once per period for both (three reads instead of the templates' seven);
+    a check whose template is not the one its computation follows is asked as it is."""
+    import dataclasses
+
+    from exporter.explain.shared import DERIVED
+
+    asked: list[str] = []
+
+    class Recorder:
+        def vector(self, expr: str, at: float) -> list[Sample]:
+            asked.append(expr)
+            return []
+
+    periods = Periods(0.0, 970.0, 1000.0, 2000.0)
+    scope = Scope(("node-01", "node-02"), "", ())
+    shared = [CHECKS_BY_NAME[name] for name in ("rail_share", "xmit_wait_share")]
+    assert all(DERIVED[c.name].template == c.template for c in shared)  # in use
+    evaluate(Recorder(), scope, periods, checks=shared)  # type: ignore[arg-type]
+    assert len(asked) == 6  # tx, rx, wait: once a period each
+    assert {e.split("{")[0] for e in asked} == {
+        f"rate(fabricscope_infiniband_port_{m}_total"
+        for m in ("transmitted_bytes", "received_bytes", "transmit_wait")
+    }
+    asked.clear()
+    changed = dataclasses.replace(shared[0], template=shared[0].template.replace("0.5", "0.25"))
+    evaluate(Recorder(), scope, periods, checks=[changed])  # type: ignore[arg-type]
+    assert len(asked) == 2 and all("quantile by (instance) (0.25," in e for e in asked)
 
 
 # --- the noise model, coverage and blind evidence (pure parts) -----------------------------
