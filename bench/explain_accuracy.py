@@ -388,8 +388,13 @@ def markdown(s: dict, command: str) -> str:  # type: ignore[type-arg]
         ),
         "",
         f"Top-1 over all cases {100 * s['all']['top1']:.1f} % (above {100 * lo['all']:.1f} %, "
-        f"95 % one-sided Clopper-Pearson); over the {s['faulty']['cases']} with faults "
-        f"{100 * s['faulty']['top1']:.1f} % (above {100 * lo['faulty']:.1f} %).",
+        "95 % one-sided Clopper-Pearson)"
+        + (
+            f"; over the {s['faulty']['cases']} with faults {100 * s['faulty']['top1']:.1f} % "
+            f"(above {100 * lo['faulty']:.1f} %)."
+            if s["faulty"]["cases"]
+            else "."
+        ),
         "",
         f"Healthy windows: {h['false_causes']} of {h['windows']} with a false cause; "
         f"the rate is below {100 * h['upper95']:.1f} % (95 % one-sided Clopper-Pearson).",
