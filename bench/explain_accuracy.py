@@ -359,7 +359,9 @@ def upper_bound(k: int, n: int, confidence: float = 0.95) -> float:
 
 def markdown(s: dict, command: str) -> str:  # type: ignore[type-arg]
     def pct(x: float) -> str:
-        return "-" if math.isnan(x) else f"{100 * x:.0f} %"
+        if math.isnan(x):
+            return "-"
+        return f"{100 * x:.0f} %" if x in (0.0, 1.0) else f"{100 * x:.1f} %"
 
     h = s["healthy"]
 
