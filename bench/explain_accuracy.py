@@ -359,7 +359,9 @@ def upper_bound(k: int, n: int, confidence: float = 0.95) -> float:
 
 def markdown(s: dict, command: str) -> str:  # type: ignore[type-arg]
     def pct(x: float) -> str:
-        return "-" if math.isnan(x) else f"{100 * x:.0f} %"
+        if math.isnan(x):
+            return "-"
+        return f"{100 * x:.0f} %" if x in (0.0, 1.0) else f"{100 * x:.1f} %"
 
     h = s["healthy"]
 
@@ -388,8 +390,13 @@ def markdown(s: dict, command: str) -> str:  # type: ignore[type-arg]
         ),
         "",
         f"Top-1 over all cases {100 * s['all']['top1']:.1f} % (above {100 * lo['all']:.1f} %, "
-        f"95 % one-sided Clopper-Pearson); over the {s['faulty']['cases']} with faults "
-        f"{100 * s['faulty']['top1']:.1f} % (above {100 * lo['faulty']:.1f} %).",
+        "95 % one-sided Clopper-Pearson)"
+        + (
+            f"; over the {s['faulty']['cases']} with faults {100 * s['faulty']['top1']:.1f} % "
+            f"(above {100 * lo['faulty']:.1f} %)."
+            if s["faulty"]["cases"]
+            else "."
+        ),
         "",
         f"Healthy windows: {h['false_causes']} of {h['windows']} with a false cause; "
         f"the rate is below {100 * h['upper95']:.1f} % (95 % one-sided Clopper-Pearson).",

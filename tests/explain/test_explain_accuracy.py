@@ -3,7 +3,10 @@ classes at 16 nodes, generated from seed 11 (a spine, a cable erring at its swit
 pod's NCCL falling back to sockets, a hung rank, a healthy window, two faults at once), each
 backfilled into a real Prometheus and asked as an SRE would ask; every one must come out
 right (top-1 100 %, no false cause on the healthy window), as it did when the slice was
-fixed. The full benchmark and its table of misses: docs/explain.md."""
+fixed. It fails on a regression: without the checks of a cable's switch end its cable case
+ranks nothing first. About 20 s. The full benchmark and its table of misses:
+docs/explain.md; the spine at 1,024 nodes is held by tests/explain/test_explain_switches.py
+(two of 71 leaves' links to one spine), which a slice of this size cannot afford."""
 
 from __future__ import annotations
 
