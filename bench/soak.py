@@ -1,7 +1,7 @@
-"""Does the agent grow? Runs it for ``--duration`` under far more work per hour than a node
-gives it, samples the RSS and PSS of the main process and of each supervised child every
-``--every`` seconds, and fits a line (least squares) to each after a warm-up: the slope in
-MiB a day, checked against ``--max-slope`` (exit 1 above it).
+"""Does the agent grow? Runs it for ``--warmup`` + ``--duration`` seconds under far more work
+per hour than a node gives it, samples the RSS, PSS and USS of the main process and of each
+supervised child every ``--every`` seconds, fits each one's growth in MiB a day, and judges
+all processes together against ``--max-slope``.
 
 The load (real processes and sockets; only the cluster is stood in for, as in
 ``bench/bench_sizing.py``, whose stand-ins this reuses):
@@ -17,12 +17,20 @@ The load (real processes and sockets; only the cluster is stood in for, as in
   (SIGKILL) every ``--kill-child`` seconds: the agent replaces it (child restarts);
 - ``/metrics`` scraped every ``--scrape`` seconds.
 
-A child's slope is fitted over its current process's samples joined across restarts (a
-new child starts from the same imports). What one page of jitter costs: a fit over T
-seconds cannot resolve slopes much below 4 KiB / T (a 5-minute run: about 1 MiB a day), so
-the short variant CI runs checks a bound that catches a leak (dcgm-exporter's grows to
-512 MiB in one or two days: 250-500 MiB a day), and only an hours-long run speaks to
-1 MiB a day.
+The fit (:func:`fit`, :func:`analyse`): the warm-up is dropped (and a replaced child's own
+first ``--child-warmup`` seconds); each process's lifetimes keep their own level and share
+one slope; the slope's standard error is widened for the residuals' autocorrelation (memory
+moves in steps); the verdict is on the last ``--late`` part of the run, RSS and USS of all
+processes summed (PSS is reported, not judged: other processes mapping the same libraries
+move it). ``below``: slope + 2 SE under the bound; ``above``: slope - 2 SE over it;
+``unresolved``: the run is too short or noisy to tell, which the output says, with the
+smallest slope it resolves. With ``--max-slope`` it exits 1 on ``above``, or when a leak of
+twice the bound would not have read ``above`` (too noisy to check anything),
+or (``--require-resolved``) on anything but ``below``.
+
+``--probe DIR`` loads ``bench/memprobe`` into every process of the agent (tracemalloc,
+objects by type, malloc and pymalloc statistics, smaps by mapping, dumped as JSON lines);
+``--leak N`` makes the main process keep N bytes more a second: the positive control.
 
     python bench/soak.py --duration 3600 --json soak.json [--max-slope 1]
 """

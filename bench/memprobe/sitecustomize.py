@@ -1,14 +1,21 @@
-"""A memory probe for the soak (``bench/soak.py --probe DIR``), loaded into the agent and each
-of its children through ``PYTHONPATH`` (Python imports ``sitecustomize`` at start-up), never
-part of the agent: with ``FABRICSCOPE_MEMPROBE`` unset it does nothing.
+"""A memory probe for the soak (``bench/soak.py --probe DIR`` or ``--leak N``), loaded into the
+agent and each of its children through ``PYTHONPATH`` (Python imports ``sitecustomize`` at
+start-up), never part of the agent: with neither variable below set it does nothing.
 
-With ``FABRICSCOPE_MEMPROBE=DIR``: tracemalloc from start-up (one frame per trace, to keep
-its own cost small) and a daemon thread that every ``FABRICSCOPE_MEMPROBE_EVERY`` seconds
-(60) appends one JSON line to ``DIR/<pid>.jsonl``: the process's command line, RSS and
-anonymous RSS by mapping (from ``/proc/self/smaps``), tracemalloc's traced bytes, the count
-of live objects by type (``gc.get_objects``), glibc's ``mallinfo2`` (arena bytes in use and
-free, mmapped bytes) and the 25 source lines whose traced memory changed most since the
-first dump."""
+``FABRICSCOPE_MEMPROBE=DIR``: a daemon thread that every ``FABRICSCOPE_MEMPROBE_EVERY``
+seconds (60) appends one JSON line to ``DIR/<pid>.jsonl``: RSS and anonymous RSS by mapping
+(``/proc/self/smaps``), the count of live container objects by type (``gc.get_objects``),
+glibc's ``mallinfo2`` (arena bytes in use and free, mmapped bytes), pymalloc's arenas and
+blocks (``sys._debugmallocstats``) and, with ``FABRICSCOPE_MEMPROBE_TRACE=1`` (the default),
+tracemalloc's traced bytes and the 25 source lines whose traced memory changed most since
+the first dump (``FABRICSCOPE_MEMPROBE_FRAMES``: frames kept per trace, 1; with more, grouped
+by traceback; ``FABRICSCOPE_MEMPROBE_BASE``: seconds before that first dump is taken, 0;
+tracemalloc costs far more memory than it measures: read its RSS as
+perturbed). ``FABRICSCOPE_MEMPROBE_TRIM=1`` calls ``malloc_trim(0)`` at each dump and
+records what it gave back.
+
+``FABRICSCOPE_MEMPROBE_LEAK=N``: the main process keeps N more bytes every second (the
+soak's positive control)."""
 
 from __future__ import annotations
 
@@ -29,8 +36,10 @@ def _start(directory: str) -> None:
 
     trace = os.environ.get("FABRICSCOPE_MEMPROBE_TRACE", "1") == "1"
     trim = os.environ.get("FABRICSCOPE_MEMPROBE_TRIM") == "1"
+    frames = int(os.environ.get("FABRICSCOPE_MEMPROBE_FRAMES", "1"))
+    base_after = float(os.environ.get("FABRICSCOPE_MEMPROBE_BASE", "0"))
     if trace:
-        tracemalloc.start(1)
+        tracemalloc.start(frames)
     every = float(os.environ.get("FABRICSCOPE_MEMPROBE_EVERY", "60"))
 
     class Mallinfo2(ctypes.Structure):
@@ -97,11 +106,13 @@ def _start(directory: str) -> None:
             if trace:
                 snap = tracemalloc.take_snapshot()
                 if first is None:
-                    first = snap
+                    if time.monotonic() - t0 >= base_after:
+                        first = snap
                 else:
+                    group = "lineno" if frames == 1 else "traceback"
                     top = [
-                        [str(s.traceback[0]), s.size_diff, s.count_diff]
-                        for s in snap.compare_to(first, "lineno")[:25]
+                        [" <- ".join(map(str, reversed(s.traceback))), s.size_diff, s.count_diff]
+                        for s in snap.compare_to(first, group)[:25]
                     ]
                 del snap
             trimmed = None
@@ -139,9 +150,15 @@ def _leak(rate: int) -> None:
     kept: list[bytearray] = []
 
     def run() -> None:
+        # what is kept follows the clock, not the ticks: a starved thread catches up
+        start = time.monotonic()
+        held = 0
         while True:
             time.sleep(1)
-            kept.append(bytearray(b"x" * rate))
+            owed = int((time.monotonic() - start) * rate) - held
+            if owed > 0:
+                kept.append(bytearray(b"x" * owed))
+                held += owed
 
     threading.Thread(target=run, name="memprobe-leak", daemon=True).start()
 
