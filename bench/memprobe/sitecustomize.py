@@ -6,7 +6,8 @@ start-up), never part of the agent: with neither variable below set it does noth
 seconds (60) appends one JSON line to ``DIR/<pid>.jsonl``: RSS and anonymous RSS by mapping
 (``/proc/self/smaps``), the count of live container objects by type (``gc.get_objects``),
 glibc's ``mallinfo2`` (arena bytes in use and free, mmapped bytes), pymalloc's arenas and
-blocks (``sys._debugmallocstats``) and, with ``FABRICSCOPE_MEMPROBE_TRACE=1`` (the default),
+blocks (``sys._debugmallocstats``) and, with ``FABRICSCOPE_MEMPROBE_TRACE=1`` (the default;
+``children``: in the supervised children only),
 tracemalloc's traced bytes and the 25 source lines whose traced memory changed most since
 the first dump (``FABRICSCOPE_MEMPROBE_FRAMES``: frames kept per trace, 1; with more, grouped
 by traceback; ``FABRICSCOPE_MEMPROBE_BASE``: seconds before that first dump is taken, 0;
@@ -34,7 +35,10 @@ def _start(directory: str) -> None:
     import time
     import tracemalloc
 
-    trace = os.environ.get("FABRICSCOPE_MEMPROBE_TRACE", "1") == "1"
+    # "children": the supervised children only (``python -m agent.core.isolation``: no
+    # arguments), which leaves the main process at its own speed
+    want = os.environ.get("FABRICSCOPE_MEMPROBE_TRACE", "1")
+    trace = want == "1" or (want == "children" and len(sys.argv) <= 1)
     trim = os.environ.get("FABRICSCOPE_MEMPROBE_TRIM") == "1"
     frames = int(os.environ.get("FABRICSCOPE_MEMPROBE_FRAMES", "1"))
     base_after = float(os.environ.get("FABRICSCOPE_MEMPROBE_BASE", "0"))
