@@ -243,11 +243,14 @@ class ThroughputSampler:
             nothing_to_read(s)
         issues: list[ReadIssue] = []
         wanted: dict[str, tuple[str, Labels, bool, bool]] = {}  # key -> path, labels, cri, new
+        gz_seen: set[str] = set()
         for p, labels in find_files(s, self._counts, issues):
             if p.endswith(".gz"):
+                gz_seen.add(p)
                 self._read_gz_once(p, labels, issues)
                 continue
             wanted[p] = (p, labels, False, False)
+        self._forget_gz(gz_seen)
         if pod_logs_present:
             self._discover_pods(wanted, issues)
         self._reconcile(wanted, issues)
@@ -259,6 +262,14 @@ class ThroughputSampler:
                 "(--sampling.timeout); no throughput series rather than stale ones",
             )
         return self._snapshot(issues)
+
+    def _forget_gz(self, seen: set[str]) -> None:
+        """A compressed file no pattern matches any more (rotated away, deleted) takes its
+        stream and its read-once mark with it: a glob over a rotating log meets a new one
+        every rotation, and kept they would grow with the agent's uptime."""
+        for key in [k for k in self._streams if k.startswith("gz:") and k[3:] not in seen]:
+            self._drop_stream(key).close()
+        self._gz_done.intersection_update(seen)
 
     def _read_gz_once(self, path: str, labels: Labels, issues: list[ReadIssue]) -> None:
         key = "gz:" + path

@@ -295,3 +295,33 @@ def test_once_prints_the_latest_values_golden_and_lints(tmp_path: Path) -> None:
         'fabricscope_throughput_tokens_per_second{container="",format="composer",'
         'job_name="mpt-30b",namespace="",pod=""} 20082.8418' in text
     )
+
+
+def test_rotated_away_gzip_files_leave_no_stream_behind(tmp_path: Path) -> None:
+    """A glob over a log that logrotate compresses (``train.log-<date>.gz``, the oldest
+    removed) meets a new compressed file every rotation: each is read once, and its stream
+    and read-once mark go when it does, so the agent holds as many as exist, not as many as
+    it ever met."""
+    live = tmp_path / "train.log"
+    live.write_text(GOOD + "\n")
+    s = ThroughputSampler(
+        ThroughputSettings(
+            files=(ThroughputFile(str(tmp_path / "train.log*"), "train"),),
+            pod_logs=str(tmp_path / "no-pods"),
+        ),
+        count_from=0.0,
+    )
+    kept = 3
+    for day in range(1, 21):
+        with gzip.open(tmp_path / f"train.log-202611{day:02d}.gz", "wt") as f:
+            f.write(BAD + "\n")
+        for old in sorted(tmp_path.glob("train.log-*.gz"))[:-kept]:
+            old.unlink()
+        snap = s.sample()
+        assert {x.job_name for x in snap.series} == {"train"}
+        gz_streams = [k for k in s._streams if k.startswith("gz:")]
+        assert len(gz_streams) <= kept, gz_streams
+        assert len(s._gz_done) <= kept
+    # a compressed file still there is not read again
+    before = dict(snap.errors_total)
+    assert s.sample().series == snap.series and dict(s.sample().errors_total) == before
