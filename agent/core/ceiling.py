@@ -212,11 +212,11 @@ def apply_ceiling(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
-def data_bytes() -> int | None:
-    """This process's memory as ``RLIMIT_DATA`` counts it (``VmData``); None where /proc
-    does not say."""
+def data_bytes(pid: int | None = None) -> int | None:
+    """The memory of process ``pid`` (None: this one) as ``RLIMIT_DATA`` counts it
+    (``VmData``); None where /proc does not say (a process gone, or a zombie)."""
     try:
-        text = Path("/proc/self/status").read_text()
+        text = Path(f"/proc/{'self' if pid is None else pid}/status").read_text()
     except OSError:
         return None
     for line in text.splitlines():

@@ -15,6 +15,7 @@ import pickle
 import select
 import struct
 import time
+from collections.abc import Callable
 from typing import BinaryIO, TypeAlias
 
 _HEADER = struct.Struct(">I")
@@ -94,8 +95,11 @@ class FrameReader:
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
 
-    def read(self, timeout: float) -> tuple[object, ...]:
-        """Raises Died at end of stream, Hung after ``timeout`` seconds."""
+    def read(
+        self, timeout: float, tick: Callable[[], None] | None = None, every: float = 0.05
+    ) -> tuple[object, ...]:
+        """Raises Died at end of stream, Hung after ``timeout`` seconds; calls ``tick`` at
+        least every ``every`` seconds while it waits."""
         deadline = time.monotonic() + timeout
         while True:
             if len(self._buf) >= _HEADER.size:
@@ -113,7 +117,11 @@ class FrameReader:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Hung()
-            if not self._poll.poll(max(1, int(left * 1000) + 1)):
+            wait = left if tick is None else min(left, every)
+            ready = self._poll.poll(max(1, int(wait * 1000) + 1))
+            if tick is not None:
+                tick()
+            if not ready:
                 continue
             chunk = os.read(self._fd, 1 << 20)
             if not chunk:

@@ -32,7 +32,11 @@ Failures, as :class:`~agent.core.errors.SamplerFailure` (the runner counts each 
     * ``memory_ceiling``: the child reached its memory ceiling (:mod:`agent.core.ceiling`: its
       share of the pod's limit, set in the child by the kernel's ``RLIMIT_DATA`` before it
       builds its sampler): a pass raised ``MemoryError`` or left it above 90 % of the
-      ceiling; the child answers so and exits, and is restarted after the backoff.
+      ceiling; the child answers so and exits, and is restarted after the backoff. A library
+      that dereferences the NULL its allocator returned at the ceiling dies by a signal
+      instead of answering: a child killed by SIGSEGV, SIGBUS or SIGABRT while its counted
+      memory (read every 50 ms while a pass runs) was last above 90 % of its ceiling counts
+      here too, not as ``crashed``.
     ``restarts_total`` counts children started to replace one that crashed, hung or reached
     its ceiling.
 
@@ -92,7 +96,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
-from agent.core.ceiling import child_ceiling
+from agent.core.ceiling import NEAR, child_ceiling, data_bytes
 from agent.core.childproc import child_main
 from agent.core.errors import NoData, SamplerFailure
 from agent.core.frames import (
@@ -195,6 +199,9 @@ def describe_exit(returncode: int | None) -> str:
 
 
 # -- the parent side ----------------------------------------------------------------------
+
+#: the exits of a library that used the NULL its allocator returned (or aborted on it)
+_STARVED = frozenset({-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGABRT})
 
 
 def _log_settings() -> tuple[str, str]:
@@ -366,6 +373,7 @@ class IsolatedSampler:
             if self._sent is _UNSENT or value != self._sent:
                 request = ("sample", value)
         delivered = False
+        seen = [0]  # the child's counted memory, last read while it ran the pass
         try:
             pending, self._pending = self._pending, []
             for frame in (*pending, request):
@@ -373,12 +381,18 @@ class IsolatedSampler:
             delivered = True
             if value is not _UNSENT:
                 self._sent = value
-            reply = reader.read(max(deadline - time.monotonic(), 0.0))
+            reply = reader.read(max(deadline - time.monotonic(), 0.0), self._watch(proc.pid, seen))
         except (BrokenPipeError, Died) as exc:
             returncode = self._reap(kill_after=1.0)
-            raise self._failed(
-                "crashed", f"child process {proc.pid} {describe_exit(returncode)} ({exc})"
-            ) from None
+            how = describe_exit(returncode)
+            ceiling = self.memory_ceiling_bytes
+            if returncode in _STARVED and ceiling and seen[0] > NEAR * ceiling:
+                detail = (
+                    f"child process {proc.pid} {how} with {seen[0] >> 20} MiB of its memory "
+                    f"ceiling of {ceiling >> 20} MiB in use (a library that got no memory)"
+                )
+                raise self._failed("memory_ceiling", detail) from None
+            raise self._failed("crashed", f"child process {proc.pid} {how} ({exc})") from None
         except Hung:
             self._reap(kill_after=0.0)
             what = "gave no answer" if delivered else "did not read its request"
@@ -423,6 +437,19 @@ class IsolatedSampler:
             raise self._failed("memory_ceiling", detail)
         self._reap(kill_after=0.0)
         raise self._failed("crashed", f"child process {proc.pid} answered {kind!r}")
+
+    def _watch(self, pid: int, seen: list[int]) -> Callable[[], None] | None:
+        """What the wait for a pass's answer calls: the child's counted memory, last read,
+        into ``seen[0]`` (None without a ceiling: nothing to compare it with)."""
+        if not self.memory_ceiling_bytes:
+            return None
+
+        def tick() -> None:
+            used = data_bytes(pid)
+            if used is not None:
+                seen[0] = used
+
+        return tick
 
     def _failed(self, reason: str, detail: str) -> SamplerFailure:
         delay = self._backoff

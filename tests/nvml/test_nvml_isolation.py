@@ -456,3 +456,31 @@ def test_a_leaking_library_is_stopped_at_its_ceiling(standin: StandIn, tmp_path:
         assert said and f"of {ceiling >> 20} MiB" in said[0], logs[-5000:]
         assert "Traceback" not in logs
         assert 0 < peak < ceiling, f"the NVML child peaked at {peak >> 20} MiB"
+
+
+def test_a_library_writing_through_null_at_its_ceiling_counts_as_the_ceiling(
+    standin: StandIn, tmp_path: Path
+) -> None:
+    """A library that grows (1 MiB every 10 ms) and writes through the NULL malloc returns at
+    the ceiling (the stand-in's ``grownull``) dies by SIGSEGV, not by answering: the agent
+    counts it as ``memory_ceiling`` (its counted memory, read every 50 ms, was last seen
+    above 90 % of the ceiling), says so in one line, replaces it, and NVML comes back.
+    (Before, the same death was ``crashed``, like any segfault. A parent thread starved for
+    more than 50 ms on a loaded machine can see it lower and count ``crashed``: the test asks
+    for one death counted as the ceiling among the replaced children, not for every one.)"""
+    ceiling = child_ceiling("nvml", POD_LIMIT)
+    standin.set("")
+    flags = (f"--agent.memory-limit={POD_LIMIT}", "--sampling.interval=3s", "--sampling.timeout=3s")
+    with running_agent(standin, tmp_path, flags, lambda b: GPU_INFO in b) as agent:
+        standin.set("grownull")
+        agent.until(
+            "a child ended at the ceiling and replaced",
+            lambda b: errors(b, "memory_ceiling") >= 1 and restarts(b) >= 1,
+            timeout=40,
+        )
+        standin.set("")
+        agent.until("NVML back", lambda b: GPU_INFO in b, timeout=30)
+        logs = agent.logs()
+        said = [ln for ln in logs.splitlines() if "killed by SIGSEGV with" in ln]
+        assert said and f"memory ceiling of {ceiling >> 20} MiB in use" in said[0], logs[-5000:]
+        assert "Traceback" not in logs

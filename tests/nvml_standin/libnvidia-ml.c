@@ -10,7 +10,9 @@
  * abort() (SIGABRT), "hang" blocks until the file says something else, "leak" allocates and
  * writes LEAK_BLOCKS blocks of LEAK_BLOCK bytes a call, keeping them, until LEAK_MAX in all
  * (when malloc fails the call answers NVML_ERROR_MEMORY, as NVML does when it cannot
- * allocate). The
+ * allocate); "grownull" allocates and writes 1 MiB blocks, one every 10 ms, without end, and
+ * writes into what malloc returned without checking it: a careless library at its memory
+ * ceiling, killed by SIGSEGV writing to NULL. The
  * real NVML's crashes in issue 13 were a segfault and glibc's abort on a corrupted heap.
  *
  * Build: gcc -shared -fPIC -o libnvidia-ml.so.1 libnvidia-ml.c
@@ -58,10 +60,20 @@ static int leak(void) {
     return NVML_SUCCESS;
 }
 
+/* never returns: the first malloc that fails is written through (SIGSEGV) */
+static void grow_null(void) {
+    for (;;) {
+        char *block = malloc(1u << 20);
+        memset(block, 0x5a, 1u << 20);
+        usleep(10000);
+    }
+}
+
 static int misbehave(void) {
     char word[32];
     trigger_word(word, sizeof word);
     if (strcmp(word, "leak") == 0) return leak();
+    if (strcmp(word, "grownull") == 0) grow_null();
     if (strcmp(word, "segv") == 0) {
         volatile int *nowhere = NULL;
         *nowhere = 1;
