@@ -287,17 +287,20 @@ def bench_ibpeer(tmp: Path, seconds: float) -> dict[str, object]:
     )
 
 
+#: 16 RAS jobs (argv: the repository, the answer size, ``healthy`` to make one of them a
+#: healthy job): one answering floats, the rest objects, each padded to the answer size
 SERVERS = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from tests.ras_standin import RasStandIn
-cap = int(sys.argv[2])
+from tests.ras_standin import RasStandIn, job
+cap, healthy = int(sys.argv[2]), sys.argv[3] == "healthy"
 head = (b'{"nccl_version": "2.28.9", "communicators": [], '
         b'"ras": {"collection_time_sec": 0.1, "timeouts_count": 0}, "x": [')
 def padded(filler):
     return head + filler * ((cap - 4096 - len(head)) // len(filler)) + b"0]}"
-servers = {"floats": RasStandIn([padded(b"1.5,   ")])}
-for i in range(15):
+servers = {"good": RasStandIn([job(4, 100), job(4, 101), job(4, 102)])} if healthy else {}
+servers["floats"] = RasStandIn([padded(b"1.5,   ")])
+for i in range(15 - healthy):
     servers[f"objects{i}"] = RasStandIn([padded(b"{},")])
 print(json.dumps({n: s.port for n, s in servers.items()}), flush=True)
 sys.stdin.read()
@@ -306,7 +309,7 @@ sys.stdin.read()
 
 def bench_ras(tmp: Path, seconds: float) -> dict[str, object]:
     servers = subprocess.Popen(
-        [sys.executable, "-c", SERVERS, str(ROOT), str(RAS_CAP)],
+        [sys.executable, "-c", SERVERS, str(ROOT), str(RAS_CAP), "all-padded"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
@@ -349,24 +352,6 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-TOGETHER_SERVERS = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from tests.ras_standin import RasStandIn, job
-cap = int(sys.argv[2])
-head = (b'{"nccl_version": "2.28.9", "communicators": [], '
-        b'"ras": {"collection_time_sec": 0.1, "timeouts_count": 0}, "x": [')
-def padded(filler):
-    return head + filler * ((cap - 4096 - len(head)) // len(filler)) + b"0]}"
-servers = {"good": RasStandIn([job(4, 100), job(4, 101), job(4, 102)]),
-           "floats": RasStandIn([padded(b"1.5,   ")])}
-for i in range(14):
-    servers[f"objects{i}"] = RasStandIn([padded(b"{},")])
-print(json.dumps({n: s.port for n, s in servers.items()}), flush=True)
-sys.stdin.read()
-"""
-
-
 def run_together(tmp: Path, seconds: float, pod_limit: int = POD_LIMIT) -> dict[str, object]:
     """Every child attacked at once in one agent under ``pod_limit``: the NVML library leaking
     until its child is ended at its ceiling, the throughput log of huge lines, the ibpeer tool
@@ -393,7 +378,7 @@ def run_together(tmp: Path, seconds: float, pod_limit: int = POD_LIMIT) -> dict[
     log.write_text("")
     cap = answer_cap(RAS_FLAG, pod_limit)
     servers = subprocess.Popen(
-        [sys.executable, "-c", TOGETHER_SERVERS, str(ROOT), str(cap)],
+        [sys.executable, "-c", SERVERS, str(ROOT), str(cap), "healthy"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
