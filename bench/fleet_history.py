@@ -25,6 +25,7 @@ with ``promtool tsdb create-blocks-from rules`` against a real Prometheus servin
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import subprocess
@@ -41,6 +42,7 @@ from exporter.metrics import attribution, netdev  # noqa: E402
 from tests.promharness import PROMTOOL  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
+from bench_ceilings import chart_limit  # noqa: E402
 from fleet_plan import Fault, NodePlan, Plan, plan  # noqa: E402
 from fleet_states import (  # noqa: E402
     APP_XIDS,
@@ -68,11 +70,14 @@ STORM_PAUSE_RATE = 20000.0
 STORM_FIRST = 120.0
 STORM_REPEAT = 300.0
 #: the agent's resident memory by process (child "" is the main one), as measured on an
-#: H200 node (bench/results/sizing-h200.json), against the chart's limit (256Mi); the main
-#: process grows as bench/soak.py measured it (bench/results/soak-cpu.json: 31.07 MiB a day
-#: at 15 times the default passes with a pod churned every 5 s), scaled to the default passes
-AGENT_RSS_MIB = {"": 73.2, "nvml": 44.4, "throughput": 29.4}
-AGENT_LIMIT_MIB = 256
+#: H200 node by scripts/gpu_sizing.sh (SIZING), against the chart's memory limit; the main
+#: process grows as bench/soak.py measured it (MAIN_GROWTH_MIB_PER_DAY)
+SIZING = ROOT / "bench" / "results" / "sizing-h200-lean.json"
+_ROLES = {"main": "", "nvml child": "nvml", "throughput child": "throughput"}
+AGENT_RSS_MIB = {
+    _ROLES[p["role"]]: float(p["rss_mib"]) for p in json.loads(SIZING.read_text())["processes"]
+}
+AGENT_LIMIT_MIB = chart_limit() // 2**20
 MAIN_GROWTH_MIB_PER_DAY = 31.07 / 15
 #: the DGX H100's GPUs, as nvidia-smi names them, and NCCL's channels between two of them
 #: (modelled: one ring per channel)
