@@ -25,7 +25,9 @@ with the job's name alternations elided).
 ``--against`` runs another checkout's explain (its own ``exporter``) against the same
 Prometheus in the same session, the two taking turns run by run (who goes first alternates),
 so a change is measured side by side with what it changes, under the same load; each
-measure is printed for both and as a ratio (this checkout over the other).
+measure is printed for both and as a ratio (this checkout over the other), and whether the
+two give the same ``--format json`` answer (every finding, figure, query and count; all but
+the seconds it took: ``same_answer``).
 
 Each TSDB is built once per --workdir and reused (about 2-3 minutes for 64 nodes x 6 h on
 2 cores; the build grows with nodes x hours).
@@ -48,6 +50,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -237,16 +240,8 @@ def measure(
                 rows[code].append(row)
                 if code == ROOT:
                     transcript = transcript or out
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        js = subprocess.run(
-            [*args, "--format", "json"],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=ROOT,
-            check=False,
-        )
-        top = json.loads(js.stdout)["findings"][0]
+        answers = {code: _json_answer(args, code) for code in checkouts}
+        top = answers[ROOT]["findings"][0]
     print(transcript, file=sys.stderr)
     if query_log is not None and queries:
         query_log.write_text("\n".join(queries) + "\n")
@@ -261,11 +256,26 @@ def measure(
             "samples_millions": round(series * (hours * 3600 / step + 1) / 1e6, 1),
             "top": f"{top['cause']} {top['device']} ({top['score']})" if code == ROOT else "",
         }
+        if code != ROOT:  # the whole --format json answer, but its elapsed_seconds
+            result["same_answer"] = answers[code] == answers[ROOT]
         for k in got[0]:
             result[k] = statistics.median(r[k] for r in got)
         result["wall_max_s"] = max(r["wall_s"] for r in got)
         results.append(result)
     return results
+
+
+def _json_answer(args: list[str], code: Path) -> dict[str, Any]:
+    """Checkout ``code``'s ``--format json`` answer, but the seconds it took."""
+    env = dict(os.environ, PYTHONPATH=str(code))
+    js = subprocess.run(
+        [*args, "--format", "json"], capture_output=True, text=True, env=env, cwd=code, check=False
+    )
+    answer = json.loads(js.stdout)
+    if not isinstance(answer, dict):
+        raise SystemExit(f"{code}: --format json is not an object")
+    answer.pop("elapsed_seconds", None)
+    return answer
 
 
 def _one(
@@ -371,7 +381,9 @@ def main() -> int:
                 for k in RATIOS
                 if k in this and k in other and float(other[k])  # type: ignore[arg-type]
             )
+            same = "the same" if other.get("same_answer") else "NOT the same"
             print(f"this checkout over {other['checkout']}: {ratios}", flush=True)
+            print(f"--format json answers (but elapsed_seconds): {same}", flush=True)
     if ns.json:
         ns.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import itertools
 import json
 import math
 import socket
@@ -178,22 +179,7 @@ class PrometheusClient:
             return [({}, _value(result, expr))]
         if kind != "vector" or not isinstance(result, list):
             raise PrometheusError(f"query {expr!r}: unexpected result type {kind!r}")
-        out: list[Pair] = []
-        append = out.append
-        for item in result:
-            if type(item) is not dict:
-                raise PrometheusError(f"query {expr!r}: malformed vector element")
-            pair = item.get("value")
-            # the common case inline (this loop runs once per device of the job per check)
-            if type(pair) is list and len(pair) == 2 and type(pair[1]) is str:
-                try:
-                    value = float(pair[1])
-                except ValueError:
-                    value = _value(pair, expr)
-            else:
-                value = _value(pair, expr)
-            append((_labels(item.get("metric"), expr), value))
-        return out
+        return _pairs(result, expr)
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
         data = self._call(
@@ -337,6 +323,45 @@ class PrometheusClient:
                 if total > cap:
                     raise _TooBig
                 chunks.append(chunk)
+
+
+def _pairs(result: list[object], expr: str) -> list[Pair]:
+    """A vector's elements as ``(labels, value)``. An answer as Prometheus writes it (every
+    element a dict with a ``metric`` of string labels and a ``value`` of ``[time, "number"]``)
+    is read in a few passes over it, in C; anything else element by element, which says what
+    is malformed (a 1,024-node job's answers hold 600,000 elements: the careful way took a
+    tenth of explain's CPU)."""
+    try:
+        metrics = [item["metric"] for item in result]  # type: ignore[index]
+        values = [item["value"] for item in result]  # type: ignore[index]
+        # every label set a dict of strings (dict.values refuses anything but a dict)
+        "".join(itertools.chain.from_iterable(map(dict.values, metrics)))
+        numbers = [
+            float(v[1]) for v in values if type(v) is list and len(v) == 2 and type(v[1]) is str
+        ]
+    except (TypeError, KeyError, ValueError):
+        return _pairs_one_by_one(result, expr)
+    if len(numbers) != len(values):
+        return _pairs_one_by_one(result, expr)
+    return list(zip(metrics, numbers, strict=True))
+
+
+def _pairs_one_by_one(result: list[object], expr: str) -> list[Pair]:
+    out: list[Pair] = []
+    append = out.append
+    for item in result:
+        if type(item) is not dict:
+            raise PrometheusError(f"query {expr!r}: malformed vector element")
+        pair = item.get("value")
+        if type(pair) is list and len(pair) == 2 and type(pair[1]) is str:
+            try:
+                value = float(pair[1])
+            except ValueError:
+                value = _value(pair, expr)
+        else:
+            value = _value(pair, expr)
+        append((_labels(item.get("metric"), expr), value))
+    return out
 
 
 class _NotJson(ValueError):  # noqa: N818 - control flow inside this module

@@ -10,7 +10,7 @@ Prometheus's ``quantile``); the printed PromQL is still the check's template, wh
 the same figure. A check is computed only while its template is the one its computation
 follows (:attr:`Derived.template`): a changed template is asked as it is.
 
-Owns the computations; imports only the client's answer type.
+Owns the computations; imports only the client's answer type and the pairing of answers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.explain.client import Pair
+from exporter.explain.pairing import aligned
+
+#: a port's labels in the shared reads' answers (each port once: see pairing.aligned)
+_PORT = ("instance", "device", "port")
 
 #: per-port rates several checks share (``{sel}``, ``{d}`` as in a check's template)
 SHARED_READS: dict[str, str] = {
@@ -58,10 +62,16 @@ def _quantile(q: float, values: Sequence[float]) -> float:
 
 def _rail_share(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
     """(tx + rx) / on (instance) group_left quantile by (instance) (0.5, (tx + rx) > 0)"""
-    rx = _by_labels(reads["rx"])
-    moved = [
-        (labels, tx + rx[k][1]) for k, (labels, tx) in _by_labels(reads["tx"]).items() if k in rx
-    ]
+    if aligned(reads["tx"], reads["rx"], _PORT):  # the same ports in the same order
+        both = zip(reads["tx"], reads["rx"], strict=True)
+        moved = [(labels, tx + rx) for (labels, tx), (_, rx) in both]
+    else:
+        rx = _by_labels(reads["rx"])
+        moved = [
+            (labels, tx + rx[k][1])
+            for k, (labels, tx) in _by_labels(reads["tx"]).items()
+            if k in rx
+        ]
     per_node: dict[str, list[float]] = defaultdict(list)
     for labels, v in moved:
         if v > 0:
@@ -76,11 +86,16 @@ def _rail_share(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
 
 def _xmit_wait_share(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
     """wait / (wait + tx / 4)"""
-    tx = _by_labels(reads["tx"])
     out: list[Pair] = []
+    if aligned(reads["wait"], reads["tx"], _PORT):  # the same ports in the same order
+        for (labels, wait), (_, tx) in zip(reads["wait"], reads["tx"], strict=True):
+            whole = wait + tx / 4
+            out.append((labels, wait / whole if whole else math.nan))
+        return out
+    by_port = _by_labels(reads["tx"])
     for k, (labels, wait) in _by_labels(reads["wait"]).items():
-        if k in tx:
-            whole = wait + tx[k][1] / 4
+        if k in by_port:
+            whole = wait + by_port[k][1] / 4
             out.append((labels, wait / whole if whole else math.nan))
     return out
 
