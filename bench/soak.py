@@ -327,6 +327,24 @@ def analyse(
     }
 
 
+def analyse_run(
+    samples: dict[int, list[tuple[float, int, int, int]]],
+    roles: dict[int, str],
+    ns: argparse.Namespace,
+    bound: float,
+) -> dict[str, Any]:
+    """:func:`analyse` with the command line's warm-ups and late fraction: the run and
+    ``--refit`` fit alike."""
+    return analyse(
+        samples,
+        roles,
+        warmup=ns.warmup,
+        child_warmup=ns.child_warmup,
+        fraction=ns.late,
+        bound=bound,
+    )
+
+
 def usage(pid: int) -> tuple[int, int, int]:
     """(RSS, PSS, USS) bytes: USS is the pages only this process maps (Private_Clean +
     Private_Dirty), which no other process on the machine moves; PSS shares each shared
@@ -346,14 +364,7 @@ def refit(ns: argparse.Namespace) -> int:
     samples = {int(pid): [tuple(p) for p in pts] for pid, pts in result["samples"].items()}
     roles = {int(pid): role for pid, role in result["roles"].items()}
     bound = ns.max_slope if ns.max_slope is not None else result["bound_mib_per_day"]
-    fitted = analyse(
-        samples,
-        roles,
-        warmup=ns.warmup,
-        child_warmup=ns.child_warmup,
-        fraction=ns.late,
-        bound=bound,
-    )
+    fitted = analyse_run(samples, roles, ns, bound)
     result.update(fitted, warmup_s=ns.warmup, child_warmup_s=ns.child_warmup, late_fraction=ns.late)
     ns.refit.write_text(json.dumps(result, indent=1) + "\n")
     t = fitted["total"]["rss"]["late"]
@@ -498,14 +509,7 @@ def main() -> int:
                 agent.kill()
 
     bound = ns.max_slope if ns.max_slope is not None else 1.0
-    fitted = analyse(
-        samples,
-        roles,
-        warmup=ns.warmup,
-        child_warmup=ns.child_warmup,
-        fraction=ns.late,
-        bound=bound,
-    )
+    fitted = analyse_run(samples, roles, ns, bound)
     result: dict[str, Any] = {
         "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}",
         "date": time.strftime("%Y-%m-%d %H:%M"),
