@@ -28,8 +28,9 @@ smallest slope it resolves. With ``--max-slope`` it exits 1 on ``above``, or whe
 twice the bound would not have read ``above`` (too noisy to check anything),
 or (``--require-resolved``) on anything but ``below``.
 
-``--probe DIR`` loads ``bench/memprobe`` into every process of the agent (tracemalloc,
-objects by type, malloc and pymalloc statistics, smaps by mapping, dumped as JSON lines);
+``--probe DIR`` loads ``bench/memprobe`` into the agent's main process (tracemalloc,
+objects by type, malloc and pymalloc statistics, smaps by mapping, dumped as JSON lines; the
+supervised children run ``python -S``, without it);
 ``--leak N`` makes the main process keep N bytes more a second: the positive control.
 
     python bench/soak.py --duration 3600 --json soak.json [--max-slope 1]
@@ -409,8 +410,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument(
         "--probe", type=Path, default=None,
-        help="a directory: each process of the agent writes its memory probe there "
-        "(bench/memprobe: tracemalloc, objects by type, mallinfo2, smaps; costs memory itself)",
+        help="a directory: the agent writes its memory probe there "
+        "(bench/memprobe: tracemalloc, objects by type, mallinfo2, smaps; costs memory itself; "
+        "the main process only: the children run python -S)",
     )  # fmt: skip
     ap.add_argument("--probe-every", type=float, default=60.0, help="seconds between dumps")
     ap.add_argument(
