@@ -5,7 +5,13 @@ pages (``smaps_rollup``) read after each chunk of passes, so that growth per pas
 apart from growth with time (the soak, ``bench/soak.py``, runs passes at an interval: it
 sees both together, and replaces the child every few minutes).
 
-    python bench/bench_child_passes.py [--chunks 15] [--passes 8000] [--json FILE]
+    python bench/bench_child_passes.py [--child nvml|throughput] [--chunks 15] [--passes 8000]
+        [--json FILE]
+
+``--child throughput``: the throughput child instead, reading ``--logs`` container logs
+(kubelet layout, CRI lines: ``bench/bench_sizing.py``'s training job) to which each pass
+appends ``--lines`` lines apiece, rotated as the kubelet rotates them (``0.log`` renamed to
+``0.log.<n>``, a new ``0.log``, the oldest removed past 2) every ``--rotate`` passes.
 
 At the agent's default 15 s interval a node runs 5,760 passes a day: 120,000 passes are three
 weeks of one child's life.
@@ -23,6 +29,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_sizing import busy_lines
+
+from agent.core.isolation import IsolatedSampler
 
 PASSES_PER_DAY = 86_400 / 15
 
@@ -35,25 +46,73 @@ def _kib(pid: int, path: str, key: str) -> int:
     raise RuntimeError(f"no {key} in /proc/{pid}/{path}")
 
 
+def _nvml(work: Path) -> IsolatedSampler:
+    from tests.standin_nvml import build_standin
+
+    build_standin(work)
+    # the child is started by the supervisor below: it inherits this environment
+    os.environ["LD_LIBRARY_PATH"] = f"{work}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+    from agent.nvml.sampler import isolated_sampler
+
+    return isolated_sampler({"watch_xid": False}, 10.0, memory_limit=512 << 20)
+
+
+class RotatingLogs:
+    """Container logs written between passes, rotated as the kubelet rotates them."""
+
+    def __init__(self, root: Path, n: int, lines: int, every: int) -> None:
+        self.files = []
+        for i in range(n):
+            d = root / f"training_llm-{i}_00000000-0000-4000-8000-{i:012d}" / "trainer"
+            d.mkdir(parents=True)
+            self.files.append(d / "0.log")
+            self.files[-1].touch()
+        self.root, self.lines, self.every = root, lines, every
+
+    def write(self, n: int) -> None:
+        if n and n % self.every == 0:
+            for f in self.files:
+                f.rename(f.with_name(f"0.log.{n:09d}"))
+                for old in sorted(f.parent.glob("0.log.*"))[:-2]:
+                    old.unlink()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
+        for i, f in enumerate(self.files):
+            with f.open("a") as h:
+                h.write(busy_lines(stamp, n, i, self.lines))
+
+
+def _throughput(logs: RotatingLogs) -> IsolatedSampler:
+    from agent.config import ThroughputSettings
+    from agent.throughput.child import isolated_sampler
+    from agent.throughput.records import ThroughputInputs
+
+    pods = frozenset(("training", f"llm-{i}") for i in range(len(logs.files)))
+    inputs = ThroughputInputs(pods, None)
+    settings = ThroughputSettings(pod_logs=str(logs.root))
+    return isolated_sampler(settings, 10.0, lambda: inputs, memory_limit=512 << 20)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", type=int, default=15)
     ap.add_argument("--passes", type=int, default=8000, help="passes per chunk")
     ap.add_argument("--warmup", type=int, default=300, help="passes before the first reading")
+    ap.add_argument("--child", choices=("nvml", "throughput"), default="nvml")
+    ap.add_argument("--logs", type=int, default=8, help="throughput: container logs")
+    ap.add_argument("--lines", type=int, default=20, help="throughput: lines a log gains a pass")
+    ap.add_argument("--rotate", type=int, default=120, help="throughput: passes between rotations")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
-    from tests.standin_nvml import build_standin
-
     with tempfile.TemporaryDirectory(prefix="fs-child-passes-") as work:
-        build_standin(Path(work))
-        # the child is started by the supervisor below: it inherits this environment
-        os.environ["LD_LIBRARY_PATH"] = f"{work}:{os.environ.get('LD_LIBRARY_PATH', '')}"
-        from agent.nvml.sampler import isolated_sampler
-
-        sampler = isolated_sampler({"watch_xid": False}, 10.0, memory_limit=512 << 20)
+        if args.child == "nvml":
+            sampler, feed = _nvml(Path(work)), lambda n: None
+        else:
+            logs = RotatingLogs(Path(work) / "pods", args.logs, args.lines, args.rotate)
+            sampler, feed = _throughput(logs), logs.write
         try:
-            for _ in range(args.warmup):
+            for n in range(args.warmup):
+                feed(n)
                 sampler.sample()
             pid = sampler.pid
             assert pid is not None
@@ -62,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             for _ in range(args.chunks):
                 for _ in range(args.passes):
+                    feed(done)
                     sampler.sample()
-                done += args.passes
+                    done += 1
                 assert sampler.pid == pid, "the child was replaced during the run"
                 rss = _kib(pid, "status", "VmRSS:")
                 rows.append((done, rss, _kib(pid, "smaps_rollup", "Anonymous:")))
@@ -79,7 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "child": "nvml (stand-in library)",
+        "child": "nvml (stand-in library)" if args.child == "nvml" else "throughput",
+        **(
+            {"logs": args.logs, "lines_per_log_per_pass": args.lines, "rotate_passes": args.rotate}
+            if args.child == "throughput"
+            else {}
+        ),
         "passes": rows[-1][0],
         "seconds": round(seconds, 1),
         "rows": [{"passes": p, "rss_kib": r, "anonymous_kib": a} for p, r, a in rows],

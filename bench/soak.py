@@ -28,8 +28,9 @@ smallest slope it resolves. With ``--max-slope`` it exits 1 on ``above``, or whe
 twice the bound would not have read ``above`` (too noisy to check anything),
 or (``--require-resolved``) on anything but ``below``.
 
-``--probe DIR`` loads ``bench/memprobe`` into every process of the agent (tracemalloc,
-objects by type, malloc and pymalloc statistics, smaps by mapping, dumped as JSON lines);
+``--probe DIR`` loads ``bench/memprobe`` into the agent's main process (tracemalloc,
+objects by type, malloc and pymalloc statistics, smaps by mapping, dumped as JSON lines; the
+supervised children run ``python -S``, without it);
 ``--leak N`` makes the main process keep N bytes more a second: the positive control.
 
     python bench/soak.py --duration 3600 --json soak.json [--max-slope 1]
@@ -327,6 +328,24 @@ def analyse(
     }
 
 
+def analyse_run(
+    samples: dict[int, list[tuple[float, int, int, int]]],
+    roles: dict[int, str],
+    ns: argparse.Namespace,
+    bound: float,
+) -> dict[str, Any]:
+    """:func:`analyse` with the command line's warm-ups and late fraction: the run and
+    ``--refit`` fit alike."""
+    return analyse(
+        samples,
+        roles,
+        warmup=ns.warmup,
+        child_warmup=ns.child_warmup,
+        fraction=ns.late,
+        bound=bound,
+    )
+
+
 def usage(pid: int) -> tuple[int, int, int]:
     """(RSS, PSS, USS) bytes: USS is the pages only this process maps (Private_Clean +
     Private_Dirty), which no other process on the machine moves; PSS shares each shared
@@ -346,14 +365,7 @@ def refit(ns: argparse.Namespace) -> int:
     samples = {int(pid): [tuple(p) for p in pts] for pid, pts in result["samples"].items()}
     roles = {int(pid): role for pid, role in result["roles"].items()}
     bound = ns.max_slope if ns.max_slope is not None else result["bound_mib_per_day"]
-    fitted = analyse(
-        samples,
-        roles,
-        warmup=ns.warmup,
-        child_warmup=ns.child_warmup,
-        fraction=ns.late,
-        bound=bound,
-    )
+    fitted = analyse_run(samples, roles, ns, bound)
     result.update(fitted, warmup_s=ns.warmup, child_warmup_s=ns.child_warmup, late_fraction=ns.late)
     ns.refit.write_text(json.dumps(result, indent=1) + "\n")
     t = fitted["total"]["rss"]["late"]
@@ -398,8 +410,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument(
         "--probe", type=Path, default=None,
-        help="a directory: each process of the agent writes its memory probe there "
-        "(bench/memprobe: tracemalloc, objects by type, mallinfo2, smaps; costs memory itself)",
+        help="a directory: the agent writes its memory probe there "
+        "(bench/memprobe: tracemalloc, objects by type, mallinfo2, smaps; costs memory itself; "
+        "the main process only: the children run python -S)",
     )  # fmt: skip
     ap.add_argument("--probe-every", type=float, default=60.0, help="seconds between dumps")
     ap.add_argument(
@@ -498,14 +511,7 @@ def main() -> int:
                 agent.kill()
 
     bound = ns.max_slope if ns.max_slope is not None else 1.0
-    fitted = analyse(
-        samples,
-        roles,
-        warmup=ns.warmup,
-        child_warmup=ns.child_warmup,
-        fraction=ns.late,
-        bound=bound,
-    )
+    fitted = analyse_run(samples, roles, ns, bound)
     result: dict[str, Any] = {
         "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}",
         "date": time.strftime("%Y-%m-%d %H:%M"),

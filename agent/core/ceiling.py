@@ -50,7 +50,6 @@ from __future__ import annotations
 import resource
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from agent.core.allocator import set_arenas
 
@@ -215,8 +214,9 @@ def apply_ceiling(limit: int) -> None:
 def data_bytes(pid: int | None = None) -> int | None:
     """The memory of process ``pid`` (None: this one) as ``RLIMIT_DATA`` counts it
     (``VmData``); None where /proc does not say (a process gone, or a zombie)."""
-    try:
-        text = Path(f"/proc/{'self' if pid is None else pid}/status").read_text()
+    try:  # a string, not a Path: pathlib interns the pid's text (agent.core.procstat)
+        with open(f"/proc/{'self' if pid is None else pid}/status") as f:
+            text = f.read()
     except OSError:
         return None
     for line in text.splitlines():

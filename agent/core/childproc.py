@@ -9,11 +9,23 @@ until the next.
 
 It imports only what a child needs (the frames, the ceiling, logging, ``/proc`` reading), not
 the supervisor's ``subprocess``: each child pays for its own imports.
+
+Every :data:`COLLECT_EVERY` passes it runs a full garbage collection, which also empties the
+interpreter's free lists. CPython keeps up to 2,000 freed tuples of each length from 1 to 19
+for reuse, and a pass can free more tuples of one length than it takes (a tuple built from an
+iterator is allocated at one length and resized to another; pickling makes tuples its
+unpickling does not): that length's list then grows by a few tuples a pass until it holds
+2,000. In the NVML child that was 0.6 MiB of resident memory over its first 2,000 passes (an
+hour at the default interval, eight at two minutes). Emptied every few dozen passes, a list
+never holds more than those passes' tuples. The objects the child holds once its sampler is
+built (its modules, the library's state) are moved out of the collector's sight
+(``gc.freeze``), so a collection walks only what the passes made (under a millisecond).
 """
 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib
 import logging
 import os
@@ -35,6 +47,9 @@ from agent.core.reaper import become_subreaper, kill_descendants, reap_strays
 from agent.core.sampler import Sampler
 
 log = logging.getLogger(__name__)
+
+#: passes between two full garbage collections, which empty the free lists (see above)
+COLLECT_EVERY = 64
 
 
 def _die_with_parent(parent: int, every: float = 1.0) -> None:
@@ -97,6 +112,8 @@ def child_main() -> int:
     memory = _set_ceiling(cast(int | None, ceiling))
     _die_with_parent(int(cast(int, parent)))
     sampler = _build(str(factory), cast(Mapping[str, Setting], kwargs))
+    gc.collect()  # what building left behind, then what is left is the child's for good
+    gc.freeze()
     passes = 0
     booted = boot_time()
     try:
@@ -138,6 +155,8 @@ def child_main() -> int:
                 text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                 reply = ("error", text)
             faulthandler.cancel_dump_traceback_later()
+            if passes % COLLECT_EVERY == 0:
+                gc.collect()  # empties the free lists too, before trim hands memory back
             trim()  # what the pass freed goes back to the kernel, not kept for the next
             used = near_ceiling(memory)
             if used is not None and reply[0] != "ceiling":

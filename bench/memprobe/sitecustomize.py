@@ -1,6 +1,8 @@
 """A memory probe for the soak (``bench/soak.py --probe DIR`` or ``--leak N``), loaded into the
-agent and each of its children through ``PYTHONPATH`` (Python imports ``sitecustomize`` at
-start-up), never part of the agent: with neither variable below set it does nothing.
+agent through ``PYTHONPATH`` (Python imports ``sitecustomize`` at start-up), never part of the
+agent: with neither variable below set it does nothing. The supervised children run without
+start-up hooks (``python -S``), so it reaches the main process only; a child's memory is
+measured alone, pass by pass, by ``bench/bench_child_passes.py``.
 
 ``FABRICSCOPE_MEMPROBE=DIR``: a daemon thread that every ``FABRICSCOPE_MEMPROBE_EVERY``
 seconds (60) appends one JSON line to ``DIR/<pid>.jsonl``: RSS and anonymous RSS by mapping

@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from agent.core.ceiling import data_bytes
 from agent.core.isolation import ChildSpec, IsolatedSampler
 from agent.core.procstat import PAGE, TICKS, boot_time, parse_stat, read_process
 from agent.core.runner import SamplerSpec
@@ -55,6 +57,29 @@ def test_read_process_counts_this_process_fds_and_memory() -> None:
     assert booted is not None and before.start_time_seconds is not None
     assert booted < before.start_time_seconds <= time.time()
     assert before.cpu_seconds * TICKS >= 1  # an interpreter that imported pytest spent CPU
+
+
+def test_reading_a_process_interns_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child reads its own /proc entry after every pass (and the agent reads a child's
+    memory every 50 ms while it waits): pathlib would intern the pid's text each time, and
+    each interned string that dies uses up a slot of the interpreter's interned-string table,
+    which is rebuilt larger when the slots run out (half a MiB for good in the NVML child after
+    ~10,000 passes). Reading a process interns no string."""
+    interned: list[str] = []
+    real = sys.intern
+
+    def spy(text: str) -> str:
+        interned.append(text)
+        return real(text)
+
+    monkeypatch.setattr(sys, "intern", spy)
+    Path(f"/proc/{os.getpid()}/stat")  # the check can fail: pathlib interns the parts
+    assert interned
+    interned.clear()
+    assert read_process() is not None
+    assert read_process(pid=os.getppid()) is not None
+    assert data_bytes() is not None and data_bytes(os.getppid()) is not None
+    assert interned == []
 
 
 def test_a_process_gone_is_none(tmp_path: Path) -> None:
