@@ -72,7 +72,7 @@ STORM_REPEAT = 300.0
 #: the agent's resident memory by process (child "" is the main one), as measured on an
 #: H200 node by scripts/gpu_sizing.sh (SIZING), against the chart's memory limit; the main
 #: process grows as bench/soak.py measured it (MAIN_GROWTH_MIB_PER_DAY)
-SIZING = ROOT / "bench" / "results" / "sizing-h200-lean.json"
+SIZING = ROOT / "bench" / "results" / "sizing-h200-solo.json"
 _ROLES = {"main": "", "nvml child": "nvml", "throughput child": "throughput"}
 AGENT_RSS_MIB = {
     _ROLES[p["role"]]: float(p["rss_mib"]) for p in json.loads(SIZING.read_text())["processes"]
