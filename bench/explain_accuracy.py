@@ -36,6 +36,7 @@ same machine).
     python bench/explain_accuracy.py [--seed 1] [--cases 105] [--sizes 64,128,256,1024]
         [--extra "1024:spine,leaf"] [--workdir DIR] [--json out.json] [--markdown out.md]
         [--classes a,b] [--log answers.log] [--template node.json]
+        [--replay "25:67:healthy:64"]  (a case of an earlier run: seed, case, class, nodes)
         [--min-top1 0.9 --max-false 0.1]  (exit 1 below them: CI's slice)
     python bench/explain_accuracy.py --merge a.json b.json [--markdown all.md]
         (the summary of several runs' cases together; each --json keeps every case)
@@ -136,7 +137,7 @@ def build_case(job: tuple[Case, Template, str, str]) -> str:
     """One case into the shared TSDB directory (its own OpenMetrics file, one promtool run:
     blocks of different cases never overlap); returns a line for the log."""
     case, template, work, promtool = job
-    om = Path(work) / f"case-{case.idx}.om"
+    om = Path(work) / f"case-{case.seed}-{case.idx}.om"
     t = time.monotonic()
     write_case(case, template, om, case.start)
     done = subprocess.run(
@@ -206,6 +207,9 @@ def run(args: argparse.Namespace) -> list[Outcome]:
         nodes, _, names = spec.partition(":")
         for cls in names.split(","):
             cases.append(make_case(args.seed, len(cases), cls, int(nodes)))
+    for spec in filter(None, args.replay.split(";")):  # "25:67:healthy:64": as a run drew it
+        seed, idx, cls, nodes = spec.split(":")
+        cases.append(make_case(int(seed), int(idx), cls, int(nodes)))
     template = load_template(args.template)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fs-explain-acc-"))
     shutil.rmtree(work / "tsdb", ignore_errors=True)
@@ -213,8 +217,8 @@ def run(args: argparse.Namespace) -> list[Outcome]:
     now = math.floor(time.time() / 3600) * 3600 - 3600
     t0 = now - SLOT * len(cases)
     built = time.monotonic()
-    for case in cases:
-        case.start = t0 + case.idx * SLOT
+    for slot, case in enumerate(cases):  # a replayed case's index is not its slot
+        case.start = t0 + slot * SLOT
     jobs = [(c, template, str(work), args.promtool) for c in cases]
     # the largest first, so the pool ends together
     jobs.sort(key=lambda j: -j[0].nodes)
@@ -431,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
         "--extra",
         default="",
         help="cases added after the drawn ones, one per class named: 1024:spine,leaf[;256:numa]",
+    )
+    p.add_argument(
+        "--replay",
+        default="",
+        help="cases of earlier runs, as drawn there: SEED:CASE:CLASS:NODES[;...]",
     )
     p.add_argument(
         "--merge",
