@@ -13,15 +13,19 @@ counters (``fabricscope_infiniband_switch_port_*``). This module joins them for 
 1. **Ports under a leaf.** For each kind of evidence (a cause of the port checks: link
    errors, drops, congestion, lower rate, lower data share), the job's ports whose score for
    it reached :data:`MEMBER_SCORE` are the evidence ports. The test asks whether the evidence
-   ports crowd onto one leaf beyond what the job's placement makes likely: with ``N`` of the
-   job's ports on known leaves, ``K`` of them on leaf ``L`` and ``n`` evidence ports, the
-   chance that ``k`` or more of the ``n`` fall on ``L`` when the evidence lands on ports at
-   random is the hypergeometric tail ``P(X >= k)``, held against :data:`ALPHA` after
-   multiplying by the number of the job's leaves (Bonferroni). A leaf is named only when
-   ports of at least two of the job's nodes show the evidence: one node's fault (its NIC,
-   its PCIe, its driver, all its ports under one leaf) stays that node's. A job placed on a
-   single leaf can never name it (``K = N`` makes every tail 1): nothing tells the leaf from
-   the job then.
+   ports crowd onto one leaf beyond what the job's placement makes likely, weighing how
+   strongly each errs (:func:`exporter.explain.crowd.leaf_scan`): with ``N`` of the job's
+   ports on known leaves and ``K`` of them on leaf ``L``, for the ``m`` strongest of ``L``'s
+   evidence ports, the weakest scoring ``s``, and the ``n(s)`` job ports scoring at least
+   ``s``, the chance that ``m`` or more of the ``n(s)`` fall on ``L`` when they land on ports
+   at random is the hypergeometric tail ``P(X >= m)``; its smallest over the ``m`` tried,
+   times the number tried and the job's leaves (Bonferroni), is held against :data:`ALPHA`
+   when the strongest of them stands out alone, and against :data:`ALPHA_UNSEEN` when none
+   does: a crowd that makes a cause of ports none of which is one must be as unlikely as
+   one port standing out by chance. A leaf is named only when ports of at least two of the
+   job's nodes show the evidence: one node's fault (its NIC, its PCIe, its driver, all its
+   ports under one leaf) stays that node's. A job placed on a single leaf can never name it
+   (``K = N`` makes every tail 1): nothing tells the leaf from the job then.
 2. **Uplinks.** An uplink whose end (either: the switch end counts, so a cable whose errors
    show only at the spine is found) scores at least :data:`MEMBER_SCORE` is evidence for a
    spine (at least one of the spine's at :data:`~exporter.explain.checks.THRESHOLD`); a
