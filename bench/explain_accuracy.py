@@ -37,6 +37,7 @@ same machine).
         [--extra "1024:spine,leaf"] [--workdir DIR] [--json out.json] [--markdown out.md]
         [--classes a,b] [--log answers.log] [--template node.json]
         [--replay "25:67:healthy:64"]  (a case of an earlier run: seed, case, class, nodes)
+        [--trickle 0.5]  (the background trickles' highest rate, errors a minute)
         [--min-top1 0.9 --max-false 0.1]  (exit 1 below them: CI's slice)
     python bench/explain_accuracy.py --merge a.json b.json [--markdown all.md]
         (the summary of several runs' cases together; each --json keeps every case)
@@ -69,6 +70,7 @@ from explain_cases import (  # noqa: E402
     CLASSES,
     JOB,
     SLOT,
+    TRICKLE,
     WINDOW,
     Case,
     Fault,
@@ -200,16 +202,17 @@ def serve(work: Path, prometheus: str) -> Iterator[str]:
 def run(args: argparse.Namespace) -> list[Outcome]:
     classes = args.classes.split(",") if args.classes else list(CLASSES)
     sizes = [int(x) for x in args.sizes.split(",")]
-    cases = cases_for(args.seed, args.cases, sizes, classes)
+    tr = args.trickle
+    cases = cases_for(args.seed, args.cases, sizes, classes, tr)
     if args.largest:  # the timing case: the last case at the largest size
-        cases[-1] = make_case(args.seed, len(cases) - 1, cases[-1].cls, max(sizes))
+        cases[-1] = make_case(args.seed, len(cases) - 1, cases[-1].cls, max(sizes), tr)
     for spec in filter(None, args.extra.split(";")):  # "1024:spine,leaf": one case each
         nodes, _, names = spec.partition(":")
         for cls in names.split(","):
-            cases.append(make_case(args.seed, len(cases), cls, int(nodes)))
+            cases.append(make_case(args.seed, len(cases), cls, int(nodes), tr))
     for spec in filter(None, args.replay.split(";")):  # "25:67:healthy:64": as a run drew it
         seed, idx, cls, nodes = spec.split(":")
-        cases.append(make_case(int(seed), int(idx), cls, int(nodes)))
+        cases.append(make_case(int(seed), int(idx), cls, int(nodes), tr))
     template = load_template(args.template)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fs-explain-acc-"))
     shutil.rmtree(work / "tsdb", ignore_errors=True)
@@ -267,6 +270,7 @@ def record(o: Outcome) -> dict[str, object]:
         "cpu": round(o.cpu, 3),
         "first": f"{o.top[0][0]} {o.top[0][1]} {o.top[0][2]:.2f}" if o.top else "nothing",
         "error": o.error,
+        "trickle": o.case.trickle,
     }
 
 
@@ -446,6 +450,13 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=[],
         help="no run: the summary of the cases of these --json files together",
+    )
+    p.add_argument(
+        "--trickle",
+        type=float,
+        default=TRICKLE,
+        help="the background symbol-error trickles' highest rate, errors a minute (the same "
+        "ports and draws: a stronger background scales the default one)",
     )
     p.add_argument("--workdir", default="")
     p.add_argument("--workers", type=int, default=2, help="processes building cases")

@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SLICE = "spine,cable_far_end,nccl_socket,hung_rank,healthy,two_faults"
 #: cases of full runs that once came out wrong (seed:case:class:nodes)
@@ -64,3 +66,10 @@ def test_cases_are_drawn_from_the_seed() -> None:
         nodes = [f.node for f in c.faults if f.node >= 0]  # a switch fault has none
         assert len(set(nodes)) == len(nodes), c.faults
     assert all(not c.faults for c in a if c.cls == "healthy")
+    # a stronger background (--trickle) is the same trickles on the same ports, scaled
+    weak, strong = bench.make_case(5, 3, "healthy", 64), bench.make_case(5, 3, "healthy", 64, 2.0)
+    for kind in ("trickles", "far_trickles", "uplink_trickles"):
+        w, s = getattr(weak, kind), getattr(strong, kind)
+        assert w and w.keys() == s.keys()
+        assert all(s[k] == pytest.approx(4 * w[k]) for k in w)
+        assert max(s.values()) <= 2.0 / 60
