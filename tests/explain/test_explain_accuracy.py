@@ -6,8 +6,8 @@ right (top-1 100 %, no false cause on the healthy window), as it did when the sl
 fixed. It fails on a regression: without the checks of a cable's switch end its cable case
 ranks nothing first. With them, one case replayed from a full run: the healthy 64-node
 window of seed 25 (case 67) where two background trickles under one leaf named the leaf
-before the leaf test weighed how strongly its ports err (it fails on that code). About
-25 s. The full benchmark and its table of misses:
+before the leaf test weighed how strongly its ports err (it fails on that code). 10 s on
+a quiet machine, 17-23 s on the loaded 2-core one. The full benchmark and its table of misses:
 docs/explain.md; the spine at 1,024 nodes is held by tests/explain/test_explain_switches.py
 (two of 71 leaves' links to one spine), which a slice of this size cannot afford."""
 
