@@ -36,6 +36,8 @@ same machine).
     python bench/explain_accuracy.py [--seed 1] [--cases 105] [--sizes 64,128,256,1024]
         [--extra "1024:spine,leaf"] [--workdir DIR] [--json out.json] [--markdown out.md]
         [--classes a,b] [--log answers.log] [--template node.json]
+        [--replay "25:67:healthy:64"]  (a case of an earlier run: seed, case, class, nodes)
+        [--trickle 0.5]  (the background trickles' highest rate, errors a minute)
         [--min-top1 0.9 --max-false 0.1]  (exit 1 below them: CI's slice)
     python bench/explain_accuracy.py --merge a.json b.json [--markdown all.md]
         (the summary of several runs' cases together; each --json keeps every case)
@@ -68,6 +70,7 @@ from explain_cases import (  # noqa: E402
     CLASSES,
     JOB,
     SLOT,
+    TRICKLE,
     WINDOW,
     Case,
     Fault,
@@ -136,7 +139,7 @@ def build_case(job: tuple[Case, Template, str, str]) -> str:
     """One case into the shared TSDB directory (its own OpenMetrics file, one promtool run:
     blocks of different cases never overlap); returns a line for the log."""
     case, template, work, promtool = job
-    om = Path(work) / f"case-{case.idx}.om"
+    om = Path(work) / f"case-{case.seed}-{case.idx}.om"
     t = time.monotonic()
     write_case(case, template, om, case.start)
     done = subprocess.run(
@@ -199,13 +202,17 @@ def serve(work: Path, prometheus: str) -> Iterator[str]:
 def run(args: argparse.Namespace) -> list[Outcome]:
     classes = args.classes.split(",") if args.classes else list(CLASSES)
     sizes = [int(x) for x in args.sizes.split(",")]
-    cases = cases_for(args.seed, args.cases, sizes, classes)
+    tr = args.trickle
+    cases = cases_for(args.seed, args.cases, sizes, classes, tr)
     if args.largest:  # the timing case: the last case at the largest size
-        cases[-1] = make_case(args.seed, len(cases) - 1, cases[-1].cls, max(sizes))
+        cases[-1] = make_case(args.seed, len(cases) - 1, cases[-1].cls, max(sizes), tr)
     for spec in filter(None, args.extra.split(";")):  # "1024:spine,leaf": one case each
         nodes, _, names = spec.partition(":")
         for cls in names.split(","):
-            cases.append(make_case(args.seed, len(cases), cls, int(nodes)))
+            cases.append(make_case(args.seed, len(cases), cls, int(nodes), tr))
+    for spec in filter(None, args.replay.split(";")):  # "25:67:healthy:64": as a run drew it
+        seed, idx, cls, nodes = spec.split(":")
+        cases.append(make_case(int(seed), int(idx), cls, int(nodes), tr))
     template = load_template(args.template)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fs-explain-acc-"))
     shutil.rmtree(work / "tsdb", ignore_errors=True)
@@ -213,8 +220,8 @@ def run(args: argparse.Namespace) -> list[Outcome]:
     now = math.floor(time.time() / 3600) * 3600 - 3600
     t0 = now - SLOT * len(cases)
     built = time.monotonic()
-    for case in cases:
-        case.start = t0 + case.idx * SLOT
+    for slot, case in enumerate(cases):  # a replayed case's index is not its slot
+        case.start = t0 + slot * SLOT
     jobs = [(c, template, str(work), args.promtool) for c in cases]
     # the largest first, so the pool ends together
     jobs.sort(key=lambda j: -j[0].nodes)
@@ -263,6 +270,7 @@ def record(o: Outcome) -> dict[str, object]:
         "cpu": round(o.cpu, 3),
         "first": f"{o.top[0][0]} {o.top[0][1]} {o.top[0][2]:.2f}" if o.top else "nothing",
         "error": o.error,
+        "trickle": o.case.trickle,
     }
 
 
@@ -433,10 +441,22 @@ def main(argv: list[str] | None = None) -> int:
         help="cases added after the drawn ones, one per class named: 1024:spine,leaf[;256:numa]",
     )
     p.add_argument(
+        "--replay",
+        default="",
+        help="cases of earlier runs, as drawn there: SEED:CASE:CLASS:NODES[;...]",
+    )
+    p.add_argument(
         "--merge",
         nargs="+",
         default=[],
         help="no run: the summary of the cases of these --json files together",
+    )
+    p.add_argument(
+        "--trickle",
+        type=float,
+        default=TRICKLE,
+        help="the background symbol-error trickles' highest rate, errors a minute (the same "
+        "ports and draws: a stronger background scales the default one)",
     )
     p.add_argument("--workdir", default="")
     p.add_argument("--workers", type=int, default=2, help="processes building cases")

@@ -24,6 +24,7 @@ JOB = "llm"
 STEP = 60.0
 WINDOW = 1440.0  # 24 minutes
 SLOT = 3 * 3600.0  # one case per 3 hours of the TSDB (staleness and ranges never overlap)
+TRICKLE = 0.5  # the background symbol-error trickles' highest rate, errors a minute
 CX7 = explain_lab.CX7
 GOOD_TPS = explain_lab.GOOD_TPS
 
@@ -77,6 +78,7 @@ class Case:
     uplink_trickles: dict[tuple[int, int], float]  # (leaf, spine) -> errors/s
     seed: int = 0
     start: float = 0.0
+    trickle: float = 0.5  # the background trickles' highest rate, errors a minute
 
     def leaf_of(self, node: int) -> int:
         for i, members in enumerate(self.leaves):
@@ -146,7 +148,10 @@ def _fault(rng: random.Random, cls: str, case: Case, avoid: set[int]) -> Fault:
     raise ValueError(cls)
 
 
-def make_case(seed: int, idx: int, cls: str, nodes: int) -> Case:
+def make_case(seed: int, idx: int, cls: str, nodes: int, trickle: float = TRICKLE) -> Case:
+    """Case ``idx`` of a run of ``seed``: ``cls`` on a job of ``nodes`` nodes, its background
+    symbol-error trickles of up to ``trickle`` errors a minute (the same ports and the same
+    draws whatever ``trickle`` is: a stronger background scales the default one)."""
     rng = random.Random(f"{seed}-{idx}-{cls}-{nodes}")
     leaves: list[list[int]] = []
     i = 0
@@ -169,13 +174,14 @@ def make_case(seed: int, idx: int, cls: str, nodes: int) -> Case:
         far_trickles={},
         uplink_trickles={},
         seed=seed,
+        trickle=trickle,
     )
     for _ in range(max(1, nodes * 8 // 40)):
-        case.trickles[(rng.randrange(nodes), rng.choice(CX7))] = rng.uniform(0, 0.5) / 60
-        case.far_trickles[(rng.randrange(nodes), rng.choice(CX7))] = rng.uniform(0, 0.5) / 60
+        case.trickles[(rng.randrange(nodes), rng.choice(CX7))] = rng.uniform(0, trickle) / 60
+        case.far_trickles[(rng.randrange(nodes), rng.choice(CX7))] = rng.uniform(0, trickle) / 60
     for _ in range(max(1, len(leaves) * spines // 10)):
         key = (rng.randrange(len(leaves)), rng.randrange(spines))
-        case.uplink_trickles[key] = rng.uniform(0, 0.5) / 60
+        case.uplink_trickles[key] = rng.uniform(0, trickle) / 60
     if rng.random() < 1 / 3:
         for _ in range(rng.choice((1, 2))):
             at = rng.uniform(0.1, 0.85) * WINDOW
@@ -552,7 +558,9 @@ def write_case(case: Case, template: list, path: Path, t0: float) -> None:  # ty
         fh.write("# EOF\n")
 
 
-def cases_for(seed: int, count: int, sizes: list[int], classes: list[str]) -> list[Case]:
+def cases_for(
+    seed: int, count: int, sizes: list[int], classes: list[str], trickle: float = TRICKLE
+) -> list[Case]:
     """``count`` cases over ``classes`` in turn; sizes drawn so the largest come up rarely
     (each size about half as often as the one below it)."""
     rng = random.Random(seed)
@@ -561,7 +569,7 @@ def cases_for(seed: int, count: int, sizes: list[int], classes: list[str]) -> li
     for i in range(count):
         cls = classes[i % len(classes)]
         nodes = rng.choices(sizes, weights)[0]
-        out.append(make_case(seed, i, cls, nodes))
+        out.append(make_case(seed, i, cls, nodes, trickle))
     return out
 
 

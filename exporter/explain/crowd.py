@@ -22,13 +22,23 @@ times the number tried (Bonferroni over the scan), is the spine's p-value; the c
 multiplies it by the spines tested. At ``m`` = all of them and ``s`` = the evidence floor
 this is the count-only test; with two erring uplinks it is never less sensitive than it.
 A fabric-wide event (every spine's uplinks err as strongly) leaves ``q`` high and names no
-spine. Imports nothing of the explain package.
+spine.
+
+A leaf's ports are tested the same way (:func:`leaf_scan`), with what a leaf has that a
+spine has not: the job's ports are many and spread over the leaves by placement, so the
+chance of the ``m`` strongest of a leaf's ports erring at least as strongly as the weakest
+of them (``s``) is the hypergeometric tail of ``m`` or more of the ``n(s)`` job ports that
+do falling under the leaf (:func:`crowding`; exact, conditioned on how many err that
+strongly, so no prior is needed), scanned from the strongest down and corrected for the
+scan as above. The scan itself (:func:`scan`) is one for both: the strongest ``m`` of a
+switch's erring ports or uplinks, for every ``m`` of two or more that spans two of its
+nodes or leaves. Imports nothing of the explain package.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 #: the prior for the chance that one uplink errs on its own in a window: PRIOR_FAULTS
@@ -68,6 +78,50 @@ class SpineTest:
     tried: int
 
 
+def crowding(k: int, population: int, on_switch: int, evidence: int) -> float:
+    """``P(X >= k)`` for ``X`` hypergeometric: ``evidence`` ports drawn at random from
+    ``population``, ``on_switch`` of which are under the switch (exact, in integers)."""
+    if k <= 0:
+        return 1.0
+    top = min(on_switch, evidence)
+    if k > top:
+        return 0.0
+    num = sum(
+        math.comb(on_switch, i) * math.comb(population - on_switch, evidence - i)
+        for i in range(k, top + 1)
+    )
+    return num / math.comb(population, evidence)
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """The scan's answer: the smallest chance over the ``m`` tried (not yet corrected), the
+    ``m`` it was found at, the weakest score of those ``m`` and how many ``m`` were tried."""
+
+    p: float
+    m: int
+    weakest: float
+    tried: int
+
+
+def scan(
+    hits: Sequence[tuple[float, str]], chance: Callable[[int, float], float]
+) -> Scanned | None:
+    """The switch's erring ports or uplinks ``hits`` (score, the node or leaf each belongs
+    to) from the strongest down: for every ``m`` of two or more whose strongest ``m`` span
+    two nodes or leaves, ``chance(m, weakest score of them)``; the smallest. None when no
+    ``m`` spans two."""
+    ranked = sorted(hits, key=lambda h: -h[0])
+    candidates = [m for m in range(2, len(ranked) + 1) if len({who for _, who in ranked[:m]}) >= 2]
+    best: Scanned | None = None
+    for m in candidates:
+        weakest = ranked[m - 1][0]
+        p = chance(m, weakest)
+        if best is None or p < best.p:
+            best = Scanned(p, m, weakest, len(candidates))
+    return best
+
+
 def spine_scan(
     hits: Sequence[tuple[float, str]], uplinks: int, others: Sequence[float], other_count: int
 ) -> SpineTest | None:
@@ -75,26 +129,55 @@ def spine_scan(
     uplinks; ``uplinks``: all the job's uplinks to it; ``others``: the scores of the erring
     uplinks to other spines, of ``other_count`` uplinks to them. None when no ``m`` of two
     or more spans two leaves."""
-    ranked = sorted(hits, key=lambda h: -h[0])
-    candidates = [
-        m for m in range(2, len(ranked) + 1) if len({leaf for _, leaf in ranked[:m]}) >= 2
-    ]
-    if not candidates:
+
+    def as_strong(s: float) -> int:
+        return sum(1 for o in others if o >= s)
+
+    found = scan(hits, lambda m, s: binomial_tail(m, uplinks, chance_of(as_strong(s), other_count)))
+    if found is None:
         return None
-    best: SpineTest | None = None
-    for m in candidates:
-        weakest = ranked[m - 1][0]
-        strong = sum(1 for o in others if o >= weakest)
-        q = chance_of(strong, other_count)
-        p = binomial_tail(m, uplinks, q)
-        if best is None or p < best.p:
-            best = SpineTest(p, m, weakest, q, strong, len(candidates))
-    assert best is not None
+    strong = as_strong(found.weakest)
     return SpineTest(
-        min(1.0, best.p * len(candidates)),
-        best.m,
-        best.weakest,
-        best.q,
-        best.others_as_strong,
-        best.tried,
+        min(1.0, found.p * found.tried),
+        found.m,
+        found.weakest,
+        chance_of(strong, other_count),
+        strong,
+        found.tried,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LeafTest:
+    """The leaf test's answer: ``p`` (Bonferroni over the scan, not over the leaves), the
+    number ``m`` of the leaf's strongest ports it rests on, the weakest of their scores, how
+    many of the job's ports err at least that strongly, and how many ``m`` were tried."""
+
+    p: float
+    m: int
+    weakest: float
+    as_strong: int
+    tried: int
+
+
+def leaf_scan(
+    hits: Sequence[tuple[float, str]], ports: int, scores: Sequence[float], population: int
+) -> LeafTest | None:
+    """The leaf test (module docstring). ``hits``: (score, node) of the leaf's evidence
+    ports; ``ports``: the job's ports under it; ``scores``: the scores of all the job's
+    evidence ports (the leaf's included), of ``population`` ports on known leaves. None
+    when no ``m`` of two or more spans two nodes."""
+
+    def as_strong(s: float) -> int:
+        return sum(1 for o in scores if o >= s)
+
+    found = scan(hits, lambda m, s: crowding(m, population, ports, as_strong(s)))
+    if found is None:
+        return None
+    return LeafTest(
+        min(1.0, found.p * found.tried),
+        found.m,
+        found.weakest,
+        as_strong(found.weakest),
+        found.tried,
     )

@@ -13,15 +13,19 @@ counters (``fabricscope_infiniband_switch_port_*``). This module joins them for 
 1. **Ports under a leaf.** For each kind of evidence (a cause of the port checks: link
    errors, drops, congestion, lower rate, lower data share), the job's ports whose score for
    it reached :data:`MEMBER_SCORE` are the evidence ports. The test asks whether the evidence
-   ports crowd onto one leaf beyond what the job's placement makes likely: with ``N`` of the
-   job's ports on known leaves, ``K`` of them on leaf ``L`` and ``n`` evidence ports, the
-   chance that ``k`` or more of the ``n`` fall on ``L`` when the evidence lands on ports at
-   random is the hypergeometric tail ``P(X >= k)``, held against :data:`ALPHA` after
-   multiplying by the number of the job's leaves (Bonferroni). A leaf is named only when
-   ports of at least two of the job's nodes show the evidence: one node's fault (its NIC,
-   its PCIe, its driver, all its ports under one leaf) stays that node's. A job placed on a
-   single leaf can never name it (``K = N`` makes every tail 1): nothing tells the leaf from
-   the job then.
+   ports crowd onto one leaf beyond what the job's placement makes likely, weighing how
+   strongly each errs (:func:`exporter.explain.crowd.leaf_scan`): with ``N`` of the job's
+   ports on known leaves and ``K`` of them on leaf ``L``, for the ``m`` strongest of ``L``'s
+   evidence ports, the weakest scoring ``s``, and the ``n(s)`` job ports scoring at least
+   ``s``, the chance that ``m`` or more of the ``n(s)`` fall on ``L`` when they land on ports
+   at random is the hypergeometric tail ``P(X >= m)``; its smallest over the ``m`` tried,
+   times the number tried and the job's leaves (Bonferroni), is held against :data:`ALPHA`
+   when the strongest of them stands out alone, and against :data:`ALPHA_UNSEEN` when none
+   does: a crowd that makes a cause of ports none of which is one must be as unlikely as
+   one port standing out by chance. A leaf is named only when ports of at least two of the
+   job's nodes show the evidence: one node's fault (its NIC, its PCIe, its driver, all its
+   ports under one leaf) stays that node's. A job placed on a single leaf can never name it
+   (``K = N`` makes every tail 1): nothing tells the leaf from the job then.
 2. **Uplinks.** An uplink whose end (either: the switch end counts, so a cable whose errors
    show only at the spine is found) scores at least :data:`MEMBER_SCORE` is evidence for a
    spine (at least one of the spine's at :data:`~exporter.explain.checks.THRESHOLD`); a
@@ -59,6 +63,7 @@ from exporter.explain.client import PrometheusClient, Sample
 from exporter.explain.crowd import (
     binomial_tail,
     chance_of,
+    leaf_scan,
     spine_scan,
 )
 from exporter.explain.evidence import (
@@ -78,6 +83,10 @@ MEMBER_SCORE = 0.5
 #: the chance (after Bonferroni over the job's leaves or spines) under which a crowd of
 #: evidence ports on one switch is not the job's placement alone
 ALPHA = 0.05
+#: the same for a crowd of ports under a leaf none of which stands out alone: as unlikely
+#: as one port's score of 1 by chance (its change clearing three standard deviations of
+#: its noise, one-sided), since the crowd then makes a cause of what no port is
+ALPHA_UNSEEN = 0.5 * math.erfc(3 / math.sqrt(2))
 #: the port causes tested for crowding under a leaf
 GROUPED_CAUSES = ("ib_link", "drops", "ib_congestion", "port_rate", "rail_share")
 #: what each of them is called in a switch's evidence
@@ -309,21 +318,6 @@ def evaluate_uplinks(
     ]
 
 
-def crowding(k: int, population: int, on_switch: int, evidence: int) -> float:
-    """``P(X >= k)`` for ``X`` hypergeometric: ``evidence`` ports drawn at random from
-    ``population``, ``on_switch`` of which are under the switch (exact, in integers)."""
-    if k <= 0:
-        return 1.0
-    top = min(on_switch, evidence)
-    if k > top:
-        return 0.0
-    num = sum(
-        math.comb(on_switch, i) * math.comb(population - on_switch, evidence - i)
-        for i in range(k, top + 1)
-    )
-    return num / math.comb(population, evidence)
-
-
 def spine_chance(hit: int, uplinks: int, others_hit: int, others: int) -> tuple[float, float]:
     """The chance that ``hit`` or more of a spine's ``uplinks`` err as independent cable
     faults, and the per-uplink chance ``q`` it assumed: the posterior mean of the share of
@@ -402,15 +396,25 @@ def group(
         n = len(evidence)
         if n < 2:
             continue
+        scores = [ms[0].score for ms in evidence.values()]
         for leaf, ports in sorted(by_leaf.items()):
             hit = sorted((k for k in ports if k in evidence), key=lambda k: -evidence[k][0].score)
             nodes = {k[0] for k in hit}
             if len(hit) < 2 or len(nodes) < 2:
                 continue
-            p = crowding(len(hit), len(population), len(ports), n)
-            p_adj = min(1.0, p * max(leaves_tested, 1))
-            if p_adj > ALPHA:
+            # the leaf's ports from the strongest down, each crowd against the job's ports
+            # erring at least as strongly (crowd.py); none standing out alone: the
+            # stricter bar
+            test = leaf_scan(
+                [(evidence[k][0].score, k[0]) for k in hit], len(ports), scores, len(population)
+            )
+            if test is None:
                 continue
+            p_adj = min(1.0, test.p * max(leaves_tested, 1))
+            alpha = ALPHA if evidence[hit[0]][0].score >= THRESHOLD else ALPHA_UNSEEN
+            if p_adj > alpha:
+                continue
+            held = "" if alpha == ALPHA else f"; no port stands out alone: held to {alpha:.2g}"
             sw = named.setdefault(leaf, _Named(leaf))
             sw.nodes |= nodes
             top = evidence[hit[0]][0]
@@ -419,9 +423,12 @@ def group(
                 (
                     top.score + 100.0,
                     f"{KIND[cause]} on {len(hit)} of the job's {len(ports)} ports under it "
-                    f"({', '.join(sorted(nodes))}); {n} of the job's {len(population)} ports "
-                    f"show it: by chance placement p = {_fmt_p(p_adj)} "
-                    f"(hypergeometric, x{max(leaves_tested, 1)} leaves)",
+                    f"({', '.join(sorted(nodes))}), {test.m} of them scoring "
+                    f"{test.weakest:.2f} or more; {test.as_strong} of the job's "
+                    f"{len(population)} ports show it as strongly ({n} at all): by chance "
+                    f"placement p = {_fmt_p(p_adj)} (hypergeometric, x{test.tried} "
+                    f"strengths scanned, x{max(leaves_tested, 1)} leaves"
+                    f"{held})",
                 )
             )
             for k in hit:

@@ -4,7 +4,10 @@ pod's NCCL falling back to sockets, a hung rank, a healthy window, two faults at
 backfilled into a real Prometheus and asked as an SRE would ask; every one must come out
 right (top-1 100 %, no false cause on the healthy window), as it did when the slice was
 fixed. It fails on a regression: without the checks of a cable's switch end its cable case
-ranks nothing first. About 20 s. The full benchmark and its table of misses:
+ranks nothing first. With them, one case replayed from a full run: the healthy 64-node
+window of seed 25 (case 67) where two background trickles under one leaf named the leaf
+before the leaf test weighed how strongly its ports err (it fails on that code). 10 s on
+a quiet machine, 17-23 s on the loaded 2-core one. The full benchmark and its table of misses:
 docs/explain.md; the spine at 1,024 nodes is held by tests/explain/test_explain_switches.py
 (two of 71 leaves' links to one spine), which a slice of this size cannot afford."""
 
@@ -15,8 +18,12 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SLICE = "spine,cable_far_end,nccl_socket,hung_rank,healthy,two_faults"
+#: cases of full runs that once came out wrong (seed:case:class:nodes)
+REPLAYED = "25:67:healthy:64"
 
 
 def _bench():  # type: ignore[no-untyped-def]
@@ -34,11 +41,13 @@ def test_the_ci_slice_comes_out_right(tmp_path: Path) -> None:
     bench = _bench()
     out = tmp_path / "slice.json"
     args = ["--seed", "11", "--cases", "6", "--sizes", "16", "--classes", SLICE]
-    args += ["--workdir", str(tmp_path / "work"), "--json", str(out)]
+    args += ["--replay", REPLAYED, "--workdir", str(tmp_path / "work"), "--json", str(out)]
     rc = bench.main([*args, "--min-top1", "1.0", "--max-false", "0.0"])
     summary = json.loads(out.read_text())
     assert rc == 0, summary["misses"]
-    assert summary["all"]["cases"] == 6
+    assert summary["all"]["cases"] == 7
+    replayed = [(c["seed"], c["case"], c["class"], c["nodes"]) for c in summary["cases"]][-1]
+    assert replayed == (25, 67, "healthy", 64)
     assert summary["all"]["top1"] == 1.0 and summary["all"]["false_causes"] == 0.0
 
 
@@ -57,3 +66,10 @@ def test_cases_are_drawn_from_the_seed() -> None:
         nodes = [f.node for f in c.faults if f.node >= 0]  # a switch fault has none
         assert len(set(nodes)) == len(nodes), c.faults
     assert all(not c.faults for c in a if c.cls == "healthy")
+    # a stronger background (--trickle) is the same trickles on the same ports, scaled
+    weak, strong = bench.make_case(5, 3, "healthy", 64), bench.make_case(5, 3, "healthy", 64, 2.0)
+    for kind in ("trickles", "far_trickles", "uplink_trickles"):
+        w, s = getattr(weak, kind), getattr(strong, kind)
+        assert w and w.keys() == s.keys()
+        assert all(s[k] == pytest.approx(4 * w[k]) for k in w)
+        assert max(s.values()) <= 2.0 / 60

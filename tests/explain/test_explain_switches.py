@@ -9,14 +9,13 @@ from collections.abc import Iterable
 import pytest
 
 from exporter.explain.checks import CHECKS_BY_NAME, Check
-from exporter.explain.crowd import spine_scan
+from exporter.explain.crowd import crowding, leaf_scan, spine_scan
 from exporter.explain.evidence import CheckResult, Measurement, Periods
 from exporter.explain.switches import (
     UPLINK_CHECKS,
     Cable,
     Topology,
     binomial_tail,
-    crowding,
     group,
     spine_chance,
     without,
@@ -138,6 +137,80 @@ def test_weak_evidence_that_crowds_still_names_the_leaf() -> None:
     found = named(topo, result(WAIT, dict.fromkeys(ports([3, 4]), 0.6)))
     assert list(found) == ["leaf2 (0x0000000000200001)"]
     assert found["leaf2 (0x0000000000200001)"].score == pytest.approx(1.5)
+
+
+def placed(sizes: Iterable[int], devices: int = 8) -> Topology:
+    """Nodes ``node-0001`` on, in order, under leaves of ``sizes`` nodes; ``devices`` ports
+    each (``mlx5_0`` on), as the accuracy benchmark cables them."""
+    cables, names, first = {}, {}, 1
+    for lf, size in enumerate(sizes):
+        names[leaf(lf)] = f"leaf{lf + 1}"
+        for slot, node in enumerate(range(first, first + size)):
+            for d in range(devices):
+                port = str(slot * devices + d + 1)
+                cables[(f"node-{node:04d}", f"mlx5_{d}", "1")] = Cable(
+                    leaf(lf), port, f"leaf{lf + 1}"
+                )
+        first += size
+    return Topology(cables, {}, names)
+
+
+def test_two_background_trickles_under_a_leaf_are_not_a_leaf() -> None:
+    """The accuracy benchmark's false cause (seed 25, case 67: a healthy 64-node window): the
+    job's only two evidence ports of link errors, trickles scoring 0.65 ("symbol errors at
+    the switch end of the cable: 0.18 -> 0.75/min") and 0.58 ("0 -> 0.5/min"), both under
+    the leaf holding 48 of its 512 ports: by placement p = 0.043 after the 5 leaves, which
+    named the leaf at 1.50. Neither stands out alone, so the crowd is held to the chance of
+    one port standing out (0.00135): not a leaf."""
+    topo = placed([8, 18, 17, 6, 15])
+    errors = CHECKS_BY_NAME["symbol_errors"]
+    trickles = [
+        result(ERRORS, {("node-0048", "mlx5_4", "1"): 0.649}),
+        result(errors, {("node-0044", "mlx5_0", "1"): 0.585}),
+    ]
+    assert named(topo, *trickles) == {}
+    # the same two ports standing out (a port of each errs): the crowd's placement is as
+    # unlikely, and one of them stands out, so the leaf is named at the placement's bar
+    strong = [
+        result(ERRORS, {("node-0048", "mlx5_4", "1"): 1.6}),
+        result(errors, {("node-0044", "mlx5_0", "1"): 0.585}),
+    ]
+    found = named(topo, *strong)
+    assert list(found) == ["leaf4 (0x0000000000200003)"]
+    assert (
+        "p = 0.043 (hypergeometric, x1 strengths scanned, x5 leaves)"
+        in found["leaf4 (0x0000000000200003)"].evidence[0]
+    )
+
+
+def test_a_crowd_of_weak_ports_names_its_leaf_when_large_enough() -> None:
+    """A leaf whose nodes each err a little (no port standing out): six of its ports at 0.6
+    while the job's other 464 are clean is a leaf (p = 1.3e-5 after the scan and the
+    5 leaves); two are not (0.043)."""
+    topo = placed([8, 18, 17, 6, 15])
+    six = {(f"node-{n:04d}", "mlx5_1", "1"): 0.6 for n in range(44, 50)}
+    found = named(topo, result(ERRORS, six))
+    assert list(found) == ["leaf4 (0x0000000000200003)"]
+    line = found["leaf4 (0x0000000000200003)"].evidence[0]
+    assert "no port stands out alone: held to 0.0013" in line
+    two = dict(list(six.items())[:2])
+    assert named(topo, result(ERRORS, two)) == {}
+
+
+def test_the_leaf_scan_rests_on_the_strongest_ports() -> None:
+    """Four strong ports under a leaf and many weak ones spread over the job: counted, the
+    weak ones make the four likely (p = 0.53 over 40 evidence ports); scanned from the
+    strongest down, four of the job's four strongest under one leaf of 48 ports in 512 are
+    not (p < 10^-3)."""
+    hits = [(3.0, "a"), (2.5, "b"), (2.2, "c"), (2.0, "d")]
+    weak = [0.6] * 36
+    test = leaf_scan(hits, 48, [s for s, _ in hits] + weak, 512)
+    assert test is not None
+    assert (test.m, test.weakest, test.as_strong, test.tried) == (4, 2.0, 4, 3)
+    assert test.p == pytest.approx(3 * crowding(4, 512, 48, 4))
+    assert test.p < 1e-3 and crowding(4, 512, 48, 40) > 0.5
+    # one node's ports alone never make a crowd
+    assert leaf_scan([(3.0, "a"), (2.0, "a")], 48, [3.0, 2.0], 512) is None
 
 
 def uplink(
