@@ -192,6 +192,23 @@ def judge(
     return out
 
 
+def counting_only(results: Sequence[CheckResult], floor: float = FLOOR) -> list[CheckResult]:
+    """``results`` with every change at or above ``floor`` of an event-counting check held
+    to its counting noise alone (Poisson, :func:`exporter.explain.noise.poisson_rate_sigma`),
+    without tiles: for evidence keyed by switch port (the uplinks), which :func:`judge`'s
+    node-scoped tiles cannot select. A steady trickle then no longer reads as a change."""
+    none = noise.Tiles(1.0, ())
+    out = []
+    for r in results:
+        ms = [
+            _noise(m, none) if _candidate(m, floor) and m.check.counting else m
+            for m in r.measurements
+        ]
+        ms.sort(key=lambda m: -m.score)
+        out.append(CheckResult(r.check, r.series, ms))
+    return out
+
+
 def _candidate(m: Measurement, floor: float) -> bool:
     return (
         m.score >= floor
@@ -343,4 +360,4 @@ def _resets(
     return out
 
 
-__all__ = ["FLOOR", "Tiling", "judge", "period_seconds", "scrape_interval"]
+__all__ = ["FLOOR", "Tiling", "counting_only", "judge", "period_seconds", "scrape_interval"]

@@ -188,6 +188,7 @@ def explain(
         blinds = blind_future.result()
     results = blind.apply(results, blinds)
     results = judge.judge(client, scope, periods, results)
+    uplink_results = judge.counting_only(uplink_results)
     diffs = evidence.nccl_env_differences(env_samples)
     grouping = switches.group(
         results,
