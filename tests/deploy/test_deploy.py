@@ -1137,6 +1137,30 @@ def test_privilege_model_proc(needs_root: None, tmp_path: Path) -> None:
 # --- docs -------------------------------------------------------------------------------------
 
 
+def _section(doc: str, heading: str) -> str:
+    start = doc.index(f"\n{heading}\n")
+    end = doc.find("\n#", start + len(heading) + 2)
+    return doc[start : end if end > 0 else None]
+
+
+def test_install_doc_says_what_the_chart_grants_and_leaves_behind(
+    built: dict[str, list[Doc]],
+) -> None:
+    """The verbs install.md's RBAC section names are the ClusterRole's; every host directory
+    the agent writes is named where the doc says what is writable (Privileges) and what stays
+    on the node (Uninstall)."""
+    doc = (ROOT / "docs" / "install.md").read_text()
+    docs = built["standard"]
+    (rule,) = one(docs, "ClusterRole")["rules"]
+    said = re.search(r"One ClusterRole: (.+?) on `pods`", _section(doc, "### RBAC"), re.DOTALL)
+    assert said and set(re.findall(r"`(\w+)`", said.group(1))) == set(rule["verbs"]), said
+    writable = [path for path, (_, ro) in host_mounts(docs).items() if not ro]
+    assert writable == [STATE_DIR]  # the chart's default hostPaths.state
+    for heading in ("## Privileges", "## Uninstall"):
+        for path in writable:
+            assert path in _section(doc, heading), (heading, path)
+
+
 def test_deploy_doc_covers_what_it_must() -> None:
     doc = (ROOT / "docs" / "install.md").read_text()
     assert "helm install fabricscope deploy/helm/fabricscope" in doc
