@@ -805,6 +805,10 @@ def test_one_monitor_never_both(built: dict[str, list[Doc]], build: str) -> None
     assert len(monitors) <= 1, monitors
     if VALUES[build].get("podMonitor", {}).get("enabled"):
         assert monitors == ["PodMonitor"]
+        # and the values' own comment says so, not "instead of (or beside)"
+        values = (DEPLOY / "helm" / "fabricscope" / "values.yaml").read_text()
+        said = values[: values.index("\npodMonitor:")].rsplit("\n\n", 1)[1]
+        assert "never beside" in said and "beside the" not in said.replace("never beside", ""), said
 
 
 def test_every_monitor_drops_the_agent_pods_target_labels(built: dict[str, list[Doc]]) -> None:
