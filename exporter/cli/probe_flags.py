@@ -8,12 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agent.config import (
-    DEFAULT_PROBE_PORT,
-    PROBE_BACKENDS,
-    PROBE_KINDS,
-    ProbeSettings,
-)
+from agent.config import DEFAULT_PROBE_PORT, PROBE_BACKENDS, PROBE_KINDS, ProbeSettings
 from agent.core.errors import ConfigError
 from agent.core.logsetup import LEVELS
 from exporter.cli.argtypes import (
