@@ -281,10 +281,13 @@ def report(
     # an alert that fired over the history reads series the history holds, even where its
     # expression also reads sources the week does not model (a job's samples/s beside its
     # tokens/s): its background figure is measured
+    # with the expression measured: a later change to it makes the figure stale
+    exprs = {r.name: r.expr for r in load_rules() if r.alert}
     every = {
         name: {
             "modelled": m or name in by_alert,
             "per_1000_node_days": by_alert.get(name, 0.0) if m or name in by_alert else None,
+            "expr": exprs[name],
         }
         for name, m in modelled(families).items()
     }

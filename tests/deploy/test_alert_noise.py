@@ -8,7 +8,8 @@ Every planted fault raises an alert that names it within its stated time; the ba
 raises no critical and no warning but its fleet-wide decisions (ACS redirect on every
 node's PCIe switch ports, a few nodes' NIC firmware behind the rest: one alert each, not one
 per node or bridge); single flaps, application
-XIDs, stopped counters and drains are info, recorded without a notification. The Fleet
+XIDs and drains are info, recorded without a notification, and counters stopped on most
+nodes are one info alert for the fleet. The Fleet
 dashboard's panels stay bounded.
 """
 
@@ -106,12 +107,19 @@ def test_drained_nodes_are_cordoned_not_down(fleet: alert_noise.Run) -> None:
     assert "FabricscopeAgentDown" not in names
 
 
-def test_saturated_counters_raise_one_info_alert_per_node(fleet: alert_noise.Run) -> None:
-    saturated = [e for e in fleet.episodes if e.alert == "FabricscopeInfinibandCounterSaturated"]
-    assert saturated, "the background's saturated counters raised nothing at all"
-    assert {e.severity for e in saturated} == {"info"}
-    per_node = Counter(e.labels["instance"] for e in saturated)
-    assert all(n <= 1 for n in per_node.values()), per_node.most_common(3)
+def test_counters_stopped_fleet_wide_are_one_info_alert_naming_how_many(
+    fleet: alert_noise.Run,
+) -> None:
+    """About 60 % of the nodes have stopped 32-bit counters (the chart's default reads sysfs
+    and clears none): one decision, one info alert whose value is the number of nodes."""
+    per_node = [e for e in counted(fleet) if e.alert == "FabricscopeInfinibandCounterSaturated"]
+    assert not per_node, Counter(e.labels["instance"] for e in per_node).most_common(3)
+    fleetwide = [
+        e for e in counted(fleet) if e.alert == "FabricscopeInfinibandCounterSaturatedFleetwide"
+    ]
+    assert [(e.severity, "instance" in e.labels) for e in fleetwide] == [("info", False)]
+    stopped = fleet.week.background["nodes with saturated 32-bit counters"]
+    assert stopped > len(fleet.week.fleet_nodes) / 2, stopped
 
 
 def test_alertmanager_notifies_the_faults_and_one_ticket_per_fleet_wide_decision(
@@ -150,6 +158,7 @@ def test_the_week_models_what_these_alerts_read(fleet: alert_noise.Run) -> None:
     modelled = alert_noise.modelled(fleet.families)
     for alert in (
         "FabricscopeAgentMemoryNearLimit",
+        "FabricscopeAgentMemoryOvercommitted",
         "FabricscopeNcclRankUnresponsive",
         "FabricscopeNcclJobHung",
         "FabricscopeNcclNvlinkBypassed",
