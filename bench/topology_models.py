@@ -74,7 +74,7 @@ def run_model(name: str, work: Path) -> dict[str, Any]:
         "placed": len(fmap.places),
     }
     tiers = {}
-    for tier in range(min(3, depth - 1)):
+    for tier in range(min(3, depth)):
         tiers[f"tier-{tier}"] = partition(fmap, tier) == expected_groups(tree, tier)
     result["tiers_equal_model"] = tiers
     # each node's leaf and the spine above it, by the switch descriptions (the model's names)
@@ -101,6 +101,7 @@ def run_model(name: str, work: Path) -> dict[str, Any]:
     result["renderings_valid"] = True
     result["ok"] = (
         all(tiers.values())
+        and fmap.depth == min(3, depth)
         and names_ok
         and result["domains_equal_model"]
         and result["slurm_blocks_equal_model"]

@@ -156,7 +156,8 @@ def with_fabric(rec: Recording, *answers: list[object]) -> Recording:
     return out
 
 
-def series(rec: Recording) -> dict[tuple[str, tuple[str, ...]], float]:
+def rendered(rec: Recording) -> Families:
+    """One pass of the NVML sampler over ``rec``, as the exporter renders it."""
     sampler = NvmlSampler(lambda: ReplayNvml(rec))
     try:
         snap = sampler.sample()
@@ -164,6 +165,11 @@ def series(rec: Recording) -> dict[tuple[str, tuple[str, ...]], float]:
         sampler.close()
     out = Families("default")
     metrics.render(snap, out)
+    return out
+
+
+def series(rec: Recording) -> dict[tuple[str, tuple[str, ...]], float]:
+    out = rendered(rec)
     return {
         (s.name, labels): v
         for s, samples in out.items()
