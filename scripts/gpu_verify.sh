@@ -36,7 +36,8 @@ python3 scripts/gpu_crosscheck.py --recording "$OUT/live.recording.json" || rc=1
 
 step "NVML tests (committed fixtures, and the live library where the test asks for it)"
 python3 -m pytest -q -p no:cacheprovider tests/nvml/test_nvml.py tests/nvml/test_nvml_record.py \
-  tests/nvml/test_nvml_fixtures.py tests/nvml/test_nvml_crosscheck.py -rs || rc=1
+  tests/nvml/test_nvml_fixtures.py tests/nvml/test_nvml_crosscheck.py tests/nvml/test_nvml_fabric.py \
+  -rs || rc=1
 
 step "pynvml's structures against this machine's nvml.h (bench/nvml_abi.py)"
 if [ -e "${CUDA_HOME:-/usr/local/cuda}/include/nvml.h" ] && command -v gcc >/dev/null; then
