@@ -39,6 +39,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from agent.core.ceiling import plan as memory_plan  # noqa: E402
+from agent.nvml.findings import generation_degraded_under_load  # noqa: E402
+from agent.nvml.snapshot import ComputeProcess, NvmlGpu, PcieLink  # noqa: E402
 from exporter.metrics import attribution, netdev  # noqa: E402
 from tests.promharness import PROMTOOL  # noqa: E402
 
@@ -49,6 +51,8 @@ from fleet_states import (  # noqa: E402
     APP_XIDS,
     ETHERNET,
     GPUS,
+    LOST_GPU,
+    NVML_RECORDING,
     RAILS,
     SATURATED_MAX,
     Sample,
@@ -88,6 +92,27 @@ MAIN_GROWTH_MIB_PER_DAY = 31.07 / 15
 GPU_BUS_IDS = ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
                "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0")  # fmt: skip
 NVLINK_CHANNELS = 16
+#: the agent's PCIe generation check while the job's processes run on a GPU (absent while
+#: it runs none, as on the idle recorded H200s): the recorded GPU 0's current and highest
+#: generation (5 and 5) as the agent judges them, GPU 0 standing for every GPU as in
+#: fleet_states (modelled: a busy healthy H200 keeps the Gen5 link it idles at)
+_PCIE_GEN = {
+    k.split("(")[0]: v["value"]
+    for k, v in json.loads(NVML_RECORDING.read_text())["calls"].items()
+    if k.endswith("PcieLinkGeneration(0)")
+}
+BUSY_PCIE_GENERATION_DEGRADED = float(
+    generation_degraded_under_load(
+        NvmlGpu(
+            0,
+            pcie=PcieLink(
+                current_generation=_PCIE_GEN["nvmlDeviceGetCurrPcieLinkGeneration"],
+                max_generation=_PCIE_GEN["nvmlDeviceGetMaxPcieLinkGeneration"],
+            ),
+            compute_processes=(ComputeProcess(pid=1, used_memory_bytes=None),),
+        )
+    )
+)
 #: where the rank-0 node asks the job's RAS service (NCCL's default port), and the hung
 #: rank's bootstrap address (documentation range)
 RAS_ENDPOINT = "127.0.0.1:28028"
@@ -327,6 +352,16 @@ def _job_series(
             attribution.POD_GPU_INFO.name,
             _labels(sorted(lab + inst)),
             [1.0 if alive(i) else None for i in range(len(times))],
+        )
+        w.series(
+            "fabricscope_gpu_pcie_link_generation_degraded",
+            _labels(sorted((("gpu", str(g)), *inst))),
+            [
+                BUSY_PCIE_GENERATION_DEGRADED
+                if alive(i) and not (state_at[i] == "lost" and str(g) == LOST_GPU)
+                else None  # a lost GPU answers no generation
+                for i in range(len(times))
+            ],
         )
     # NVLink peers: NCCL's ring over the NVSwitch joins GPU g to g+1; P2P unless bypassed
     transport = "SHM/direct/direct" if bypassed else "P2P/CUMEM"

@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 
 from agent.snapshot import NVML_RECORDING as IN_SNAPSHOT  # noqa: E402
 from agent.snapshot import capture  # noqa: E402
+from exporter.metrics.catalog import all_specs  # noqa: E402
 
 DGX = ROOT / "tests" / "fixtures" / "dgx-h100" / "sys"
 NVML_RECORDING = ROOT / "tests" / "fixtures" / "nvml" / "h200x2.recording.json"
@@ -75,11 +76,36 @@ class Sample:
     counter: bool
 
 
+#: families the agent leaves out below ``full`` detail on a healthy node (the fleet's agent
+#: runs at ``default``), each with the per-GPU family its catalog ``fold`` names, which the
+#: healthy node does export: every NVLink trained (``fabricscope_nvlink_up`` only for a link
+#: that is down) and no replay, recovery or CRC-flit error (``fabricscope_nvlink_errors_total``
+#: only for a link where one is non-zero), as the recorded H200s answer. An alert reading
+#: one of these reads the healthy fleet's absence of it wherever its fold is in the history.
+FOLDED_WHEN_HEALTHY = {
+    "fabricscope_nvlink_up": "fabricscope_gpu_nvlinks_up",
+    "fabricscope_nvlink_errors_total": "fabricscope_gpu_nvlink_errors_total",
+}
+
+
+def folded_when_healthy() -> dict[str, str]:
+    """:data:`FOLDED_WHEN_HEALTHY`, checked against the catalog: each family folds below
+    ``full`` and its fold names the per-GPU family (raises when the catalog says otherwise)."""
+    specs = {s.name: s for s in all_specs()}
+    for name, fold in FOLDED_WHEN_HEALTHY.items():
+        spec = specs.get(name)
+        if spec is None or spec.detail == "full" or fold not in spec.fold or fold not in specs:
+            raise ValueError(f"{name}: the catalog no longer folds it into {fold}")
+    return dict(FOLDED_WHEN_HEALTHY)
+
+
 def referenced_families() -> set[str]:
-    """Metric names the shipped rules and the Fleet dashboard read."""
+    """Metric names the shipped rules and the Fleet dashboard read, and the per-GPU folds of
+    those a healthy node leaves out (:data:`FOLDED_WHEN_HEALTHY`)."""
     text = "".join(p.read_text() for p in sorted(RULES.glob("*.rules.yaml")))
     text += FLEET_BOARD.read_text()
-    return set(re.findall(r"\bfabricscope_[a-z0-9_]+", text)) | {"fabricscope_build_info"}
+    names = set(re.findall(r"\bfabricscope_[a-z0-9_]+", text)) | {"fabricscope_build_info"}
+    return names | {fold for name, fold in folded_when_healthy().items() if name in names}
 
 
 def _write(tree: Path, rel: str, text: str) -> None:

@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import alert_noise  # noqa: E402
 import fleet_week  # noqa: E402
 
+from tests.deploy.test_alerts import RENDERED_SINCE_THE_WEEK  # noqa: E402
+
 NODES = 24
 DAYS = 7.0
 
@@ -164,8 +166,35 @@ def test_the_week_models_what_these_alerts_read(fleet: alert_noise.Run) -> None:
         "FabricscopeNcclNvlinkBypassed",
         "FabricscopePfcPauseStorm",
         "FabricscopeNicFirmwareMixed",
+        *RENDERED_SINCE_THE_WEEK,
     ):
         assert modelled[alert], alert
+
+
+def test_the_week_renders_healthy_nvlinks_and_busy_gpus_pcie_generation(
+    fleet: alert_noise.Run,
+) -> None:
+    """A healthy node at the chart's detail exports no per-link NVLink series (every link
+    trained, no replay, recovery or CRC-flit error): the NVLink alerts read their per-GPU
+    folds, every link up, and stay quiet; a GPU running the job's processes reports its PCIe
+    generation (the recorded H200's Gen5 of 5: not degraded) and none alerts."""
+    fams = fleet.families
+    assert {"fabricscope_gpu_nvlinks_up", "fabricscope_gpu_nvlink_errors_total"} <= fams
+    assert not {"fabricscope_nvlink_up", "fabricscope_nvlink_errors_total"} & fams
+    assert "fabricscope_gpu_pcie_link_generation_degraded" in fams
+    quiet = {"FabricscopeNvlinkDown", "FabricscopeNvlinkErrorsRising",
+             "FabricscopeGpuPcieGenerationDegradedUnderLoad"}  # fmt: skip
+    assert not [e for e in fleet.episodes if e.alert in quiet]
+
+
+def test_a_folded_family_counts_as_rendered_only_beside_its_fold() -> None:
+    """fabricscope_nvlink_up is absent on a healthy node below full detail: the week models
+    FabricscopeNvlinkDown where its per-GPU fold is in the history, not otherwise."""
+    base = {"fabricscope_gpu_nvlink_errors_total"}
+    assert not alert_noise.modelled(base)["FabricscopeNvlinkDown"]
+    assert alert_noise.modelled(base | {"fabricscope_gpu_nvlinks_up"})["FabricscopeNvlinkDown"]
+    assert alert_noise.modelled(base)["FabricscopeNvlinkErrorsRising"]
+    assert not alert_noise.modelled(set())["FabricscopeNvlinkErrorsRising"]
 
 
 def test_the_committed_week_is_a_thousand_nodes_within_budget() -> None:
