@@ -119,6 +119,8 @@ RAS_ENDPOINT = "127.0.0.1:28028"
 RAS_HOST = "192.0.2.2"
 RAS_ERROR_KINDS = ("internal_error", "invalid_argument", "invalid_usage", "other",
                    "remote_error", "system_error", "unhandled_cuda_error")  # fmt: skip
+#: PortCounters' SymbolErrorCounter (16 bits), where the hardware stops it
+SYMBOL_ERROR_MAX = 65535
 #: link downs of the planted bad cable after its onset, in minutes (a flapping link)
 BAD_CABLE_DOWNS = (3.0, 17.0, 29.0)
 
@@ -219,6 +221,7 @@ def write_node(
                 }.get(bare, 0.0) * since
             vals.append(float(int(v)))
         w.series(name, lab, vals)
+    _peer_errors(w, n, states, state_at)
     # XIDs: a series per (GPU, code), from its first event, counting events since the agent
     # started (a reboot restarts the agent: the series are gone until the next event)
     by_series: dict[tuple[str, str], list[float]] = {}
@@ -309,6 +312,53 @@ def write_node(
             w, n, job=job, pod_name=pod, span=(start, None), state_at=state_at, rng=rng,
             bypassed=n.nvlink_bypassed,
         )  # fmt: skip
+
+
+def _peer_errors(
+    w: Writer,
+    n: NodePlan,
+    states: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Sample]],
+    state_at: Sequence[str | None],
+) -> None:
+    """What the switch end of each of the node's cables counts, as the ibpeer sampler
+    exports it (labelled as its fabricscope_infiniband_peer_info; a counter born with its
+    first error, as below full detail): symbol errors at the port's drawn rate
+    (``n.peer_noisy_ports``), and the planted bad cable's at the rate its node end counts
+    them (modelled: a marginal cable damages both directions). The switch's counter is not
+    reset by the node's reboot; PortCounters' 16-bit counter stops at 65535."""
+    step = w.step
+    inst = (("instance", n.name), ("job", JOB))
+    rates = dict(n.peer_noisy_ports)
+    cable = n.bad_cable
+    if cable:
+        rates.setdefault(cable[1], 0.0)
+    for dev, per_hour in sorted(rates.items()):
+        peer: dict[str, tuple[tuple[str, str], ...]] = {}
+        for st in {s for s in state_at if s is not None}:
+            for name, labels in states[st]:
+                d = dict(labels)
+                if name == "fabricscope_infiniband_peer_info" and d.get("device") == dev:
+                    peer[st] = tuple(
+                        (k, d[k]) for k in ("device", "peer_guid", "peer_port", "port")
+                    )
+        vals: list[float | None] = []
+        for i, st in enumerate(state_at):
+            t = i * step
+            v = per_hour * t / 3600
+            if cable and cable[1] == dev and t > cable[0]:
+                v += 300 / 60 * (t - cable[0])
+            vals.append(
+                float(min(int(v), SYMBOL_ERROR_MAX))
+                if st is not None and st in peer and v >= 1
+                else None
+            )
+        labels = next(iter(peer.values()), None)
+        if labels is not None:
+            w.series(
+                "fabricscope_infiniband_peer_port_symbol_errors_total",
+                _labels(sorted(labels + inst)),
+                vals,
+            )
 
 
 def _job_series(

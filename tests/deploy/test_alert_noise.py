@@ -9,7 +9,9 @@ raises no critical and no warning but its fleet-wide decisions (ACS redirect on 
 node's PCIe switch ports, a few nodes' NIC firmware behind the rest: one alert each, not one
 per node or bridge); single flaps, application
 XIDs and drains are info, recorded without a notification, and counters stopped on most
-nodes are one info alert for the fleet. The Fleet
+nodes are one info alert for the fleet. The week renders NVLink state and errors, a busy
+GPU's PCIe generation and both ends of each InfiniBand cable (the ibpeer sampler), and
+their alerts stay quiet on it. The Fleet
 dashboard's panels stay bounded.
 """
 
@@ -185,6 +187,28 @@ def test_the_week_renders_healthy_nvlinks_and_busy_gpus_pcie_generation(
     quiet = {"FabricscopeNvlinkDown", "FabricscopeNvlinkErrorsRising",
              "FabricscopeGpuPcieGenerationDegradedUnderLoad"}  # fmt: skip
     assert not [e for e in fleet.episodes if e.alert in quiet]
+
+
+def test_the_week_renders_both_ends_of_each_cable(fleet: alert_noise.Run) -> None:
+    """The ibpeer sampler's series (the real sampler on recorded answers): every node names
+    its cables' far ends; the switch ends count symbol errors at the ports' drawn bit-error
+    rates, judged as a rate, so the healthy background's (up to 10^-13) raise nothing; the
+    planted bad cable's switch end alerts, naming the node and port."""
+    assert "fabricscope_infiniband_peer_info" in fleet.families
+    assert "fabricscope_infiniband_peer_port_symbol_errors_total" in fleet.families
+    noisy = [n for n in fleet.history.plan.nodes if n.peer_noisy_ports]
+    assert noisy, "no switch end counts symbol errors"
+    peer = {
+        "FabricscopeInfinibandPeerErrorsRising",
+        "FabricscopeInfinibandPeerChanged",
+        "FabricscopeInfinibandLinkWidthDegraded",
+        "FabricscopeInfinibandLinkSpeedDegraded",
+    }
+    assert not [e for e in background(fleet) if e.alert in peer]
+    cable = next(f for f in fleet.history.plan.faults if f.kind == "bad_cable")
+    mine = [e for e in counted(fleet) if e.alert == "FabricscopeInfinibandPeerErrorsRising"]
+    assert [e.fault for e in mine] == ["bad_cable"], mine
+    assert mine[0].labels["instance"] == cable.node
 
 
 def test_a_folded_family_counts_as_rendered_only_beside_its_fold() -> None:

@@ -614,6 +614,10 @@ CHANGED_SINCE_THE_WEEK = {"FabricscopeInfinibandCounterSaturated"}
 #: stay in WITHOUT_A_FIGURE. Only ever shorter: a result that models one fails below.
 RENDERED_SINCE_THE_WEEK = {
     "FabricscopeGpuPcieGenerationDegradedUnderLoad",
+    "FabricscopeInfinibandLinkSpeedDegraded",
+    "FabricscopeInfinibandLinkWidthDegraded",
+    "FabricscopeInfinibandPeerChanged",
+    "FabricscopeInfinibandPeerErrorsRising",
     "FabricscopeNvlinkDown",
     "FabricscopeNvlinkErrorsRising",
 }
@@ -681,7 +685,7 @@ def test_every_alert_row_gives_its_rate_over_the_benchmark_week() -> None:
 
 
 #: alerts whose healthy-fleet rate the benchmark's week does not give yet: their sources
-#: (the ibpeer sampler, the probe, NCCL's transport lines, a job's samples/s or step time,
+#: (the probe, NCCL's transport lines, a job's samples/s or step time,
 #: read errors) are not rendered in the week's history, or the alert is newer than the
 #: week's run or changed since (CHANGED_SINCE_THE_WEEK), or its sources are rendered since
 #: the week was measured (RENDERED_SINCE_THE_WEEK). Only ever shorter: an
