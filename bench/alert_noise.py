@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT / "dashboards"))
 
 import fleet_history  # noqa: E402
 import fleet_week  # noqa: E402
+from fleet_states import folded_when_healthy  # noqa: E402
 
 from tests.alert_routing import Delivery, deliver  # noqa: E402
 from tests.promharness import backfill_recording_rules, start_prometheus  # noqa: E402
@@ -404,12 +405,15 @@ def label_values(url: str, label: str) -> list[str]:
 
 def modelled(families: set[str]) -> dict[str, bool]:
     """Each alert -> whether every series its expression reads is in the history (else its
-    figure says nothing: the week does not model its source)."""
+    figure says nothing: the week does not model its source), or is a family a healthy node
+    leaves out whose per-GPU fold is in it (fleet_states.FOLDED_WHEN_HEALTHY: its absence is
+    what the healthy fleet exports)."""
+    rendered = families | {n for n, f in folded_when_healthy().items() if f in families}
     out = {}
     for r in load_rules():
         if r.alert:
             names = set(re.findall(r"\b(?:fabricscope[:_][a-z0-9_:]+|kube_[a-z_]+)", r.expr))
-            out[r.name] = names <= families
+            out[r.name] = names <= rendered
     return out
 
 

@@ -39,6 +39,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from agent.core.ceiling import plan as memory_plan  # noqa: E402
+from agent.nvml.findings import generation_degraded_under_load  # noqa: E402
+from agent.nvml.snapshot import ComputeProcess, NvmlGpu, PcieLink  # noqa: E402
 from exporter.metrics import attribution, netdev  # noqa: E402
 from tests.promharness import PROMTOOL  # noqa: E402
 
@@ -49,6 +51,8 @@ from fleet_states import (  # noqa: E402
     APP_XIDS,
     ETHERNET,
     GPUS,
+    LOST_GPU,
+    NVML_RECORDING,
     RAILS,
     SATURATED_MAX,
     Sample,
@@ -88,12 +92,35 @@ MAIN_GROWTH_MIB_PER_DAY = 31.07 / 15
 GPU_BUS_IDS = ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
                "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0")  # fmt: skip
 NVLINK_CHANNELS = 16
+#: the agent's PCIe generation check while the job's processes run on a GPU (absent while
+#: it runs none, as on the idle recorded H200s): the recorded GPU 0's current and highest
+#: generation (5 and 5) as the agent judges them, GPU 0 standing for every GPU as in
+#: fleet_states (modelled: a busy healthy H200 keeps the Gen5 link it idles at)
+_PCIE_GEN = {
+    k.split("(")[0]: v["value"]
+    for k, v in json.loads(NVML_RECORDING.read_text())["calls"].items()
+    if k.endswith("PcieLinkGeneration(0)")
+}
+BUSY_PCIE_GENERATION_DEGRADED = float(
+    generation_degraded_under_load(
+        NvmlGpu(
+            0,
+            pcie=PcieLink(
+                current_generation=_PCIE_GEN["nvmlDeviceGetCurrPcieLinkGeneration"],
+                max_generation=_PCIE_GEN["nvmlDeviceGetMaxPcieLinkGeneration"],
+            ),
+            compute_processes=(ComputeProcess(pid=1, used_memory_bytes=None),),
+        )
+    )
+)
 #: where the rank-0 node asks the job's RAS service (NCCL's default port), and the hung
 #: rank's bootstrap address (documentation range)
 RAS_ENDPOINT = "127.0.0.1:28028"
 RAS_HOST = "192.0.2.2"
 RAS_ERROR_KINDS = ("internal_error", "invalid_argument", "invalid_usage", "other",
                    "remote_error", "system_error", "unhandled_cuda_error")  # fmt: skip
+#: PortCounters' SymbolErrorCounter (16 bits), where the hardware stops it
+SYMBOL_ERROR_MAX = 65535
 #: link downs of the planted bad cable after its onset, in minutes (a flapping link)
 BAD_CABLE_DOWNS = (3.0, 17.0, 29.0)
 
@@ -194,6 +221,7 @@ def write_node(
                 }.get(bare, 0.0) * since
             vals.append(float(int(v)))
         w.series(name, lab, vals)
+    _peer_errors(w, n, states, state_at)
     # XIDs: a series per (GPU, code), from its first event, counting events since the agent
     # started (a reboot restarts the agent: the series are gone until the next event)
     by_series: dict[tuple[str, str], list[float]] = {}
@@ -286,6 +314,53 @@ def write_node(
         )  # fmt: skip
 
 
+def _peer_errors(
+    w: Writer,
+    n: NodePlan,
+    states: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Sample]],
+    state_at: Sequence[str | None],
+) -> None:
+    """What the switch end of each of the node's cables counts, as the ibpeer sampler
+    exports it (labelled as its fabricscope_infiniband_peer_info; a counter born with its
+    first error, as below full detail): symbol errors at the port's drawn rate
+    (``n.peer_noisy_ports``), and the planted bad cable's at the rate its node end counts
+    them (modelled: a marginal cable damages both directions). The switch's counter is not
+    reset by the node's reboot; PortCounters' 16-bit counter stops at 65535."""
+    step = w.step
+    inst = (("instance", n.name), ("job", JOB))
+    rates = dict(n.peer_noisy_ports)
+    cable = n.bad_cable
+    if cable:
+        rates.setdefault(cable[1], 0.0)
+    for dev, per_hour in sorted(rates.items()):
+        peer: dict[str, tuple[tuple[str, str], ...]] = {}
+        for st in {s for s in state_at if s is not None}:
+            for name, labels in states[st]:
+                d = dict(labels)
+                if name == "fabricscope_infiniband_peer_info" and d.get("device") == dev:
+                    peer[st] = tuple(
+                        (k, d[k]) for k in ("device", "peer_guid", "peer_port", "port")
+                    )
+        vals: list[float | None] = []
+        for i, st in enumerate(state_at):
+            t = i * step
+            v = per_hour * t / 3600
+            if cable and cable[1] == dev and t > cable[0]:
+                v += 300 / 60 * (t - cable[0])
+            vals.append(
+                float(min(int(v), SYMBOL_ERROR_MAX))
+                if st is not None and st in peer and v >= 1
+                else None
+            )
+        labels = next(iter(peer.values()), None)
+        if labels is not None:
+            w.series(
+                "fabricscope_infiniband_peer_port_symbol_errors_total",
+                _labels(sorted(labels + inst)),
+                vals,
+            )
+
+
 def _job_series(
     w: Writer,
     n: NodePlan,
@@ -327,6 +402,16 @@ def _job_series(
             attribution.POD_GPU_INFO.name,
             _labels(sorted(lab + inst)),
             [1.0 if alive(i) else None for i in range(len(times))],
+        )
+        w.series(
+            "fabricscope_gpu_pcie_link_generation_degraded",
+            _labels(sorted((("gpu", str(g)), *inst))),
+            [
+                BUSY_PCIE_GENERATION_DEGRADED
+                if alive(i) and not (state_at[i] == "lost" and str(g) == LOST_GPU)
+                else None  # a lost GPU answers no generation
+                for i in range(len(times))
+            ],
         )
     # NVLink peers: NCCL's ring over the NVSwitch joins GPU g to g+1; P2P unless bypassed
     transport = "SHM/direct/direct" if bypassed else "P2P/CUMEM"

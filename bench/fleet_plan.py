@@ -56,6 +56,9 @@ class NodePlan:
     slowdowns: list[tuple[float, float]] = field(default_factory=list)
     job_gone: float | None = None  # the job's pods ended at (seconds)
     noisy_ports: dict[str, float] = field(default_factory=dict)  # device -> symbol errors/h
+    #: device -> symbol errors/h the switch end of its cable counts (the ibpeer sampler's
+    #: fabricscope_infiniband_peer_port_symbol_errors_total)
+    peer_noisy_ports: dict[str, float] = field(default_factory=dict)
     job_start: float = 0.0  # the job's pods started at (seconds; job churn)
     hung_at: float | None = None  # a rank hung: its log stops, its pods keep their GPUs
     next_job: tuple[float, str, str] | None = None  # (from, job, pod): the next job here

@@ -39,8 +39,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from agent.core.runner import SamplerSpec  # noqa: E402
+from agent.core.sysfs import SysfsReader  # noqa: E402
+from agent.ibpeer.sampler import IbPeerSampler  # noqa: E402
+from agent.samplers import Latest  # noqa: E402
 from agent.snapshot import NVML_RECORDING as IN_SNAPSHOT  # noqa: E402
 from agent.snapshot import capture  # noqa: E402
+from exporter.app import AgentApp  # noqa: E402
+from exporter.metrics.catalog import AREAS, all_specs  # noqa: E402
 
 DGX = ROOT / "tests" / "fixtures" / "dgx-h100" / "sys"
 NVML_RECORDING = ROOT / "tests" / "fixtures" / "nvml" / "h200x2.recording.json"
@@ -75,11 +81,46 @@ class Sample:
     counter: bool
 
 
+#: families the agent leaves out below ``full`` detail on a healthy node (the fleet's agent
+#: runs at ``default``), each with the per-GPU family its catalog ``fold`` names, which the
+#: healthy node does export: every NVLink trained (``fabricscope_nvlink_up`` only for a link
+#: that is down) and no replay, recovery or CRC-flit error (``fabricscope_nvlink_errors_total``
+#: only for a link where one is non-zero), as the recorded H200s answer. An alert reading
+#: one of these reads the healthy fleet's absence of it wherever its fold is in the history.
+FOLDED_WHEN_HEALTHY = {
+    "fabricscope_nvlink_up": "fabricscope_gpu_nvlinks_up",
+    "fabricscope_nvlink_errors_total": "fabricscope_gpu_nvlink_errors_total",
+    # the ibpeer sampler: a link trained at both ends' best (no *_degraded series), a switch
+    # end counting no error (no peer counter), beside the cable it read (peer_info)
+    "fabricscope_infiniband_link_width_degraded": "fabricscope_infiniband_peer_info",
+    "fabricscope_infiniband_link_speed_degraded": "fabricscope_infiniband_peer_info",
+    "fabricscope_infiniband_peer_port_symbol_errors_total": "fabricscope_infiniband_peer_info",
+    "fabricscope_infiniband_peer_port_receive_errors_total": "fabricscope_infiniband_peer_info",
+}
+
+
+def folded_when_healthy() -> dict[str, str]:
+    """:data:`FOLDED_WHEN_HEALTHY`, checked against the catalog: each family folds below
+    ``full`` and its fold names the per-GPU family, or it and the family beside it are one
+    sampler's (raises when the catalog says otherwise)."""
+    specs = {s.name: s for s in all_specs()}
+    area = {s.name: a for a, ar in AREAS.items() for s in ar.specs}
+    for name, fold in FOLDED_WHEN_HEALTHY.items():
+        spec = specs.get(name)
+        if spec is None or not spec.fold or spec.detail == "full" or fold not in specs:
+            raise ValueError(f"{name}: the catalog no longer folds it")
+        if fold not in spec.fold and area.get(name) != area.get(fold):
+            raise ValueError(f"{name}: {fold} is neither its fold nor its sampler's")
+    return dict(FOLDED_WHEN_HEALTHY)
+
+
 def referenced_families() -> set[str]:
-    """Metric names the shipped rules and the Fleet dashboard read."""
+    """Metric names the shipped rules and the Fleet dashboard read, and the per-GPU folds of
+    those a healthy node leaves out (:data:`FOLDED_WHEN_HEALTHY`)."""
     text = "".join(p.read_text() for p in sorted(RULES.glob("*.rules.yaml")))
     text += FLEET_BOARD.read_text()
-    return set(re.findall(r"\bfabricscope_[a-z0-9_]+", text)) | {"fabricscope_build_info"}
+    names = set(re.findall(r"\bfabricscope_[a-z0-9_]+", text)) | {"fabricscope_build_info"}
+    return names | {fold for name, fold in folded_when_healthy().items() if name in names}
 
 
 def _write(tree: Path, rel: str, text: str) -> None:
@@ -198,6 +239,30 @@ def _eight_gpus(samples: list[Sample]) -> list[Sample]:
     return out
 
 
+IBPEER_RECORDING = ROOT / "tests" / "fixtures" / "ibpeer-sim-dgx" / "recording.json"
+IBPEER_FAMILIES = frozenset(s.name for s in AREAS["ibpeer"].specs)
+
+
+def _ibpeer_once(tree: Path, keep: set[str]) -> list[Sample]:
+    """The ibpeer sampler's series for ``tree`` at the chart's detail (a fleet that enables
+    it): the real sampler, run in process as ``bench/series_budget.py`` runs it, on the tool
+    answers recorded from a simulated rail-optimised fat tree (``IBPEER_RECORDING``: the
+    DGX's 8 rails each cabled to a leaf; its counters what the simulator's own traffic left,
+    every link trained at both ends' best). What the switch ends count over time is
+    ``bench/fleet_history.py``'s."""
+    from series_budget import InChild, ReplayTools
+
+    sampler = IbPeerSampler(
+        SysfsReader(str(tree)),
+        tool=ReplayTools(IBPEER_RECORDING),
+        tables_per_pass=64,
+        spread=False,
+        extended=False,
+    )
+    app = AgentApp([SamplerSpec(InChild(sampler), 60.0, 10.0)], Latest(), detail="default")
+    return _parse(app.run_once().decode(), keep & IBPEER_FAMILIES)
+
+
 STATES = ("healthy", "saturated-1", "saturated-2", "saturated-4", "disabled", "rate", "x8", "lost")
 
 
@@ -216,7 +281,8 @@ def agent_states(work: Path, keep: set[str], *, acs: bool = False) -> dict[str, 
 
     def sysfs(name: str) -> list[Sample]:
         tree = _variant_tree(work, name)
-        return _parse(_agent_once(["--path.sysfs", str(tree), "--no-sampler.nvml", *common]), keep)
+        out = _parse(_agent_once(["--path.sysfs", str(tree), "--no-sampler.nvml", *common]), keep)
+        return out + _ibpeer_once(tree, keep)
 
     def nvml(name: str) -> list[Sample]:
         rec = _recording(work, name)

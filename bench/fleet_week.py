@@ -104,16 +104,18 @@ class Week:
     background: dict[str, int] = field(default_factory=dict)
 
 
-def _ber_ports(rng: random.Random, n: fh.NodePlan) -> int:
+def _ber_ports(rng: random.Random, ports: dict[str, float]) -> int:
+    """Draw which of a node's rails count symbol errors, and how many an hour, into ``ports``
+    (the node's ends, or the switch ends of its cables: each direction drawn on its own)."""
     noisy = 0
     for dev in fh.RAILS:
         r = rng.random()
         if r < 0.01:
-            n.noisy_ports[dev] = BER_MARGINAL * NDR_BITS * 3600
+            ports[dev] = BER_MARGINAL * NDR_BITS * 3600
             noisy += 1
         elif r < 0.11:
             lo, hi = BER_HEALTHY
-            n.noisy_ports[dev] = lo * (hi / lo) ** rng.random() * NDR_BITS * 3600
+            ports[dev] = lo * (hi / lo) ** rng.random() * NDR_BITS * 3600
             noisy += 1
     return noisy
 
@@ -169,11 +171,17 @@ def week(
         n.down.clear()
         n.segments = [s for s in n.segments if s[0] == 0.0 or s[1] in ("rate", "x8", "lost")]
         n.noisy_ports.clear()
+        n.peer_noisy_ports.clear()
     faults = {f.node for f in base.faults}
     for n in base.nodes:  # the agents' uptime: since a reboot some time in the last week
         n.agent_age = rng.uniform(0, days * DAY)
     by_index = dict(enumerate(base.nodes))
-    noisy = sum(_ber_ports(rng, n) for n in base.nodes)
+    noisy = sum(_ber_ports(rng, n.noisy_ports) for n in base.nodes)
+    # the switch ends of the nodes' cables (the ibpeer sampler reads them): the same spread
+    # of bit-error rates in the other direction, drawn on its own (a generator of its own, so
+    # the rest of the week is drawn as before)
+    peer_rng = random.Random(f"{seed}-peer")
+    peer_noisy = sum(_ber_ports(peer_rng, n.peer_noisy_ports) for n in base.nodes)
     # a planted hung rank: one rank of a job stops in a collective, every rank of the job
     # waits on it (their logs stop, their pods keep their GPUs)
     jobs = sorted({n.job for n in base.nodes})
@@ -258,6 +266,7 @@ def week(
         src = by_index[i]
         w = fh.NodePlan(f"w{s:03d}-{src.name}", [(0.0, src.segments[0][1])])
         w.noisy_ports = dict(src.noisy_ports)
+        w.peer_noisy_ports = dict(src.peer_noisy_ports)
         w.rail_fw = src.rail_fw
         w.agent_age = src.agent_age + s * SLOT - WARMUP
         for t, kind in evs:
@@ -278,6 +287,8 @@ def week(
         "nodes with ACS redirect on every PCIe switch port (a BIOS default)": nodes,
         f"nodes whose compute rails run firmware {OLD_RAIL_FW}": len(old_fw),
         "ports counting symbol errors at a BER of 1e-16 to 1e-13": noisy,
+        "switch ends of the nodes' cables counting symbol errors at a BER of 1e-16 to 1e-13 "
+        "(ibpeer)": peer_noisy,
         **{f"{k} in the week": v for k, v in sorted(drawn.items())},
         f"job transitions in the week ({job_size}-node jobs of 12-48 h)": job_transitions,
         "event windows rendered": len(windows),

@@ -9,7 +9,9 @@ raises no critical and no warning but its fleet-wide decisions (ACS redirect on 
 node's PCIe switch ports, a few nodes' NIC firmware behind the rest: one alert each, not one
 per node or bridge); single flaps, application
 XIDs and drains are info, recorded without a notification, and counters stopped on most
-nodes are one info alert for the fleet. The Fleet
+nodes are one info alert for the fleet. The week renders NVLink state and errors, a busy
+GPU's PCIe generation and both ends of each InfiniBand cable (the ibpeer sampler), and
+their alerts stay quiet on it. The Fleet
 dashboard's panels stay bounded.
 """
 
@@ -27,6 +29,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import alert_noise  # noqa: E402
 import fleet_week  # noqa: E402
+
+from tests.deploy.test_alerts import RENDERED_SINCE_THE_WEEK  # noqa: E402
 
 NODES = 24
 DAYS = 7.0
@@ -164,8 +168,57 @@ def test_the_week_models_what_these_alerts_read(fleet: alert_noise.Run) -> None:
         "FabricscopeNcclNvlinkBypassed",
         "FabricscopePfcPauseStorm",
         "FabricscopeNicFirmwareMixed",
+        *RENDERED_SINCE_THE_WEEK,
     ):
         assert modelled[alert], alert
+
+
+def test_the_week_renders_healthy_nvlinks_and_busy_gpus_pcie_generation(
+    fleet: alert_noise.Run,
+) -> None:
+    """A healthy node at the chart's detail exports no per-link NVLink series (every link
+    trained, no replay, recovery or CRC-flit error): the NVLink alerts read their per-GPU
+    folds, every link up, and stay quiet; a GPU running the job's processes reports its PCIe
+    generation (the recorded H200's Gen5 of 5: not degraded) and none alerts."""
+    fams = fleet.families
+    assert {"fabricscope_gpu_nvlinks_up", "fabricscope_gpu_nvlink_errors_total"} <= fams
+    assert not {"fabricscope_nvlink_up", "fabricscope_nvlink_errors_total"} & fams
+    assert "fabricscope_gpu_pcie_link_generation_degraded" in fams
+    quiet = {"FabricscopeNvlinkDown", "FabricscopeNvlinkErrorsRising",
+             "FabricscopeGpuPcieGenerationDegradedUnderLoad"}  # fmt: skip
+    assert not [e for e in fleet.episodes if e.alert in quiet]
+
+
+def test_the_week_renders_both_ends_of_each_cable(fleet: alert_noise.Run) -> None:
+    """The ibpeer sampler's series (the real sampler on recorded answers): every node names
+    its cables' far ends; the switch ends count symbol errors at the ports' drawn bit-error
+    rates, judged as a rate, so the healthy background's (up to 10^-13) raise nothing; the
+    planted bad cable's switch end alerts, naming the node and port."""
+    assert "fabricscope_infiniband_peer_info" in fleet.families
+    assert "fabricscope_infiniband_peer_port_symbol_errors_total" in fleet.families
+    noisy = [n for n in fleet.history.plan.nodes if n.peer_noisy_ports]
+    assert noisy, "no switch end counts symbol errors"
+    peer = {
+        "FabricscopeInfinibandPeerErrorsRising",
+        "FabricscopeInfinibandPeerChanged",
+        "FabricscopeInfinibandLinkWidthDegraded",
+        "FabricscopeInfinibandLinkSpeedDegraded",
+    }
+    assert not [e for e in background(fleet) if e.alert in peer]
+    cable = next(f for f in fleet.history.plan.faults if f.kind == "bad_cable")
+    mine = [e for e in counted(fleet) if e.alert == "FabricscopeInfinibandPeerErrorsRising"]
+    assert [e.fault for e in mine] == ["bad_cable"], mine
+    assert mine[0].labels["instance"] == cable.node
+
+
+def test_a_folded_family_counts_as_rendered_only_beside_its_fold() -> None:
+    """fabricscope_nvlink_up is absent on a healthy node below full detail: the week models
+    FabricscopeNvlinkDown where its per-GPU fold is in the history, not otherwise."""
+    base = {"fabricscope_gpu_nvlink_errors_total"}
+    assert not alert_noise.modelled(base)["FabricscopeNvlinkDown"]
+    assert alert_noise.modelled(base | {"fabricscope_gpu_nvlinks_up"})["FabricscopeNvlinkDown"]
+    assert alert_noise.modelled(base)["FabricscopeNvlinkErrorsRising"]
+    assert not alert_noise.modelled(set())["FabricscopeNvlinkErrorsRising"]
 
 
 def test_the_committed_week_is_a_thousand_nodes_within_budget() -> None:
