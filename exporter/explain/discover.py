@@ -234,7 +234,7 @@ class Inventory:
 
 #: the identity series the names come from, each with the labels the names use: every
 #: other label (firmware, model, vendor, GUIDs, ...) is left at Prometheus, which halves the
-#: answer (11.4 MB for a 1,024-node job, 5.8 MB so); a series' value is the number of the
+#: answer (11.4 MB for a 1,024-node job, about 5 MB so); a series' value is the number of the
 #: family's series with those labels (1, unless one changed another label in the window)
 _INFO = (
     ("fabricscope_infiniband_port_info", "instance, netdev, device, port"),
