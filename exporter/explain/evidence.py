@@ -349,6 +349,13 @@ def evaluate(
         slow_expr = template.format(sel=sel, d=f"{job[2]}s", peers=sel)
         return base, client.vector(slow_expr, periods.slow_end)
 
+    def ask(c: Check, sel: str, slow: bool) -> list[Pair]:
+        """A derived check's template, asked as it is for one period (exporter.explain.shared:
+        where its reads do not determine its figures)."""
+        if slow:
+            return client.vector(c.expr(sel, f"{seconds[c.name]}s"), periods.slow_end)
+        return client.vector(c.expr(sel, f"{periods.base_seconds}s"), periods.base_end)
+
     answers: dict[tuple[str, str, int, str], tuple[list[Pair], list[Pair]]] = {}
     needs = {
         c.name: [
@@ -381,7 +388,9 @@ def evaluate(
                     continue
                 got = [answers[u] for u in needs[c.name]]
                 if c.name in derived:
-                    base, slow = derive_shared(derived[c.name], needs[c.name], got)
+                    base, slow = derive_shared(
+                        derived[c.name], needs[c.name], got, functools.partial(ask, c)
+                    )
                 elif len(got) == 1:  # the whole job in one query (up to 1,024 nodes)
                     base, slow = got[0]
                 else:

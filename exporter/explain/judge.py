@@ -187,8 +187,7 @@ def judge(
             done.get(key(r.check, m.labels), m) if _candidate(m, floor) else m
             for m in r.measurements
         ]
-        ms.sort(key=lambda m: -m.score)
-        out.append(CheckResult(r.check, r.series, ms))
+        out.append(_rejudged(r, ms))
     return out
 
 
@@ -204,9 +203,15 @@ def counting_only(results: Sequence[CheckResult], floor: float = FLOOR) -> list[
             _noise(m, none) if _candidate(m, floor) and m.check.counting else m
             for m in r.measurements
         ]
-        ms.sort(key=lambda m: -m.score)
-        out.append(CheckResult(r.check, r.series, ms))
+        out.append(_rejudged(r, ms))
     return out
+
+
+def _rejudged(result: CheckResult, measurements: list[Measurement]) -> CheckResult:
+    """``result`` with ``measurements`` (judged again), worst first (stable: equal scores
+    keep their order)."""
+    measurements.sort(key=lambda m: -m.score)
+    return CheckResult(result.check, result.series, measurements)
 
 
 def _candidate(m: Measurement, floor: float) -> bool:

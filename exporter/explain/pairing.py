@@ -53,6 +53,8 @@ def aligned(a: Sequence[Pair], b: Sequence[Pair], names: tuple[str, ...]) -> boo
     labels = list(map(_first, a))
     if not all(map(operator.eq, labels, map(_first, b))):
         return False
+    if not names:  # every label set empty: one device at most
+        return len(labels) <= 1
     get = operator.itemgetter(*names)
     try:
         keys = set(map(get, labels))
@@ -75,3 +77,15 @@ def paired(base: Sequence[Pair], slow: Sequence[Pair], names: tuple[str, ...]) -
         rows.append((labels, value, None) if s is None else (s[0], value, s[1]))
     rows += [(labels, None, value) for k, (labels, value) in slow_by.items() if k not in base_by]
     return rows
+
+
+def matched(a: Sequence[Pair], b: Sequence[Pair]) -> list[tuple[Mapping[str, str], float, float]]:
+    """PromQL's one-to-one match on all labels (``a + b``): the label sets both answers
+    list, in ``a``'s order, with both values (a label set listed twice in one answer takes
+    its last value there). :func:`paired` keyed by every label name either answer uses: a
+    label set lacks a name exactly when its value there would be "" (Prometheus keeps no
+    empty label)."""
+    names = tuple(sorted({n for labels, _ in (*a, *b) for n in labels}))
+    return [
+        (labels, x, y) for labels, x, y in paired(a, b, names) if x is not None and y is not None
+    ]

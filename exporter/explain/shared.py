@@ -10,6 +10,13 @@ Prometheus's ``quantile``); the printed PromQL is still the check's template, wh
 the same figure. A check is computed only while its template is the one its computation
 follows (:attr:`Derived.template`): a changed template is asked as it is.
 
+The same holds for the port's state: ``port_up`` averages it, and ``port_rate_degraded``
+counted it and took its last value (three reads of 12,288 series a period for a 1,024-node job,
+where one does): its average is asked once for both, and ``port_rate_degraded``, whose
+comparison series is exported only while a port runs below its rate (below full detail),
+is 0 for every port the state is read for whenever no port has that series; when one has,
+its template is asked as it is (:attr:`Derived.figure` gives ``None``).
+
 Owns the computations; imports only the client's answer type and the pairing of answers.
 """
 
@@ -21,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.explain.client import Pair
-from exporter.explain.pairing import aligned
+from exporter.explain.pairing import matched
 
 #: a port's labels in the shared reads' answers (each port once: see pairing.aligned)
 _PORT = ("instance", "device", "port")
@@ -31,6 +38,9 @@ SHARED_READS: dict[str, str] = {
     "tx": "rate(fabricscope_infiniband_port_transmitted_bytes_total{{{sel}}}[{d}])",
     "rx": "rate(fabricscope_infiniband_port_received_bytes_total{{{sel}}}[{d}])",
     "wait": "rate(fabricscope_infiniband_port_transmit_wait_total{{{sel}}}[{d}])",
+    "up": "avg_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])",
+    "degraded": "max by (instance, device, port) "
+    "(sum_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}]))",
 }
 
 
@@ -38,16 +48,13 @@ SHARED_READS: dict[str, str] = {
 class Derived:
     """A check whose figures are computed from :data:`SHARED_READS` (``reads``) by
     ``figure`` instead of asking Prometheus its template; only while the check's template
-    is ``template`` (the one ``figure`` computes: a changed template is asked as it is)."""
+    is ``template`` (the one ``figure`` computes: a changed template is asked as it is).
+    ``figure`` gives ``None`` where the reads do not determine the figures: the template is
+    asked then, for that period and group of nodes."""
 
     template: str
     reads: tuple[str, ...]
-    figure: Callable[[Mapping[str, Sequence[Pair]]], list[Pair]]
-
-
-def _by_labels(pairs: Sequence[Pair]) -> dict[tuple[tuple[str, str], ...], Pair]:
-    """A one-to-one PromQL match's key: all the labels."""
-    return {tuple(sorted(labels.items())): (labels, value) for labels, value in pairs}
+    figure: Callable[[Mapping[str, Sequence[Pair]]], list[Pair] | None]
 
 
 def _quantile(q: float, values: Sequence[float]) -> float:
@@ -62,16 +69,7 @@ def _quantile(q: float, values: Sequence[float]) -> float:
 
 def _rail_share(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
     """(tx + rx) / on (instance) group_left quantile by (instance) (0.5, (tx + rx) > 0)"""
-    if aligned(reads["tx"], reads["rx"], _PORT):  # the same ports in the same order
-        both = zip(reads["tx"], reads["rx"], strict=True)
-        moved = [(labels, tx + rx) for (labels, tx), (_, rx) in both]
-    else:
-        rx = _by_labels(reads["rx"])
-        moved = [
-            (labels, tx + rx[k][1])
-            for k, (labels, tx) in _by_labels(reads["tx"]).items()
-            if k in rx
-        ]
+    moved = [(labels, tx + rx) for labels, tx, rx in matched(reads["tx"], reads["rx"])]
     per_node: dict[str, list[float]] = defaultdict(list)
     for labels, v in moved:
         if v > 0:
@@ -87,16 +85,33 @@ def _rail_share(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
 def _xmit_wait_share(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
     """wait / (wait + tx / 4)"""
     out: list[Pair] = []
-    if aligned(reads["wait"], reads["tx"], _PORT):  # the same ports in the same order
-        for (labels, wait), (_, tx) in zip(reads["wait"], reads["tx"], strict=True):
-            whole = wait + tx / 4
-            out.append((labels, wait / whole if whole else math.nan))
-        return out
-    by_port = _by_labels(reads["tx"])
-    for k, (labels, wait) in _by_labels(reads["wait"]).items():
-        if k in by_port:
-            whole = wait + by_port[k][1] / 4
-            out.append((labels, wait / whole if whole else math.nan))
+    for labels, wait, tx in matched(reads["wait"], reads["tx"]):
+        whole = wait + tx / 4
+        out.append((labels, wait / whole if whole else math.nan))
+    return out
+
+
+def _port_up(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
+    """The template itself: the shared read."""
+    return list(reads["up"])
+
+
+def _port_rate_degraded(reads: Mapping[str, Sequence[Pair]]) -> list[Pair] | None:
+    """max by (instance, device, port) (sum_over_time(degraded)) / on (instance, device, port)
+    max by (instance, device, port) (count_over_time(up)) or 0 * max by (instance, device,
+    port) (last_over_time(up)): with no degraded series, the right side of ``or`` alone, 0
+    for each port (its labels, in the order of the ports' first series), port_up being 0 or
+    1; with one, the count is needed: None (ask the template)."""
+    if reads["degraded"]:
+        return None
+    out: list[Pair] = []
+    seen: set[tuple[str, ...]] = set()
+    for labels, _ in reads["up"]:
+        port = {n: labels[n] for n in _PORT if labels.get(n)}
+        k = tuple(port.get(n, "") for n in _PORT)
+        if k not in seen:
+            seen.add(k)
+            out.append((port, 0.0))
     return out
 
 
@@ -117,6 +132,21 @@ DERIVED: dict[str, Derived] = {
         ("wait", "tx"),
         _xmit_wait_share,
     ),
+    "port_up": Derived(
+        "avg_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])",
+        ("up",),
+        _port_up,
+    ),
+    "port_rate_degraded": Derived(
+        "max by (instance, device, port) "
+        "(sum_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}])) "
+        "/ on (instance, device, port) max by (instance, device, port) "
+        "(count_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])) "
+        "or 0 * max by (instance, device, port) "
+        "(last_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}]))",
+        ("degraded", "up"),
+        _port_rate_degraded,
+    ),
 }
 
 
@@ -124,15 +154,18 @@ def derive(
     derived: Derived,
     units: Sequence[tuple[str, str, int, str]],
     answers: Sequence[tuple[list[Pair], list[Pair]]],
+    ask: Callable[[str, bool], list[Pair]],
 ) -> tuple[list[Pair], list[Pair]]:
     """A derived check's baseline and slow answers from its reads' (per group of nodes:
-    every figure is per port or per node, so each group is computed on its own)."""
+    every figure is per port or per node, so each group is computed on its own); where the
+    reads do not determine them, ``ask(selector, slow)`` asks the check's template."""
     groups: dict[str, dict[str, tuple[list[Pair], list[Pair]]]] = defaultdict(dict)
     for (_, read, _, sel), answer in zip(units, answers, strict=True):
         groups[sel][read] = answer
     base: list[Pair] = []
     slow: list[Pair] = []
-    for reads in groups.values():
-        base += derived.figure({r: a[0] for r, a in reads.items()})
-        slow += derived.figure({r: a[1] for r, a in reads.items()})
+    for sel, reads in groups.items():
+        for period, out in ((0, base), (1, slow)):
+            got = derived.figure({r: a[period] for r, a in reads.items()})
+            out.extend(ask(sel, bool(period)) if got is None else got)
     return base, slow

@@ -15,7 +15,7 @@ from exporter.explain.client import (
     _pairs,
     _pairs_one_by_one,
 )
-from exporter.explain.pairing import Row, aligned, keyer, paired
+from exporter.explain.pairing import Row, aligned, keyer, matched, paired
 
 PORT = ("instance", "device", "port")
 
@@ -129,3 +129,25 @@ def test_labels_that_are_not_strings_are_read_as_the_careful_reader_reads_them()
     # a number where Prometheus writes a string is taken as the careful reader takes it
     numeric: list[object] = [{"metric": {}, "value": [1, 2]}]
     assert _pairs(numeric, "q") == _pairs_one_by_one(numeric, "q") == [({}, 2.0)]
+
+
+def test_matched_is_promqls_one_to_one_match_on_all_labels() -> None:
+    """``a + b`` in PromQL: label sets in both answers, matched on every label (a port read
+    by two scrape jobs is two devices there, not one), in ``a``'s order, a set listed twice
+    taking its last value; zipped or keyed alike."""
+    a: list[Pair] = [
+        ({"instance": "n1", "device": "mlx5_0", "port": "1", "job": "x"}, 1.0),
+        ({"instance": "n1", "device": "mlx5_0", "port": "1", "job": "y"}, 2.0),
+        ({"instance": "n2", "device": "mlx5_0", "port": "1"}, 3.0),
+        ({"instance": "n3", "device": "mlx5_0", "port": "1"}, 4.0),
+    ]
+    b: list[Pair] = [(a[1][0], 20.0), (a[0][0], 10.0), (a[2][0], 30.0), (a[2][0], 31.0)]
+    got = [(dict(labels), x, y) for labels, x, y in matched(a, b)]
+    assert got == [
+        (dict(a[0][0]), 1.0, 10.0),
+        (dict(a[1][0]), 2.0, 20.0),
+        (dict(a[2][0]), 3.0, 31.0),
+    ]
+    zipped = matched(a, [(labels, 2 * v) for labels, v in a])
+    assert [(x, y) for _, x, y in zipped] == [(1.0, 2.0), (2.0, 4.0), (3.0, 6.0), (4.0, 8.0)]
+    assert matched([], b) == [] and matched([({}, 1.0)], [({}, 2.0)]) == [({}, 1.0, 2.0)]

@@ -184,6 +184,49 @@ def test_checks_that_share_reads_ask_each_once_and_a_changed_template_as_it_is()
     assert len(asked) == 2 and all("quantile by (instance) (0.25," in e for e in asked)
 
 
+def test_the_port_state_is_read_once_for_port_up_and_port_rate_degraded() -> None:
+    """port_up averages the port's state; port_rate_degraded counted it and took its last
+    value (three reads of every port a period): both now come from its average, asked once
+    a period. With no degraded series port_rate_degraded is 0 for every port the state is
+    read for (labels and order as its template's ``max by``); when a port has one, its
+    template is asked as it is, for that period only."""
+    degraded_slow: list[Sample] = []
+    asked: list[tuple[str, float]] = []
+    ports = [{"instance": "node-01", "device": "mlx5_0", "port": "1", "job": "agents"}]
+    ports.append({**ports[0], "device": "mlx5_1"})
+
+    class Recorder:
+        def vector(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
+            asked.append((expr, at))
+            if expr.startswith("avg_over_time(fabricscope_infiniband_port_up{"):
+                return [(p, 1.0) for p in ports]
+            if " or 0 * max by" in expr:  # the template: a degraded port's share of samples
+                return [({k: ports[1][k] for k in ("instance", "device", "port")}, 0.5)]
+            if expr.startswith("max by (instance, device, port) (sum_over_time("):
+                if at == 2000.0:
+                    return [(s.labels, s.value) for s in degraded_slow]
+                return []
+            raise AssertionError(expr)
+
+    periods = Periods(0.0, 970.0, 1000.0, 2000.0)
+    scope = Scope(("node-01",), "", ())
+    checks = [CHECKS_BY_NAME["port_up"], CHECKS_BY_NAME["port_rate_degraded"]]
+    up, degraded = evaluate(Recorder(), scope, periods, checks=checks)  # type: ignore[arg-type]
+    assert len(asked) == 4  # the state's average and the degraded series, once a period each
+    assert [(m.baseline, m.slow) for m in up.measurements] == [(1.0, 1.0), (1.0, 1.0)]
+    assert [dict(m.labels) for m in degraded.measurements] == [
+        {"instance": "node-01", "device": d, "port": "1"} for d in ("mlx5_0", "mlx5_1")
+    ]
+    assert [(m.baseline, m.slow) for m in degraded.measurements] == [(0.0, 0.0), (0.0, 0.0)]
+    asked.clear()
+    degraded_slow.append(Sample({"instance": "node-01", "device": "mlx5_1", "port": "1"}, 3.0))
+    _, degraded = evaluate(Recorder(), scope, periods, checks=checks)  # type: ignore[arg-type]
+    templates = [(e, at) for e, at in asked if " or 0 * max by" in e]
+    assert len(asked) == 5 and [at for _, at in templates] == [2000.0]  # the slow period's
+    by_device = {m.labels["device"]: (m.baseline, m.slow) for m in degraded.measurements}
+    assert by_device == {"mlx5_0": (0.0, None), "mlx5_1": (0.0, 0.5)}
+
+
 # --- the noise model, coverage and blind evidence (pure parts) -----------------------------
 
 
