@@ -681,6 +681,9 @@ class FakeNvml:
     def compute_processes(self, gpu: int) -> tuple[tuple[int, int | None], ...]:
         return ((4242, None),) if gpu in self.busy else ()
 
+    def compute_mode(self, gpu: int) -> int:
+        return 0  # the default (tests/probe/test_probe_shared_gpus.py: the others)
+
 
 @pytest.mark.parametrize(
     ("env", "labels"),
