@@ -6,30 +6,18 @@ address, different UUIDs, which the check must call a FAIL."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 from agent.cdi.nvidia import read_gpu_minors
 from agent.core.sysfs import Issues, SysfsReader
+from tests.scriptmod import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
 PROC = ROOT / "tests" / "fixtures" / "nvidia-procfs" / "proc"
 
 
-def _load() -> ModuleType:
-    path = ROOT / "scripts" / "gpu_attribution_check.py"
-    spec = importlib.util.spec_from_file_location("gpu_attribution_check", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-chk = _load()
+chk = load_script("gpu_attribution_check")
 H200_0, H200_1 = "0000:00:06.0", "0000:00:07.0"
 
 

@@ -12,17 +12,15 @@ What is real here: the compute mode of the recorded H200 node (its ``nvidia-smi 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from agent.nvml.api import NvmlAnswerError, NvmlCallError
+from agent.nvml.api import NvmlAnswerError
 from agent.nvml.record import ReplayNvml, load
 from agent.probe.run.devices import GpuViewSampler, NvmlBusyGpus
-from tests.standin_nvml import build_standin
+from tests.probe.test_probe_service import FakeNvml
+from tests.standin_nvml import build_standin, run_against_standin
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "tests" / "fixtures" / "nvml" / "h200x2.recording.json"
@@ -32,36 +30,8 @@ EXCLUSIVE_PROCESS = 3  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 PROHIBITED = 2
 
 
-class ModesNvml:
-    """Four idle GPUs with the given compute modes (an int, or the NVML error to raise)."""
-
-    def __init__(self, modes: dict[int, int | str]) -> None:
-        self.modes = modes
-
-    def init(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def device_count(self) -> int:
-        return 4
-
-    def uuid(self, gpu: int) -> str:
-        return f"GPU-{gpu}"
-
-    def compute_processes(self, gpu: int) -> tuple[tuple[int, int | None], ...]:
-        return ()
-
-    def compute_mode(self, gpu: int) -> int:
-        mode = self.modes.get(gpu, 0)
-        if isinstance(mode, str):
-            raise NvmlCallError("nvmlDeviceGetComputeMode", 999, mode)
-        return mode
-
-
 def busy(modes: dict[int, int | str]) -> frozenset[int] | None:
-    view = GpuViewSampler(lambda: ModesNvml(modes))  # type: ignore[arg-type,return-value]
+    view = GpuViewSampler(lambda: FakeNvml(4, modes=modes))
     return NvmlBusyGpus(view)()
 
 
@@ -126,15 +96,5 @@ print(json.dumps(out))
 def test_pynvmls_own_call_reads_the_mode(tmp_path: Path) -> None:
     """pynvml's nvmlDeviceGetComputeMode (ctypes, as against NVIDIA's library) against the
     stand-in library answering each mode in turn."""
-    libdir = build_standin(tmp_path)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(libdir))
-    proc = subprocess.run(
-        [sys.executable, "-c", _LIVE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        cwd=ROOT,
-    )
-    assert json.loads(proc.stdout) == {"": [], "3": [0], "2": [0], "none": []}
+    out = run_against_standin(build_standin(tmp_path), _LIVE)
+    assert json.loads(out) == {"": [], "3": [0], "2": [0], "none": []}
