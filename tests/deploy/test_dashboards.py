@@ -423,3 +423,29 @@ def test_a_jobs_virtual_functions_show_their_physical_port(two_jobs: Lab) -> Non
     panel = next(p for p in generate.JOB.panels if p.title == "Link rate of the job's NICs")
     result = two_jobs.range(job_expr(panel.targets[0][0], "llm"))
     assert "node-05" not in {s["metric"]["instance"] for s in result}  # type: ignore[index]
+
+
+def test_the_job_board_reads_the_same_on_a_dra_cluster(lab_cache: ScenarioCache) -> None:
+    """ib_link_bad where the job's GPUs and rails come only from ResourceClaims (the real
+    agent resolving them through the kubelet's dynamic_resources, the drivers' CDI specs and
+    the NVIDIA driver's minors: tests/lab/dra.py): every query of the Job board answers
+    what it answers where device plugins allocated them, series for series and value for
+    value (the attribution series gain a ``claim`` label, which the board leaves aside)."""
+    labs = []
+    for name in ("ib_link_bad", "ib_link_bad_dra"):
+        s = lab_cache.get(name, TEST_HOURS, TEST_STEP)
+        labs.append(Lab(s.scenario, s.url, s.start, s.end, s.fault_start))
+    answered = 0
+    for p in generate.JOB.panels:
+        for expr, _ in p.targets:
+            plugin, dra = (
+                sorted(
+                    (json.dumps(r["metric"], sort_keys=True), r["value"][1])  # type: ignore[index]
+                    for r in lab.instant(substitute(expr, generate.JOB, lab.scenario))
+                )
+                for lab in labs
+            )
+            assert dra == plugin, (p.title, expr)
+            answered += bool(plugin)
+    # the GPU, NIC, port, PCIe and switch-port panels answered, not only the throughput
+    assert answered >= 10, answered
