@@ -153,7 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - needs 
     p.add_argument("--procfs", default="/proc", help="procfs root (default /proc)")
     p.add_argument("--nvidia-smi", default="nvidia-smi", help="nvidia-smi binary")
     ns = p.parse_args(argv)
-    ours = read_ours(ns.procfs)
+    from agent.nvml.api import NvmlCallError
+
+    try:
+        ours = read_ours(ns.procfs)
+    except NvmlCallError as exc:
+        print(f"gpu_attribution_check: FAIL: NVML: {exc}")
+        return 1
     rc, text = run_smi(ns.nvidia_smi, "-q")
     checks = [Check("nvidia-smi -q", "node", f"rc={rc}", "-", FAIL)] if rc != 0 else []
     checks += attribution_checks(parse_facts(text if rc == 0 else ""), ours)
