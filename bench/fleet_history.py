@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from agent.core.ceiling import plan as memory_plan  # noqa: E402
 from exporter.metrics import attribution, netdev  # noqa: E402
 from tests.promharness import PROMTOOL  # noqa: E402
 
@@ -78,6 +79,9 @@ AGENT_RSS_MIB = {
     _ROLES[p["role"]]: float(p["rss_mib"]) for p in json.loads(SIZING.read_text())["processes"]
 }
 AGENT_LIMIT_MIB = chart_limit() // 2**20
+#: how far the children's memory ceilings and the main process's need exceed that limit,
+#: as the agent works it out at start (0: the limit holds them)
+AGENT_OVERCOMMIT = memory_plan(AGENT_LIMIT_MIB * 2**20, (c for c in AGENT_RSS_MIB if c)).over
 MAIN_GROWTH_MIB_PER_DAY = 31.07 / 15
 #: the DGX H100's GPUs, as nvidia-smi names them, and NCCL's channels between two of them
 #: (modelled: one ring per channel)
@@ -253,6 +257,11 @@ def write_node(
         "fabricscope_agent_memory_limit_bytes",
         _labels(inst),
         [None if a is None else float(AGENT_LIMIT_MIB * 2**20) for a in ages],
+    )
+    w.series(
+        "fabricscope_agent_memory_overcommit_bytes",
+        _labels(inst),
+        [None if a is None else float(AGENT_OVERCOMMIT) for a in ages],
     )
 
     # kube-state-metrics' cordon flag, when the plan drains nodes

@@ -37,7 +37,7 @@ for i in $(seq 0 $((NGPU - 1))); do
     --no-sampler.netdev --no-sampler.throughput --no-sampler.workload --no-sampler.attribution \
     --probe --probe.peers-file "$PEERS" --probe.secret-file "$SECRET" \
     --probe.listen-address "127.0.0.$((i + 1)):10119" --probe.round-seconds "$ROUND" \
-    --probe.budget 0.5 --probe.intra-seconds 0 --probe.sizes 1M,16M,64M \
+    --probe.budget 0.5 --probe.intra-seconds 0 --probe.sizes 1MiB,16MiB,64MiB \
     --log.level info >"$OUT/logs/node-$i.log" 2>&1 &
   PIDS+=($!)
 done

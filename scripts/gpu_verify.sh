@@ -37,7 +37,8 @@ python3 scripts/gpu_crosscheck.py --recording "$OUT/live.recording.json" || rc=1
 
 step "NVML tests (committed fixtures, and the live library where the test asks for it)"
 python3 -m pytest -q -p no:cacheprovider tests/nvml/test_nvml.py tests/nvml/test_nvml_record.py \
-  tests/nvml/test_nvml_fixtures.py tests/nvml/test_nvml_crosscheck.py -rs || rc=1
+  tests/nvml/test_nvml_fixtures.py tests/nvml/test_nvml_crosscheck.py tests/nvml/test_nvml_fabric.py \
+  -rs || rc=1
 
 step "pod attribution's GPU facts: MIG enumeration, the driver's minors, compute modes"
 # read-only: MIG mode against nvidia-smi (MIG left as it is), /proc/driver/nvidia's minors,

@@ -241,6 +241,27 @@ def pod_monitor_config(
     }
 
 
+def with_prometheus_settings(
+    config: Doc, *, override_honor_labels: bool = False, enforced_namespace_label: str = ""
+) -> Doc:
+    """``config`` as the Operator writes it under two settings of the Prometheus resource:
+    ``overrideHonorLabels`` forces ``honor_labels`` off (``HonorLabelsOverriding.golden``);
+    ``enforcedNamespaceLabel`` sets that label to the monitor's namespace after the monitor's
+    own relabelings (before sharding) and again last among ``metric_relabel_configs``
+    (``EnforcedNamespaceLabelServiceMonitor_Expected.golden``, commit 6adcebc5)."""
+    out = dict(config)
+    if override_honor_labels:
+        out["honor_labels"] = False
+    if enforced_namespace_label:
+        namespace = config["job_name"].split("/")[1]
+        enforce = {"target_label": enforced_namespace_label, "replacement": namespace}
+        relabels = list(config["relabel_configs"])
+        sharding = len(_sharding())
+        out["relabel_configs"] = [*relabels[:-sharding], enforce, *relabels[-sharding:]]
+        out["metric_relabel_configs"] = [*config["metric_relabel_configs"], enforce]
+    return out
+
+
 def endpoints_target(
     address: str, *, namespace: str, service: Doc, pod: str, node: str, container: str = "agent"
 ) -> Doc:

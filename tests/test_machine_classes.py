@@ -88,16 +88,17 @@ DGX = Machine(
     ),
 )
 #: node_exporter's own InfiniBand test tree: mlx4_0 port 1's port_xmit_wait sits at the
-#: 32-bit maximum on an InfiniBand link, where clearing it works: the saturation alert fires
+#: 32-bit maximum on an InfiniBand link, where clearing it works: the saturation alert fires,
+#: and this node is the whole fleet here: the fleet-wide alert, not the node's
 NODE_EXPORTER_IB = Machine(
     "node_exporter",
     frozenset(),  # its findings are not asserted here, only its alerts
-    frozenset({("FabricscopeInfinibandCounterSaturated", ())}),
+    frozenset({("FabricscopeInfinibandCounterSaturatedFleetwide", ())}),
 )
 
 
-#: alerts aggregated over the fleet (one per bridge model, not per node)
-FLEETWIDE = {"FabricscopeAcsP2pRedirectFleetwide"}
+#: alerts aggregated over the fleet (one per bridge model or deployment, not per node)
+FLEETWIDE = {"FabricscopeAcsP2pRedirectFleetwide", "FabricscopeInfinibandCounterSaturatedFleetwide"}
 
 
 def load(m: Machine) -> tuple[PciSnapshot, InfinibandSnapshot]:

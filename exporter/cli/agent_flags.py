@@ -34,7 +34,7 @@ from agent.config import (
 from agent.core.errors import ConfigError
 from agent.core.logsetup import LEVELS
 from exporter.cli import probe_flags, ras_flags, throughput_flags
-from exporter.cli.argtypes import count, count_or_zero, positive_duration
+from exporter.cli.argtypes import byte_size_or_zero, count, count_or_zero, positive_duration
 from exporter.metrics.spec import DETAILS
 
 
@@ -189,7 +189,7 @@ def add_samplers(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--agent.memory-limit",
         dest="memory_limit",
-        type=count_or_zero,
+        type=byte_size_or_zero,
         default=0,
         metavar="BYTES",
         help="the container's memory limit, exported as fabricscope_agent_memory_limit_bytes "

@@ -15,6 +15,7 @@ from agent.core.errors import ConfigError
 from exporter.cli.agent_flags import config_from_args
 
 if TYPE_CHECKING:
+    from agent.config import AgentConfig
     from exporter.app import AgentApp
 
 log = logging.getLogger("fabricscope")
@@ -57,6 +58,7 @@ def cmd_agent(ns: argparse.Namespace) -> int:
         )
         if getattr(ns, "snapshot", None):  # a snapshot holds no PMA to ask: sysfs only
             config = replace(config, infiniband=replace(config.infiniband, perfquery="off"))
+        _say_nothing_kept(config)
         latest = Latest()
         specs = build_specs(
             config,
@@ -79,6 +81,21 @@ def cmd_agent(ns: argparse.Namespace) -> int:
         _warn_unread_once(app, config.sampling.timeout_seconds)
     _exit_past_abandoned_passes()
     return 0
+
+
+def _say_nothing_kept(config: AgentConfig) -> None:
+    """One line at start when the PMA counters run without a state file (the chart's
+    ``nonRoot: true`` turns it off): an agent restart may then show as a counter reset."""
+    ib = config.infiniband
+    if "infiniband" not in config.sampling.enabled or ib.perfquery == "off" or ib.state_file:
+        return
+    log.info(
+        "infiniband: no --infiniband.state-file: nothing the PMA counters carry is kept across "
+        "a restart, so a restart can show as a counter reset%s",
+        " (always, for counters --infiniband.reset-saturated cleared)"
+        if ib.reset_saturated
+        else "",
+    )
 
 
 def _say_memory_plan(limit: int, samplers: Iterable[str]) -> None:

@@ -116,13 +116,18 @@ def count_or_zero(text: str) -> int:
     return value
 
 
-def byte_size(text: str) -> int:
-    """A byte size of at least 1 byte: ``16MiB``, ``16Mi``, ``16M`` (10^6), ``16MB``, or
-    plain bytes (:func:`agent.config.parse_bytes`)."""
+def byte_size_or_zero(text: str) -> int:
+    """A byte size: ``16MiB``, ``16Mi``, ``16M`` (10^6), ``16MB``, or plain bytes
+    (:func:`agent.config.parse_bytes`); 0 switches something off."""
     try:
-        value = parse_bytes(text)
+        return parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def byte_size(text: str) -> int:
+    """A byte size (:func:`byte_size_or_zero`'s syntax) of at least 1 byte."""
+    value = byte_size_or_zero(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 byte: {text!r}")
     return value

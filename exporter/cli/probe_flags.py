@@ -6,7 +6,6 @@ flags both share, and their argument types. Light to import: no probe machinery.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from agent.config import DEFAULT_PROBE_PORT, PROBE_BACKENDS, PROBE_KINDS, ProbeSettings
@@ -14,6 +13,7 @@ from agent.core.errors import ConfigError
 from agent.core.logsetup import LEVELS
 from exporter.cli.argtypes import (
     Parser,
+    byte_size,
     count,
     count_or_zero,
     duration,
@@ -21,20 +21,14 @@ from exporter.cli.argtypes import (
     positive_duration,
 )
 
-_SIZE = re.compile(r"^(\d+)([KMG]?)(i?B)?$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
 
 def parse_size(text: str) -> int:
-    """``65536``, ``64K``, ``1M``, ``1GiB`` -> bytes (binary units), a positive multiple
-    of 4."""
+    """A message size in every byte-size flag's syntax (:func:`byte_size`: ``65536``,
+    ``64KiB``/``64Ki`` powers of 1024, ``64KB``/``64K`` powers of 1000), a multiple of 4."""
     from agent.probe.measure.records import ELEMENT_BYTES  # not at import: --help stays light
 
-    m = _SIZE.match(text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 65536, 64K, 1M, 1G)")
-    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
-    if value <= 0 or value % ELEMENT_BYTES:
+    value = byte_size(text)
+    if value % ELEMENT_BYTES:
         raise argparse.ArgumentTypeError(f"size {text!r} is not a positive multiple of 4 bytes")
     return value
 
@@ -67,8 +61,8 @@ def add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
         type=parse_sizes,
         default=(),
         metavar="LIST",
-        help="message sizes, e.g. 1M,64M,256M (default: 8K,64K,256K,1M,16M,64M on GPUs, "
-        "64K,1M on CPU)",
+        help="message sizes, e.g. 1MiB,64MiB,256MiB (default: 8KiB,64KiB,256KiB,1MiB,16MiB,"
+        "64MiB on GPUs, 64KiB,1MiB on CPU)",
     )
     p.add_argument(
         "--probe.timeout",
@@ -115,8 +109,8 @@ def add_probe_parser(sub: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument(
         "--matrix",
         action=argparse.BooleanOptionalAction,
-        help="sendrecv of every (local GPU, remote GPU) pair with --peer, at 256M on GPUs "
-        "(1M on CPU) unless --probe.sizes; writes --csv and --png",
+        help="sendrecv of every (local GPU, remote GPU) pair with --peer, at 256MiB on GPUs "
+        "(1MiB on CPU) unless --probe.sizes; writes --csv and --png",
     )
     p.add_argument(
         "--collectives",

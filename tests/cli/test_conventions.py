@@ -7,11 +7,15 @@ through the real command."""
 from __future__ import annotations
 
 import argparse
+import logging
+from pathlib import Path
 
 import pytest
 
-from agent.config import format_bytes, parse_bytes
+from agent.config import SAMPLER_NAMES, format_bytes, parse_bytes
 from agent.core.errors import ConfigError
+from exporter.cli.agent_flags import config_from_args
+from exporter.cli.agent_run import _say_nothing_kept
 from exporter.cli.main import _check_combinations, build_parser
 from tests.agentrun import fabricscope
 
@@ -82,6 +86,16 @@ def test_byte_and_duration_flags_take_their_units() -> None:
         "explain", "--prometheus.url=http://x", "--job=j", "--prometheus.max-body-bytes=64M"
     )
     assert ns.prom_max_body == 64_000_000
+    # the container's limit as a user writes it, and as the kubelet expands it (plain bytes)
+    assert _parse("agent", "--agent.memory-limit=512Mi").memory_limit == 512 << 20
+    assert _parse("agent", "--agent.memory-limit=536870912").memory_limit == 512 << 20
+    assert _parse("agent", "--agent.memory-limit=0").memory_limit == 0
+    # message sizes in the same syntax as every other byte size, not a dialect of their own
+    ns = _parse("probe", "--probe.sizes=64KiB,16Mi,16M,4096")
+    assert ns.probe_sizes == (64 << 10, 16 << 20, 16_000_000, 4096)
+    for bad in ("6", "0", "16m"):
+        with pytest.raises(SystemExit):
+            _parse("probe", f"--probe.sizes={bad}")
 
 
 @pytest.mark.parametrize(
@@ -129,3 +143,31 @@ def test_one_error_format_from_argparse_and_from_the_settings_alike() -> None:
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith("fabricscope agent: error: ") and why in line, line
         assert line.endswith("(see fabricscope agent --help)"), line
+
+
+def test_a_start_without_a_state_file_says_so_in_one_line(tmp_path: Path) -> None:
+    """Without ``--infiniband.state-file`` (the chart's ``nonRoot: true``) the real agent
+    says at start, once, that a restart can show as a counter reset."""
+    others = (f"--no-sampler.{n}" for n in SAMPLER_NAMES if n != "infiniband")
+    argv = ["agent", "--once", f"--path.sysfs={tmp_path}", *others, "--infiniband.state-file="]
+    proc = fabricscope([*argv, "--infiniband.reset-saturated"])
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "no --infiniband.state-file" in line]
+    assert len(lines) == 1 and "counter reset" in lines[0], proc.stderr
+    assert "reset-saturated cleared" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("agent", "--infiniband.state-file=/var/lib/x/state.json"),  # kept
+        ("agent", "--infiniband.state-file=", "--infiniband.perfquery=off"),  # no PMA reads
+        ("agent", "--infiniband.state-file=", "--no-sampler.infiniband"),
+    ],
+)
+def test_no_such_line_where_nothing_is_lost(
+    argv: tuple[str, ...], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO):
+        _say_nothing_kept(config_from_args(_parse(*argv)))
+    assert not caplog.records

@@ -8,12 +8,14 @@ Every planted fault raises an alert that names it within its stated time; the ba
 raises no critical and no warning but its fleet-wide decisions (ACS redirect on every
 node's PCIe switch ports, a few nodes' NIC firmware behind the rest: one alert each, not one
 per node or bridge); single flaps, application
-XIDs, stopped counters and drains are info, recorded without a notification. The Fleet
+XIDs and drains are info, recorded without a notification, and counters stopped on most
+nodes are one info alert for the fleet. The Fleet
 dashboard's panels stay bounded.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -28,20 +30,6 @@ import fleet_week  # noqa: E402
 
 NODES = 24
 DAYS = 7.0
-#: the stated times: a bad cable in 1 minute (2 at most, a scrape late), a degraded port in
-#: 5, a NIC at x8 in 15 (its rule's `for`), a lost GPU at once, a hung rank in 3 (RAS calls
-#: it unresponsive once the counts stood a minute, for 1m, a scrape late), a pause storm in 5
-#: (the NIC's storm prevention stops the port 2 minutes in, a scrape late), an NVLink bypass
-#: in 11 (its rule's `for`, a scrape late)
-STATED_MIN = {
-    "bad_cable": 2,
-    "degraded_port": 5,
-    "nic_x8": 15,
-    "lost_gpu": 0,
-    "hung_rank": 3,
-    "congestion": 5,
-    "nvlink_bypass": 11,
-}
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +50,12 @@ def background(r: alert_noise.Run) -> list[alert_noise.Episode]:
 
 def test_every_planted_fault_alerts_within_its_stated_time(fleet: alert_noise.Run) -> None:
     planted = {f.kind: f for f in fleet.history.plan.faults}
-    assert set(planted) == set(STATED_MIN)
+    assert set(planted) == set(alert_noise.STATED_S)
     for kind, f in planted.items():
         mine = [e for e in counted(fleet) if e.fault == kind]
         assert mine, f"{kind} raised no alert"
         first = min(e.start for e in mine) - (fleet.history.start + f.at)
-        assert first <= STATED_MIN[kind] * 60, (kind, first)
+        assert not alert_noise.late(kind, first), (kind, first)
     # the lost GPU pages once, as lost: its XID 79 is not a second page
     lost = [e for e in fleet.episodes if e.fault == "lost_gpu"]
     assert {e.alert for e in lost} == {"FabricscopeGpuLost"}
@@ -119,12 +107,19 @@ def test_drained_nodes_are_cordoned_not_down(fleet: alert_noise.Run) -> None:
     assert "FabricscopeAgentDown" not in names
 
 
-def test_saturated_counters_raise_one_info_alert_per_node(fleet: alert_noise.Run) -> None:
-    saturated = [e for e in fleet.episodes if e.alert == "FabricscopeInfinibandCounterSaturated"]
-    assert saturated, "the background's saturated counters raised nothing at all"
-    assert {e.severity for e in saturated} == {"info"}
-    per_node = Counter(e.labels["instance"] for e in saturated)
-    assert all(n <= 1 for n in per_node.values()), per_node.most_common(3)
+def test_counters_stopped_fleet_wide_are_one_info_alert_naming_how_many(
+    fleet: alert_noise.Run,
+) -> None:
+    """About 60 % of the nodes have stopped 32-bit counters (the chart's default reads sysfs
+    and clears none): one decision, one info alert whose value is the number of nodes."""
+    per_node = [e for e in counted(fleet) if e.alert == "FabricscopeInfinibandCounterSaturated"]
+    assert not per_node, Counter(e.labels["instance"] for e in per_node).most_common(3)
+    fleetwide = [
+        e for e in counted(fleet) if e.alert == "FabricscopeInfinibandCounterSaturatedFleetwide"
+    ]
+    assert [(e.severity, "instance" in e.labels) for e in fleetwide] == [("info", False)]
+    stopped = fleet.week.background["nodes with saturated 32-bit counters"]
+    assert stopped > len(fleet.week.fleet_nodes) / 2, stopped
 
 
 def test_alertmanager_notifies_the_faults_and_one_ticket_per_fleet_wide_decision(
@@ -163,6 +158,7 @@ def test_the_week_models_what_these_alerts_read(fleet: alert_noise.Run) -> None:
     modelled = alert_noise.modelled(fleet.families)
     for alert in (
         "FabricscopeAgentMemoryNearLimit",
+        "FabricscopeAgentMemoryOvercommitted",
         "FabricscopeNcclRankUnresponsive",
         "FabricscopeNcclJobHung",
         "FabricscopeNcclNvlinkBypassed",
@@ -170,3 +166,19 @@ def test_the_week_models_what_these_alerts_read(fleet: alert_noise.Run) -> None:
         "FabricscopeNicFirmwareMixed",
     ):
         assert modelled[alert], alert
+
+
+def test_the_committed_week_is_a_thousand_nodes_within_budget() -> None:
+    """bench/results/alert_noise.json (the README's table) is the 1,000-node week, and it
+    meets the budget: every planted fault alerted within its stated time, the background's
+    warnings and criticals at most 1 per 1,000 node-days, none critical."""
+    week = json.loads((ROOT / "bench" / "results" / "alert_noise.json").read_text())
+    assert (week["nodes"], week["days"]) == (1000, 7.0), week["command"]
+    assert week["command"].startswith("python bench/alert_noise.py --nodes 1000 --days 7")
+    assert {f["fault"] for f in week["faults"]} == set(alert_noise.STATED_S)
+    for f in week["faults"]:
+        assert f["alerts"], f
+        assert not alert_noise.late(f["fault"], f["first_alert_after_s"]), f
+    assert week["background_pages_per_1000_node_days"] <= 1.0
+    assert week["background_critical"] == 0
+    assert week["alertmanager"]["notifications"], "no notification counted"

@@ -805,6 +805,10 @@ def test_one_monitor_never_both(built: dict[str, list[Doc]], build: str) -> None
     assert len(monitors) <= 1, monitors
     if VALUES[build].get("podMonitor", {}).get("enabled"):
         assert monitors == ["PodMonitor"]
+        # and the values' own comment says so, not "instead of (or beside)"
+        values = (DEPLOY / "helm" / "fabricscope" / "values.yaml").read_text()
+        said = values[: values.index("\npodMonitor:")].rsplit("\n\n", 1)[1]
+        assert "never beside" in said and "beside the" not in said.replace("never beside", ""), said
 
 
 def test_every_monitor_drops_the_agent_pods_target_labels(built: dict[str, list[Doc]]) -> None:
@@ -1135,6 +1139,33 @@ def test_privilege_model_proc(needs_root: None, tmp_path: Path) -> None:
 
 
 # --- docs -------------------------------------------------------------------------------------
+
+
+def _section(doc: str, heading: str) -> str:
+    start = doc.index(f"\n{heading}\n")
+    end = doc.find("\n#", start + len(heading) + 2)
+    return doc[start : end if end > 0 else None]
+
+
+def test_install_doc_says_what_the_chart_grants_and_leaves_behind(
+    built: dict[str, list[Doc]],
+) -> None:
+    """The verbs install.md's RBAC section names are the ClusterRole's; every host directory
+    the agent writes is named where the doc says what is writable (Privileges) and what stays
+    on the node (Uninstall)."""
+    doc = (ROOT / "docs" / "install.md").read_text()
+    docs = built["standard"]
+    (rule,) = one(docs, "ClusterRole")["rules"]
+    said = re.search(r"One ClusterRole: (.+?) on `pods`", _section(doc, "### RBAC"), re.DOTALL)
+    assert said and set(re.findall(r"`(\w+)`", said.group(1))) == set(rule["verbs"]), said
+    writable = [path for path, (_, ro) in host_mounts(docs).items() if not ro]
+    assert writable == [STATE_DIR]  # the chart's default hostPaths.state
+    for heading in ("## Privileges", "## Uninstall"):
+        for path in writable:
+            assert path in _section(doc, heading), (heading, path)
+    # the number of values sets CI renders, as the doc counts them (twice)
+    words = ("eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen")
+    assert doc.count(f"over {words[len(VALUES) - 11]} values sets") == 2
 
 
 def test_deploy_doc_covers_what_it_must() -> None:

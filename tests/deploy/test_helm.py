@@ -336,9 +336,10 @@ def test_helm_package(tmp_path: Path) -> None:
     assert refused.returncode != 0 and "'enable' not allowed" in refused.stderr
 
 
-def test_notes_warn_of_a_tls_scrape_without_a_server_name(tmp_path: Path) -> None:
+def test_notes_warn_of_a_tls_scrape_without_a_server_name_and_of_non_root(tmp_path: Path) -> None:
     """The targets are node IPs: without serverName the certificate must hold every node's IP,
-    which the install notes say (``helm install --dry-run`` renders them offline)."""
+    which the install notes say (``helm install --dry-run`` renders them offline); and what
+    ``nonRoot`` gives up."""
 
     def notes(values: Doc) -> str:
         out = run_helm(
@@ -357,4 +358,8 @@ def test_notes_warn_of_a_tls_scrape_without_a_server_name(tmp_path: Path) -> Non
     assert "tlsConfig.serverName is empty" in notes({"web": web})
     named = {"web": web, "serviceMonitor": {"tlsConfig": {"serverName": "fabricscope"}}}
     assert "tlsConfig.serverName" not in notes(named)
-    assert "tlsConfig.serverName" not in notes({})
+    plain = notes({})
+    assert "tlsConfig.serverName" not in plain
+    # nonRoot: what it gives up, in particular the counters' state across restarts
+    assert "nonRoot is on" not in plain
+    assert "nothing kept across\nrestarts" in notes({"nonRoot": True})

@@ -1,4 +1,5 @@
-"""A rollout changes no series' identity under the Prometheus Operator.
+"""A rollout changes no series' identity under the Prometheus Operator; the Prometheus
+resource's overrideHonorLabels and enforcedNamespaceLabel do to the labels what install.md says.
 
 The chart is rendered; its ServiceMonitor (or PodMonitor) is translated into the scrape config
 the Operator's generator writes for it (:mod:`tests.operatorcfg`, the Operator's own golden
@@ -34,6 +35,7 @@ from tests.operatorcfg import (
     pod_monitor_config,
     pod_target,
     service_monitor_config,
+    with_prometheus_settings,
 )
 from tests.promharness import Prometheus, start_prometheus, wait_until
 
@@ -204,11 +206,29 @@ def test_a_rollout_changes_no_series_identity(monitor: str, lab_node: Node, tmp_
         else pod_monitor_config(one(docs, "PodMonitor"), targets)
     )
     config["scrape_interval"] = config["scrape_timeout"] = "1s"  # the test's pace, not 30s
+    # the same monitor under the two Prometheus settings install.md describes, each as its
+    # own job (the ServiceMonitor's run only: one more scrape of the same agent each)
+    variants = {
+        f"fabricscope-{name}": with_prometheus_settings(config, **setting)
+        for name, setting in (
+            ("override", {"override_honor_labels": True}),
+            ("enforced", {"enforced_namespace_label": "namespace"}),
+        )
+        if monitor == "ServiceMonitor"
+    }
+    for job, variant in variants.items():
+        variant["job_name"] = job
+        variant["relabel_configs"] = [
+            *variant["relabel_configs"],
+            {"target_label": "job", "replacement": job},
+        ]
     lab_node.start()
     begin = time.time()
     with ExitStack() as stack:
         stack.callback(lab_node.stop)
-        prom = stack.enter_context(start_prometheus(tmp_path / "prometheus", [config]))
+        prom = stack.enter_context(
+            start_prometheus(tmp_path / "prometheus", [config, *variants.values()])
+        )
         # the pod's attribution series (the workload's namespace/pod) are there too
         for info in ("fabricscope_pod_gpu_info", "fabricscope_pod_rdma_info"):
             prom.wait_for_query(f'count({info}{{job="fabricscope"}}) > 0', timeout=60)
@@ -237,3 +257,18 @@ def test_a_rollout_changes_no_series_identity(monitor: str, lab_node: Node, tmp_
         # honorLabels: the workload's own namespace and pod, as the agent exported them
         workload = [dict(s) for s in before if dict(s)["__name__"] == "fabricscope_pod_gpu_info"]
         assert workload and all(w["pod"] == lab_node.node.pod for w in workload), workload
+        if not variants:
+            return
+        # install.md, Series across a rollout: honorLabels forced off renames nothing (the
+        # chart dropped the target labels the workload's would clash with); an enforced
+        # namespace label overwrites the workload's namespace with the agent's
+        theirs = {w["namespace"] for w in workload}
+        for job, namespaces in (
+            ("fabricscope-override", theirs),
+            ("fabricscope-enforced", {NAMESPACE}),
+        ):
+            prom.wait_for_query(f'count(fabricscope_pod_gpu_info{{job="{job}"}}) > 0', timeout=60)
+            got = prom.query(f'fabricscope_pod_gpu_info{{job="{job}"}}')
+            assert {s.labels["namespace"] for s in got} == namespaces, (job, got)
+            assert {s.labels["pod"] for s in got} == {lab_node.node.pod}, (job, got)
+            assert not [k for s in got for k in s.labels if k.startswith("exported_")], got

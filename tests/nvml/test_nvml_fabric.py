@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,16 +28,32 @@ FIXTURES = ROOT / "tests" / "fixtures" / "nvml-fabric"
 CALL = "nvmlDeviceGetGpuFabricInfoV"
 
 #: nvidia-smi's words for NVML's fabric states and statuses
-_STATES = {"Not Supported": 0, "Not Started": 1, "In Progress": 2, "Completed": 3}
+_STATES = {"N/A": 0, "Not Supported": 0, "Not Started": 1, "In Progress": 2, "Completed": 3}
 _STATUS = {"Success": 0, "N/A": 0, "Insufficient Resources": ERROR_CODES["INSUFFICIENT_RESOURCES"]}
 
 
 def printed(name: str) -> list[tuple[str, int, int, int]]:
-    """Each ``Fabric`` section of a fixture as the NVML answer it prints: (UUID hex, status,
-    clique, state); a field printed N/A (no answer yet) is 0, as NVML leaves it."""
+    """Each ``Fabric`` section of a fixture as the NVML answer it prints."""
+    return printed_text((FIXTURES / name).read_text())
+
+
+def printed_text(text: str) -> list[tuple[str, int, int, int]]:
+    """Each ``Fabric`` section of ``nvidia-smi -q`` text as the NVML answer it prints: (UUID
+    hex, status, clique, state); a field printed N/A (no answer, or state 0 on a GPU without
+    multi-node NVLink) is 0, as NVML leaves it. A section is the lines indented deeper than
+    its ``Fabric`` heading."""
     out = []
-    for section in re.split(r"^\s*Fabric\s*$", (FIXTURES / name).read_text(), flags=re.M)[1:]:
-        fields = dict(re.findall(r"^\s*(\w[\w ]*?)\s*:\s*(.+?)\s*$", section, re.M))
+    lines = text.splitlines()
+    for k, line in enumerate(lines):
+        if line.strip() != "Fabric":
+            continue
+        indent = len(line) - len(line.lstrip())
+        body = []
+        for ln in lines[k + 1 :]:
+            if ln.strip() and len(ln) - len(ln.lstrip()) <= indent:
+                break
+            body.append(ln)
+        fields = dict(re.findall(r"^\s*(\w[\w ]*?)\s*:\s*(.+?)\s*$", "\n".join(body), re.M))
         uuid = fields.get("ClusterUUID", "N/A")
         clique = fields.get("CliqueId", "N/A")
         out.append(
@@ -137,7 +154,8 @@ def with_fabric(rec: Recording, *answers: list[object]) -> Recording:
     return out
 
 
-def series(rec: Recording) -> dict[tuple[str, tuple[str, ...]], float]:
+def rendered(rec: Recording) -> Families:
+    """One pass of the NVML sampler over ``rec``, as the exporter renders it."""
     sampler = NvmlSampler(lambda: ReplayNvml(rec))
     try:
         snap = sampler.sample()
@@ -145,6 +163,11 @@ def series(rec: Recording) -> dict[tuple[str, tuple[str, ...]], float]:
         sampler.close()
     out = Families("default")
     metrics.render(snap, out)
+    return out
+
+
+def series(rec: Recording) -> dict[tuple[str, tuple[str, ...]], float]:
+    out = rendered(rec)
     return {
         (s.name, labels): v
         for s, samples in out.items()
@@ -239,3 +262,50 @@ def test_a_single_h200_is_cleanly_not_supported() -> None:
         "State                                          : N/A"
         in (FIXTURES / "h200-single.txt").read_text()
     )
+
+
+def test_the_h200s_printed_section_is_the_answer_it_recorded() -> None:
+    """The lent H200's ``nvidia-smi -q`` Fabric section (every field N/A) reads back as the
+    answer its recording holds: what the live test below compares on a GPU machine."""
+    from agent.nvml.record import load
+
+    (answer,) = printed("h200-single.txt")
+    rec = load(FIXTURES / "h200-single.recording.json")
+    calls = rec["calls"]
+    assert isinstance(calls, dict)
+    assert calls[call_key(CALL, 0)] == {"value": list(answer)}
+    assert parse_fabric(0, answer).state == "not_supported"
+
+
+@pytest.mark.gpu
+def test_live_fabric_is_what_nvidia_smi_prints() -> None:
+    """On the GPU machine: every GPU's registration read through the live library (one pass,
+    no issue) has the state and domain ``nvidia-smi -q`` prints in its Fabric section. A GPU
+    without multi-node NVLink (the lent H200) reads ``not_supported``, quietly."""
+    import shutil
+
+    from agent.nvml.api import LiveNvml, NvmlCallError
+
+    smi = shutil.which("nvidia-smi")
+    try:
+        api = LiveNvml()
+        api.init()
+    except NvmlCallError as exc:
+        pytest.skip(f"no NVML here: {exc}")
+    if smi is None:
+        api.shutdown()
+        pytest.skip("no nvidia-smi here")
+    try:
+        p = Pass()
+        got = read_fabric(api, p, range(api.device_count()))
+    finally:
+        api.shutdown()
+    assert p.issues == [], p.issues
+    text = subprocess.run(
+        [smi, "-q"], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    want = [parse_fabric(gpu, answer) for gpu, answer in enumerate(printed_text(text))]
+    assert got and len(want) == len(got)
+    assert [(f.gpu, f.state, f.domain, f.status) for f in got] == [
+        (w.gpu, w.state, w.domain, w.status) for w in want
+    ]

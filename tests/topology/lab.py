@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -91,10 +91,17 @@ def port_down(root: Path, device: str) -> None:
 
 @contextmanager
 def topology_run(
-    work: Path, tree: Tree, changes: Sequence[Change | None], *, spine_links: bool = False
+    work: Path,
+    tree: Tree,
+    changes: Sequence[Change | None],
+    *,
+    spine_links: bool = False,
+    extra: Mapping[str, bytes] | None = None,
 ) -> Iterator[Served]:
     """One phase per entry of ``changes`` (``None``: the fabric as it is), served; the agents
-    read the spines' tables too with ``spine_links`` (``--ibpeer.spine-links``)."""
+    read the spines' tables too with ``spine_links`` (``--ibpeer.spine-links``). ``extra``:
+    exposition text a host's agent exports beside its InfiniBand series in every phase (its
+    NVML series, rendered by the exporter from a replayed pass)."""
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"install ibsim-utils infiniband-diags opensm: {missing}")
@@ -111,7 +118,9 @@ def topology_run(
             if change is not None:
                 change(lab, roots)
                 lab.run_opensm()
-            bodies.append(_pass(roots, spine_links))
+            bodies.append(
+                {h: b + (extra or {}).get(h, b"") for h, b in _pass(roots, spine_links).items()}
+            )
             for host, body in bodies[-1].items():
                 lines += openmetrics_lines(body, host, t)
     finally:

@@ -158,3 +158,29 @@ def joined(*trees: Tree, top: str = "root") -> Tree:
             uplinks[s] = ups if ups else (top,)
         hosts.update(tree.hosts)
     return Tree(uplinks, hosts)
+
+
+#: a topograph model's annotation naming a node's accelerator (NVLink) domain
+MODEL_DOMAIN = "accelerator.topology.test/domain"
+
+
+def model_domains(model: Mapping[str, object]) -> dict[str, str]:
+    """Node (named as :func:`from_topograph_model` names it) -> the domain its block's
+    :data:`MODEL_DOMAIN` annotation names (nodes of a block without one: none)."""
+    out: dict[str, str] = {}
+    blocks = model.get("blocks") or []
+    assert isinstance(blocks, list)
+    for block in blocks:
+        domain = (block.get("annotations") or {}).get(MODEL_DOMAIN)
+        if domain is not None:
+            hosts = from_topograph_model({"blocks": [{**block, "switch": "x"}]}).hosts
+            out.update(dict.fromkeys(hosts, domain))
+    return out
+
+
+def grouped(values: Mapping[str, str]) -> set[frozenset[str]]:
+    """The partition of the keys by their values."""
+    groups: dict[str, set[str]] = {}
+    for key, value in values.items():
+        groups.setdefault(value, set()).add(key)
+    return {frozenset(g) for g in groups.values()}

@@ -17,6 +17,7 @@ from exporter.topology import files, model, parse, render
 from exporter.topology.kubeapi import KubeError, KubeSettings, NodesApi
 from tests.kubeapi import clear_proxies, status
 from tests.topology.checks import check_all
+from tests.topology.domains import GB200_UUID, nvml_exposition
 
 
 def g(i: int) -> str:
@@ -275,9 +276,6 @@ def test_a_node_in_two_planes_with_different_cores_gets_a_set_name() -> None:
 
 # -- NVLink domains ------------------------------------------------------------------------
 
-#: the GB200 node's domain (tests/fixtures/nvml-fabric/gb200-completed.txt)
-GB200_UUID = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
-
 
 def fabric(node: str, gpu: str, uuid: str = GB200_UUID, clique: str = "4026") -> dict[str, str]:
     return {"instance": node, "gpu": gpu, "cluster_uuid": uuid, "clique_id": clique}
@@ -336,35 +334,12 @@ def test_domains_are_labels_a_kueue_level_and_slurm_blocks() -> None:
 def test_the_agents_nvml_series_give_the_domain(tmp_path: Path) -> None:
     """The exposition the real exporter renders from a replayed NVML pass (the 2x H200
     recording, its fabric answers edited to the GB200 node's), read as a node's file."""
-    import copy
-
-    from agent.nvml.record import ReplayNvml, call_key
-    from agent.nvml.sampler import NvmlSampler
-    from exporter.metrics import nvml as nvml_metrics
-    from exporter.metrics.exposition import render_text
-    from exporter.metrics.spec import Families
-    from tests.nvml.test_nvml_fixtures import h200x2_recording
-
-    rec = copy.deepcopy(h200x2_recording())
-    calls = rec["calls"]
-    assert isinstance(calls, dict)
-    for gpu in (0, 1):
-        calls[call_key("nvmlDeviceGetGpuFabricInfoV", gpu)] = {
-            "value": [GB200_UUID.replace("-", ""), 0, 4026, 3]
-        }
-    sampler = NvmlSampler(lambda: ReplayNvml(rec))
-    try:
-        snap = sampler.sample()
-    finally:
-        sampler.close()
-    out = Families("default")
-    nvml_metrics.render(snap, out)
     leaf = (
         'fabricscope_infiniband_peer_info{device="mlx5_0",port="1",peer_guid='
         '"0x0000000000000001",peer_port="3",node_type="switch",peer_lid="5",'
         'peer_description="lf"} 1\n'
     )
-    text = render_text(out).decode()
+    text = nvml_exposition(4026).decode()
     (tmp_path / "gb1.prom").write_text(
         text + "# TYPE fabricscope_infiniband_peer_info gauge\n" + leaf
     )

@@ -7,7 +7,9 @@ ones the net file defines, and every rendering must validate against the schedul
   ibsim fabrics of the same shape (both in one subnet, joined above their tops): the same
   leaf and spine grouping as topograph's models (and its labeler test's ``S2``/``S3`` under
   ``S1``) define; with the agents reading their spines' tables, ``medium``'s core tier too
-  (its core above its spines; the switch joining the two models is above every agent's view).
+  (its core above its spines; the switch joining the two models is above every agent's view);
+  each node's NVML series in the NVLink domain its model's annotation names: the domain
+  labels and the Slurm blocks group the nodes as the models' domains do.
 - a two-tier tree with two spines, uneven leaves (3, 1 and 2 hosts) and a host with two HCAs
   on two leaves (a rail), in two phases: as built; then at once one uplink down (nothing
   moves), a leaf cut off from both spines (its block isolated, the rail host spanning two
@@ -29,8 +31,15 @@ from exporter.topology import files, render, source
 from exporter.topology.model import FabricMap
 from tests.topology.checks import check_all
 from tests.topology.conftest import FIXTURES
+from tests.topology.domains import nvml_exposition
 from tests.topology.lab import Served, topology_run
-from tests.topology.nets import expected_groups, from_topograph_model, joined
+from tests.topology.nets import (
+    expected_groups,
+    from_topograph_model,
+    grouped,
+    joined,
+    model_domains,
+)
 from tests.topology.scenario import SCENARIO
 
 KEYS = render.LabelKeys()
@@ -71,7 +80,13 @@ def test_topograph_models_group_as_topograph_defines(tmp_path: Path) -> None:
         m: yaml.safe_load((FIXTURES / "topograph-models" / f"{m}.yaml").read_text()) for m in MODELS
     }
     trees = {m: from_topograph_model(spec) for m, spec in specs.items()}
-    with topology_run(tmp_path, joined(*trees.values()), [None], spine_links=True) as served:
+    domains = {n: f"{m}/{d}" for m, spec in specs.items() for n, d in model_domains(spec).items()}
+    clique = {d: k for k, d in enumerate(sorted(set(domains.values())), 1)}
+    nvml = {d: nvml_exposition(k) for d, k in clique.items()}
+    extra = {n: nvml[d] for n, d in domains.items()}
+    with topology_run(
+        tmp_path, joined(*trees.values()), [None], spine_links=True, extra=extra
+    ) as served:
         fmap = read(served, 0)
     assert {p.node for p in fmap.places} == {h for t in trees.values() for h in t.hosts}
     for model, tree in trees.items():
@@ -87,6 +102,10 @@ def test_topograph_models_group_as_topograph_defines(tmp_path: Path) -> None:
             parents = {p for p, s in spec["switches"].items() if block["switch"] in s["switches"]}
             assert len(parents) == 1
             assert leaf_nodes <= described(fmap, 1)[parents.pop()]
+    # NVLink domains: one label value and one Slurm block per model domain
+    assert len(clique) == 6 and grouped(dict(fmap.domains)) == grouped(domains)
+    blocks = [ln for ln in render.slurm_block(fmap).splitlines() if ln.startswith("BlockName=")]
+    assert {frozenset(ln.split("Nodes=")[1].split(",")) for ln in blocks} == grouped(domains)
     check_all(fmap, KEYS)
 
 
