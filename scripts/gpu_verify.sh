@@ -5,7 +5,8 @@
 # library), cross-checks the sampler in-process and a live agent's /metrics (NVML in its
 # child process) against nvidia-smi, compares every NVML path of the NVLink error counters
 # with nvidia-smi nvlink -e/-ec, checks the NVLink traffic counters against traffic of a known
-# size (two GPUs or more), measures an NVML pass and what isolation costs, runs a soak
+# size (two GPUs or more), checks what pod attribution reads of the GPUs (MIG, the driver's
+# minors, compute modes), measures an NVML pass and what isolation costs, runs a soak
 # (SOAK_SECONDS, default 60; 0 when a long soak already runs beside it, see
 # docs/development.md), and takes a fabricscope snapshot. Never writes into the repository:
 # everything goes to OUTDIR.
@@ -38,6 +39,14 @@ step "NVML tests (committed fixtures, and the live library where the test asks f
 python3 -m pytest -q -p no:cacheprovider tests/nvml/test_nvml.py tests/nvml/test_nvml_record.py \
   tests/nvml/test_nvml_fixtures.py tests/nvml/test_nvml_crosscheck.py tests/nvml/test_nvml_fabric.py \
   -rs || rc=1
+
+step "pod attribution's GPU facts: MIG enumeration, the driver's minors, compute modes"
+# read-only: MIG mode against nvidia-smi (MIG left as it is), /proc/driver/nvidia's minors,
+# UUIDs and bus ids and NVML's compute mode against nvidia-smi -q, the probe's busy check
+python3 scripts/gpu_mig_check.py "$OUT/mig" || rc=1
+python3 scripts/gpu_attribution_check.py || rc=1
+python3 -m pytest -q -p no:cacheprovider tests/nvml/test_nvml_mig.py tests/cdi \
+  tests/probe/test_probe_shared_gpus.py -rs || rc=1
 
 step "pynvml's structures against this machine's nvml.h (bench/nvml_abi.py)"
 if [ -e "${CUDA_HOME:-/usr/local/cuda}/include/nvml.h" ] && command -v gcc >/dev/null; then

@@ -36,6 +36,12 @@ _CHANNEL_NAME = re.compile(r"(?:^|-)channel-(\d{1,5})$")
 _UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]{8,64}$")
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _DRA_NAME = re.compile(r"(?:^|-)gpu-(\d{1,4})(-mig-[A-Za-z0-9.+-]*)?$")
+#: the longest device name the name patterns are tried on: the driver's names are a claim uid
+#: and a short suffix (about 80 characters), a qualified CDI name at most two 256-character
+#: parts; a longer name (only a hostile or broken kubelet sends one) names nothing, and the
+#: patterns' cost stays bounded (searched unbounded, the MIG suffix made a 44 KB name take
+#: 11 s: every ``-gpu-<n>-mig-`` in it started a scan to the end)
+MAX_DEVICE_NAME = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +110,10 @@ def _pci(text: str) -> str | None:
 
 def nvidia_dra_minor(name: str) -> tuple[int, bool] | None:
     """(device minor, is a MIG slice) for the NVIDIA GPU DRA driver's device names
-    (``gpu-3``, ``<claim uid>-gpu-3-mig-1g18gb-19-0``), else None."""
+    (``gpu-3``, ``<claim uid>-gpu-3-mig-1g18gb-19-0``), else None (also for a name longer
+    than :data:`MAX_DEVICE_NAME`)."""
+    if len(name) > MAX_DEVICE_NAME:
+        return None
     m = _DRA_NAME.search(name)
     if m is None:
         return None
@@ -113,6 +122,9 @@ def nvidia_dra_minor(name: str) -> tuple[int, bool] | None:
 
 def imex_channel_of(name: str) -> int | None:
     """The channel of the ComputeDomain driver's device names (``channel-0``,
-    ``<claim uid>-channel-0``), else None."""
+    ``<claim uid>-channel-0``), else None (also for a name longer than
+    :data:`MAX_DEVICE_NAME`)."""
+    if len(name) > MAX_DEVICE_NAME:
+        return None
     m = _CHANNEL_NAME.search(name)
     return int(m.group(1)) if m else None

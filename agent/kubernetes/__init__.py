@@ -1,7 +1,8 @@
 """Pod identity for the samplers: the kubelet's pod-resources gRPC client
 (``podresources``, with the generated ``podresources_pb2*`` from ``podresources.proto``),
-GPU/RDMA-device-to-pod attribution (``attribution``) including ResourceClaims' devices
-(``claims``), which GPUs pods hold for the probe,
+GPU/RDMA-device-to-pod attribution: the sampler (``attribution``), its records (``records``), the
+pure join of allocations to hardware (``join``) and ResourceClaims' devices (``claims``), which
+GPUs pods hold for the probe,
 failing closed (``allocation``), pod names from ``/proc`` cgroups (``cgroup``), the pod model and
 index (``pods``) and the API server's pod list+watch (``podwatch``).
 

@@ -28,6 +28,10 @@ Two methods, each named in the snapshot's records:
     server
     in its own thread, so a pass never waits on the network.
 
+The module samples (the kubelet's ``List``, the host's CDI specs and procfs, cgroups); the
+records it answers with are :mod:`agent.kubernetes.records`, the pure join of allocations to
+hardware :mod:`agent.kubernetes.join` (both re-exported here for callers).
+
 Failures degrade: a failing kubelet or API server leaves devices unattributed and counts an
 error (``kubelet_unavailable``, ``api_forbidden``, ``api_error``, ``cgroup_parse``); only a
 node with neither a socket nor a node name to watch is :class:`~agent.core.errors.NoData`.
@@ -40,10 +44,7 @@ from __future__ import annotations
 
 import errno
 import logging
-import re
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from agent.cdi.nvidia import read_gpu_minors, read_mig_capabilities
@@ -53,11 +54,16 @@ from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
 from agent.infiniband.records import InfinibandSnapshot
 from agent.kubernetes.allocation import GpuAllocation
 from agent.kubernetes.cgroup import PodContainer, pod_container
-from agent.kubernetes.claims import (
-    HostView,
-    claim_devices,
-    claimed_imex_channels,
-    resolve_claim_device,
+from agent.kubernetes.claims import HostView, claim_devices
+from agent.kubernetes.join import (
+    RDMA_RESOURCE_PREFIXES,
+    attribute_allocations,
+    attribute_imex_channels,
+    is_gpu_resource,
+    is_rdma_resource,
+    normalize_pci_address,
+    resolve_gpu,
+    resolve_rdma,
 )
 from agent.kubernetes.podresources import (
     DEFAULT_SOCKET,
@@ -68,350 +74,44 @@ from agent.kubernetes.podresources import (
 )
 from agent.kubernetes.pods import PodIndex
 from agent.kubernetes.podwatch import PodWatcher, WatchSettings, default_api_client
-from agent.nvml.mig import MigDevice
-from agent.nvml.snapshot import NvmlGpu, NvmlSnapshot
+from agent.kubernetes.records import (
+    ERROR_REASONS,
+    METHODS,
+    AttributionSnapshot,
+    ContainerCpus,
+    ErrorCounts,
+    GpuAttribution,
+    ImexChannelAttribution,
+    RdmaAttribution,
+)
+from agent.nvml.snapshot import NvmlSnapshot
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
+#: the names callers import from here (records and joins live in their own modules)
+__all__ = [
+    "ERROR_REASONS",
+    "METHODS",
+    "RDMA_RESOURCE_PREFIXES",
+    "AttributionSampler",
+    "AttributionSnapshot",
+    "ContainerCpus",
+    "ErrorCounts",
+    "GpuAttribution",
+    "ImexChannelAttribution",
+    "RdmaAttribution",
+    "attribute_allocations",
+    "attribute_imex_channels",
+    "gpu_allocation",
+    "is_gpu_resource",
+    "is_rdma_resource",
+    "normalize_pci_address",
+    "resolve_gpu",
+    "resolve_rdma",
+]
+
 log = logging.getLogger(__name__)
-
-#: how an attribution was obtained
-METHODS = ("cgroup", "podresources")
-#: reasons counted in ``AttributionSnapshot.errors_total``
-ERROR_REASONS = ("api_error", "api_forbidden", "cgroup_parse", "kubelet_unavailable")
-
-
-# --- records ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class GpuAttribution:
-    """A GPU allocated to (``podresources``) or used by (``cgroup``) a container.
-
-    ``uuid`` is the GPU's UUID, a MIG device's own UUID, or the device plugin's id as it was
-    when it is neither; ``gpu`` is NVML's index of the GPU (a MIG device's parent), None when
-    the NVML snapshot does not know it. ``claim``: the ResourceClaim it came with (Dynamic
-    Resource Allocation), empty for a device plugin's. ``mig``: which MIG slice of the GPU
-    (``gi11/ci0``, the DRA driver's ``mig-1g.18gb-19-0``, or ``unknown``), empty for a
-    whole GPU.
-    """
-
-    namespace: str
-    pod: str
-    container: str
-    uuid: str
-    gpu: int | None
-    pci_bus_id: str | None
-    method: str
-    claim: str = ""
-    mig: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class RdmaAttribution:
-    """An RDMA or SR-IOV device allocated to a container (``podresources`` only).
-
-    ``device_id`` is the device plugin's id as it is; ``device`` the RDMA device it resolves
-    to in the InfiniBand snapshot and ``pci_bus_id`` its PCI address (a VF's own address even
-    when its RDMA device is not visible on the host), each None when unknown. For a claim
-    (Dynamic Resource Allocation) ``resource`` is the driver's name and ``device_id`` the
-    driver's device name (else its CDI device name). ``pf_pci_bus_id`` and ``pf_device``:
-    the physical function a virtual function rides on and its RDMA device, whose port is
-    the cable to the switch; None for a physical function.
-    """
-
-    namespace: str
-    pod: str
-    container: str
-    resource: str
-    device_id: str
-    device: str | None
-    pci_bus_id: str | None
-    claim: str = ""
-    pf_pci_bus_id: str | None = None
-    pf_device: str | None = None
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class ImexChannelAttribution:
-    """An IMEX channel a container holds through a ComputeDomain claim (NVIDIA's DRA
-    driver, ``compute-domain.nvidia.com``): the container is in a multi-node NVLink domain.
-    No GPU: the pod's GPUs come with its other claims (or a device plugin)."""
-
-    namespace: str
-    pod: str
-    container: str
-    claim: str
-    channel: int
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerCpus:
-    """The exclusive CPUs of a container (static CPU manager policy)."""
-
-    namespace: str
-    pod: str
-    container: str
-    cpu_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class AttributionSnapshot:
-    """One pass: attributions sorted, the methods that worked, errors counted since start."""
-
-    gpus: tuple[GpuAttribution, ...] = ()
-    rdma: tuple[RdmaAttribution, ...] = ()
-    cpus: tuple[ContainerCpus, ...] = ()
-    imex_channels: tuple[ImexChannelAttribution, ...] = ()
-    #: (method, worked this pass) for every method in :data:`METHODS`
-    methods_up: tuple[tuple[str, bool], ...] = tuple((m, False) for m in METHODS)
-    #: (reason, count since the agent started) for every reason in :data:`ERROR_REASONS`
-    errors_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in ERROR_REASONS)
-    issues: tuple[ReadIssue, ...] = ()
-    #: None when this pass established which GPUs pods hold, else why not (a reason of
-    #: :data:`agent.kubernetes.allocation.UNKNOWN_REASONS`)
-    allocation_unknown: str | None = None
-    #: NVML had not answered yet when this pass ran: the GPU rows lack their index and PCI
-    #: address and would gain them a pass later (a second identity for each series), so they
-    #: are not exported this pass; they still count for the allocation above
-    gpus_pending: bool = False
-
-    @property
-    def pods(self) -> int:
-        """Distinct pods holding at least one attributed GPU or RDMA device."""
-        gpu_pods = {(a.namespace, a.pod) for a in self.gpus}
-        return len(gpu_pods | {(a.namespace, a.pod) for a in self.rdma})
-
-
-class ErrorCounts:
-    """Thread-safe error counters (the watch thread and sampling passes both count)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(ERROR_REASONS, 0)
-
-    def add(self, reason: str, n: int = 1) -> None:
-        if reason not in self._counts:
-            raise ValueError(f"unknown attribution error reason {reason}")
-        with self._lock:
-            self._counts[reason] += n
-
-    def totals(self) -> tuple[tuple[str, int], ...]:
-        with self._lock:
-            return tuple(sorted(self._counts.items()))
-
-
-# --- device ids -> hardware ---------------------------------------------------------------
-
-_PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
-_INDEX = re.compile(r"^(\d+)(?::\d+)?$")  # device-id-strategy=index: "3", MIG "3:1"
-_MIG_INDEX = re.compile(r"^(\d{1,4}):(\d{1,4})$")
-#: resource-name prefixes of the SR-IOV / RDMA device plugins' usual resource pools
-RDMA_RESOURCE_PREFIXES = ("rdma/", "openshift.io/", "intel.com/", "mellanox.com/")
-
-
-def normalize_pci_address(text: str) -> str | None:
-    """``0000:1a:00.2`` for ``0000:1A:00.2`` or ``1a:00.2``; None when not a PCI address."""
-    m = _PCI.match(text.strip())
-    if not m:
-        return None
-    domain = (m.group(1) or "0000").lower()
-    return f"{domain.zfill(4)}:{m.group(2).lower()}:{m.group(3).lower()}.{m.group(4)}"
-
-
-def is_gpu_resource(resource: str, device_ids: Iterable[str]) -> bool:
-    """NVIDIA GPU resources: ``nvidia.com/gpu`` (and renamed shared pools such as
-    ``nvidia.com/gpu.shared``), ``nvidia.com/mig-*``, or any ``nvidia.com/`` resource whose
-    ids are GPU or MIG UUIDs."""
-    if not resource.startswith("nvidia.com/"):
-        return False
-    kind = resource[len("nvidia.com/") :]
-    if kind.startswith(("gpu", "mig-")):
-        return True
-    return any(i.startswith(("GPU-", "MIG-")) for i in device_ids)
-
-
-def is_rdma_resource(resource: str) -> bool:
-    """SR-IOV and RDMA device-plugin pools by their usual names: ``rdma/*``,
-    ``openshift.io/*``, ``intel.com/*``, ``mellanox.com/*``, and any name mentioning rdma,
-    sriov or hostdev (``nvidia.com/rdma_shared_device_a``, ``nvidia.com/hostdev``)."""
-    low = resource.lower()
-    return low.startswith(RDMA_RESOURCE_PREFIXES) or any(
-        word in low for word in ("rdma", "sriov", "hostdev")
-    )
-
-
-def resolve_gpu(device_id: str, nvml: NvmlSnapshot | None) -> tuple[str, NvmlGpu | None]:
-    """(uuid, NVML GPU) for one ``nvidia.com`` device id.
-
-    ``GPU-<uuid>`` is looked up by UUID; ``MIG-GPU-<uuid>/<gi>/<ci>`` (drivers before R470)
-    names its parent; ``MIG-<uuid>`` (R470 on) does not, and is looked up among the MIG
-    devices NVML enumerated (:mod:`agent.nvml.mig`) for its parent (None when NVML knows no
-    such MIG device); ``3`` or ``3:1`` (device-id-strategy=index) is looked up by index and
-    reports the GPU's UUID; time-slicing's ``<id>::<replica>`` is the device ``<id>``.
-    """
-    raw = device_id.split("::", 1)[0]
-    gpus = nvml.gpus if nvml is not None else ()
-    by_uuid = {g.uuid.lower(): g for g in gpus if g.uuid}
-    if raw.startswith("GPU-"):
-        return raw, by_uuid.get(raw.lower())
-    if raw.startswith("MIG-GPU-"):
-        return raw, by_uuid.get(raw[len("MIG-") :].split("/", 1)[0].lower())
-    if raw.startswith("MIG-"):
-        mig = _mig_device(raw, nvml)
-        return raw, next((g for g in gpus if mig is not None and g.index == mig.gpu), None)
-    m = _INDEX.match(raw)
-    if m:
-        index = int(m.group(1))
-        gpu = next((g for g in gpus if g.index == index), None)
-        whole = ":" not in raw
-        return (gpu.uuid if whole and gpu is not None and gpu.uuid else raw), gpu
-    return raw, None
-
-
-def resolve_rdma(device_id: str, ib: InfinibandSnapshot | None) -> tuple[str | None, str | None]:
-    """(RDMA device, PCI address) for one RDMA / SR-IOV device id: a PCI address is matched
-    against the RDMA devices' PCI addresses (and kept as the address when none matches), a
-    name against their names; anything else resolves to (None, None)."""
-    devices = ib.devices if ib is not None else ()
-    pci = normalize_pci_address(device_id)
-    if pci is not None:
-        dev = next((d for d in devices if d.pci_bus_id == pci), None)
-        return (dev.name if dev is not None else None), pci
-    dev = next((d for d in devices if d.name == device_id), None)
-    if dev is not None:
-        return dev.name, dev.pci_bus_id
-    return None, None
-
-
-#: (resource, device id, RDMA device, PCI address) of one RDMA allocation
-RdmaFound = tuple[str, str, str | None, str | None]
-
-
-def _no_physfn(_pci: str) -> str | None:
-    return None
-
-
-def attribute_allocations(
-    pods: Iterable[PodAllocation],
-    nvml: NvmlSnapshot | None,
-    ib: InfinibandSnapshot | None,
-    host: HostView | None = None,
-    physfn: Callable[[str], str | None] = _no_physfn,
-) -> tuple[list[GpuAttribution], list[RdmaAttribution], list[ContainerCpus]]:
-    """Join the kubelet's allocations (device plugins' and ResourceClaims') to the hardware
-    snapshots; ``host`` resolves claims' devices, ``physfn`` gives a VF's physical function
-    (pure but for those two). A device given twice to one container (two time-slicing
-    replicas of one GPU) is one attribution."""
-    gpus: dict[GpuAttribution, None] = {}
-    rdma: dict[RdmaAttribution, None] = {}
-    cpus: list[ContainerCpus] = []
-    host = host or HostView()
-    ib_devices = ib.devices if ib is not None else ()
-
-    def rdma_row(where: tuple[PodAllocation, str, str], found: RdmaFound) -> RdmaAttribution:
-        p, container, claim = where
-        resource, device_id, dev, pci = found
-        pf = physfn(pci) if pci is not None else None
-        pf_dev = next((d.name for d in ib_devices if pf is not None and d.pci_bus_id == pf), None)
-        return RdmaAttribution(
-            p.namespace, p.name, container, resource, device_id, dev, pci, claim, pf, pf_dev
-        )
-
-    for p in pods:
-        for c in p.containers:
-            if c.cpu_ids:
-                cpus.append(ContainerCpus(p.namespace, p.name, c.name, c.cpu_ids))
-            for claim in c.claims:
-                for cd in claim.devices:
-                    r = resolve_claim_device(claim, cd, host, nvml, ib)
-                    for cg in r.gpus:
-                        gpus[
-                            GpuAttribution(
-                                p.namespace,
-                                p.name,
-                                c.name,
-                                cg.uuid,
-                                cg.gpu,
-                                cg.pci_bus_id,
-                                "podresources",
-                                claim.name,
-                                cg.mig,
-                            )
-                        ] = None
-                    for x in r.rdma:
-                        found = (cd.driver, r.device_id, x.device, x.pci_bus_id)
-                        rdma[rdma_row((p, c.name, claim.name), found)] = None
-            for d in c.devices:
-                if is_gpu_resource(d.resource_name, d.device_ids):
-                    for device_id in d.device_ids:
-                        uuid, g = resolve_gpu(device_id, nvml)
-                        mig = uuid.startswith("MIG-") or ":" in uuid
-                        gpus[
-                            GpuAttribution(
-                                p.namespace,
-                                p.name,
-                                c.name,
-                                uuid,
-                                g.index if g is not None else None,
-                                g.pci_bus_id if g is not None else None,
-                                "podresources",
-                                mig=_mig_label(uuid, nvml) if mig else "",
-                            )
-                        ] = None
-                    continue
-                resolved = {i: resolve_rdma(i, ib) for i in d.device_ids}
-                if not is_rdma_resource(d.resource_name) and not any(
-                    dev is not None for dev, _ in resolved.values()
-                ):
-                    continue  # another kind of device (FPGA, a non-NVIDIA GPU ...)
-                for device_id, (dev, pci) in resolved.items():
-                    found = (d.resource_name, device_id, dev, pci)
-                    rdma[rdma_row((p, c.name, ""), found)] = None
-    return list(gpus), list(rdma), cpus
-
-
-def attribute_imex_channels(
-    pods: Iterable[PodAllocation], host: HostView | None = None
-) -> list[ImexChannelAttribution]:
-    """The IMEX channels containers hold through ComputeDomain claims (pure but for
-    ``host``'s CDI specs); one per (container, claim, channel)."""
-    host = host or HostView()
-    out: dict[ImexChannelAttribution, None] = {}
-    for p in pods:
-        for c in p.containers:
-            for claim in c.claims:
-                for cd in claim.devices:
-                    for ch in claimed_imex_channels(cd, host):
-                        out[ImexChannelAttribution(p.namespace, p.name, c.name, claim.name, ch)] = (
-                            None
-                        )
-    return sorted(out)
-
-
-def _mig_device(uuid: str, nvml: NvmlSnapshot | None) -> MigDevice | None:
-    """The MIG device NVML enumerated under ``uuid`` (case-insensitive), or None."""
-    want = uuid.lower()
-    devices = nvml.mig_devices if nvml is not None else ()
-    return next((d for d in devices if d.uuid.lower() == want), None)
-
-
-def _mig_label(device_id: str, nvml: NvmlSnapshot | None) -> str:
-    """The ``mig`` of a device plugin's MIG id: ``gi/ci`` from ``MIG-GPU-<uuid>/<gi>/<ci>``,
-    from NVML's MIG device for ``MIG-<uuid>``, or index ``3:1``; else ``unknown``."""
-    if device_id.startswith("MIG-GPU-"):
-        parts = device_id.split("/")
-        if len(parts) == 3:
-            return f"gi{parts[1]}/ci{parts[2]}"
-    mig = _mig_device(device_id, nvml) if device_id.startswith("MIG-") else None
-    slot = _MIG_INDEX.match(device_id)
-    if slot is not None and nvml is not None:
-        # device-id-strategy=index: "<GPU index>:<MIG device slot>", the slot NVML's
-        # nvmlDeviceGetMigDeviceHandleByIndex is asked with
-        gpu, n = int(slot.group(1)), int(slot.group(2))
-        mig = next((d for d in nvml.mig_devices if d.gpu == gpu and d.slot == n), None)
-    return mig.instance if mig is not None else "unknown"
 
 
 # --- the sampler --------------------------------------------------------------------------

@@ -228,6 +228,10 @@ class NvmlApi(Protocol):
     def compute_processes(self, gpu: int) -> tuple[tuple[int, int | None], ...]:
         """nvmlDeviceGetComputeRunningProcesses: (pid, used GPU memory in bytes or None)."""
 
+    def compute_mode(self, gpu: int) -> int:
+        """nvmlDeviceGetComputeMode: 0 default, 1 exclusive thread (retired), 2 prohibited,
+        3 exclusive process (what an MPS control daemon sets on the GPUs it shares)."""
+
     def mig_mode(self, gpu: int) -> tuple[int, int]:
         """nvmlDeviceGetMigMode: (current, pending), 1 = enabled (:mod:`agent.nvml.mig`)."""
 
@@ -489,6 +493,9 @@ class LiveNvml:
             (_int(p.pid, call), None if p.usedGpuMemory is None else _int(p.usedGpuMemory, call))
             for p in procs
         )
+
+    def compute_mode(self, gpu: int) -> int:
+        return self._dint("nvmlDeviceGetComputeMode", gpu)
 
     def mig_mode(self, gpu: int) -> tuple[int, int]:
         call = "nvmlDeviceGetMigMode"

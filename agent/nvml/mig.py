@@ -8,7 +8,7 @@ What MIG is, as far as fabricscope cares
     before). The device plugin hands slices to pods by that UUID, and the UUID does not name
     the parent: only NVML knows which GPU a ``MIG-<uuid>`` lives on. A slice has no links of
     its own: a job on it rides on its parent's NVLinks and PCIe link, so attribution joins
-    it to the parent (:mod:`agent.kubernetes.attribution`).
+    it to the parent (:mod:`agent.kubernetes.join`).
 
 How a pass reads it (every pass, on every GPU NVML did not call lost)
     ``nvmlDeviceGetMigMode``: current and pending mode. ``NOT_SUPPORTED`` (a GPU without MIG,

@@ -229,6 +229,14 @@ class ReplayNvml:
             out.append((_int(pair[0], key), None if pair[1] is None else _int(pair[1], key)))
         return tuple(out)
 
+    def compute_mode(self, gpu: int) -> int:
+        """Answered NOT_SUPPORTED when the recording lacks it, strict or not: recordings made
+        before the probe asked for it never did."""
+        call = "nvmlDeviceGetComputeMode"
+        if call_key(call, gpu) not in self._calls:
+            raise NvmlCallError(call, 3, "NOT_SUPPORTED")
+        return self._i(call, gpu)
+
     def mig_mode(self, gpu: int) -> tuple[int, int]:
         """Answered NOT_SUPPORTED when the recording lacks it, strict or not: recordings
         made before the sampler read MIG never asked (so they replay as GPUs without MIG)."""
@@ -464,6 +472,9 @@ class RecordingNvml:
             (gpu,),
             lambda: self._inner.compute_processes(gpu),
         )
+
+    def compute_mode(self, gpu: int) -> int:
+        return self._rec("nvmlDeviceGetComputeMode", (gpu,), lambda: self._inner.compute_mode(gpu))
 
     def mig_mode(self, gpu: int) -> tuple[int, int]:
         return self._rec("nvmlDeviceGetMigMode", (gpu,), lambda: self._inner.mig_mode(gpu))

@@ -91,9 +91,14 @@ class Lab:
         return self.api("/api/v1/query", {"query": expr, "time": str(self.end)})
 
 
-@pytest.fixture(scope="module", params=sorted(SCENARIOS))
+#: the scenarios every board is run against: each fault, and one under Dynamic Resource
+#: Allocation (the job's GPUs and rails only ResourceClaims': tests/lab/dra.py)
+BOARD_SCENARIOS = (*sorted(SCENARIOS), "ib_link_bad_dra")
+
+
+@pytest.fixture(scope="module", params=BOARD_SCENARIOS)
 def lab(request: pytest.FixtureRequest, lab_cache: ScenarioCache) -> Lab:
-    lab_cache.prefetch(sorted(SCENARIOS), TEST_HOURS, TEST_STEP)  # the next ones meanwhile
+    lab_cache.prefetch(BOARD_SCENARIOS, TEST_HOURS, TEST_STEP)  # the next ones meanwhile
     s = lab_cache.get(request.param, TEST_HOURS, TEST_STEP)
     return Lab(s.scenario, s.url, s.start, s.end, s.fault_start)
 
@@ -423,3 +428,31 @@ def test_a_jobs_virtual_functions_show_their_physical_port(two_jobs: Lab) -> Non
     panel = next(p for p in generate.JOB.panels if p.title == "Link rate of the job's NICs")
     result = two_jobs.range(job_expr(panel.targets[0][0], "llm"))
     assert "node-05" not in {s["metric"]["instance"] for s in result}  # type: ignore[index]
+
+
+def test_the_job_board_reads_the_same_series_on_a_dra_cluster(lab_cache: ScenarioCache) -> None:
+    """ib_link_bad where the job's GPUs and rails come only from ResourceClaims (the real
+    agent resolving them through the kubelet's dynamic_resources, the drivers' CDI specs and
+    the NVIDIA driver's minors): every query of the Job board answers the same series, GPU
+    for GPU and port for port, as where device plugins allocated them (the attribution
+    series gain a ``claim`` label, which the board leaves aside). The values are each
+    build's own noise; that the cause is put first there too is the board tests' work on
+    the ``ib_link_bad_dra`` lab (:data:`BOARD_SCENARIOS`)."""
+    labs = []
+    for name in ("ib_link_bad", "ib_link_bad_dra"):
+        s = lab_cache.get(name, TEST_HOURS, TEST_STEP)
+        labs.append(Lab(s.scenario, s.url, s.start, s.end, s.fault_start))
+    answered = 0
+    for p in generate.JOB.panels:
+        for expr, _ in p.targets:
+            plugin, dra = (
+                sorted(
+                    json.dumps(r["metric"], sort_keys=True)
+                    for r in lab.instant(substitute(expr, generate.JOB, lab.scenario))
+                )
+                for lab in labs
+            )
+            assert dra == plugin, (p.title, expr)
+            answered += bool(plugin)
+    # the GPU, NIC, port, PCIe and switch-port panels answered, not only the throughput
+    assert answered >= 10, answered

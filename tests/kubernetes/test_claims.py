@@ -7,6 +7,7 @@ probe's view of which GPUs are taken."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -293,6 +294,32 @@ def test_a_hostile_cdi_directory_costs_issues_not_the_pass(
         (f"{cdi}/broken.yaml", "parse"),
         (f"{cdi}/evil.yaml", "permission"),
     ]
+
+
+def test_hostile_device_names_cost_bounded_time_and_fail_closed(
+    kubelet: tuple[Lister, Path], sys_root: Path
+) -> None:
+    """Device names no real kubelet sends (the API server holds a driver's device names to
+    DNS labels): 110 KB of ``-gpu-1-mig-`` repeated as a GPU claim's device and CDI device
+    name, and a channel-like one for the ComputeDomain driver. Before names were bounded the
+    GPU name pattern scanned to the end from every ``-gpu-<n>-mig-`` in it (a 44 KB name took
+    11 s, this one about a minute). Now the pass is quick, the hostile GPU claim is a GPU no
+    lookup resolved (the probe takes none), and the honest claim beside it resolves."""
+    evil = "-gpu-1-mig-" * 10_000 + "!"
+    chan = "-channel-1" * 11_000 + "!"
+    hostile = claim("x-0-gpus", "gpu.nvidia.com", evil, f"k8s.gpu.nvidia.com/claim=u{evil}")
+    domain = claim(
+        "x-0-cd", "compute-domain.nvidia.com", chan, f"k8s.compute-domain.nvidia.com/claim={chan}"
+    )
+    started = time.monotonic()
+    snap = sample(kubelet, sys_root, pod("x-0", "w", hostile, domain, GPU_CLAIM))
+    assert time.monotonic() - started < 5.0
+    assert sorted((g.claim, g.gpu, len(g.uuid)) for g in snap.gpus) == [
+        ("trainer-0-gpus-x7k2p", 0, len(H200)),
+        ("x-0-gpus", None, len(evil)),
+    ]
+    assert snap.imex_channels == ()
+    assert gpu_allocation(snap).unknown == "unmapped_device"
 
 
 def test_exported_series_carry_claim_mig_and_the_physical_function(

@@ -5,14 +5,11 @@
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import re
 import stat
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -24,23 +21,13 @@ from exporter.metrics import nvml as metrics
 from exporter.metrics.exposition import render_text
 from exporter.metrics.spec import Families
 from tests.nvml.test_nvml_fixtures import h200x2_recording, with_link_down
+from tests.scriptmod import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "gpu_crosscheck", ROOT / "scripts" / "gpu_crosscheck.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cc = _load()
+cc = load_script("gpu_crosscheck")
 
 
 # -- parsers, on real outputs ---------------------------------------------------------

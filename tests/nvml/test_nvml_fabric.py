@@ -6,10 +6,8 @@ pynvml reading the stand-in library's ``nvmlDeviceGetGpuFabricInfoV`` struct."""
 from __future__ import annotations
 
 import copy
-import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from agent.nvml.sweep import Pass
 from exporter.metrics import nvml as metrics
 from exporter.metrics.spec import Families
 from tests.nvml.test_nvml_fixtures import Recording, h200x2_recording
-from tests.standin_nvml import build_standin
+from tests.standin_nvml import build_standin, run_against_standin
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvml-fabric"
@@ -234,17 +232,8 @@ print(repr([(f.state, f.domain, f.status) for f in read_fabric(api, p, [0])]), l
     ],
 )
 def test_real_pynvml_reads_the_struct(standin_lib: Path, spec: str, want: str) -> None:
-    env = dict(os.environ, LD_LIBRARY_PATH=str(standin_lib), FABRICSCOPE_STANDIN_FABRIC=spec)
-    done = subprocess.run(
-        [sys.executable, "-c", _READ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == want
+    out = run_against_standin(standin_lib, _READ, FABRICSCOPE_STANDIN_FABRIC=spec)
+    assert out.strip() == want
 
 
 def test_a_record_names_its_domain() -> None:

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +32,7 @@ from exporter.metrics.spec import Families
 from tests.nvml.mig_transcripts import MIG_FIXTURES, transcript_recording
 from tests.nvml.test_nvml import fake_pynvml, raising
 from tests.nvml.test_nvml_fixtures import h200x2_recording
-from tests.standin_nvml import build_standin
+from tests.standin_nvml import build_standin, run_against_standin
 
 GO_NVML_60 = "a100-pcie-40gb.go-nvml-60.txt"
 TELEGRAF_5812 = "a100-sxm4-80gb-x4.telegraf-5812.txt"
@@ -406,17 +403,7 @@ def standin_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def live_pass(libdir: Path, mig: str) -> dict[str, object]:
     """One NvmlSampler pass over the real pynvml, which loads the stand-in library as it
     loads NVIDIA's (a process of its own: the loader reads LD_LIBRARY_PATH at start)."""
-    env = dict(os.environ, LD_LIBRARY_PATH=str(libdir), FABRICSCOPE_STANDIN_MIG=mig)
-    proc = subprocess.run(
-        [sys.executable, "-c", _LIVE_PASS],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    answer = json.loads(proc.stdout)
+    answer = json.loads(run_against_standin(libdir, _LIVE_PASS, FABRICSCOPE_STANDIN_MIG=mig))
     assert isinstance(answer, dict)
     return answer
 

@@ -226,6 +226,16 @@ int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
     return NVML_SUCCESS;
 }
 
+/* the compute mode from $FABRICSCOPE_STANDIN_COMPUTE_MODE (unset or empty: 0, the default;
+ * "3" is exclusive-process, what an MPS control daemon sets; "none": the call is not
+ * supported) */
+int nvmlDeviceGetComputeMode(nvmlDevice_t d, unsigned int *mode) {
+    (void)d;
+    const char *v = getenv("FABRICSCOPE_STANDIN_COMPUTE_MODE");
+    if (v != NULL && strcmp(v, "none") == 0) return NVML_ERROR_NOT_SUPPORTED;
+    return uint_answer(mode, (v == NULL || v[0] == '\0') ? 0u : (unsigned int)atoi(v));
+}
+
 int nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 5); }
 int nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 5); }
 int nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *v) { (void)d; return uint_answer(v, 16); }

@@ -24,6 +24,7 @@ import pytest
 from agent.config import ProbeSettings
 from agent.core.errors import ConfigError
 from agent.kubernetes.allocation import UNKNOWN_REASONS, GpuAllocation
+from agent.nvml.api import NvmlCallError
 from agent.probe.measure.launch import WorkerRun, free_port, launch_workers
 from agent.probe.measure.records import ProbeError, ProbeRecord, WorkerSpec
 from agent.probe.measure.worker import measured_record
@@ -662,9 +663,15 @@ def test_probe_ids_carry_the_requested_gpu_within_the_rendezvous_grammar() -> No
 
 
 class FakeNvml:
-    def __init__(self, count: int, busy: tuple[int, ...] = ()) -> None:
+    """``count`` GPUs, ``busy`` ones running a process, ``modes`` their compute modes (an
+    int, or the name of the NVML error to answer; absent: the default, 0)."""
+
+    def __init__(
+        self, count: int, busy: tuple[int, ...] = (), modes: dict[int, int | str] | None = None
+    ) -> None:
         self.count = count
         self.busy = busy
+        self.modes = modes or {}
 
     def init(self) -> None:
         pass
@@ -680,6 +687,12 @@ class FakeNvml:
 
     def compute_processes(self, gpu: int) -> tuple[tuple[int, int | None], ...]:
         return ((4242, None),) if gpu in self.busy else ()
+
+    def compute_mode(self, gpu: int) -> int:
+        mode = self.modes.get(gpu, 0)
+        if isinstance(mode, str):
+            raise NvmlCallError("nvmlDeviceGetComputeMode", 999, mode)
+        return mode
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """The devices a probe may use on this node, and which of them it may use now: discovery
 (NCCL on the GPUs NVML sees, else gloo on simulated CPU slots), busy checks (GPUs running
-compute processes, GPUs the kubelet gave to pods) and the per-device locks that keep two
-probes off one device.
+compute processes or kept for others by their compute mode, GPUs the kubelet gave to pods)
+and the per-device locks that keep two probes off one device.
 
 NVML is never called in the agent's own process: :class:`GpuViewSampler` (the GPUs a probe
 may use and which of them run compute processes now) runs in a supervised child process
@@ -68,11 +68,35 @@ def _visible(env: Mapping[str, str], api: NvmlApi, count: int) -> list[int]:
     return out
 
 
+#: nvmlDeviceGetComputeMode's ``NVML_COMPUTEMODE_DEFAULT``: any process may make a context
+COMPUTE_MODE_DEFAULT = 0
+#: what a GPU not offering the call answers: it has the default mode
+_NO_COMPUTE_MODE = ("NOT_SUPPORTED", "FUNCTION_NOT_FOUND")
+
+
+def kept_for_others(api: NvmlApi, gpu: int) -> bool:
+    """Whether ``gpu``'s compute mode keeps it from a probe although nothing runs on it now:
+    anything but the default. The NVIDIA device plugin's MPS sharing sets every GPU it shares
+    to exclusive-process for as long as its MPS control daemon runs, and the daemon's server
+    starts only when the first sharing pod makes a context: a probe holding the GPU then
+    would keep every sharing pod from starting (and no probe can run beside the server).
+    Prohibited admits no context at all; an unknown mode is taken as not the default. A GPU
+    without the call (NOT_SUPPORTED, FUNCTION_NOT_FOUND) has the default mode; any other
+    error is raised (the busy check is then unknown: nothing is probed)."""
+    try:
+        return api.compute_mode(gpu) != COMPUTE_MODE_DEFAULT
+    except NvmlCallError as exc:
+        if exc.name in _NO_COMPUTE_MODE:
+            return False
+        raise
+
+
 @dataclass(frozen=True, slots=True)
 class GpuView:
     """One look at the GPUs through NVML: ``labels``, the NVML indices a probe may use (those
     named by ``CUDA_VISIBLE_DEVICES`` when it is set), and ``busy``, those of them running
-    compute processes now (None when NVML could not list them)."""
+    compute processes now or whose compute mode is not the default (:func:`kept_for_others`:
+    an MPS-shared GPU), None when NVML could not tell."""
 
     labels: tuple[int, ...]
     busy: frozenset[int] | None
@@ -99,9 +123,11 @@ class GpuViewSampler:
         api = self._api
         labels = tuple(_visible(self._env, api, api.device_count()))
         try:
-            busy: frozenset[int] | None = frozenset(g for g in labels if api.compute_processes(g))
+            busy: frozenset[int] | None = frozenset(
+                g for g in labels if api.compute_processes(g) or kept_for_others(api, g)
+            )
         except NvmlCallError as exc:
-            log.debug("probe: NVML lists no compute processes: %s", exc)
+            log.debug("probe: NVML cannot tell the busy GPUs: %s", exc)
             busy = None
         return GpuView(labels, busy)
 
@@ -201,10 +227,10 @@ def no_busy_gpus() -> frozenset[int]:
 
 
 class NvmlBusyGpus:
-    """Busy GPUs by NVML's compute-process lists, asked of ``view`` (no CUDA context is
-    created). NVML failing, or its child crashing or hanging, is "unknown" (None): the
-    service then treats every GPU as busy. Logged once when it starts failing and once when
-    it answers again. ``close()`` closes the view."""
+    """Busy GPUs by NVML's compute-process lists and compute modes, asked of ``view`` (no
+    CUDA context is created). NVML failing, or its child crashing or hanging, is "unknown"
+    (None): the service then treats every GPU as busy. Logged once when it starts failing
+    and once when it answers again. ``close()`` closes the view."""
 
     def __init__(self, view: GpuViewSource) -> None:
         self._view = view
