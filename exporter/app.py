@@ -1,5 +1,7 @@
 """Wires the agent's runner to the exposition cache: every sampler attempt re-renders that
-sampler's fragment (and the agent's own series) once, so scrapes only join cached bytes."""
+sampler's fragment once; the agent's own series and the node's findings, which every pass
+changes, are marked stale and rendered once by the next scrape (not once per sampler pass),
+so scrapes join cached bytes and render at most those two."""
 
 from __future__ import annotations
 
@@ -45,7 +47,15 @@ class AgentApp:
         self.runner = Runner(specs, on_update=self._on_update, wall_clock=wall_clock, announce=True)
         if latest is not None:
             latest.bind(self._latest, self._status)
-        self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))
+        self.cache.set_renderer(SELF_OWNER, self._self_text)
+
+    def _self_text(self) -> bytes:
+        """The agent's own series (rendered by a scrape: a failure costs them, not it)."""
+        try:
+            return render_text(self._self_families())
+        except Exception:
+            log.exception("rendering the agent's own series failed; they are withdrawn")
+            return b""
 
     def _self_families(self) -> Families:
         with self._lock:
@@ -69,9 +79,9 @@ class AgentApp:
                 self._render_errors[name] = self._render_errors.get(name, 0) + 1
             data = b""
         self.cache.set_fragment(name, data)
-        if name in findings.SOURCES:
-            self.cache.set_fragment(findings.OWNER, self._findings_text())
-        self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))
+        if name in findings.SOURCES:  # registered by the first source's pass, stale after each
+            self.cache.set_renderer(findings.OWNER, self._findings_text)
+        self.cache.invalidate(SELF_OWNER)
 
     def _findings_text(self) -> bytes:
         """The node's findings across samplers; a failure costs this fragment, counted."""

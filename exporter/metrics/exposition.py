@@ -1,6 +1,11 @@
 """Turns accumulated families into the Prometheus text format (via prometheus_client's
 encoder) and keeps the rendered bytes per sampler, so a scrape only concatenates cached
-fragments and never samples or re-renders."""
+fragments and never samples.
+
+A fragment that many updates invalidate (the agent's own series and the node's findings
+change with every sampler's pass: 8 samplers, a pass each every 15 s) is rendered lazily: an
+update only marks it stale, and the next ``body()`` renders it once, so it costs one render
+per scrape (every 30 s) instead of one per sampler pass."""
 
 from __future__ import annotations
 
@@ -47,9 +52,38 @@ class ExpositionCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._render_lock = threading.Lock()  # one lazy render at a time, never under _lock
         self._fragments: dict[str, bytes] = {}
+        self._renderers: dict[str, Callable[[], bytes]] = {}
+        self._stale: set[str] = set()
         self._body: bytes | None = None
         self._gzipped: bytes | None = None
+
+    def set_renderer(self, owner: str, render: Callable[[], bytes]) -> None:
+        """Render ``owner``'s fragment lazily: ``render`` is called by the first ``body()``
+        after each :meth:`invalidate` (and after this call), on the caller's thread. It must
+        not raise: a renderer catches its own failures and returns what it can."""
+        with self._lock:
+            self._renderers[owner] = render
+            self._stale.add(owner)
+            self._body = None
+            self._gzipped = None
+
+    def invalidate(self, owner: str) -> None:
+        """``owner``'s lazy fragment is out of date: rendered again by the next ``body()``."""
+        with self._lock:
+            if owner in self._renderers:
+                self._stale.add(owner)
+                self._body = None
+                self._gzipped = None
+
+    def _render_stale(self) -> None:
+        # under _render_lock: a body() beside a render waits for it, never joins without it
+        with self._lock:
+            stale = [(o, self._renderers[o]) for o in sorted(self._stale)]
+            self._stale.clear()
+        for owner, render in stale:
+            self.set_fragment(owner, render())
 
     def set_fragment(self, owner: str, data: bytes) -> None:
         with self._lock:
@@ -63,10 +97,13 @@ class ExpositionCache:
         self.set_fragment(owner, render_text(render()))
 
     def body(self) -> bytes:
-        with self._lock:
-            if self._body is None:
-                self._body = b"".join(v for _, v in sorted(self._fragments.items()))
-            return self._body
+        with self._render_lock:
+            if self._stale:  # an invalidation racing this read is rendered by the next body()
+                self._render_stale()
+            with self._lock:
+                if self._body is None:
+                    self._body = b"".join(v for _, v in sorted(self._fragments.items()))
+                return self._body
 
     def gzipped(self) -> bytes:
         body = self.body()
