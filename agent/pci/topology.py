@@ -327,18 +327,17 @@ def _acs_checks(snap: PciSnapshot, on_paths: Iterable[str]) -> tuple[AcsCheck, .
 
 #: the latest snapshot analysed and its topology: the PCI fragment, the node's findings and
 #: the workload sampler each analyse the same pass's snapshot (a snapshot is frozen)
-_last: tuple[PciSnapshot, Topology] | None = None
+_last: list[tuple[PciSnapshot, Topology]] = []
 
 
 def analyse(snap: PciSnapshot) -> Topology:
     """Derive paths, affinity, link checks and ACS state from one snapshot (the latest
     snapshot's answer is kept: asked again for the same snapshot, the same topology)."""
-    global _last
-    last = _last
+    last = _last[0] if _last else None
     if last is not None and last[0] is snap:
         return last[1]
     topo = _analyse(snap)
-    _last = (snap, topo)
+    _last[:] = [(snap, topo)]
     return topo
 
 
