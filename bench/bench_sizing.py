@@ -24,9 +24,9 @@ Measured every 5 s over ``--duration`` seconds after a warm-up: each process's R
 (``/proc/PID/smaps_rollup``) and CPU (user + system from ``/proc/PID/stat``, read at the
 window's start and end: the steady state, start-up left out). Start-up is reported apart:
 the main process's CPU when ``/metrics`` first answered (``startup``), and each process's CPU
-before the window (``cpu_seconds_before_window``: start-up, first passes and warm-up). PSS shares the
-pages the processes have in common (the interpreter, the libraries), as the container's
-memory cgroup charges them once. Also, with ``--per-gpu``: the Python memory the NVML
+before the window (``cpu_seconds_before_window``: start-up, first passes and warm-up).
+PSS shares the pages the processes have in common (the interpreter, the libraries), as the
+container's memory cgroup charges them once. Also, with ``--per-gpu``: the Python memory the NVML
 sampler keeps per GPU (tracemalloc over three passes of the real sampler, on the recorded
 2x H200 answers repeated for 2 and 8 GPUs, or the live NVML's GPUs), for extrapolating the
 NVML child to more GPUs than the machine has.
