@@ -16,7 +16,7 @@ from agent.core.sampler import Snapshot
 from agent.samplers import DEPENDENT, Latest
 from exporter.metrics import findings
 from exporter.metrics.catalog import SELF_OWNER, render_sampler, render_self
-from exporter.metrics.exposition import ExpositionCache, render_text
+from exporter.metrics.exposition import ExpositionCache, FamilyCache, render_text
 from exporter.metrics.spec import Detail, Families
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class AgentApp:
         self.cache = ExpositionCache()
         self._render_errors: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._family_caches: dict[str, FamilyCache] = {}
         self.runner = Runner(specs, on_update=self._on_update, wall_clock=wall_clock, announce=True)
         if latest is not None:
             latest.bind(self._latest, self._status)
@@ -52,7 +53,7 @@ class AgentApp:
     def _self_text(self) -> bytes:
         """The agent's own series (rendered by a scrape: a failure costs them, not it)."""
         try:
-            return render_text(self._self_families())
+            return render_text(self._self_families(), self._reuse(SELF_OWNER))
         except Exception:
             log.exception("rendering the agent's own series failed; they are withdrawn")
             return b""
@@ -69,9 +70,17 @@ class AgentApp:
             memory_limit_bytes=self._memory_limit,
         )
 
+    def _reuse(self, owner: str) -> FamilyCache:
+        with self._lock:
+            cache = self._family_caches.get(owner)
+            if cache is None:
+                cache = self._family_caches[owner] = FamilyCache()
+            return cache
+
     def _on_update(self, name: str) -> None:
         try:
-            data = render_text(render_sampler(self.runner.status(name), self.detail))
+            families = render_sampler(self.runner.status(name), self.detail)
+            data = render_text(families, self._reuse(name))
         except Exception:
             # A rendering bug must cost this sampler's series, not the scrape; counted.
             log.exception("rendering sampler %s failed; its series are withdrawn", name)
@@ -94,7 +103,7 @@ class AgentApp:
                 n = self._render_errors.get("findings", 0)
                 self._render_errors["findings"] = n + 1
             return b""
-        return render_text(out)
+        return render_text(out, self._reuse(findings.OWNER))
 
     def ready(self) -> bool:
         return all(st.attempts_total > 0 for st in self.runner.statuses().values())

@@ -40,9 +40,45 @@ def to_metrics(families: Families) -> list[Metric]:
     return out
 
 
-def render_text(families: Families) -> bytes:
-    """The classic text exposition (version 0.0.4) of ``families``."""
+def render_text(families: Families, reuse: FamilyCache | None = None) -> bytes:
+    """The classic text exposition (version 0.0.4) of ``families``; with ``reuse``, a
+    family whose samples are those it last rendered is not encoded again."""
+    if reuse is not None:
+        return reuse.render(families)
     return generate_latest(_Static(to_metrics(families)))
+
+
+class FamilyCache:
+    """The text of each family one owner last rendered, kept with its samples: a family
+    whose samples (label values and values) are unchanged is reused, the others encoded by
+    prometheus_client as before. The text format is each family's text in order, so the
+    result is byte for byte what :func:`render_text` gives. Most of a node's families hold
+    the same samples pass after pass (identity and state series, error counters at zero),
+    and encoding is most of what rendering costs (about 9 us a sample). Holds the latest
+    render's families only."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[list[tuple[tuple[str, ...], float]], bytes]] = {}
+
+    def render(self, families: Families) -> bytes:
+        with self._lock:
+            parts: list[bytes] = []
+            kept: dict[str, tuple[list[tuple[tuple[str, ...], float]], bytes]] = {}
+            for spec, samples in families.items():
+                old = self._last.get(spec.name)
+                if old is not None and old[0] == samples:
+                    text = old[1]
+                else:
+                    metric = Metric(spec.family_name, spec.help, spec.type)
+                    for label_values, value in samples:
+                        labels = dict(zip(spec.labels, label_values, strict=True))
+                        metric.add_sample(spec.name, labels, value)
+                    text = generate_latest(_Static([metric]))
+                kept[spec.name] = (samples, text)
+                parts.append(text)
+            self._last = kept
+            return b"".join(parts)
 
 
 class ExpositionCache:

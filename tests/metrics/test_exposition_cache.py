@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from agent.config import AgentConfig, Sampling
 from agent.core.sysfs import SysfsReader
@@ -13,7 +16,8 @@ from agent.samplers import Latest, build_specs
 from exporter.app import AgentApp
 from exporter.metrics import findings
 from exporter.metrics.catalog import SELF_OWNER
-from exporter.metrics.exposition import ExpositionCache
+from exporter.metrics.exposition import ExpositionCache, FamilyCache, render_text
+from exporter.metrics.spec import Families, MetricSpec
 
 
 def test_a_lazy_fragment_renders_once_per_body_after_any_number_of_invalidations() -> None:
@@ -109,3 +113,52 @@ def test_the_agent_renders_its_own_series_and_findings_per_scrape_not_per_pass(
     assert "fabricscope_findings{" in body
     assert app.cache.body().decode() == body  # no pass since: nothing rendered again
     assert counted == {SELF_OWNER: 1, findings.OWNER: 1}
+
+
+def _families(step: int) -> Families:
+    """Families that change in every way between renders: values, a label value, a family
+    added and one gone, NaN, and an untouched one."""
+    errors = MetricSpec("fabricscope_test_errors_total", "counter", "Errors.", ("port",))
+    state = MetricSpec("fabricscope_test_state", "gauge", "State.", ("port", "reason"))
+    extra = MetricSpec("fabricscope_test_extra", "gauge", "Only on odd steps.")
+    fixed = MetricSpec("fabricscope_test_fixed_info", "gauge", "Never changes.", ("device",))
+    out = Families("full")
+    out.add(errors, step // 2, "1")  # the same on two renders, then moves
+    out.add(errors, 0, "2")
+    out.add(state, float("nan") if step == 3 else 1.0, "1", f'n"{step % 2}\\')
+    if step % 2:
+        out.add(extra, step)
+    out.add(fixed, 1, "a")
+    return out
+
+
+def test_family_reuse_renders_byte_for_byte_what_a_full_render_gives() -> None:
+    reuse = FamilyCache()
+    for step in range(8):
+        fams = _families(step)
+        assert reuse.render(fams) == render_text(fams), step
+        assert render_text(fams, reuse) == render_text(fams), step
+    assert reuse.render(Families("full")) == render_text(Families("full")) == b""
+
+
+def test_family_reuse_encodes_only_the_families_that_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from exporter.metrics import exposition
+
+    encoded: list[str] = []
+    real = exposition.generate_latest
+
+    def counting(registry: Any) -> bytes:
+        encoded.extend(m.name for m in registry.collect())
+        return real(registry)
+
+    monkeypatch.setattr(exposition, "generate_latest", counting)
+    reuse = FamilyCache()
+    reuse.render(_families(0))
+    assert len(encoded) == 3  # the first render encodes all (no "extra" on even steps)
+    encoded.clear()
+    reuse.render(_families(0))
+    assert encoded == []  # nothing changed: nothing encoded
+    reuse.render(_families(2))  # errors moved (0 -> 1), state's label back to n"0\
+    assert encoded == ["fabricscope_test_errors"]
