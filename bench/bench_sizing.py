@@ -21,9 +21,12 @@ What runs (real processes, real sockets; only the cluster is stood in for):
 - sysfs: the DGX fixture tree (``--sysfs`` for a real one).
 
 Measured every 5 s over ``--duration`` seconds after a warm-up: each process's RSS and PSS
-(``/proc/PID/smaps_rollup``) and CPU (user + system from ``/proc/PID/stat``). PSS shares the
-pages the processes have in common (the interpreter, the libraries), as the container's
-memory cgroup charges them once. Also, with ``--per-gpu``: the Python memory the NVML
+(``/proc/PID/smaps_rollup``) and CPU (user + system from ``/proc/PID/stat``, read at the
+window's start and end: the steady state, start-up left out). Start-up is reported apart:
+the main process's CPU when ``/metrics`` first answered (``startup``), and each process's CPU
+before the window (``cpu_seconds_before_window``: start-up, first passes and warm-up).
+PSS shares the pages the processes have in common (the interpreter, the libraries), as the
+container's memory cgroup charges them once. Also, with ``--per-gpu``: the Python memory the NVML
 sampler keeps per GPU (tracemalloc over three passes of the real sampler, on the recorded
 2x H200 answers repeated for 2 and 8 GPUs, or the live NVML's GPUs), for extrapolating the
 NVML child to more GPUs than the machine has.
@@ -502,12 +505,20 @@ def main() -> int:
         result["memory_limit"] = ns.memory_limit
         try:
             metrics = f"http://127.0.0.1:{port}/metrics"
-            deadline = time.monotonic() + ns.warmup
+            started = time.monotonic()
+            deadline = started + ns.warmup
             scraped = 0
+            first_answer: dict[str, float] | None = None
             while time.monotonic() < deadline:
                 time.sleep(1)
                 with contextlib.suppress(OSError):
                     _OPENER.open(metrics, timeout=10).read()
+                    if first_answer is None:  # start-up: imports, first passes, ready to serve
+                        first_answer = {
+                            "after_s": round(time.monotonic() - started, 1),
+                            "main_cpu_s": round(cpu_seconds(agent.pid), 3),
+                        }
+            result["startup"] = first_answer
             body = _OPENER.open(metrics, timeout=10).read().decode()
             result["series"] = sum(1 for line in body.splitlines() if line[:1] not in ("#", ""))
             result["throughput_series"] = len(
@@ -515,6 +526,11 @@ def main() -> int:
             )
             pids = [agent.pid, *children(agent.pid)]
             cpu0 = {p: cpu_seconds(p) for p in pids}
+            # the window measures the steady state only: what each process spent before it
+            # (start-up, its first passes and the warm-up) is its own figure
+            result["cpu_seconds_before_window"] = {
+                ("main" if p == agent.pid else role(p, logs)): round(c, 3) for p, c in cpu0.items()
+            }
             peak: dict[int, list[int]] = {p: [0, 0] for p in pids}
             t0 = time.monotonic()
             next_scrape = t0

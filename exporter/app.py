@@ -1,5 +1,7 @@
 """Wires the agent's runner to the exposition cache: every sampler attempt re-renders that
-sampler's fragment (and the agent's own series) once, so scrapes only join cached bytes."""
+sampler's fragment once; the agent's own series and the node's findings, which every pass
+changes, are marked stale and rendered once by the next scrape (not once per sampler pass),
+so scrapes join cached bytes and render at most those two."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from agent.core.sampler import Snapshot
 from agent.samplers import DEPENDENT, Latest
 from exporter.metrics import findings
 from exporter.metrics.catalog import SELF_OWNER, render_sampler, render_self
-from exporter.metrics.exposition import ExpositionCache, render_text
+from exporter.metrics.exposition import ExpositionCache, FamilyCache, render_text
 from exporter.metrics.spec import Detail, Families
 
 log = logging.getLogger(__name__)
@@ -42,10 +44,19 @@ class AgentApp:
         self.cache = ExpositionCache()
         self._render_errors: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._family_caches: dict[str, FamilyCache] = {}
         self.runner = Runner(specs, on_update=self._on_update, wall_clock=wall_clock, announce=True)
         if latest is not None:
             latest.bind(self._latest, self._status)
-        self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))
+        self.cache.set_renderer(SELF_OWNER, self._self_text)
+
+    def _self_text(self) -> bytes:
+        """The agent's own series (rendered by a scrape: a failure costs them, not it)."""
+        try:
+            return render_text(self._self_families(), self._reuse(SELF_OWNER))
+        except Exception:
+            log.exception("rendering the agent's own series failed; they are withdrawn")
+            return b""
 
     def _self_families(self) -> Families:
         with self._lock:
@@ -59,9 +70,17 @@ class AgentApp:
             memory_limit_bytes=self._memory_limit,
         )
 
+    def _reuse(self, owner: str) -> FamilyCache:
+        with self._lock:
+            cache = self._family_caches.get(owner)
+            if cache is None:
+                cache = self._family_caches[owner] = FamilyCache()
+            return cache
+
     def _on_update(self, name: str) -> None:
         try:
-            data = render_text(render_sampler(self.runner.status(name), self.detail))
+            families = render_sampler(self.runner.status(name), self.detail)
+            data = render_text(families, self._reuse(name))
         except Exception:
             # A rendering bug must cost this sampler's series, not the scrape; counted.
             log.exception("rendering sampler %s failed; its series are withdrawn", name)
@@ -69,9 +88,9 @@ class AgentApp:
                 self._render_errors[name] = self._render_errors.get(name, 0) + 1
             data = b""
         self.cache.set_fragment(name, data)
-        if name in findings.SOURCES:
-            self.cache.set_fragment(findings.OWNER, self._findings_text())
-        self.cache.set_fragment(SELF_OWNER, render_text(self._self_families()))
+        if name in findings.SOURCES:  # registered by the first source's pass, stale after each
+            self.cache.set_renderer(findings.OWNER, self._findings_text)
+        self.cache.invalidate(SELF_OWNER)
 
     def _findings_text(self) -> bytes:
         """The node's findings across samplers; a failure costs this fragment, counted."""
@@ -84,7 +103,7 @@ class AgentApp:
                 n = self._render_errors.get("findings", 0)
                 self._render_errors["findings"] = n + 1
             return b""
-        return render_text(out)
+        return render_text(out, self._reuse(findings.OWNER))
 
     def ready(self) -> bool:
         return all(st.attempts_total > 0 for st in self.runner.statuses().values())

@@ -8,7 +8,8 @@ Paths are built as plain strings, not :class:`pathlib.Path`: a supervised child 
 An interned string that dies (the pid's text, made afresh for each call) leaves a used slot in
 the interpreter's table of interned strings, and a table that runs out of free slots is
 rebuilt at three times its live entries: in the NVML child that rebuild, after some ten
-thousand passes, added half a MiB of resident memory for good.
+thousand passes, kept about half a MiB more for good (malloc's mmapped bytes 800 -> 1,332
+KiB).
 """
 
 from __future__ import annotations

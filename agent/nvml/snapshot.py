@@ -2,16 +2,30 @@
 NVLinks with error counters, row remapping, compute processes, XID counts). Pure data: no
 NVML call is made here; :mod:`agent.nvml.sampler` fills them, analysis and the exporter read them.
 ``None`` means "absent" (the GPU does not offer it, or it could not be read), never 0.
+
+Every pass's snapshot is pickled by the NVML child and unpickled by the agent; the records
+there are many of (a GPU, an NVLink and its counters: 8 GPUs x 18 links) pickle as their
+class and the tuple of their fields (:func:`_by_fields`), not through the generic state
+protocol of a frozen slotted dataclass: half the CPU, both ends, the same records.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from agent.core.sysfs import ReadIssue
 from agent.nvml.api import CLOCKS_EVENT_REASONS, NVLINK_STATE_INACTIVE
 from agent.nvml.fabric import GpuFabric
 from agent.nvml.mig import MigDevice, MigMode
+
+
+def _by_fields(record: Any) -> tuple[type, tuple[object, ...]]:
+    """``__reduce__`` of a frozen slotted dataclass whose fields are all ``__init__``
+    arguments: its class and its field values in order (``__slots__`` lists them)."""
+    cls = type(record)
+    return cls, tuple([getattr(record, name) for name in cls.__slots__])
+
 
 #: the NVLink error counters that make a finding (what ``nvidia-smi nvlink -e`` shows)
 FINDING_NVLINK_ERRORS = frozenset({"replay", "recovery", "crc_flit"})
@@ -21,6 +35,8 @@ FINDING_NVLINK_ERRORS = frozenset({"replay", "recovery", "crc_flit"})
 class NvLinkErrorCounts:
     """Per-link NVLink error counters since the driver loaded (or the last reset);
     ``None`` = the GPU does not offer it."""
+
+    __reduce__ = _by_fields
 
     replay: int | None = None
     recovery: int | None = None
@@ -51,6 +67,8 @@ class NvLinkErrorCounts:
 class NvLink:
     """One NVLink of a GPU. ``state`` is NVML's answer: 0 inactive, 1 active (2 sleep on
     drivers that report link power states)."""
+
+    __reduce__ = _by_fields
 
     link: int
     state: int
@@ -99,6 +117,8 @@ class ComputeProcess:
 class NvmlGpu:
     """One GPU as NVML numbers it. A lost GPU keeps its identity (PCI address, UUID, name,
     serial, VBIOS) as last read, and otherwise only what its pass read before NVML said so."""
+
+    __reduce__ = _by_fields
 
     index: int
     lost: bool = False

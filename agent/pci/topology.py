@@ -325,8 +325,23 @@ def _acs_checks(snap: PciSnapshot, on_paths: Iterable[str]) -> tuple[AcsCheck, .
     return tuple(out)
 
 
+#: the latest snapshot analysed and its topology: the PCI fragment, the node's findings and
+#: the workload sampler each analyse the same pass's snapshot (a snapshot is frozen)
+_last: list[tuple[PciSnapshot, Topology]] = []
+
+
 def analyse(snap: PciSnapshot) -> Topology:
-    """Derive paths, affinity, link checks and ACS state from one snapshot."""
+    """Derive paths, affinity, link checks and ACS state from one snapshot (the latest
+    snapshot's answer is kept: asked again for the same snapshot, the same topology)."""
+    last = _last[0] if _last else None
+    if last is not None and last[0] is snap:
+        return last[1]
+    topo = _analyse(snap)
+    _last[:] = [(snap, topo)]
+    return topo
+
+
+def _analyse(snap: PciSnapshot) -> Topology:
     gpus = snap.by_role("gpu")
     nics = snap.by_role("nic")
     gpu_nic = tuple(

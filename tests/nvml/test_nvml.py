@@ -1280,3 +1280,28 @@ def test_live_adapter_falls_back_when_the_driver_lacks_the_newest_call() -> None
         )
     )
     assert api.compute_processes(0) == ((11, 1024),)
+
+
+def test_a_pass_pickles_to_the_same_records_through_the_childs_pipe(
+    replay_sampler: list[NvmlSampler],
+) -> None:
+    """The child hands each pass to the agent pickled (agent/core/frames.py): the GPU, link
+    and counter records pickle as their fields (a smaller, faster form) and come back equal,
+    of their own classes, hashable and frozen as before."""
+    import copy
+    import dataclasses
+    import io
+    import pickle
+
+    from agent.core.frames import encode, read_frame
+
+    snap = sample(load(H100X4), replay_sampler)
+    back = pickle.loads(pickle.dumps(snap, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == snap and hash(back.gpus) == hash(snap.gpus)
+    link = back.gpus[1].nvlinks[3]
+    assert type(link).__name__ == "NvLink" and link.errors.crc_data is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        link.state = 0  # type: ignore[misc]
+    assert copy.copy(snap.gpus[0]) == snap.gpus[0]
+    assert dataclasses.replace(link, state=0).errors == link.errors
+    assert read_frame(io.BytesIO(encode(("ok", snap)))) == ("ok", snap)
