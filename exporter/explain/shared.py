@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.explain.checks.links import PORT_RATE_DEGRADED
 from exporter.explain.client import Pair
 from exporter.explain.pairing import matched
 
@@ -138,12 +139,7 @@ DERIVED: dict[str, Derived] = {
         _port_up,
     ),
     "port_rate_degraded": Derived(
-        "max by (instance, device, port) "
-        "(sum_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}])) "
-        "/ on (instance, device, port) max by (instance, device, port) "
-        "(count_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])) "
-        "or 0 * max by (instance, device, port) "
-        "(last_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}]))",
+        PORT_RATE_DEGRADED,
         ("degraded", "up"),
         _port_rate_degraded,
     ),

@@ -6,6 +6,17 @@ from __future__ import annotations
 from exporter.explain.checks.check import Check
 from exporter.explain.checks.promql import PORT, ib_increase, ib_rate, peer_rate
 
+#: the share of a port's samples below its rate by the agent's own judgement (0 for a port never
+#: below): also asked by :mod:`exporter.explain.shared`, which derives it from shared reads
+PORT_RATE_DEGRADED = (
+    "max by (instance, device, port) "
+    "(sum_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}])) "
+    "/ on (instance, device, port) max by (instance, device, port) "
+    "(count_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])) "
+    "or 0 * max by (instance, device, port) "
+    "(last_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}]))"
+)
+
 LINK_CHECKS: tuple[Check, ...] = (
     # --- links ------------------------------------------------------------------------
     Check(
@@ -170,12 +181,7 @@ LINK_CHECKS: tuple[Check, ...] = (
         "below its rate by the agent's own judgement (history, peers or expected; share of time)",
         # below full detail a comparison is exported only while the port runs below it: the
         # samples it was below, over the port's samples (0 for a port never below)
-        "max by (instance, device, port) "
-        "(sum_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}])) "
-        "/ on (instance, device, port) max by (instance, device, port) "
-        "(count_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])) "
-        "or 0 * max by (instance, device, port) "
-        "(last_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}]))",
+        PORT_RATE_DEGRADED,
         "rise",
         0.25,
         "port",
