@@ -54,7 +54,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -441,6 +441,32 @@ def nvml_per_gpu(live: bool) -> dict[str, float]:
     return {"gpus_2_bytes": sizes[0], "gpus_8_bytes": sizes[1], "per_gpu_bytes": slope}
 
 
+def nvml_per_gpu_apart(live: bool) -> dict[str, float | str]:
+    """:func:`nvml_per_gpu` in a process of its own: NVIDIA's library has crashed the process
+    that loaded it (a corrupted heap, on a 2x H200 with NVLinks), which must not take this
+    run's other figures with it. A crash gives ``gpus`` 0 and the ``error``, which
+    ``scripts/gpu_sizing.sh`` fails on."""
+    mode = "live" if live else "replay"
+    try:
+        done = subprocess.run(
+            [sys.executable, __file__, "--nvml-per-gpu-only", mode],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        error = "the per-GPU measurement took over 600 s"
+    else:
+        lines = done.stdout.strip().splitlines()
+        if done.returncode == 0 and lines:
+            return cast(dict[str, float | str], json.loads(lines[-1]))
+        how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+        error = f"the per-GPU measurement ended by {how}"
+    print(f"bench_sizing: {error}", file=sys.stderr)
+    return {"gpus": 0.0, "bytes": 0.0, "per_gpu_bytes": 0.0, "error": error}
+
+
 def build_standin(libdir: Path) -> None:
     gcc = shutil.which("gcc")
     if not gcc:
@@ -463,6 +489,7 @@ def main() -> int:
     ap.add_argument("--per-gpu", action="store_true", help="also the NVML sampler's memory per GPU")
     ap.add_argument("--extrapolate-to", type=int, default=8, help="GPUs (with --per-gpu)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--nvml-per-gpu-only", choices=("live", "replay"), help=argparse.SUPPRESS)
     ap.add_argument(
         "--memory-limit",
         type=int,
@@ -471,6 +498,9 @@ def main() -> int:
         "(--agent.memory-limit: each child's memory ceiling is its share of it)",
     )
     ns = ap.parse_args()
+    if ns.nvml_per_gpu_only:  # the measurement apart (nvml_per_gpu_apart)
+        print(json.dumps(nvml_per_gpu(ns.nvml_per_gpu_only == "live")))
+        return 0
 
     missed = compile_bytecode()
     work = Path(tempfile.mkdtemp(prefix="fabricscope-sizing-"))
@@ -580,13 +610,15 @@ def main() -> int:
                 agent.wait(20)
             except subprocess.TimeoutExpired:
                 agent.kill()
+    failed = False
     if ns.per_gpu:
-        per = nvml_per_gpu(ns.live_nvml)
+        per = nvml_per_gpu_apart(ns.live_nvml)
+        failed = "error" in per
         result["nvml_sampler_memory"] = per
         # to 8 GPUs: each more GPU adds what the sampler keeps for one, in the NVML child and
         # again in the main process (the snapshot it receives and renders)
         gpus = int(per.get("gpus", 0)) if ns.live_nvml else 1
-        extra = max(ns.extrapolate_to - gpus, 0) * per["per_gpu_bytes"] * 2 / 2**20
+        extra = max(ns.extrapolate_to - gpus, 0) * float(per["per_gpu_bytes"]) * 2 / 2**20
         result["extrapolated"] = {
             "from_gpus": gpus,
             "to_gpus": ns.extrapolate_to,
@@ -606,7 +638,7 @@ def main() -> int:
     if ns.json:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
         ns.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
