@@ -134,7 +134,7 @@ DERIVED: dict[str, Derived] = {
         _xmit_wait_share,
     ),
     "port_up": Derived(
-        "avg_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])",
+        SHARED_READS["up"],  # the check's template is the read itself
         ("up",),
         _port_up,
     ),

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import gzip
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from exporter.metrics.spec import Families
+from exporter.metrics.spec import Families, MetricSpec
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -30,14 +30,15 @@ class _Static(Collector):
         return self._metrics
 
 
+def _metric(spec: MetricSpec, samples: Sequence[tuple[tuple[str, ...], float]]) -> Metric:
+    m = Metric(spec.family_name, spec.help, spec.type)
+    for label_values, value in samples:
+        m.add_sample(spec.name, dict(zip(spec.labels, label_values, strict=True)), value)
+    return m
+
+
 def to_metrics(families: Families) -> list[Metric]:
-    out = []
-    for spec, samples in families.items():
-        m = Metric(spec.family_name, spec.help, spec.type)
-        for label_values, value in samples:
-            m.add_sample(spec.name, dict(zip(spec.labels, label_values, strict=True)), value)
-        out.append(m)
-    return out
+    return [_metric(spec, samples) for spec, samples in families.items()]
 
 
 def render_text(families: Families, reuse: FamilyCache | None = None) -> bytes:
@@ -70,11 +71,7 @@ class FamilyCache:
                 if old is not None and old[0] == samples:
                     text = old[1]
                 else:
-                    metric = Metric(spec.family_name, spec.help, spec.type)
-                    for label_values, value in samples:
-                        labels = dict(zip(spec.labels, label_values, strict=True))
-                        metric.add_sample(spec.name, labels, value)
-                    text = generate_latest(_Static([metric]))
+                    text = generate_latest(_Static([_metric(spec, samples)]))
                 kept[spec.name] = (samples, text)
                 parts.append(text)
             self._last = kept
