@@ -23,6 +23,7 @@ import functools
 import ipaddress
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -110,6 +111,28 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def listen_port(taken: set[int]) -> int:
+    """A port free on 127.0.0.1 now, below the kernel's ephemeral range and not in ``taken``
+    (added to it): for many programs started on ports chosen up front, whose own outgoing
+    connections (a Prometheus scraping them) would otherwise take one of those ports from
+    the ephemeral range before its program binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for port in random.sample(range(10000, max(low, 10001)), k=min(2000, max(low - 10000, 1))):
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
+    return free_port()
 
 
 class Prometheus:

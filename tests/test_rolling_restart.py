@@ -45,7 +45,7 @@ import pytest
 from agent.config import SAMPLER_NAMES
 from tests.infiniband import pma_standin
 from tests.infiniband.test_infiniband_pma import port_tree
-from tests.promharness import Prometheus, Sample, free_port, start_prometheus, wait_until
+from tests.promharness import Prometheus, Sample, listen_port, start_prometheus, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = sorted((REPO / "deploy" / "rules").glob("*.rules.yaml"))
@@ -166,12 +166,15 @@ def _wait_ready(nodes: list[Node]) -> None:
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[list[Node]]:
     nodes = []
+    ports: set[int] = set()
     for i in range(NODES):
         kind = KINDS[i % 3]
         name = f"node{i:02d}"
         root = port_tree(tmp_path / name / "sys", DEV, {**DATA, **START[kind]})
         (tmp_path / name / "state").mkdir()
-        node = Node(name, kind, root, tmp_path / name / "state" / "infiniband.json", free_port())
+        node = Node(
+            name, kind, root, tmp_path / name / "state" / "infiniband.json", listen_port(ports)
+        )
         node.log = tmp_path / name / "agent.log"
         nodes.append(node)
     try:
