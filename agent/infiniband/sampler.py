@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import itertools
 import posixpath
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from agent.config import ExpectedRate
@@ -45,7 +46,7 @@ from agent.infiniband.parse import (
     parse_text,
     pci_location_from_path,
 )
-from agent.infiniband.records import IbDevice, IbPort, InfinibandSnapshot
+from agent.infiniband.records import IbDevice, IbPort, InfinibandSnapshot, PortState
 
 CLASS_DIR = "class/infiniband"
 
@@ -80,9 +81,31 @@ def _listdir(issues: Issues, rel: str) -> list[str] | None:
         return None
 
 
-def read_infiniband(sys: SysfsReader) -> InfinibandSnapshot:
+@dataclasses.dataclass(frozen=True, slots=True)
+class KnownDevice:
+    """A device as a pass read it without an issue, kept for the next passes: its identity
+    (firmware, board, HCA type, GUID, node type, PCI address, NUMA node, driver) does not
+    change while its ports' link states do not. ``data_unit``: bytes per unit of its PMA
+    data counters; ``links``: (port, state, phys_state) of each port then."""
+
+    device: IbDevice
+    data_unit: int
+    links: tuple[tuple[int, PortState | None, PortState | None], ...]
+
+
+def _links(ports: Sequence[IbPort]) -> tuple[tuple[int, PortState | None, PortState | None], ...]:
+    return tuple((p.port, p.state, p.phys_state) for p in ports)
+
+
+def read_infiniband(
+    sys: SysfsReader,
+    known: Mapping[str, KnownDevice] | None = None,
+    kept: dict[str, KnownDevice] | None = None,
+) -> InfinibandSnapshot:
     """Read every RDMA device below ``class/infiniband``. Raises ``NoData`` when there is
-    none; any other problem is recorded in the snapshot's ``issues``."""
+    none; any other problem is recorded in the snapshot's ``issues``. ``known``: devices an
+    earlier pass read, whose identity is not read again while their ports' link states are
+    the same; ``kept`` receives this pass's (:class:`InfinibandSampler` passes both)."""
     issues = Issues(sys)
     try:
         names = sys.listdir(CLASS_DIR)
@@ -93,12 +116,45 @@ def read_infiniband(sys: SysfsReader) -> InfinibandSnapshot:
         return InfinibandSnapshot(devices=(), issues=issues.freeze())
     if not names:
         raise NoData(f"{CLASS_DIR} is empty: no RDMA devices")
-    devices = [d for d in (read_device(sys, issues, name) for name in names) if d is not None]
+    devices = []
+    for name in names:
+        was = None if known is None else known.get(name)
+        dev = None if was is None else _read_known(sys, issues, was, kept)
+        if dev is None:
+            dev = read_device(sys, issues, name, kept)
+        if dev is not None:
+            devices.append(dev)
     return InfinibandSnapshot(devices=tuple(devices), issues=issues.freeze())
 
 
-def read_device(sys: SysfsReader, issues: Issues, name: str) -> IbDevice | None:
-    """One device; ``None`` (and one ``vanished`` issue) if it disappeared during the scan."""
+def _read_known(
+    sys: SysfsReader, issues: Issues, was: KnownDevice, kept: dict[str, KnownDevice] | None
+) -> IbDevice | None:
+    """A known device's ports, with the identity kept; ``None`` when its node GUID (read
+    every pass: another card under the same name) or a port's link state changed (the
+    device is read whole again: a firmware reset or a driver reload bounces its links) or
+    it vanished."""
+    name = was.device.name
+    mark = len(issues.items)
+    guid = issues.read_optional(f"{CLASS_DIR}/{name}/node_guid", parse_text)
+    ports = _read_ports(sys, issues, name, was.data_unit)
+    if guid != was.device.node_guid or _links(ports) != was.links:
+        del issues.items[mark:]
+        return None
+    if not sys.exists(f"{CLASS_DIR}/{name}"):
+        del issues.items[mark:]
+        issues.add(f"{CLASS_DIR}/{name}", "vanished", "device disappeared during the scan")
+        return None
+    if kept is not None:
+        kept[name] = was
+    return dataclasses.replace(was.device, ports=ports)
+
+
+def read_device(
+    sys: SysfsReader, issues: Issues, name: str, kept: dict[str, KnownDevice] | None = None
+) -> IbDevice | None:
+    """One device; ``None`` (and one ``vanished`` issue) if it disappeared during the scan.
+    Read without an issue, it goes into ``kept``."""
     base = f"{CLASS_DIR}/{name}"
     mark = len(issues.items)
 
@@ -123,6 +179,8 @@ def read_device(sys: SysfsReader, issues: Issues, name: str) -> IbDevice | None:
         del issues.items[mark:]
         issues.add(base, "vanished", "device disappeared during the scan")
         return None
+    if kept is not None and len(issues.items) == mark:
+        kept[name] = KnownDevice(device, data_unit, _links(device.ports))
     return device
 
 
@@ -309,6 +367,13 @@ class InfinibandSampler:
     been saturated. ``pma``, when given, reads the InfiniBand ports' PMA counters with
     perfquery after sysfs (64-bit where the HCA keeps them; cleared near their maximum when
     asked) and merges them in.
+
+    Every pass reads every port whole (link state, rate, LIDs, netdev, every counter), each
+    device's node GUID, and checks that each device still exists; the rest of a device's
+    identity (firmware, board, HCA type, node type, PCI address, NUMA node, driver) is kept
+    from the pass that read it without an issue and read again when its node GUID or any of
+    its ports' link state changes, and every ``static_refresh_passes`` passes (default 40:
+    10 min at the 15 s interval).
     """
 
     name = "infiniband"
@@ -318,15 +383,28 @@ class InfinibandSampler:
         sys: SysfsReader,
         expected_rates: Sequence[ExpectedRate] = (),
         pma: CounterReader | None = None,
+        *,
+        static_refresh_passes: int = 40,
     ) -> None:
         self.sys = sys
         self.expected_rates = tuple(expected_rates)
         self.pma = pma
         self._peaks = PeakRates()
         self._saturation = SaturationClock()
+        if static_refresh_passes < 1:
+            raise ValueError(
+                f"static_refresh_passes must be at least 1, not {static_refresh_passes}"
+            )
+        self.static_refresh_passes = static_refresh_passes
+        self._passes = itertools.count()
+        self._known: dict[str, KnownDevice] = {}
 
     def sample(self) -> InfinibandSnapshot:
-        snap = read_infiniband(self.sys)
+        k = next(self._passes)
+        kept: dict[str, KnownDevice] = {}
+        known = None if k % self.static_refresh_passes == 0 else self._known
+        snap = read_infiniband(self.sys, known, kept)
+        self._known = kept
         if self.pma is not None:
             snap = self.pma.update(snap)
         snap = self._saturation.stamp(snap)
