@@ -177,7 +177,10 @@ class NvmlSampler:
           while the driver is loaded, that is identity (PCI address, UUID, name, serial,
           VBIOS), maximum PCIe generation and width, and which link indices exist (all
           ``NVML_NVLINK_MAX_LINKS`` probed). A link's version, speed and far end are read
-          again when its state changes, and at that refresh.
+          when it is first seen and again when its state changes (or a read of them
+          failed), not at that refresh: they change only with the link's state, and the
+          refresh re-read them for 18 links at once (54 calls and 18 link-scoped field
+          entries: the slowest pass of each GPU).
 
         A counter not read in a pass is exported with its last value: a sample of a counter
         taken a few passes ago is still a correct sample of it. The first pass reads every
@@ -367,6 +370,9 @@ class NvmlSampler:
             cache.via = old.via  # the paths that answer: the driver is the same
             kept = set(links)
             cache.counts = {key: v for key, v in old.counts.items() if key[0] in kept}
+            # a link's version, speed and far end change only with its state (a cable or a
+            # tray cannot move while the link stays up): read again when it changes
+            cache.link_static = {n: s for n, s in old.link_static.items() if n in kept}
         return cache, states
 
     @staticmethod

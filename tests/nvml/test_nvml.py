@@ -835,10 +835,13 @@ def test_static_facts_are_read_again_every_static_refresh_passes(
         probes[k] = {g for g in (0, 1) if len(asked(keys, "nvmlDeviceGetNvLinkState", g)) == 36}
         if calls["nvmlSystemGetDriverVersion"]:
             drivers.append(k)
-        # a refresh reads every link's version and far end again; the counters carry on
-        # in rotation (they are no static fact)
-        for g in uuids[k]:
-            assert asked(keys, "nvmlDeviceGetNvLinkRemotePciInfo", g) == set(range(18))
+        # a refresh probes which links exist, but a link's version, speed and far end are
+        # not asked again while its state is the same (they change only with it); the
+        # counters carry on in rotation (they are no static fact)
+        for g in (0, 1):
+            assert asked(keys, "nvmlDeviceGetNvLinkRemotePciInfo", g) == set()
+            assert asked(keys, "nvmlDeviceGetNvLinkVersion", g) == set()
+            assert asked(keys, "nvmlDeviceGetFieldValues", g, arg=164) == set()
         for g in (0, 1):
             slow = asked(keys, "nvmlDeviceGetNvLinkErrorCounter", g, arg=3)
             assert slow == {n for n in range(18) if n % 9 == k % 9}
@@ -846,6 +849,28 @@ def test_static_facts_are_read_again_every_static_refresh_passes(
     assert uuids == {k: refreshed.get(k, set()) for k in range(1, 13)}
     assert probes == uuids
     assert drivers == [5, 10]
+
+
+def test_a_link_changing_state_on_a_refresh_pass_has_its_static_info_read_again(
+    replay_sampler: list[NvmlSampler],
+) -> None:
+    """The refresh keeps a link's version, speed and far end only while its state is the
+    one they were read in: a link down on the refresh pass itself loses its far end."""
+    rec = with_field_values(h200x2_recording())
+    run = Passes(rec, replay_sampler, static_refresh_passes=3)
+    healthy, _, _ = run.run()
+    run.run()
+    run.run()
+    run.edit(with_link_down(rec, 0, 3))
+    down, _, keys = run.run()  # pass 3: GPU 0's refresh
+    assert "nvmlDeviceGetUUID(0)" in keys
+    assert asked(keys, "nvmlDeviceGetNvLinkVersion", 0) == {3}
+    link = down.gpus[0].nvlinks[3]
+    assert (link.up, link.speed_bytes_per_second, link.remote_pci_bus_id) == (False, None, None)
+    run.edit(rec)
+    back, _, keys = run.run()
+    assert asked(keys, "nvmlDeviceGetNvLinkRemotePciInfo", 0) == {3}
+    assert back == healthy
 
 
 def test_a_static_fact_whose_read_failed_is_read_again_next_pass(
