@@ -57,6 +57,21 @@ MEASURED: dict[str, float] = {
 }
 #: fields that are GPU-level (cheap in a batch); every other field is priced as a link field
 GPU_LEVEL_FIELDS = frozenset({3, 4, 94, 142, 143, 144, 145})
+#: the NVLink traffic fields, asked over all links: priced as GPU-level fields until a run of
+#: ``bench/nvml_fieldvalues.py`` measures them (``cpu_s_FieldValues_2_traffic_all_links``)
+ALL_LINKS_FIELDS = frozenset({138, 139})
+#: calls ``bench/nvml_fieldvalues.py`` times (its key -> the call) that the table above lacks:
+#: priced from a ``--costs`` file that has them, else as unmeasured
+OPTIONAL_CALLS = {
+    "cpu_s_per_CurrPcieLinkGeneration": "nvmlDeviceGetCurrPcieLinkGeneration",
+    "cpu_s_per_CurrPcieLinkWidth": "nvmlDeviceGetCurrPcieLinkWidth",
+    "cpu_s_per_CurrentClocksEventReasons": "nvmlDeviceGetCurrentClocksEventReasons",
+    "cpu_s_per_NvLinkVersion": "nvmlDeviceGetNvLinkVersion",
+    "cpu_s_per_NvLinkRemotePciInfo": "nvmlDeviceGetNvLinkRemotePciInfo",
+    "cpu_s_per_DeviceCount": "nvmlDeviceGetCount",
+    "cpu_s_per_MigMode": "nvmlDeviceGetMigMode",
+    "cpu_s_per_GpuFabricInfo": "nvmlDeviceGetGpuFabricInfoV",
+}
 TARGET_GPUS, TARGET_LINKS = 8, 18
 
 
@@ -69,9 +84,13 @@ class CostModel:
     field_call: float
     link_field: float
     gpu_field: float
+    #: per entry of a field asked over all links (138/139, scope UINT_MAX), where measured
+    all_links_field: float | None = None
 
     @classmethod
     def from_measured(cls, m: dict[str, float]) -> CostModel:
+        """From ``bench/nvml_fieldvalues.py``'s output (or :data:`MEASURED`); a key it has
+        as an error (``"error: NOT_SUPPORTED"``) stays unmeasured."""
         one, many = m["cpu_s_FieldValues_1"], m["cpu_s_FieldValues_108_links"]
         link_field = (many - one) / 107
         base = max(0.0, one - link_field)
@@ -83,7 +102,12 @@ class CostModel:
             "nvmlDeviceGetComputeRunningProcesses": m["cpu_s_per_ComputeRunningProcesses"],
             "NVML_NVLINK_MAX_LINKS": 0.0,  # a constant of the binding, no call
         }
-        return cls(per_call, base, link_field, gpu_field)
+        for key, fn in OPTIONAL_CALLS.items():  # what newer runs of nvml_fieldvalues.py time
+            if isinstance(m.get(key), float):
+                per_call[fn] = m[key]
+        traffic = m.get("cpu_s_FieldValues_2_traffic_all_links")
+        all_links = max(0.0, (traffic - base) / 2) if isinstance(traffic, float) else None
+        return cls(per_call, base, link_field, gpu_field, all_links)
 
     def price(
         self, calls: Counter[str], fields: Counter[int], unmeasured: float
@@ -100,7 +124,12 @@ class CostModel:
                 total += n * unmeasured
                 unknown[fn] = n
         for field_id, n in fields.items():
-            total += n * (self.gpu_field if field_id in GPU_LEVEL_FIELDS else self.link_field)
+            if field_id in ALL_LINKS_FIELDS and self.all_links_field is not None:
+                total += n * self.all_links_field
+            elif field_id in GPU_LEVEL_FIELDS or field_id in ALL_LINKS_FIELDS:
+                total += n * self.gpu_field
+            else:
+                total += n * self.link_field
         return total, unknown
 
 
