@@ -46,9 +46,8 @@ from typing import Literal
 
 from agent.core.errors import NoData
 from agent.core.sysfs import Issues, ReadIssue, SysfsReader, classify_os_error
-from agent.pci.static import DeviceFacts, Entry, StaticFacts
+from agent.pci.static import DeviceFacts, Entry, Role, StaticFacts
 
-Role = Literal["gpu", "nic", "bridge"]
 PortType = Literal[
     "endpoint",
     "legacy_endpoint",

@@ -7,10 +7,10 @@ here; :mod:`agent.pci.sampler` reads them and says when they are read again."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Literal
 
-if TYPE_CHECKING:
-    from agent.pci.sampler import Role
+#: what the sampler follows a function as (:mod:`agent.pci.sampler` re-exports it)
+Role = Literal["gpu", "nic", "bridge"]
 
 
 @dataclass(frozen=True, slots=True)
