@@ -1,0 +1,48 @@
+"""bench/cpu_projection.py: the 8-GPU CPU projection docs/performance.md quotes is computed
+from the recorded files, not by hand; it must stay computable from what is committed, and
+its parts must add up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import cpu_projection as cp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_projection_adds_up_and_a_checkout_against_itself_saves_nothing(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "projection.json"
+    assert cp.main(["--before", str(ROOT), "--after", str(ROOT), "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["interval_seconds"] == 15.0 and r["gpus"] == 8 and r["verified_on_a_gpu"] is False
+    for source in r["sources"].values():
+        if isinstance(source, str) and source.startswith("bench/"):
+            assert (ROOT / source).is_file(), source
+    assert r["nvml_saving_millicores_8gpu"] == {"low (used)": 0.0, "high": 0.0}
+    for label in ("before", "after"):
+        p = r[label]
+        assert p["main_millicores"] == round(sum(p["main_parts"].values()), 2)
+        parts = p["main_millicores"] + p["throughput_child_millicores"]
+        assert abs(p["total_millicores"] - parts - p["nvml_child_millicores"]) < 0.02
+        assert p["meets_5_millicores"] is (p["total_millicores"] <= 5.0)
+    assert r["before"]["nvml_child_millicores"] == r["after"]["nvml_child_millicores"]
+    # the NVML child's projection is the larger of its two extrapolations
+    n = r["nvml_child"]
+    assert n["recorded"] == max(n["linear_in_gpus"], n["by_recorded_pass"])
+
+
+def test_the_committed_projection_is_what_the_script_computes_from_the_committed_files() -> None:
+    committed = json.loads((ROOT / "bench/results/cpu-projection-8gpu.json").read_text())
+    passes = json.loads((ROOT / "bench/results/sampler-passes.json").read_text())
+    for label in ("before", "after"):
+        p = committed[label]
+        for name in ("infiniband", "pci"):
+            row = passes["samplers"][name][label]
+            steady, first = row["steady_pass_ms_median"], row["first_pass_ms_median"]
+            ms = steady + (first - steady) / cp.REFRESH_PASSES
+            assert p["main_parts"][f"{name}_passes"] == round(ms / 15.0, 2)
+    assert committed["after"]["meets_5_millicores"] is False  # said plainly in the docs
