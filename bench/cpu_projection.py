@@ -12,10 +12,11 @@ each from a file a benchmark wrote:
   scrapes every 30 s). That machine is a VM without InfiniBand devices and with a flat
   virtual PCIe, so its main process did not pay for the InfiniBand and PCI samplers' passes
   of a real node; they are added:
-* **InfiniBand and PCI passes**: ``--passes`` (``bench/bench_sampler_passes.py`` on the DGX
-  fixture tree: 12 RDMA devices, 8 GPUs, their PCIe switches), the steady pass every
-  interval plus the static refresh (priced as a first pass) once every 40 passes, before and
-  after, on the machine that file names (a slower CPU than a GPU node's: an over-estimate);
+* **InfiniBand, PCI and netdev passes**: ``--passes`` (``bench/bench_sampler_passes.py`` on
+  the DGX fixture tree: 12 RDMA devices and their netdevs, 8 GPUs, their PCIe switches), the
+  steady pass every interval plus the static refresh (priced as a first pass) once every 40
+  passes, before and after, on the machine that file names (a slower CPU than a GPU node's:
+  an over-estimate);
 * **main process, 8 GPUs instead of 2**: receiving and rendering the NVML child's answer,
   per GPU, from the isolated runs of ``bench/bench_isolation.py`` (agent side of a pass: 0.853
   ms at 1 GPU on a lent 1x H200, 2.8 ms at 4 GPUs on a lent 4x H100; docs/performance.md,
@@ -181,7 +182,7 @@ def project(passes: dict[str, Any], interval: float, checkouts: dict[str, Path])
             "nvml_child_millicores": round(nvml_child[label], 2),
             "total_millicores": round(total, 2),
             "meets_5_millicores": total <= TARGET_MILLICORES,
-            "without_infiniband_and_pci_passes": round(total - millicores(sysfs_ms, interval), 2),
+            "without_sysfs_and_netdev_passes": round(total - millicores(sysfs_ms, interval), 2),
         }
     out["nvml_child"] = {
         "recorded": round(recorded_child, 2),
