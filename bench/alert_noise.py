@@ -407,14 +407,18 @@ def modelled(families: set[str]) -> dict[str, bool]:
     """Each alert -> whether every series its expression reads is in the history (else its
     figure says nothing: the week does not model its source), or is a family a healthy node
     leaves out whose per-GPU fold is in it (fleet_states.FOLDED_WHEN_HEALTHY: its absence is
-    what the healthy fleet exports)."""
+    what the healthy fleet exports), or is a recording rule's whose own reads are (a rule
+    that records only what is wrong, such as fabricscope:probe_bad_node:last1h, records
+    nothing over a healthy fleet: its absence is what the healthy fleet has)."""
     rendered = families | {n for n, f in folded_when_healthy().items() if f in families}
-    out = {}
-    for r in load_rules():
-        if r.alert:
-            names = set(re.findall(r"\b(?:fabricscope[:_][a-z0-9_:]+|kube_[a-z_]+)", r.expr))
-            out[r.name] = names <= rendered
-    return out
+    rules = load_rules()
+
+    def reads(r: Rule) -> set[str]:
+        return set(re.findall(r"\b(?:fabricscope[:_][a-z0-9_:]+|kube_[a-z_]+)", r.expr))
+
+    for level in record_levels(rules):
+        rendered |= {r.name for r in level if reads(r) <= rendered}
+    return {r.name: reads(r) <= rendered for r in rules if r.alert}
 
 
 def run(

@@ -618,8 +618,19 @@ RENDERED_SINCE_THE_WEEK = {
     "FabricscopeInfinibandLinkWidthDegraded",
     "FabricscopeInfinibandPeerChanged",
     "FabricscopeInfinibandPeerErrorsRising",
+    "FabricscopeNcclHcaOffGpuNuma",
+    "FabricscopeNcclIbWithoutGdr",
+    "FabricscopeNcclNetworkWarningsRising",
+    "FabricscopeNcclSocketTransport",
     "FabricscopeNvlinkDown",
     "FabricscopeNvlinkErrorsRising",
+    "FabricscopeProbeBadLink",
+    "FabricscopeProbeBadNode",
+    "FabricscopeProbeBusbwDrop",
+    "FabricscopeProbeInterNodeBusbwLow",
+    "FabricscopeProbeIntraNodeBusbwLow",
+    "FabricscopeProbeRunsFailing",
+    "FabricscopeProbeWrongResult",
 }
 
 
