@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT / "dashboards"))
 
 import fleet_history  # noqa: E402
 import fleet_week  # noqa: E402
-from fleet_states import folded_when_healthy  # noqa: E402
+from fleet_states import BORN_WITH_FIRST_EVENT, folded_when_healthy  # noqa: E402
 
 from tests.alert_routing import Delivery, deliver  # noqa: E402
 from tests.promharness import backfill_recording_rules, start_prometheus  # noqa: E402
@@ -407,10 +407,12 @@ def modelled(families: set[str]) -> dict[str, bool]:
     """Each alert -> whether every series its expression reads is in the history (else its
     figure says nothing: the week does not model its source), or is a family a healthy node
     leaves out whose per-GPU fold is in it (fleet_states.FOLDED_WHEN_HEALTHY: its absence is
-    what the healthy fleet exports), or is a recording rule's whose own reads are (a rule
+    what the healthy fleet exports) or born with its first event beside a family that is
+    (fleet_states.BORN_WITH_FIRST_EVENT), or is a recording rule's whose own reads are (a rule
     that records only what is wrong, such as fabricscope:probe_bad_node:last1h, records
     nothing over a healthy fleet: its absence is what the healthy fleet has)."""
-    rendered = families | {n for n, f in folded_when_healthy().items() if f in families}
+    absent = {**folded_when_healthy(), **BORN_WITH_FIRST_EVENT}
+    rendered = families | {n for n, f in absent.items() if f in families}
     rules = load_rules()
 
     def reads(r: Rule) -> set[str]:

@@ -4,17 +4,19 @@ it runs (the week's job churn included), and each node's GPUDirect RDMA path.
 
 Where the values come from:
 
-- **the transports a healthy multi-node job sets up**: the channel lines of a real job on
-  8-GPU nodes with RDMA HCAs (``tests/fixtures/nccl-logs/nccl-2.2x-sglang-4289.log``, parsed
-  by the agent's own NCCL line parser): NET/IB with GPUDirect RDMA (``/GDRDMA``) between
-  nodes, P2P between the node's GPUs. No NET/Socket channel, no NET/IB one without GDRDMA.
-  Where the week's job joins its NVLinked GPUs over SHM (the planted NVLink bypass) its
-  node's intra-node channels are SHM's. The counts are the week's model: one channel
-  connection per channel and direction, ``CHANNELS_PER_RAIL`` channels on each of the node's 8
-  rails (only whether a count is above 0 is judged);
-- **the HCAs' NUMA placement**: every NET/IB channel through the rail on its GPU's NUMA node
-  (the DGX tree's GPU-rail pairs, as NCCL chooses the nearest HCA): 0 channels off the GPU's
-  NUMA node for each rail;
+- **the transports a healthy multi-node job sets up**: the channel lines a real job on
+  8-GPU nodes with RDMA HCAs printed at init
+  (``tests/fixtures/nccl-logs/nccl-2.2x-sglang-4289.log``, an excerpt of a public issue
+  thread with no warning in it, parsed by the agent's own NCCL line parser): NET/IB with
+  GPUDirect RDMA (``/GDRDMA``) between nodes, P2P between the node's GPUs. No NET/Socket
+  channel, no NET/IB one without GDRDMA. Where the week's job joins its NVLinked GPUs over
+  SHM (the planted NVLink bypass) its node's intra-node channels are SHM's. The counts are
+  the week's model: one connection per channel and direction, ``CHANNELS_PER_RAIL``
+  channels on each of the node's 8 rails and GPU pairs (only whether a count is above 0 is
+  judged);
+- **the HCAs' NUMA placement**: the healthy DGX tree has four rails and four GPUs on each
+  NUMA node; with NCCL giving each GPU its nearest rail (modelled) no NET/IB channel leaves
+  its GPU's NUMA node: 0 for each rail;
 - **warnings**: none. The recorded healthy jobs (``nccl-2.28.9-h100x4-ddp-p2p.log``, a DDP
   job recorded by this project) print no ``NCCL WARN`` line; every kind is exported at 0, as
   the agent does;

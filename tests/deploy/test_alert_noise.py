@@ -253,6 +253,21 @@ def test_the_week_renders_healthy_jobs_nccl_logs_and_they_stay_quiet(
     assert not [e for e in fleet.episodes if e.alert in NCCL_LOG_ALERTS]
 
 
+def test_a_healthy_agent_reads_every_file_and_read_errors_stay_quiet(
+    fleet: alert_noise.Run,
+) -> None:
+    """The real agent on the healthy node exports its samplers' success and no read error (the
+    counter is born with its first error): FabricscopeSamplerReadErrors reads that absence
+    over the week and stays quiet; without the agent's own series it is not modelled."""
+    assert "fabricscope_sampler_success" in fleet.families
+    assert "fabricscope_sampler_read_errors_total" not in fleet.families
+    assert alert_noise.modelled(fleet.families)["FabricscopeSamplerReadErrors"]
+    assert not alert_noise.modelled(fleet.families - {"fabricscope_sampler_success"})[
+        "FabricscopeSamplerReadErrors"
+    ]
+    assert not [e for e in fleet.episodes if e.alert == "FabricscopeSamplerReadErrors"]
+
+
 def test_a_record_of_what_is_wrong_counts_as_rendered_where_its_reads_are() -> None:
     """fabricscope:probe_bad_node:last1h records only bad nodes, nothing over a healthy fleet:
     the week models FabricscopeProbeBadNode where the probe's own series are in the history."""

@@ -631,6 +631,7 @@ RENDERED_SINCE_THE_WEEK = {
     "FabricscopeProbeIntraNodeBusbwLow",
     "FabricscopeProbeRunsFailing",
     "FabricscopeProbeWrongResult",
+    "FabricscopeSamplerReadErrors",
 }
 
 
