@@ -11,7 +11,9 @@ calls unresponsive, a node's pause storm, a job whose NVLinked GPUs talk over SH
 every later node slot with a background event (single
 flaps, application XIDs, reboots, drains with kube-state-metrics' cordon flag), a fraction
 ``--sample`` of them rendered, at one-minute resolution throughout. Symbol errors count at
-bit-error rates below the 1e-12 ibdiagnet fails a port at.
+bit-error rates below the 1e-12 ibdiagnet fails a port at. The NCCL probe runs at the
+chart's defaults on the nodes no job holds (``bench/fleet_probe.py``); every job's pod
+exports what the agent reads from a healthy job's NCCL log (``bench/fleet_nccl.py``).
 
 The rules are whatever ``deploy/rules/*.rules.yaml`` holds now. Recording rules are backfilled
 with ``promtool tsdb create-blocks-from rules`` (in dependency order, a Prometheus restart

@@ -14,7 +14,9 @@ errors, link error recoveries and link downs), XID events add to ``xid_errors_to
 vanishes (``up`` 0, no series) and comes back with its counters reset. Netdev PFC and
 pause-storm counters (netlink/ethtool: no fixture replays them), attribution
 (``fabricscope_pod_gpu_info``) and training throughput are written with the catalog's
-labels, as ``tests/explain_lab.py`` does.
+labels, as ``tests/explain_lab.py`` does; so are the NCCL probe's series
+(``bench/fleet_probe.py``) and what the agent reads from the jobs' NCCL logs
+(``bench/fleet_nccl.py``), each module saying where its values come from.
 
 Only the families the shipped rules and the Fleet dashboard read are kept (found by name in
 ``deploy/rules/*.rules.yaml`` and ``dashboards/boards/fleet.py``), so a 500-node fleet is

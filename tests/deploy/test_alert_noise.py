@@ -10,9 +10,10 @@ node's PCIe switch ports, a few nodes' NIC firmware behind the rest: one alert e
 per node or bridge); single flaps, application
 XIDs and drains are info, recorded without a notification, and counters stopped on most
 nodes are one info alert for the fleet. The week renders NVLink state and errors, a busy
-GPU's PCIe generation and both ends of each InfiniBand cable (the ibpeer sampler), and
-their alerts stay quiet on it. The Fleet
-dashboard's panels stay bounded.
+GPU's PCIe generation, both ends of each InfiniBand cable (the ibpeer sampler), the NCCL
+probe at the chart's defaults on the nodes no job holds, what the agent reads from healthy
+jobs' NCCL logs and the samplers' (absent) read errors, and their alerts stay quiet on it.
+The Fleet dashboard's panels stay bounded.
 """
 
 from __future__ import annotations
