@@ -11,7 +11,9 @@ calls unresponsive, a node's pause storm, a job whose NVLinked GPUs talk over SH
 every later node slot with a background event (single
 flaps, application XIDs, reboots, drains with kube-state-metrics' cordon flag), a fraction
 ``--sample`` of them rendered, at one-minute resolution throughout. Symbol errors count at
-bit-error rates below the 1e-12 ibdiagnet fails a port at.
+bit-error rates below the 1e-12 ibdiagnet fails a port at. The NCCL probe runs at the
+chart's defaults on the nodes no job holds (``bench/fleet_probe.py``); every job's pod
+exports what the agent reads from a healthy job's NCCL log (``bench/fleet_nccl.py``).
 
 The rules are whatever ``deploy/rules/*.rules.yaml`` holds now. Recording rules are backfilled
 with ``promtool tsdb create-blocks-from rules`` (in dependency order, a Prometheus restart
@@ -64,7 +66,7 @@ sys.path.insert(0, str(ROOT / "dashboards"))
 
 import fleet_history  # noqa: E402
 import fleet_week  # noqa: E402
-from fleet_states import folded_when_healthy  # noqa: E402
+from fleet_states import BORN_WITH_FIRST_EVENT, folded_when_healthy  # noqa: E402
 
 from tests.alert_routing import Delivery, deliver  # noqa: E402
 from tests.promharness import backfill_recording_rules, start_prometheus  # noqa: E402
@@ -407,14 +409,20 @@ def modelled(families: set[str]) -> dict[str, bool]:
     """Each alert -> whether every series its expression reads is in the history (else its
     figure says nothing: the week does not model its source), or is a family a healthy node
     leaves out whose per-GPU fold is in it (fleet_states.FOLDED_WHEN_HEALTHY: its absence is
-    what the healthy fleet exports)."""
-    rendered = families | {n for n, f in folded_when_healthy().items() if f in families}
-    out = {}
-    for r in load_rules():
-        if r.alert:
-            names = set(re.findall(r"\b(?:fabricscope[:_][a-z0-9_:]+|kube_[a-z_]+)", r.expr))
-            out[r.name] = names <= rendered
-    return out
+    what the healthy fleet exports) or born with its first event beside a family that is
+    (fleet_states.BORN_WITH_FIRST_EVENT), or is a recording rule's whose own reads are (a rule
+    that records only what is wrong, such as fabricscope:probe_bad_node:last1h, records
+    nothing over a healthy fleet: its absence is what the healthy fleet has)."""
+    absent = {**folded_when_healthy(), **BORN_WITH_FIRST_EVENT}
+    rendered = families | {n for n, f in absent.items() if f in families}
+    rules = load_rules()
+
+    def reads(r: Rule) -> set[str]:
+        return set(re.findall(r"\b(?:fabricscope[:_][a-z0-9_:]+|kube_[a-z_]+)", r.expr))
+
+    for level in record_levels(rules):
+        rendered |= {r.name for r in level if reads(r) <= rendered}
+    return {r.name: reads(r) <= rendered for r in rules if r.alert}
 
 
 def run(

@@ -14,7 +14,9 @@ errors, link error recoveries and link downs), XID events add to ``xid_errors_to
 vanishes (``up`` 0, no series) and comes back with its counters reset. Netdev PFC and
 pause-storm counters (netlink/ethtool: no fixture replays them), attribution
 (``fabricscope_pod_gpu_info``) and training throughput are written with the catalog's
-labels, as ``tests/explain_lab.py`` does.
+labels, as ``tests/explain_lab.py`` does; so are the NCCL probe's series
+(``bench/fleet_probe.py``) and what the agent reads from the jobs' NCCL logs
+(``bench/fleet_nccl.py``), each module saying where its values come from.
 
 Only the families the shipped rules and the Fleet dashboard read are kept (found by name in
 ``deploy/rules/*.rules.yaml`` and ``dashboards/boards/fleet.py``), so a 500-node fleet is
@@ -45,6 +47,8 @@ from exporter.metrics import attribution, netdev  # noqa: E402
 from tests.promharness import PROMTOOL  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
+import fleet_nccl  # noqa: E402
+import fleet_probe  # noqa: E402
 from bench_ceilings import chart_limit  # noqa: E402
 from fleet_plan import Fault, NodePlan, Plan, plan  # noqa: E402
 from fleet_states import (  # noqa: E402
@@ -163,6 +167,9 @@ def write_node(
     states: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Sample]],
     steps: int,
     rng: random.Random,
+    *,
+    probe: Sequence[fleet_probe.PairRun] = (),
+    faulty: bool = False,
 ) -> None:
     step = w.step
     times = [i * step for i in range(steps)]
@@ -290,6 +297,14 @@ def write_node(
         "fabricscope_agent_memory_overcommit_bytes",
         _labels(inst),
         [None if a is None else float(AGENT_OVERCOMMIT) for a in ages],
+    )
+
+    # the workload sampler's GPUDirect RDMA path, the probe at the chart's defaults
+    up = [s is not None for s in state_at]
+    fleet_nccl.write_gpudirect(w.series, inst, up)
+    probe_rng = random.Random(f"{n.name}-probe")  # its own: the rest is drawn as before
+    fleet_probe.write_probe(
+        w.series, n, probe, times=times, up=up, boots=boot_at, rng=probe_rng, faulty=faulty
     )
 
     # kube-state-metrics' cordon flag, when the plan drains nodes
@@ -428,6 +443,10 @@ def _job_series(
             _labels(sorted(lab + inst)),
             [float(NVLINK_CHANNELS) if alive(i) else None for i in range(len(times))],
         )
+    fleet_nccl.write_job_nccl(
+        w.series, (*pod, ("job_name", job), *inst), RAILS, GPUS,
+        [alive(i) for i in range(len(times))], bypassed=bypassed,
+    )  # fmt: skip
     if n.ranks:
         _ras_series(w, n, job, [alive(i) for i in range(len(times))], rng)
     tp = (*pod, ("job_name", job), ("format", "composer"))
@@ -545,12 +564,14 @@ def build(
     t0 = math.floor((_time.time() - p.seconds - 3600) / 7200) * 7200
     tsdb = work / "tsdb"
     rng = random.Random(seed)
+    pairs = fleet_probe.pair_rounds(p, seed)
+    faulty = {f.node for f in p.faults}
     samples = series = 0
     for k in range(0, len(p.nodes), chunk):
         om = work / f"fleet-{k}.om"
         w = Writer(om, t0, steps, step)
         for n in p.nodes[k : k + chunk]:
-            write_node(w, n, states, steps, rng)
+            write_node(w, n, states, steps, rng, probe=pairs[n.name], faulty=n.name in faulty)
         w.close()
         samples += w.samples
         series += w.series_count

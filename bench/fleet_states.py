@@ -99,6 +99,13 @@ FOLDED_WHEN_HEALTHY = {
 }
 
 
+#: families the agent exports only once something happened (a counter born with its first
+#: event), each with a family every agent exports: a healthy node has none of it (the real
+#: agent on the healthy tree exports ``fabricscope_sampler_success`` for each sampler and no
+#: read error), which is what an alert reading it reads wherever the other is in the history
+BORN_WITH_FIRST_EVENT = {"fabricscope_sampler_read_errors_total": "fabricscope_sampler_success"}
+
+
 def folded_when_healthy() -> dict[str, str]:
     """:data:`FOLDED_WHEN_HEALTHY`, checked against the catalog: each family folds below
     ``full`` and its fold names the per-GPU family, or it and the family beside it are one

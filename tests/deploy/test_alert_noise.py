@@ -10,9 +10,10 @@ node's PCIe switch ports, a few nodes' NIC firmware behind the rest: one alert e
 per node or bridge); single flaps, application
 XIDs and drains are info, recorded without a notification, and counters stopped on most
 nodes are one info alert for the fleet. The week renders NVLink state and errors, a busy
-GPU's PCIe generation and both ends of each InfiniBand cable (the ibpeer sampler), and
-their alerts stay quiet on it. The Fleet
-dashboard's panels stay bounded.
+GPU's PCIe generation, both ends of each InfiniBand cable (the ibpeer sampler), the NCCL
+probe at the chart's defaults on the nodes no job holds, what the agent reads from healthy
+jobs' NCCL logs and the samplers' (absent) read errors, and their alerts stay quiet on it.
+The Fleet dashboard's panels stay bounded.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import alert_noise  # noqa: E402
+import fleet_nccl  # noqa: E402
+import fleet_probe  # noqa: E402
 import fleet_week  # noqa: E402
 
 from tests.deploy.test_alerts import RENDERED_SINCE_THE_WEEK  # noqa: E402
@@ -209,6 +212,71 @@ def test_the_week_renders_both_ends_of_each_cable(fleet: alert_noise.Run) -> Non
     mine = [e for e in counted(fleet) if e.alert == "FabricscopeInfinibandPeerErrorsRising"]
     assert [e.fault for e in mine] == ["bad_cable"], mine
     assert mine[0].labels["instance"] == cable.node
+
+
+#: the probe's alerts and the NCCL-log alerts (bench/fleet_probe.py, bench/fleet_nccl.py)
+PROBE_ALERTS = {a for a in RENDERED_SINCE_THE_WEEK if a.startswith("FabricscopeProbe")}
+NCCL_LOG_ALERTS = {
+    "FabricscopeNcclHcaOffGpuNuma", "FabricscopeNcclIbWithoutGdr",
+    "FabricscopeNcclNetworkWarningsRising", "FabricscopeNcclSocketTransport",
+}  # fmt: skip
+
+
+def test_the_week_renders_the_probe_on_idle_nodes_and_it_stays_quiet(
+    fleet: alert_noise.Run,
+) -> None:
+    """The probe at the chart's defaults runs on the nodes whose GPUs no job holds (the event
+    windows' nodes, between jobs): node pairs every round and an intra-node all_reduce every
+    hour, from enough nodes for the rules' fleet medians (4); its alerts read those series
+    (the localisation records included) and none fires on the healthy background."""
+    assert len(PROBE_ALERTS) == 7
+    assert fleet.families >= fleet_probe.FAMILIES
+    assert {
+        "fabricscope:probe_pair_ok:last1h", "fabricscope:probe_node_passes:last1h"
+    } <= fleet.families  # fmt: skip
+    pairs = fleet_probe.pair_rounds(fleet.history.plan, 35)
+    probing = {n for n, runs in pairs.items() if runs}
+    assert len(probing) >= 4, probing
+    busy = {n.name for n in fleet.history.plan.nodes if n.job and not n.job_gone}
+    assert not probing & busy, "a node whose GPUs run a job probed"
+    assert not [e for e in fleet.episodes if e.alert in PROBE_ALERTS]
+
+
+def test_the_week_renders_healthy_jobs_nccl_logs_and_they_stay_quiet(
+    fleet: alert_noise.Run,
+) -> None:
+    """Every job's pod exports what the agent reads from a healthy job's NCCL log (NET/IB with
+    GDRDMA, P2P inside the node, no warning, no HCA off its GPU's NUMA node), through the
+    week's job churn; the nodes have a GPUDirect RDMA path; the NCCL-log alerts stay quiet."""
+    assert fleet.families >= fleet_nccl.FAMILIES
+    assert fleet_nccl.JOB_TRANSPORTS == (("NET/IB", True), ("P2P/IPC", False))
+    assert fleet_nccl.HEALTHY_WARNINGS == 0 and fleet_nccl.GPUDIRECT_AVAILABLE is True
+    assert not [e for e in fleet.episodes if e.alert in NCCL_LOG_ALERTS]
+
+
+def test_a_healthy_agent_reads_every_file_and_read_errors_stay_quiet(
+    fleet: alert_noise.Run,
+) -> None:
+    """The real agent on the healthy node exports its samplers' success and no read error (the
+    counter is born with its first error): FabricscopeSamplerReadErrors reads that absence
+    over the week and stays quiet; without the agent's own series it is not modelled."""
+    assert "fabricscope_sampler_success" in fleet.families
+    assert "fabricscope_sampler_read_errors_total" not in fleet.families
+    assert alert_noise.modelled(fleet.families)["FabricscopeSamplerReadErrors"]
+    assert not alert_noise.modelled(fleet.families - {"fabricscope_sampler_success"})[
+        "FabricscopeSamplerReadErrors"
+    ]
+    assert not [e for e in fleet.episodes if e.alert == "FabricscopeSamplerReadErrors"]
+
+
+def test_a_record_of_what_is_wrong_counts_as_rendered_where_its_reads_are() -> None:
+    """fabricscope:probe_bad_node:last1h records only bad nodes, nothing over a healthy fleet:
+    the week models FabricscopeProbeBadNode where the probe's own series are in the history."""
+    assert not alert_noise.modelled(set())["FabricscopeProbeBadNode"]
+    probe = {"fabricscope_probe_busbw_bytes_per_second", "fabricscope_probe_success"}
+    assert alert_noise.modelled(probe)["FabricscopeProbeBadNode"]
+    assert alert_noise.modelled(probe)["FabricscopeProbeBadLink"]
+    assert not alert_noise.modelled({"fabricscope_probe_success"})["FabricscopeProbeBadLink"]
 
 
 def test_a_folded_family_counts_as_rendered_only_beside_its_fold() -> None:

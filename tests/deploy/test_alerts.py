@@ -618,8 +618,20 @@ RENDERED_SINCE_THE_WEEK = {
     "FabricscopeInfinibandLinkWidthDegraded",
     "FabricscopeInfinibandPeerChanged",
     "FabricscopeInfinibandPeerErrorsRising",
+    "FabricscopeNcclHcaOffGpuNuma",
+    "FabricscopeNcclIbWithoutGdr",
+    "FabricscopeNcclNetworkWarningsRising",
+    "FabricscopeNcclSocketTransport",
     "FabricscopeNvlinkDown",
     "FabricscopeNvlinkErrorsRising",
+    "FabricscopeProbeBadLink",
+    "FabricscopeProbeBadNode",
+    "FabricscopeProbeBusbwDrop",
+    "FabricscopeProbeInterNodeBusbwLow",
+    "FabricscopeProbeIntraNodeBusbwLow",
+    "FabricscopeProbeRunsFailing",
+    "FabricscopeProbeWrongResult",
+    "FabricscopeSamplerReadErrors",
 }
 
 
