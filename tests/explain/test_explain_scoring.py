@@ -399,3 +399,41 @@ def test_a_class_of_checks_left_out_for_lack_of_scope_could_not_judge() -> None:
     assert _verdict([], checked, 2, 2, "") == ("no fabric cause found", "")
     verdict, reason = _verdict([], checked, 2, 2, "", gaps=gaps)
     assert verdict == "could not judge" and reason == gaps[0]
+
+
+@pytest.mark.parametrize(
+    "name", ["symbol_errors", "link_downed", "pci_width", "cpu_gpu_numa", "nccl_socket_share"]
+)
+def test_counts_taken_while_comparing_equal_a_recount(name: str) -> None:
+    """compare counts its devices (judged and their nodes, without baseline) and finds the
+    worst score while it makes the measurements, so a 1,024-node answer needs no further
+    pass over its 300,000 measurements after Prometheus's last answer: on rows of every kind
+    (no baseline, no slow figure, NaN, zero, a pod borrowing the job's baseline; each mode)
+    the tally is the recount of the same measurements, and a result made from them any
+    other way (dataclasses.replace, blind evidence, judged again) counts them afresh."""
+    import dataclasses
+
+    from exporter.explain.evidence import CheckResult, compare
+
+    check = CHECKS_BY_NAME[name]
+    ident = "pod" if check.scope == "pod" else (check.identity or ("device",))[0]
+
+    def row(node: int, dev: int) -> dict[str, str]:
+        return {"instance": f"n{node}", ident: f"d{dev}"}
+
+    base = [Sample(row(0, 0), 0.0), Sample(row(0, 1), 4.0), Sample(row(1, 2), math.nan)]
+    base += [Sample(row(2, 4), 16.0), Sample(row(3, 6), 1.0)]
+    slow = [Sample(row(0, 0), 0.0), Sample(row(0, 1), 9.0), Sample(row(1, 2), 2.0)]
+    slow += [Sample(row(1, 3), 1.0), Sample(row(2, 5), math.nan), Sample(row(3, 6), 0.5)]
+    result = compare(check, base, slow, 1.0)
+    assert result.tally is not None
+    recount = CheckResult(check, result.series, list(result.measurements))
+    assert recount.tally is None
+    assert result.counts() == recount.counts()
+    assert result.worst() == recount.worst() == max(m.score for m in result.measurements)
+    assert result.counts().judged + result.counts().no_baseline > 0
+    assert dataclasses.replace(result, measurements=result.measurements[:1]).tally is None
+    # a measurement marked blind after the comparison is counted by the new result
+    blind = dataclasses.replace(result.measurements[0], score=0.0, unavailable="saturated")
+    again = CheckResult(check, result.series, [blind, *result.measurements[1:]])
+    assert again.counts().unavailable == 1
