@@ -437,3 +437,38 @@ def test_counts_taken_while_comparing_equal_a_recount(name: str) -> None:
     blind = dataclasses.replace(result.measurements[0], score=0.0, unavailable="saturated")
     again = CheckResult(check, result.series, [blind, *result.measurements[1:]])
     assert again.counts().unavailable == 1
+
+
+def test_a_ports_rate_and_width_are_read_once_for_the_three_capacity_checks() -> None:
+    """port_rate reads a port's rate, port_width its width, and port_lane_speed divided one
+    by the other in its own query: four reads of every port a period where two do. Each is
+    asked once a period; the lane speed is divided as Prometheus divides (a one-to-one match
+    on all labels, in the rate's order; a width of 0 gives +Inf, or NaN for a rate of 0)."""
+    rates = {"mlx5_0": 50e9, "mlx5_1": 25e9, "mlx5_2": 0.0, "mlx5_3": 12.5e9}
+    widths = {"mlx5_3": 1.0, "mlx5_0": 4.0, "mlx5_1": 0.0, "mlx5_2": 0.0}  # another order
+    asked: list[str] = []
+
+    def port(device: str) -> dict[str, str]:
+        return {"instance": "node-01", "device": device, "port": "1"}
+
+    class Recorder:
+        def vector(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
+            asked.append(expr)
+            got = rates if "rate_bytes_per_second" in expr else widths
+            return [(port(d), v) for d, v in got.items()]
+
+    periods = Periods(0.0, 970.0, 1000.0, 2000.0)
+    scope = Scope(("node-01",), "", ())
+    names = ("port_rate", "port_width", "port_lane_speed")
+    checks = [CHECKS_BY_NAME[n] for n in names]
+    results = evaluate(Recorder(), scope, periods, checks=checks)  # type: ignore[arg-type]
+    assert len(asked) == 4  # rate and width, once a period each
+    assert all(" / " not in e for e in asked)
+    lane = {m.labels["device"]: m.slow for m in results[2].measurements}
+    assert lane["mlx5_0"] == pytest.approx(12.5e9 * 8e-9)  # scaled to Gb/s as printed
+    assert lane["mlx5_3"] == pytest.approx(12.5e9 * 8e-9)
+    assert lane["mlx5_1"] is None and lane["mlx5_2"] is None  # +Inf, NaN: no figure
+    assert [m.labels["device"] for m in results[0].measurements] == list(rates)
+    asked.clear()
+    evaluate(Recorder(), scope, periods, checks=checks, derive=False)  # type: ignore[arg-type]
+    assert len(asked) == 6  # each check's own template, once a period
