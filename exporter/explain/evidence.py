@@ -271,9 +271,23 @@ class CheckResult:
     check: Check
     series: int = 0  # devices the check found data for
     measurements: list[Measurement] = field(default_factory=list)
+    #: :meth:`counts` and :meth:`worst` as :func:`compare_pairs` found them while it made
+    #: ``measurements`` (a 1,024-node job's 300,000, counted while Prometheus answers the
+    #: next check instead of in one more pass after the last); a result made any other way
+    #: (blind evidence, judged again, a copy by ``dataclasses.replace``) has none and counts
+    #: its measurements when asked. Whoever changes ``measurements`` in place drops it.
+    tally: tuple[Counts, float] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def worst(self) -> float:
+        """The highest score of its measurements (0 with none)."""
+        if self.tally is not None:
+            return self.tally[1]
+        return max((m.score for m in self.measurements), default=0.0)
 
     def counts(self) -> Counts:
         """How its devices fared, in one pass."""
+        if self.tally is not None:
+            return self.tally[0]
         out = Counts()
         for m in self.measurements:
             if m.unavailable:
@@ -472,6 +486,11 @@ def compare_pairs(
     job_sigma = noise.values_spread(before) if job is not None else 0.0
     out = result.measurements
     isfinite = math.isfinite
+    # CheckResult.counts as it counts them, while the rows are at hand (none is blind or
+    # thin yet: blind.apply and judge make new results when they mark one)
+    level = check.mode == "level"
+    judged = no_baseline = 0
+    instances: set[str] = set()
     for labels, braw, sraw in rows:
         bv = braw if braw is not None and isfinite(braw) else None
         sv = sraw if sraw is not None and isfinite(sraw) else None
@@ -481,6 +500,12 @@ def compare_pairs(
         borrowed = bv is None and sv is not None and job is not None
         if borrowed:
             bv = job
+        if sv is not None:
+            if bv is not None or level:
+                judged += 1
+                instances.add(labels.get("instance", ""))
+            else:
+                no_baseline += 1
         # nothing in either period (most devices, most checks) scores 0 in every mode
         naive = 0.0 if bv == 0.0 and sv == 0.0 else score(check, bv, sv, ratio)
         sigma = _relative(check, bv, job_sigma) if borrowed else 0.0
@@ -502,6 +527,8 @@ def compare_pairs(
             )
         )
     out.sort(key=_by_score, reverse=True)  # stable: equal scores keep the answer's order
+    counted = Counts(judged, no_baseline, instances=instances)
+    result.tally = (counted, max((m.score for m in out), default=0.0))
     return result
 
 

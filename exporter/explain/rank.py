@@ -103,6 +103,8 @@ def rank(
                 blind[inventory.name(m.check, m.labels)].append(m)
             elif m.score > 0:
                 groups[(m.check.cause, inventory.name(m.check, m.labels))].append(m)
+            elif result.tally is not None:
+                break  # as compared: worst first and none blind, so the rest score 0 too
     out = []
     # one link per cause and node (a 1,024-node job's thousands of candidates share them)
     links: dict[tuple[str, str], str] = {}

@@ -218,7 +218,7 @@ def explain(
                 r.check.cause,
                 r.check.what,
                 r.series,
-                max((m.score for m in r.measurements), default=0.0),
+                r.worst(),
                 n.no_baseline,
                 n.judged,
                 n.unavailable,

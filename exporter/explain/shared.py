@@ -10,6 +10,11 @@ Prometheus's ``quantile``); the printed PromQL is still the check's template, wh
 the same figure. A check is computed only while its template is the one its computation
 follows (:attr:`Derived.template`): a changed template is asked as it is.
 
+The same holds for a port's rate and width: ``port_rate`` and ``port_width`` read them, and
+``port_lane_speed`` divides one by the other (two more reads of the same 12,288 series a
+period for a 1,024-node job): each is asked once, and the lane speed divided here as
+Prometheus divides (a one-to-one match on all labels, IEEE 754 for a zero width).
+
 The same holds for the port's state: ``port_up`` averages it, and ``port_rate_degraded``
 counted it and took its last value (three reads of 12,288 series a period for a 1,024-node job,
 where one does): its average is asked once for both, and ``port_rate_degraded``, whose
@@ -42,6 +47,8 @@ SHARED_READS: dict[str, str] = {
     "up": "avg_over_time(fabricscope_infiniband_port_up{{{sel}}}[{d}])",
     "degraded": "max by (instance, device, port) "
     "(sum_over_time(fabricscope_infiniband_port_rate_degraded{{{sel}}}[{d}]))",
+    "rate": "avg_over_time(fabricscope_infiniband_port_rate_bytes_per_second{{{sel}}}[{d}])",
+    "width": "avg_over_time(fabricscope_infiniband_port_link_width{{{sel}}}[{d}])",
 }
 
 
@@ -97,6 +104,30 @@ def _port_up(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
     return list(reads["up"])
 
 
+def _port_rate(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
+    """The template itself: the shared read."""
+    return list(reads["rate"])
+
+
+def _port_width(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
+    """The template itself: the shared read."""
+    return list(reads["width"])
+
+
+def _divided(a: float, b: float) -> float:
+    """``a / b`` as Prometheus divides (IEEE 754: x/0 is +-Inf, 0/0 NaN)."""
+    if b:
+        return a / b
+    if a == 0 or math.isnan(a):
+        return math.nan
+    return math.copysign(math.inf, a) * math.copysign(1.0, b)
+
+
+def _lane_speed(reads: Mapping[str, Sequence[Pair]]) -> list[Pair]:
+    """rate / width (a one-to-one match on all labels)."""
+    return [(labels, _divided(r, w)) for labels, r, w in matched(reads["rate"], reads["width"])]
+
+
 def _port_rate_degraded(reads: Mapping[str, Sequence[Pair]]) -> list[Pair] | None:
     """max by (instance, device, port) (sum_over_time(degraded)) / on (instance, device, port)
     max by (instance, device, port) (count_over_time(up)) or 0 * max by (instance, device,
@@ -137,6 +168,11 @@ DERIVED: dict[str, Derived] = {
         SHARED_READS["up"],  # the check's template is the read itself
         ("up",),
         _port_up,
+    ),
+    "port_rate": Derived(SHARED_READS["rate"], ("rate",), _port_rate),
+    "port_width": Derived(SHARED_READS["width"], ("width",), _port_width),
+    "port_lane_speed": Derived(
+        f"{SHARED_READS['rate']} / {SHARED_READS['width']}", ("rate", "width"), _lane_speed
     ),
     "port_rate_degraded": Derived(
         PORT_RATE_DEGRADED,

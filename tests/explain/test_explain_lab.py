@@ -142,7 +142,8 @@ def test_healthy_is_no_fabric_cause(reports: dict[str, Report]) -> None:
 def test_checks_computed_from_shared_reads_equal_their_templates(
     lab_cache: ScenarioCache, reports: dict[str, Report], name: str
 ) -> None:
-    """rail_share and xmit_wait_share are computed from the ports' data and wait rates, each
+    """rail_share and xmit_wait_share are computed from the ports' data and wait rates, the
+    capacity checks from their rate and width, the port-state checks from its average, each
     asked once (exporter.explain.shared): on every scenario each device's
     figures and score equal those of their templates asked of Prometheus."""
     s = lab_cache.get(name, TEST_HOURS, TEST_STEP)

@@ -399,3 +399,76 @@ def test_a_class_of_checks_left_out_for_lack_of_scope_could_not_judge() -> None:
     assert _verdict([], checked, 2, 2, "") == ("no fabric cause found", "")
     verdict, reason = _verdict([], checked, 2, 2, "", gaps=gaps)
     assert verdict == "could not judge" and reason == gaps[0]
+
+
+@pytest.mark.parametrize(
+    "name", ["symbol_errors", "link_downed", "pci_width", "cpu_gpu_numa", "nccl_socket_share"]
+)
+def test_counts_taken_while_comparing_equal_a_recount(name: str) -> None:
+    """compare counts its devices (judged and their nodes, without baseline) and finds the
+    worst score while it makes the measurements, so a 1,024-node answer needs no further
+    pass over its 300,000 measurements after Prometheus's last answer: on rows of every kind
+    (no baseline, no slow figure, NaN, zero, a pod borrowing the job's baseline; each mode)
+    the tally is the recount of the same measurements, and a result made from them any
+    other way (dataclasses.replace, blind evidence, judged again) counts them afresh."""
+    import dataclasses
+
+    from exporter.explain.evidence import CheckResult, compare
+
+    check = CHECKS_BY_NAME[name]
+    ident = "pod" if check.scope == "pod" else (check.identity or ("device",))[0]
+
+    def row(node: int, dev: int) -> dict[str, str]:
+        return {"instance": f"n{node}", ident: f"d{dev}"}
+
+    base = [Sample(row(0, 0), 0.0), Sample(row(0, 1), 4.0), Sample(row(1, 2), math.nan)]
+    base += [Sample(row(2, 4), 16.0), Sample(row(3, 6), 1.0)]
+    slow = [Sample(row(0, 0), 0.0), Sample(row(0, 1), 9.0), Sample(row(1, 2), 2.0)]
+    slow += [Sample(row(1, 3), 1.0), Sample(row(2, 5), math.nan), Sample(row(3, 6), 0.5)]
+    result = compare(check, base, slow, 1.0)
+    assert result.tally is not None
+    recount = CheckResult(check, result.series, list(result.measurements))
+    assert recount.tally is None
+    assert result.counts() == recount.counts()
+    assert result.worst() == recount.worst() == max(m.score for m in result.measurements)
+    assert result.counts().judged + result.counts().no_baseline > 0
+    assert dataclasses.replace(result, measurements=result.measurements[:1]).tally is None
+    # a measurement marked blind after the comparison is counted by the new result
+    blind = dataclasses.replace(result.measurements[0], score=0.0, unavailable="saturated")
+    again = CheckResult(check, result.series, [blind, *result.measurements[1:]])
+    assert again.counts().unavailable == 1
+
+
+def test_a_ports_rate_and_width_are_read_once_for_the_three_capacity_checks() -> None:
+    """port_rate reads a port's rate, port_width its width, and port_lane_speed divided one
+    by the other in its own query: four reads of every port a period where two do. Each is
+    asked once a period; the lane speed is divided as Prometheus divides (a one-to-one match
+    on all labels, in the rate's order; a width of 0 gives +Inf, or NaN for a rate of 0)."""
+    rates = {"mlx5_0": 50e9, "mlx5_1": 25e9, "mlx5_2": 0.0, "mlx5_3": 12.5e9}
+    widths = {"mlx5_3": 1.0, "mlx5_0": 4.0, "mlx5_1": 0.0, "mlx5_2": 0.0}  # another order
+    asked: list[str] = []
+
+    def port(device: str) -> dict[str, str]:
+        return {"instance": "node-01", "device": device, "port": "1"}
+
+    class Recorder:
+        def vector(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
+            asked.append(expr)
+            got = rates if "rate_bytes_per_second" in expr else widths
+            return [(port(d), v) for d, v in got.items()]
+
+    periods = Periods(0.0, 970.0, 1000.0, 2000.0)
+    scope = Scope(("node-01",), "", ())
+    names = ("port_rate", "port_width", "port_lane_speed")
+    checks = [CHECKS_BY_NAME[n] for n in names]
+    results = evaluate(Recorder(), scope, periods, checks=checks)  # type: ignore[arg-type]
+    assert len(asked) == 4  # rate and width, once a period each
+    assert all(" / " not in e for e in asked)
+    lane = {m.labels["device"]: m.slow for m in results[2].measurements}
+    assert lane["mlx5_0"] == pytest.approx(12.5e9 * 8e-9)  # scaled to Gb/s as printed
+    assert lane["mlx5_3"] == pytest.approx(12.5e9 * 8e-9)
+    assert lane["mlx5_1"] is None and lane["mlx5_2"] is None  # +Inf, NaN: no figure
+    assert [m.labels["device"] for m in results[0].measurements] == list(rates)
+    asked.clear()
+    evaluate(Recorder(), scope, periods, checks=checks, derive=False)  # type: ignore[arg-type]
+    assert len(asked) == 6  # each check's own template, once a period
