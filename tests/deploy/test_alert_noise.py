@@ -33,8 +33,6 @@ import fleet_nccl  # noqa: E402
 import fleet_probe  # noqa: E402
 import fleet_week  # noqa: E402
 
-from tests.deploy.test_alerts import RENDERED_SINCE_THE_WEEK  # noqa: E402
-
 NODES = 24
 DAYS = 7.0
 
@@ -160,20 +158,15 @@ def test_fleet_panels_stay_bounded(fleet: alert_noise.Run) -> None:
         assert row["series"] <= 25, row
 
 
-def test_the_week_models_what_these_alerts_read(fleet: alert_noise.Run) -> None:
-    """Their figures in docs/alerts.md are measured, not "not in the week's history"."""
+def test_the_week_models_what_every_alert_reads(fleet: alert_noise.Run) -> None:
+    """Every shipped alert's figure in docs/alerts.md is measured, not "not in the week's
+    history": the slice's history holds what each one reads, or the alert fired over it (as
+    bench/alert_noise.py counts it: FabricscopeThroughputDrop reads four units, the history
+    writes tokens/s, the first)."""
     modelled = alert_noise.modelled(fleet.families)
-    for alert in (
-        "FabricscopeAgentMemoryNearLimit",
-        "FabricscopeAgentMemoryOvercommitted",
-        "FabricscopeNcclRankUnresponsive",
-        "FabricscopeNcclJobHung",
-        "FabricscopeNcclNvlinkBypassed",
-        "FabricscopePfcPauseStorm",
-        "FabricscopeNicFirmwareMixed",
-        *RENDERED_SINCE_THE_WEEK,
-    ):
-        assert modelled[alert], alert
+    fired = {e.alert for e in counted(fleet)} | {e.alert for e in background(fleet)}
+    assert len(modelled) >= 51
+    assert [a for a, ok in modelled.items() if not ok and a not in fired] == []
 
 
 def test_the_week_renders_healthy_nvlinks_and_busy_gpus_pcie_generation(
@@ -215,7 +208,11 @@ def test_the_week_renders_both_ends_of_each_cable(fleet: alert_noise.Run) -> Non
 
 
 #: the probe's alerts and the NCCL-log alerts (bench/fleet_probe.py, bench/fleet_nccl.py)
-PROBE_ALERTS = {a for a in RENDERED_SINCE_THE_WEEK if a.startswith("FabricscopeProbe")}
+PROBE_ALERTS = {
+    "FabricscopeProbeBadLink", "FabricscopeProbeBadNode", "FabricscopeProbeBusbwDrop",
+    "FabricscopeProbeInterNodeBusbwLow", "FabricscopeProbeIntraNodeBusbwLow",
+    "FabricscopeProbeRunsFailing", "FabricscopeProbeWrongResult",
+}  # fmt: skip
 NCCL_LOG_ALERTS = {
     "FabricscopeNcclHcaOffGpuNuma", "FabricscopeNcclIbWithoutGdr",
     "FabricscopeNcclNetworkWarningsRising", "FabricscopeNcclSocketTransport",

@@ -604,7 +604,7 @@ RATE_HEADER = "healthy fleet, per 1,000 node-days"
 #: alerts whose expression changed since bench/results/alert_noise.json was measured, for a
 #: result that does not record the expressions it measured (newer ones do, and this stays
 #: empty): their figure is stale
-CHANGED_SINCE_THE_WEEK = {"FabricscopeInfinibandCounterSaturated"}
+CHANGED_SINCE_THE_WEEK: set[str] = set()
 
 
 #: alerts whose sources the week's history renders now but did not when
@@ -612,27 +612,7 @@ CHANGED_SINCE_THE_WEEK = {"FabricscopeInfinibandCounterSaturated"}
 #: the next run of the week gives them a figure (tests/deploy/test_alert_noise.py checks the
 #: history renders what they read); until then their cell reads "not measured yet" and they
 #: stay in WITHOUT_A_FIGURE. Only ever shorter: a result that models one fails below.
-RENDERED_SINCE_THE_WEEK = {
-    "FabricscopeGpuPcieGenerationDegradedUnderLoad",
-    "FabricscopeInfinibandLinkSpeedDegraded",
-    "FabricscopeInfinibandLinkWidthDegraded",
-    "FabricscopeInfinibandPeerChanged",
-    "FabricscopeInfinibandPeerErrorsRising",
-    "FabricscopeNcclHcaOffGpuNuma",
-    "FabricscopeNcclIbWithoutGdr",
-    "FabricscopeNcclNetworkWarningsRising",
-    "FabricscopeNcclSocketTransport",
-    "FabricscopeNvlinkDown",
-    "FabricscopeNvlinkErrorsRising",
-    "FabricscopeProbeBadLink",
-    "FabricscopeProbeBadNode",
-    "FabricscopeProbeBusbwDrop",
-    "FabricscopeProbeInterNodeBusbwLow",
-    "FabricscopeProbeIntraNodeBusbwLow",
-    "FabricscopeProbeRunsFailing",
-    "FabricscopeProbeWrongResult",
-    "FabricscopeSamplerReadErrors",
-}
+RENDERED_SINCE_THE_WEEK: set[str] = set()
 
 
 def rate_cell(
@@ -702,30 +682,7 @@ def test_every_alert_row_gives_its_rate_over_the_benchmark_week() -> None:
 #: week's run or changed since (CHANGED_SINCE_THE_WEEK), or its sources are rendered since
 #: the week was measured (RENDERED_SINCE_THE_WEEK). Only ever shorter: an
 #: alert added without a figure fails below.
-WITHOUT_A_FIGURE = {
-    "FabricscopeAgentMemoryOvercommitted",
-    "FabricscopeInfinibandCounterSaturated",
-    "FabricscopeInfinibandCounterSaturatedFleetwide",
-    "FabricscopeGpuPcieGenerationDegradedUnderLoad",
-    "FabricscopeInfinibandLinkSpeedDegraded",
-    "FabricscopeInfinibandLinkWidthDegraded",
-    "FabricscopeInfinibandPeerChanged",
-    "FabricscopeInfinibandPeerErrorsRising",
-    "FabricscopeNcclHcaOffGpuNuma",
-    "FabricscopeNcclIbWithoutGdr",
-    "FabricscopeNcclNetworkWarningsRising",
-    "FabricscopeNcclSocketTransport",
-    "FabricscopeNvlinkDown",
-    "FabricscopeNvlinkErrorsRising",
-    "FabricscopeProbeBadLink",
-    "FabricscopeProbeBadNode",
-    "FabricscopeProbeBusbwDrop",
-    "FabricscopeProbeInterNodeBusbwLow",
-    "FabricscopeProbeIntraNodeBusbwLow",
-    "FabricscopeProbeRunsFailing",
-    "FabricscopeProbeWrongResult",
-    "FabricscopeSamplerReadErrors",
-}
+WITHOUT_A_FIGURE: set[str] = set()
 
 
 def runbooks(text: str) -> dict[str, str]:
