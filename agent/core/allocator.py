@@ -19,13 +19,15 @@ glibc also hands the top of a heap back to the kernel by itself whenever a free 
 than its trim threshold there (a threshold it moves with the sizes it has seen), and the next
 allocations fault those pages in again. In the main process that is a sawtooth, not a
 saving: under the soak (``bench/soak.py``, 2-core development machine, 2026-11-29) its
-second arena's heap shrank by 430-830 KiB every few minutes (``mallinfo2``'s arena bytes,
-the ``[anon]`` mappings of ``/proc/PID/smaps``) while pymalloc's arenas and Python's live
-blocks stayed put, and its RSS climbed back within minutes; the soak's long run saw the same
-drop every 345 s. Calling ``malloc_trim`` on a schedule instead made the spread worse (the
-trimmed pages came back within a minute). :func:`hold_heap` fixes the trim threshold at
-:data:`TRIM_THRESHOLD` (which also fixes the size above which an allocation gets its own
-mapping, given back when freed, at glibc's 128 KiB): the main process's RSS then stays at
+second arena's heap shrank by 828 KiB at once (``mallinfo2``'s arena bytes, the ``[anon]``
+mappings of ``/proc/PID/smaps``) while pymalloc's arenas and Python's live blocks stayed
+put, and its RSS climbed back within minutes. Calling ``malloc_trim`` on a schedule instead
+made the spread worse (the trimmed pages came back within a minute), and protobuf's upb
+allocator, loaded here by the kubelet's gRPC client, calls ``malloc_trim(0)`` itself after
+every 10,000 frees (every 345 s or so under the soak's load), which this does not stop.
+:func:`hold_heap` fixes the trim threshold at :data:`TRIM_THRESHOLD` (which also fixes the
+size above which an allocation gets its own mapping, given back when freed, at glibc's
+128 KiB): the main process's RSS then stays at
 the level its heaps reach, which is what its memory limit has to hold anyway, and steps up
 only when they really grow. ``MALLOC_TRIM_THRESHOLD_`` in the environment, when set, is
 left to glibc.
