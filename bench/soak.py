@@ -1,7 +1,7 @@
 """Does the agent grow? Runs it for ``--warmup`` + ``--duration`` seconds under far more work
-per hour than a node gives it, samples the RSS, PSS and USS of the main process and of each
-supervised child every ``--every`` seconds, fits each one's growth in MiB a day, and judges
-all processes together against ``--max-slope``.
+per hour than a node gives it, samples the RSS, PSS, USS and anonymous memory of the main
+process and of each supervised child every ``--every`` seconds, fits each one's growth in MiB
+a day, and judges all processes together against ``--max-slope``.
 
 The load (real processes and sockets; only the cluster is stood in for, as in
 ``bench/bench_sizing.py``, whose stand-ins this reuses):
@@ -22,7 +22,9 @@ first ``--child-warmup`` seconds); each process's lifetimes keep their own level
 one slope; the slope's standard error is widened for the residuals' autocorrelation (memory
 moves in steps); the verdict is on the last ``--late`` part of the run, the RSS of all
 processes summed (PSS and USS are reported, not judged: other processes mapping the same
-files move them). ``below``: slope + 2 SE under the bound; ``above``: slope - 2 SE over it;
+files move them; so is the anonymous memory, the resident pages backed by no file, where a
+leak lives and which neither the page cache nor other processes move). ``below``: slope
++ 2 SE under the bound; ``above``: slope - 2 SE over it;
 ``unresolved``: the run is too short or noisy to tell, which the output says, with the
 smallest slope it resolves. With ``--max-slope`` it exits 1 on ``above``, or when a leak of
 twice the bound would not have read ``above`` (too noisy to check anything),
@@ -162,9 +164,12 @@ SIGMAS = 2.0
 _DAY_MIB = 86400 / 2**20  # bytes a second -> MiB a day
 #: the processes the verdict sums (a child whose role never showed is left out)
 ROLES = ("main", "nvml child", "throughput child")
-KINDS = ("rss", "pss", "uss")
+KINDS = ("rss", "pss", "uss", "anon")
 
 Segment = list[tuple[float, float]]  # (seconds, bytes) of one process's lifetime
+#: one sample of one process: (seconds, RSS, PSS, USS, anonymous bytes); a run written before
+#: anonymous memory was sampled has no fifth
+Sample = tuple[float, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +260,7 @@ def total(fits: list[Fit]) -> Fit:
 
 
 def analyse(
-    samples: dict[int, list[tuple[float, int, int, int]]],
+    samples: dict[int, list[Sample]],
     roles: dict[int, str],
     *,
     warmup: float,
@@ -266,7 +271,7 @@ def analyse(
     """Fits per process role and for all together, after the warm-up (and, for a child
     started later, ``child_warmup`` seconds of its own), over all of the rest and over its
     last ``fraction``; the verdict on all processes' RSS over the late part."""
-    by_role: dict[str, list[list[tuple[float, int, int, int]]]] = {}
+    by_role: dict[str, list[list[Sample]]] = {}
     for pid, pts in samples.items():
         start = max(warmup, pts[0][0] + child_warmup) if pts[0][0] > 0 else warmup
         kept = [p for p in pts if p[0] >= start]
@@ -286,6 +291,8 @@ def analyse(
             "uss_mib_last": round(lives[-1][-1][3] / 2**20, 1),
         }
         for i, kind in enumerate(KINDS, start=1):
+            if any(len(p) <= i for seg in lives for p in seg):
+                continue  # not sampled by the run (an older one: no anonymous memory)
             series = [[(p[0], float(p[i])) for p in seg] for seg in lives]
             whole_fits[role][kind] = fit(series)
             late_fits[role][kind] = fit(late(series, fraction))
@@ -297,6 +304,8 @@ def analyse(
     present = [r for r in ROLES if r in late_fits]
     all_fits: dict[str, Any] = {}
     for kind in KINDS:
+        if any(kind not in late_fits[r] for r in present):
+            continue
         all_fits[kind] = {
             "after_warmup": total([whole_fits[r][kind] for r in present]).as_dict(bound),
             "late": total([late_fits[r][kind] for r in present]).as_dict(bound),
@@ -329,7 +338,7 @@ def analyse(
 
 
 def analyse_run(
-    samples: dict[int, list[tuple[float, int, int, int]]],
+    samples: dict[int, list[Sample]],
     roles: dict[int, str],
     ns: argparse.Namespace,
     bound: float,
@@ -346,17 +355,25 @@ def analyse_run(
     )
 
 
-def usage(pid: int) -> tuple[int, int, int]:
-    """(RSS, PSS, USS) bytes: USS is the pages only this process maps (Private_Clean +
-    Private_Dirty), which no other process on the machine moves; PSS shares each shared
-    page among the processes mapping it, the agent's and any other's (another Python
-    using the same libpython counts)."""
-    got = dict.fromkeys(("Rss", "Pss", "Private_Clean", "Private_Dirty"), 0)
+def usage(pid: int) -> tuple[int, int, int, int]:
+    """(RSS, PSS, USS, anonymous) bytes: USS is the pages only this process maps
+    (Private_Clean + Private_Dirty), which no other process on the machine moves; PSS shares
+    each shared page among the processes mapping it, the agent's and any other's (another
+    Python using the same libpython counts); anonymous is the resident pages backed by no
+    file (the heaps, pymalloc's arenas, stacks): where a leak lives, and what neither the
+    page cache nor another process's mappings move (a library's pages faulted in or evicted
+    move RSS, not it)."""
+    got = dict.fromkeys(("Rss", "Pss", "Private_Clean", "Private_Dirty", "Anonymous"), 0)
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         key, _, rest = line.partition(":")
         if key in got:
             got[key] = int(rest.split()[0]) * 1024
-    return got["Rss"], got["Pss"], got["Private_Clean"] + got["Private_Dirty"]
+    return (
+        got["Rss"],
+        got["Pss"],
+        got["Private_Clean"] + got["Private_Dirty"],
+        got["Anonymous"],
+    )
 
 
 def refit(ns: argparse.Namespace) -> int:
@@ -446,7 +463,7 @@ def main() -> int:
     if ns.leak:
         env["FABRICSCOPE_MEMPROBE_LEAK"] = str(ns.leak)
     port = sizing.free_port()
-    samples: dict[int, list[tuple[float, int, int, int]]] = {}  # by pid
+    samples: dict[int, list[Sample]] = {}  # by pid
     roles: dict[int, str] = {}
     kills = 0
     scrapes = 0
@@ -546,8 +563,11 @@ def main() -> int:
         f"slopes in MiB a day, ± one standard error; late: the last {ns.late:.0%} "
         f"of the {ns.duration:g} s after the warm-up"
     )
-    print("| process | RSS first -> last | RSS late | USS late | PSS late | RSS after warm-up |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| process | RSS first -> last | RSS late | anonymous late | USS late | PSS late "
+        "| RSS after warm-up |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
 
     def pm(f: dict[str, Any]) -> str:
         return f"{f['slope_mib_per_day']} ± {f['stderr_mib_per_day']}"
@@ -560,7 +580,8 @@ def main() -> int:
     rows.append(("all", fitted["total"], ""))
     for who, p, span in rows:
         print(
-            f"| {who} | {span} | {pm(p['rss']['late'])} | {pm(p['uss']['late'])} | "
+            f"| {who} | {span} | {pm(p['rss']['late'])} | {pm(p['anon']['late'])} | "
+            f"{pm(p['uss']['late'])} | "
             f"{pm(p['pss']['late'])} | {pm(p['rss']['after_warmup'])} |"
         )
     if ns.json:

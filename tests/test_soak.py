@@ -156,3 +156,22 @@ def test_a_planted_leak_fails_the_short_soak(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["verdict"] == "above"
     assert result["processes"]["main"]["rss"]["late"]["verdict"] == "above"
+
+
+def test_anonymous_memory_is_fitted_beside_rss_and_an_older_run_still_refits() -> None:
+    # the anonymous pages grow 30 MiB a day while RSS (file pages moving the other way) does
+    # not: each is fitted on its own
+    grow = steps(30, 3600, 5, seed=7)
+    flat = steps(0, 3600, 5, seed=8)
+    samples = {
+        1: [(t, int(r), int(r), int(r), int(a)) for (t, r), (_, a) in zip(flat, grow, strict=True)]
+    }
+    got = analyse(samples, {1: "main"}, warmup=120, child_warmup=60, fraction=0.5, bound=10)
+    assert got["processes"]["main"]["anon"]["late"]["verdict"] == "above"
+    assert got["total"]["anon"]["late"]["verdict"] == "above"
+    assert got["processes"]["main"]["rss"]["late"]["verdict"] != "above"
+    # a run written before anonymous memory was sampled: (seconds, RSS, PSS, USS) only
+    old = {1: [p[:4] for p in samples[1]]}
+    got = analyse(old, {1: "main"}, warmup=120, child_warmup=60, fraction=0.5, bound=10)
+    assert "anon" not in got["processes"]["main"] and "anon" not in got["total"]
+    assert got["total"]["rss"]["late"]["verdict"] != "above"

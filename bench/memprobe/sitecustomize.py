@@ -14,8 +14,17 @@ tracemalloc's traced bytes and the 25 source lines whose traced memory changed m
 the first dump (``FABRICSCOPE_MEMPROBE_FRAMES``: frames kept per trace, 1; with more, grouped
 by traceback; ``FABRICSCOPE_MEMPROBE_BASE``: seconds before that first dump is taken, 0;
 tracemalloc costs far more memory than it measures: read its RSS as
-perturbed). ``FABRICSCOPE_MEMPROBE_TRIM=1`` calls ``malloc_trim(0)`` at each dump and
-records what it gave back.
+perturbed). ``FABRICSCOPE_MEMPROBE_GARBAGE=1``: the collector keeps what it finds unreachable
+(``gc.DEBUG_SAVEALL``) and each dump counts it by type (a frame or function by its code's
+name, an exception by its class) before letting it go: what the process leaves to the
+collector, in reference cycles, between dumps. ``FABRICSCOPE_MEMPROBE_TRIM=1`` calls
+``malloc_trim(0)`` at each dump and records what it gave back.
+
+The census of objects (``gc.get_objects`` from the probe's thread) can hand out a tuple that
+another thread is still building (``tuple(iterable)`` resizes it in place): that thread's
+pass then fails with ``SystemError: Objects/tupleobject.c: bad argument to internal
+function`` (CPython gh-107137, fixed in 3.13), a sampler failure the probe causes, logged
+with its traceback.
 
 ``FABRICSCOPE_MEMPROBE_LEAK=N``: the main process keeps N more bytes every second (the
 soak's positive control)."""
@@ -36,6 +45,7 @@ def _start(directory: str) -> None:
     import threading
     import time
     import tracemalloc
+    import types
 
     # "children": the supervised children only (``python -m agent.core.isolation``: no
     # arguments), which leaves the main process at its own speed
@@ -46,6 +56,21 @@ def _start(directory: str) -> None:
     base_after = float(os.environ.get("FABRICSCOPE_MEMPROBE_BASE", "0"))
     if trace:
         tracemalloc.start(frames)
+    garbage = os.environ.get("FABRICSCOPE_MEMPROBE_GARBAGE") == "1"
+    if garbage:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+
+    def kind(o: object) -> str:
+        t = type(o)
+        code = o.f_code if t is types.FrameType else o.__code__ if t is types.FunctionType else None
+        if code is not None:
+            return f"{t.__name__} {code.co_filename.rsplit('/', 2)[-1]}:{code.co_qualname}"
+        if issubclass(t, BaseException):
+            return f"exception {t.__module__}.{t.__qualname__}"
+        if t.__module__ != "builtins":
+            return f"{t.__module__}.{t.__qualname__}"
+        return t.__name__
+
     every = float(os.environ.get("FABRICSCOPE_MEMPROBE_EVERY", "60"))
 
     class Mallinfo2(ctypes.Structure):
@@ -126,6 +151,12 @@ def _start(directory: str) -> None:
                 before = sum(v[0] for v in smaps().values())
                 libc.malloc_trim(0)
                 trimmed = before - sum(v[0] for v in smaps().values())
+            cycles: dict[str, int] = {}
+            if garbage:
+                gc.collect()
+                cycles = dict(collections.Counter(kind(o) for o in gc.garbage).most_common(40))
+                cycles["(all)"] = len(gc.garbage)
+                del gc.garbage[:]
             counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
             mi = libc.mallinfo2() if libc is not None else None
             record = {
@@ -140,6 +171,7 @@ def _start(directory: str) -> None:
                 "gc_objects": sum(counts.values()),
                 "mallinfo": {n: getattr(mi, n) for n, _ in Mallinfo2._fields_} if mi else None,
                 "top": top,
+                "garbage": cycles,
             }
             with open(path, "a") as f:
                 f.write(json.dumps(record) + "\n")

@@ -25,7 +25,7 @@ def cmd_agent(ns: argparse.Namespace) -> int:
     from contextlib import ExitStack
     from dataclasses import replace
 
-    from agent.core.allocator import limit_arenas
+    from agent.core.allocator import hold_heap, limit_arenas
     from agent.core.sysfs import SysfsReader
     from agent.samplers import Latest, build_specs
     from exporter.app import AgentApp
@@ -33,6 +33,7 @@ def cmd_agent(ns: argparse.Namespace) -> int:
 
     config = config_from_args(ns)
     limit_arenas()  # before any thread: the main process's RSS stays flat (see the module)
+    hold_heap()  # no trim-and-refault sawtooth in its RSS (see the module)
     if config.probe.enabled:
         from agent.probe.measure.launch import PROBE_EXTRA_HINT, missing_worker_modules
 
@@ -137,7 +138,9 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
     # imported here: `topo` and `--once` need no server
     import signal
     import threading
+    import time
 
+    from agent.core.allocator import freeze_startup
     from exporter.http.limits import ConnectionLimits
     from exporter.http.server import serve, serve_health
     from exporter.http.webconfig import load_web_config
@@ -194,6 +197,14 @@ def _serve(app: AgentApp, ns: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _handle)
     signal.signal(signal.SIGHUP, _hangup)
     app.runner.start()
+    # once every sampler has made its first pass (or a minute on), what start-up built is
+    # the agent's for good: frozen, so that a collection after each pass walks only what the
+    # passes made (agent.core.runner)
+    settle = time.monotonic() + 60
+    while not stop.is_set() and not app.ready() and time.monotonic() < settle:
+        stop.wait(0.5)
+    if not stop.is_set():
+        freeze_startup()
     stop.wait()
     server.shutdown()
     if health is not None:
