@@ -152,4 +152,10 @@ def test_the_interpreters_free_lists_stay_bounded_over_many_passes() -> None:
     finally:
         sampler.close()
     growth = max(blocks[10:]) - blocks[9]
-    assert growth < COLLECT_EVERY * FILLS + 200, (blocks[9], max(blocks[10:]))
+    # uncollected, the list gains FILLS blocks a pass up to CPython's cap of 2,000: 2,000 over
+    # these 400 passes; collected every COLLECT_EVERY passes it holds one interval's worth
+    # (320). The rest of a loaded child's allocations move the count too (665 in all once, on
+    # the 2-core CI machine under load), so the line is drawn halfway to the uncollected 2,000
+    uncollected = min(2000, 400 * FILLS)
+    assert uncollected / 2 > COLLECT_EVERY * FILLS
+    assert growth < uncollected / 2, (blocks[9], max(blocks[10:]))
