@@ -3,6 +3,7 @@ the scenario lab's backfilled scenarios, built once per test session."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,14 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 def dgx_sys_root() -> Path:
     """The DGX-class 8xH100 + 8xConnectX-7 tree with five known faults."""
     return FIXTURES / "dgx-h100" / "sys"
+
+
+@pytest.fixture
+def dgx_sys_copy(dgx_sys_root: Path, tmp_path: Path) -> Path:
+    """A writable copy of the DGX tree (links kept as links), for tests that change it."""
+    root = tmp_path / "sys"
+    shutil.copytree(dgx_sys_root, root, symlinks=True)
+    return root
 
 
 @pytest.fixture

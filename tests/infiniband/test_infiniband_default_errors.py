@@ -1,5 +1,5 @@
 """At the default detail every error, discard, retry and timeout counter is exported whenever
-it is non-zero: a distinct non-zero value planted in each of them on ports of the DGX tree
+it is non-zero: a distinct non-zero value planted in each of them on ports of the DGX dgx_sys_copy
 (its counters/ and hw_counters/ files are real ConnectX captures; see its PROVENANCE.md) comes
 out of `fabricscope agent --once`, on a RoCE port as captured and on one set to InfiniBand.
 Folding drops zeros only."""
@@ -7,7 +7,6 @@ Folding drops zeros only."""
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -72,13 +71,6 @@ def plant(port: Path) -> dict[tuple[str, str], int]:
     return planted
 
 
-@pytest.fixture
-def tree(dgx_sys_root: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "sys"
-    shutil.copytree(dgx_sys_root, root, symlinks=True)
-    return root
-
-
 def test_the_list_is_every_error_counter_the_captured_port_has(dgx_sys_root: Path) -> None:
     port = dgx_sys_root / "class/infiniband/mlx5_0/ports/1"
     files = {f.name for d in ("counters", "hw_counters") for f in (port / d).iterdir()}
@@ -90,9 +82,9 @@ def test_the_list_is_every_error_counter_the_captured_port_has(dgx_sys_root: Pat
 
 @pytest.mark.parametrize("link_layer", ["Ethernet", "InfiniBand"])
 def test_every_planted_error_counter_is_exported_at_the_default_detail(
-    tree: Path, link_layer: str
+    dgx_sys_copy: Path, link_layer: str
 ) -> None:
-    port = tree / "class/infiniband/mlx5_0/ports/1"
+    port = dgx_sys_copy / "class/infiniband/mlx5_0/ports/1"
     (port / "link_layer").write_text(f"{link_layer}\n")
     planted = plant(port)
     proc = fabricscope(
@@ -102,7 +94,7 @@ def test_every_planted_error_counter_is_exported_at_the_default_detail(
             "--no-sampler.netdev",
             "--no-sampler.workload",
             "--no-sampler.nvml",
-            f"--path.sysfs={tree}",
+            f"--path.sysfs={dgx_sys_copy}",
             "--collector.detail=default",
         ]
     )

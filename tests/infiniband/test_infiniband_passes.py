@@ -11,7 +11,6 @@ state or the node GUID changes, and on the static refresh.
 from __future__ import annotations
 
 import collections
-import shutil
 from pathlib import Path
 
 import pytest
@@ -43,14 +42,6 @@ class CountingReader(SysfsReader):
         return super().realpath(rel)
 
 
-@pytest.fixture
-def dgx(tmp_path: Path, dgx_sys_root: Path) -> Path:
-    """A writable copy of the DGX tree (links kept as links)."""
-    root = tmp_path / "sys"
-    shutil.copytree(dgx_sys_root, root, symlinks=True)
-    return root
-
-
 def device_named(snap: InfinibandSnapshot, name: str) -> IbDevice:
     return next(d for d in snap.devices if d.name == name)
 
@@ -76,37 +67,37 @@ def test_a_steady_pass_reads_every_port_and_counter_not_the_identity(dgx_sys_roo
     assert port_files and port_files <= read  # state, rate, LIDs, netdev, every counter
 
 
-def test_a_port_going_down_shows_on_the_next_pass_and_rereads_the_card(dgx: Path) -> None:
-    sampler = InfinibandSampler(SysfsReader(dgx))
+def test_a_port_going_down_shows_on_the_next_pass_and_rereads_the_card(dgx_sys_copy: Path) -> None:
+    sampler = InfinibandSampler(SysfsReader(dgx_sys_copy))
     before = device_named(sampler.sample(), "mlx5_4")
     assert before.ports[0].state is not None and before.ports[0].state.name == "ACTIVE"
-    write(dgx, f"{MLX5_4}/ports/1/state", "1: DOWN")
-    write(dgx, f"{MLX5_4}/fw_ver", "28.99.9999")  # a firmware reset bounces the links
+    write(dgx_sys_copy, f"{MLX5_4}/ports/1/state", "1: DOWN")
+    write(dgx_sys_copy, f"{MLX5_4}/fw_ver", "28.99.9999")  # a firmware reset bounces the links
     after = device_named(sampler.sample(), "mlx5_4")
     assert after.ports[0].state is not None and after.ports[0].state.name == "DOWN"
     assert after.fw_ver == "28.99.9999"
 
 
-def test_identity_is_read_again_on_the_refresh(dgx: Path) -> None:
-    sampler = InfinibandSampler(SysfsReader(dgx), static_refresh_passes=3)
+def test_identity_is_read_again_on_the_refresh(dgx_sys_copy: Path) -> None:
+    sampler = InfinibandSampler(SysfsReader(dgx_sys_copy), static_refresh_passes=3)
     old = device_named(sampler.sample(), "mlx5_4").fw_ver
-    write(dgx, f"{MLX5_4}/fw_ver", "28.99.9999")  # no link bounced: kept until the refresh
+    write(dgx_sys_copy, f"{MLX5_4}/fw_ver", "28.99.9999")  # no link bounced: kept until the refresh
     got = [device_named(sampler.sample(), "mlx5_4").fw_ver for _ in range(3)]
     assert got == [old, old, "28.99.9999"]
 
 
-def test_counters_move_on_every_pass(dgx: Path) -> None:
-    sampler = InfinibandSampler(SysfsReader(dgx))
+def test_counters_move_on_every_pass(dgx_sys_copy: Path) -> None:
+    sampler = InfinibandSampler(SysfsReader(dgx_sys_copy))
     sampler.sample()
-    write(dgx, f"{MLX5_4}/ports/1/counters/symbol_error", "77")
+    write(dgx_sys_copy, f"{MLX5_4}/ports/1/counters/symbol_error", "77")
     port = device_named(sampler.sample(), "mlx5_4").ports[0]
     assert {c.name: c.value for c in port.counters}["symbol_error"] == 77
 
 
-def test_a_device_gone_on_a_steady_pass_is_left_out(dgx: Path) -> None:
-    sampler = InfinibandSampler(SysfsReader(dgx))
+def test_a_device_gone_on_a_steady_pass_is_left_out(dgx_sys_copy: Path) -> None:
+    sampler = InfinibandSampler(SysfsReader(dgx_sys_copy))
     first = sampler.sample()
-    (dgx / MLX5_4).unlink()
+    (dgx_sys_copy / MLX5_4).unlink()
     snap = sampler.sample()
     assert [d.name for d in snap.devices] == [d.name for d in first.devices if d.name != "mlx5_4"]
     assert not snap.issues

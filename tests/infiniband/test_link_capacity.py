@@ -8,8 +8,6 @@ counters) with one file rewritten as the kernel would on a link that retrains.""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -134,13 +132,6 @@ def test_a_bad_expected_rate_flag_is_one_line_and_exit_2() -> None:
 # -- the port's rate against history, peers and expectation --------------------------------
 
 
-@pytest.fixture
-def dgx(tmp_path: Path, dgx_sys_root: Path) -> Iterator[Path]:
-    root = tmp_path / "sys"
-    shutil.copytree(dgx_sys_root, root, symlinks=True)
-    yield root
-
-
 def set_rate(root: Path, device: str, text: str) -> None:
     (root / "class/infiniband" / device / "ports/1/rate").resolve().write_text(text + "\n")
 
@@ -160,12 +151,12 @@ def rendered(snap: InfinibandSnapshot) -> dict[tuple[str, ...], float]:
     }
 
 
-def test_a_rail_trained_down_is_found_by_its_history_and_its_peers(dgx: Path) -> None:
-    sampler = InfinibandSampler(SysfsReader(dgx))
+def test_a_rail_trained_down_is_found_by_its_history_and_its_peers(dgx_sys_copy: Path) -> None:
+    sampler = InfinibandSampler(SysfsReader(dgx_sys_copy))
     first = sampler.sample()
     assert capacity.findings(first) == []
     assert checks(first, "mlx5_4") == {"peers": False, "history": False}
-    set_rate(dgx, "mlx5_4", "100 Gb/sec (1X NDR)")  # the issue's fault: still ACTIVE
+    set_rate(dgx_sys_copy, "mlx5_4", "100 Gb/sec (1X NDR)")  # the issue's fault: still ACTIVE
     snap = sampler.sample()
     assert checks(snap, "mlx5_4") == {"peers": True, "history": True}
     (finding,) = capacity.findings(snap)
@@ -183,37 +174,39 @@ def test_a_rail_trained_down_is_found_by_its_history_and_its_peers(dgx: Path) ->
     assert ("mlx5_11", "1", "history") not in series  # DOWN: not judged (placeholder rate)
 
 
-def test_a_speed_drop_is_named_as_one(dgx: Path) -> None:
-    sampler = InfinibandSampler(SysfsReader(dgx))
+def test_a_speed_drop_is_named_as_one(dgx_sys_copy: Path) -> None:
+    sampler = InfinibandSampler(SysfsReader(dgx_sys_copy))
     sampler.sample()
-    set_rate(dgx, "mlx5_9", "200 Gb/sec (4X HDR)")
+    set_rate(dgx_sys_copy, "mlx5_9", "200 Gb/sec (4X HDR)")
     (finding,) = capacity.findings(sampler.sample())
     assert "speed NDR -> HDR" in finding.detail and "width" not in finding.detail
 
 
-def test_one_shot_reads_have_no_history_but_still_peers(dgx: Path) -> None:
-    set_rate(dgx, "mlx5_4", "100 Gb/sec (1X NDR)")
-    snap = InfinibandSampler(SysfsReader(dgx)).sample()  # a new sampler: its first look
+def test_one_shot_reads_have_no_history_but_still_peers(dgx_sys_copy: Path) -> None:
+    set_rate(dgx_sys_copy, "mlx5_4", "100 Gb/sec (1X NDR)")
+    snap = InfinibandSampler(SysfsReader(dgx_sys_copy)).sample()  # a new sampler: its first look
     assert checks(snap, "mlx5_4") == {"peers": True, "history": False}
 
 
-def test_no_majority_no_peer_comparison(dgx: Path) -> None:
+def test_no_majority_no_peer_comparison(dgx_sys_copy: Path) -> None:
     for dev in ("mlx5_0", "mlx5_3", "mlx5_4"):  # 3 of 7 ConnectX-7 ports at 200, 4 at 400
-        set_rate(dgx, dev, "200 Gb/sec (2X NDR)")
-    snap = InfinibandSampler(SysfsReader(dgx)).sample()
+        set_rate(dgx_sys_copy, dev, "200 Gb/sec (2X NDR)")
+    snap = InfinibandSampler(SysfsReader(dgx_sys_copy)).sample()
     assert "peers" in checks(snap, "mlx5_0")  # 4 of 7 is a majority
-    set_rate(dgx, "mlx5_5", "200 Gb/sec (2X NDR)")  # 4 of 7 at 200: the reference is 200
-    snap = InfinibandSampler(SysfsReader(dgx)).sample()
+    set_rate(dgx_sys_copy, "mlx5_5", "200 Gb/sec (2X NDR)")  # 4 of 7 at 200: the reference is 200
+    snap = InfinibandSampler(SysfsReader(dgx_sys_copy)).sample()
     assert checks(snap, "mlx5_9")["peers"] is False  # faster than the reference: not below
     assert checks(snap, "mlx5_0")["peers"] is False  # (the expectation flag is for this case)
-    set_rate(dgx, "mlx5_5", "300 Gb/sec (3X NDR)")  # 3 at 200, 3 at 400, 1 other: no majority
-    snap = InfinibandSampler(SysfsReader(dgx)).sample()
+    set_rate(
+        dgx_sys_copy, "mlx5_5", "300 Gb/sec (3X NDR)"
+    )  # 3 at 200, 3 at 400, 1 other: no majority
+    snap = InfinibandSampler(SysfsReader(dgx_sys_copy)).sample()
     assert all("peers" not in checks(snap, d) for d in ("mlx5_0", "mlx5_9", "mlx5_5"))
 
 
-def test_fewer_than_three_peers_are_not_compared(dgx: Path) -> None:
-    set_rate(dgx, "mlx5_2", "50 Gb/sec (2X EDR)")
-    snap = InfinibandSampler(SysfsReader(dgx)).sample()
+def test_fewer_than_three_peers_are_not_compared(dgx_sys_copy: Path) -> None:
+    set_rate(dgx_sys_copy, "mlx5_2", "50 Gb/sec (2X EDR)")
+    snap = InfinibandSampler(SysfsReader(dgx_sys_copy)).sample()
     # two ConnectX-6 Dx ports of four left: one against one cannot say which is wrong
     two = InfinibandSnapshot(
         devices=tuple(d for d in snap.devices if d.name in ("mlx5_1", "mlx5_2")), issues=()
@@ -221,42 +214,42 @@ def test_fewer_than_three_peers_are_not_compared(dgx: Path) -> None:
     assert all(c.comparison != "peers" for c in capacity.rate_checks(two))
 
 
-def test_expected_rate_matches_device_and_port(dgx: Path) -> None:
+def test_expected_rate_matches_device_and_port(dgx_sys_copy: Path) -> None:
     rules = [parse_expected_rate("mlx5_[1278]=100"), parse_expected_rate("mlx5_*:1=400")]
-    snap = InfinibandSampler(SysfsReader(dgx), rules).sample()
+    snap = InfinibandSampler(SysfsReader(dgx_sys_copy), rules).sample()
     assert checks(snap, "mlx5_1")["expected"] is False  # first match: 100, and it runs 100
     assert checks(snap, "mlx5_0")["expected"] is False
-    set_rate(dgx, "mlx5_10", "200 Gb/sec (4X HDR)")
-    snap = InfinibandSampler(SysfsReader(dgx), rules).sample()
+    set_rate(dgx_sys_copy, "mlx5_10", "200 Gb/sec (4X HDR)")
+    snap = InfinibandSampler(SysfsReader(dgx_sys_copy), rules).sample()
     assert checks(snap, "mlx5_10") == {"expected": True, "peers": True, "history": False}
-    other_port = InfinibandSampler(SysfsReader(dgx), [parse_expected_rate("mlx5_*:2=400")])
+    other_port = InfinibandSampler(SysfsReader(dgx_sys_copy), [parse_expected_rate("mlx5_*:2=400")])
     assert "expected" not in checks(other_port.sample(), "mlx5_10")
 
 
-def test_history_follows_the_hca_not_the_name(dgx: Path) -> None:
-    sampler = InfinibandSampler(SysfsReader(dgx))
+def test_history_follows_the_hca_not_the_name(dgx_sys_copy: Path) -> None:
+    sampler = InfinibandSampler(SysfsReader(dgx_sys_copy))
     sampler.sample()
-    guid = (dgx / "class/infiniband/mlx5_4/node_guid").resolve()
+    guid = (dgx_sys_copy / "class/infiniband/mlx5_4/node_guid").resolve()
     guid.write_text("b83f:d203:00ff:0001\n")  # the card was replaced: a new node GUID
-    set_rate(dgx, "mlx5_4", "200 Gb/sec (2X NDR)")
+    set_rate(dgx_sys_copy, "mlx5_4", "200 Gb/sec (2X NDR)")
     assert checks(sampler.sample(), "mlx5_4")["history"] is False
 
 
-def test_a_port_that_goes_down_and_back_slower_keeps_its_history(dgx: Path) -> None:
-    sampler = InfinibandSampler(SysfsReader(dgx))
+def test_a_port_that_goes_down_and_back_slower_keeps_its_history(dgx_sys_copy: Path) -> None:
+    sampler = InfinibandSampler(SysfsReader(dgx_sys_copy))
     sampler.sample()
-    state = (dgx / "class/infiniband/mlx5_4/ports/1/state").resolve()
+    state = (dgx_sys_copy / "class/infiniband/mlx5_4/ports/1/state").resolve()
     state.write_text("1: DOWN\n")
-    set_rate(dgx, "mlx5_4", "40 Gb/sec (4X QDR)")  # what a DOWN ConnectX-7 port reads
+    set_rate(dgx_sys_copy, "mlx5_4", "40 Gb/sec (4X QDR)")  # what a DOWN ConnectX-7 port reads
     snap = sampler.sample()
     assert checks(snap, "mlx5_4") == {}  # DOWN: port_down's business, no rate judgement
     state.write_text("4: ACTIVE\n")
-    set_rate(dgx, "mlx5_4", "200 Gb/sec (2X NDR)")
+    set_rate(dgx_sys_copy, "mlx5_4", "200 Gb/sec (2X NDR)")
     assert checks(sampler.sample(), "mlx5_4")["history"] is True
 
 
-def test_history_is_bounded_and_forgets_vanished_devices(dgx: Path) -> None:
-    one = InfinibandSampler(SysfsReader(dgx)).sample()
+def test_history_is_bounded_and_forgets_vanished_devices(dgx_sys_copy: Path) -> None:
+    one = InfinibandSampler(SysfsReader(dgx_sys_copy)).sample()
     dev = next(d for d in one.devices if d.name == "mlx5_0")
     many = InfinibandSnapshot(
         devices=tuple(
@@ -269,14 +262,14 @@ def test_history_is_bounded_and_forgets_vanished_devices(dgx: Path) -> None:
     assert len(peaks.update(one)) == 11  # the real tree's ACTIVE ports; the rest forgotten
 
 
-def test_the_agent_exports_width_speed_and_the_judgement(dgx: Path) -> None:
-    set_rate(dgx, "mlx5_4", "100 Gb/sec (1X NDR)")
+def test_the_agent_exports_width_speed_and_the_judgement(dgx_sys_copy: Path) -> None:
+    set_rate(dgx_sys_copy, "mlx5_4", "100 Gb/sec (1X NDR)")
     proc = fabricscope(
         [
             "agent",
             "--once",
             "--no-sampler.netdev",
-            f"--path.sysfs={dgx}",
+            f"--path.sysfs={dgx_sys_copy}",
             "--infiniband.expected-rate=mlx5_[0345]=400",
         ]
     )
@@ -295,7 +288,13 @@ def test_the_agent_exports_width_speed_and_the_judgement(dgx: Path) -> None:
     assert got[(p + "rate_degraded", (("comparison", "peers"), *m4))] == 1
     assert got[("fabricscope_findings", (("kind", "port_rate_degraded"),))] == 1
     full = fabricscope(
-        ["agent", "--once", "--no-sampler.netdev", f"--path.sysfs={dgx}", "--collector.detail=full"]
+        [
+            "agent",
+            "--once",
+            "--no-sampler.netdev",
+            f"--path.sysfs={dgx_sys_copy}",
+            "--collector.detail=full",
+        ]
     )
     assert f'{p}lane_speed_bytes_per_second{{device="mlx5_4",port="1"}} 1.25e+10' in full.stdout
 
@@ -314,30 +313,30 @@ def pci_findings(root: Path) -> set[tuple[str, str]]:
     return {(f.kind, f.subject) for f in topology.findings(topo)}
 
 
-def test_a_nic_below_its_speed_is_a_finding(dgx: Path) -> None:
-    before = pci_findings(dgx)
-    set_speed(dgx, NIC, "8.0 GT/s PCIe")  # the issue's fault: Gen5 x16 NIC at Gen3 speed
-    after = pci_findings(dgx)
+def test_a_nic_below_its_speed_is_a_finding(dgx_sys_copy: Path) -> None:
+    before = pci_findings(dgx_sys_copy)
+    set_speed(dgx_sys_copy, NIC, "8.0 GT/s PCIe")  # the issue's fault: Gen5 x16 NIC at Gen3 speed
+    after = pci_findings(dgx_sys_copy)
     assert after - before == {("pci_link_speed_degraded", NIC)}
-    topo = topology.analyse(PciSampler(SysfsReader(dgx)).sample())
+    topo = topology.analyse(PciSampler(SysfsReader(dgx_sys_copy)).sample())
     (link,) = [x for x in topo.links if x.device == NIC]
     assert (link.speed, link.expected_speed, link.speed_degraded) == (8e9, 32e9, True)
     (finding,) = [f for f in topology.findings(topo) if f.kind == "pci_link_speed_degraded"]
     assert "8 GT/s, below the 32 GT/s" in finding.detail and "mlx5_3" in finding.detail
 
 
-def test_a_gen4_nic_under_a_gen5_switch_is_at_its_speed(dgx: Path) -> None:
-    topo = topology.analyse(PciSampler(SysfsReader(dgx)).sample())
+def test_a_gen4_nic_under_a_gen5_switch_is_at_its_speed(dgx_sys_copy: Path) -> None:
+    topo = topology.analyse(PciSampler(SysfsReader(dgx_sys_copy)).sample())
     cx6 = {x.device: x for x in topo.links}["0000:1b:00.0"]  # ConnectX-6 Dx, real lspci
     assert (cx6.speed, cx6.expected_speed, cx6.speed_degraded) == (16e9, 16e9, False)
 
 
-def test_a_gpu_at_idle_speed_is_not_judged_by_sysfs(dgx: Path) -> None:
-    set_speed(dgx, "0000:3b:00.0", "2.5 GT/s PCIe")  # GPU 1 idle, as real idle GPUs read
-    topo = topology.analyse(PciSampler(SysfsReader(dgx)).sample())
+def test_a_gpu_at_idle_speed_is_not_judged_by_sysfs(dgx_sys_copy: Path) -> None:
+    set_speed(dgx_sys_copy, "0000:3b:00.0", "2.5 GT/s PCIe")  # GPU 1 idle, as real idle GPUs read
+    topo = topology.analyse(PciSampler(SysfsReader(dgx_sys_copy)).sample())
     gpu = {x.device: x for x in topo.links}["0000:3b:00.0"]
     assert gpu.speed_degraded is None
-    assert not {k for k, _ in pci_findings(dgx)} & {"pci_link_speed_degraded"}
+    assert not {k for k, _ in pci_findings(dgx_sys_copy)} & {"pci_link_speed_degraded"}
 
 
 def test_unknown_speeds_and_virtual_functions_are_not_judged() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import shutil
 from pathlib import Path
 
 import pytest
@@ -40,14 +39,6 @@ class CountingReader(FaultyReader):
         return super().read_text(rel)
 
 
-@pytest.fixture
-def dgx_copy(dgx_sys_root: Path, tmp_path: Path) -> Path:
-    """A writable copy of the DGX tree (links kept as links)."""
-    root = tmp_path / "sys"
-    shutil.copytree(dgx_sys_root, root, symlinks=True)
-    return root
-
-
 def test_a_steady_pass_reads_what_can_change_and_returns_the_same(dgx_sys_root: Path) -> None:
     reader = CountingReader(dgx_sys_root)
     sampler = PciSampler(reader)
@@ -68,13 +59,13 @@ def test_a_steady_pass_reads_what_can_change_and_returns_the_same(dgx_sys_root: 
     assert f"bus/pci/devices/{NVME}/vendor" not in read  # none of ours: classified once
 
 
-def test_a_link_that_drops_width_or_speed_shows_on_the_next_pass(dgx_copy: Path) -> None:
-    sampler = PciSampler(SysfsReader(dgx_copy))
+def test_a_link_that_drops_width_or_speed_shows_on_the_next_pass(dgx_sys_copy: Path) -> None:
+    sampler = PciSampler(SysfsReader(dgx_sys_copy))
     before = device(sampler.sample(), "0000:19:00.0")
     assert (before.link.width, before.link.speed_transfers_per_second) == (16, 32_000_000_000)
-    (dgx_copy / GPU0 / "current_link_width").write_text("8\n")
-    (dgx_copy / GPU0 / "current_link_speed").write_text("16.0 GT/s PCIe\n")
-    (dgx_copy / SW0_DOWN_GPU / "current_link_width").write_text("8\n")
+    (dgx_sys_copy / GPU0 / "current_link_width").write_text("8\n")
+    (dgx_sys_copy / GPU0 / "current_link_speed").write_text("16.0 GT/s PCIe\n")
+    (dgx_sys_copy / SW0_DOWN_GPU / "current_link_width").write_text("8\n")
     snap = sampler.sample()
     gpu, bridge = device(snap, "0000:19:00.0"), device(snap, "0000:17:01.0")
     assert (gpu.link.width, gpu.link.speed_transfers_per_second) == (8, 16_000_000_000)
@@ -97,25 +88,25 @@ def test_a_function_gone_mid_scan_is_left_out_on_a_steady_pass(dgx_sys_root: Pat
     assert sampler.sample() == first  # back: read whole again
 
 
-def test_a_function_removed_from_the_bus_leaves_on_the_next_pass(dgx_copy: Path) -> None:
-    sampler = PciSampler(SysfsReader(dgx_copy))
+def test_a_function_removed_from_the_bus_leaves_on_the_next_pass(dgx_sys_copy: Path) -> None:
+    sampler = PciSampler(SysfsReader(dgx_sys_copy))
     assert device(sampler.sample(), "0000:19:00.0").role == "gpu"
-    (dgx_copy / "bus/pci/devices/0000:19:00.0").unlink()
+    (dgx_sys_copy / "bus/pci/devices/0000:19:00.0").unlink()
     assert sampler.sample().get("0000:19:00.0") is None
 
 
-def test_an_rdma_driver_bound_after_the_first_pass_shows_on_the_next(dgx_copy: Path) -> None:
-    sampler = PciSampler(SysfsReader(dgx_copy))
+def test_an_rdma_driver_bound_after_the_first_pass_shows_on_the_next(dgx_sys_copy: Path) -> None:
+    sampler = PciSampler(SysfsReader(dgx_sys_copy))
     assert sampler.sample().get(NVME) is None
-    (dgx_copy / f"bus/pci/devices/{NVME}/infiniband/irdma0").mkdir(parents=True)
+    (dgx_sys_copy / f"bus/pci/devices/{NVME}/infiniband/irdma0").mkdir(parents=True)
     nic = device(sampler.sample(), NVME)
     assert (nic.role, nic.rdma_devices) == ("nic", ("irdma0",))
 
 
-def test_static_facts_are_read_again_on_the_refresh(dgx_copy: Path) -> None:
-    sampler = PciSampler(SysfsReader(dgx_copy), static_refresh_passes=3)
+def test_static_facts_are_read_again_on_the_refresh(dgx_sys_copy: Path) -> None:
+    sampler = PciSampler(SysfsReader(dgx_sys_copy), static_refresh_passes=3)
     assert device(sampler.sample(), "0000:19:00.0").numa_node == 0
-    (dgx_copy / GPU0 / "numa_node").write_text("1\n")
+    (dgx_sys_copy / GPU0 / "numa_node").write_text("1\n")
     assert [device(sampler.sample(), "0000:19:00.0").numa_node for _ in range(3)] == [0, 0, 1]
 
 
