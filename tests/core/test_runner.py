@@ -211,7 +211,7 @@ def test_once_start_up_is_frozen_each_pass_takes_its_cycles_with_it() -> None:
     from agent.core.allocator import freeze_startup
 
     s = LeavesCycles()
-    runner = Runner([SamplerSpec(s, 0.02, 1)])
+    runner = Runner([SamplerSpec(s, 0.02, 1)], collect_every=0)
     freeze_startup()
     try:
         runner.start()
@@ -225,3 +225,38 @@ def test_once_start_up_is_frozen_each_pass_takes_its_cycles_with_it() -> None:
     # every pass but the last one (the runner may have stopped before collecting after it)
     # left nothing behind: the collector's own threshold would have kept them for minutes
     assert [ref() for ref in s.left[:-1]] == [None] * (len(s.left) - 1)
+
+
+def test_full_collections_after_passes_are_at_least_a_minute_apart() -> None:
+    """Collecting after every pass cost the main process more CPU than its passes (free lists
+    and pymalloc arenas emptied and filled again): one full collection a minute at most."""
+    from agent.core.allocator import freeze_startup
+    from agent.core.runner import COLLECT_EVERY_SECONDS
+
+    now = [1000.0]
+    runner = Runner([SamplerSpec(Counting("c"), 15, 1)], monotonic=lambda: now[0])
+    full: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    runner._collect_if_due()  # not frozen yet: start-up is not collected pass by pass
+    assert full == []
+    freeze_startup()
+    gc.callbacks.append(count)
+    try:
+        for _ in range(3):  # three passes ending at once: one collection
+            runner._collect_if_due()
+        now[0] += COLLECT_EVERY_SECONDS - 1
+        runner._collect_if_due()
+        collected_early = len(full)
+        now[0] += 1
+        runner._collect_if_due()
+        runner._collect_if_due()
+    finally:
+        gc.callbacks.remove(count)
+        gc.unfreeze()
+    assert COLLECT_EVERY_SECONDS == 60.0
+    assert collected_early == 1
+    assert len(full) == 2
