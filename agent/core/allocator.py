@@ -33,9 +33,9 @@ only when they really grow. ``MALLOC_TRIM_THRESHOLD_`` in the environment, when 
 left to glibc.
 
 :func:`freeze_startup` collects once and freezes what is left (``gc.freeze``): the
-modules, the samplers, the first pod index are the process's for good, and later full
-collections walk only what came after, so that the runner can collect after every pass
-(:mod:`agent.core.runner`). The supervised children do the same for themselves
+modules, the samplers, the first pod index are the process's for good, and the collector's
+own full collections walk only what came after (the runner starts none: see
+:mod:`agent.core.runner`). The supervised children do the same for themselves
 (:mod:`agent.core.childproc`).
 
 Imports the standard library only.

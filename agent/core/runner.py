@@ -14,23 +14,18 @@ itself at its deadline and fails the pass with :class:`~agent.core.errors.Sample
 instead of its timeout, so the sampler's own verdict is the one counted. Its optional
 ``restarts_total`` (children started to replace a failed one) is copied into the status.
 
-Once the process has frozen what its start-up built (``gc.freeze``, the agent's main process
-after every sampler's first pass: :func:`agent.core.allocator.freeze_startup`), the first pass
-to end :data:`COLLECT_EVERY_SECONDS` or more after the last full collection runs one: what the
-passes left in reference cycles (pyroute2's netlink messages and errors, a few hundred objects
-a netdev pass) goes within a minute, instead of piling up for many minutes in the oldest
-generation until the collector's own threshold, whose peaks set how many pymalloc arenas the
-process keeps. Not after every pass: each collection walks only the ~2,000 objects made since
-the freeze (0.4-0.9 ms), but the agent's main process spent 8.6-9.0 millicores collecting
-after every pass against 4.9-5.6 without (``bench/bench_sizing.py``, side by side, twice):
-a full collection also empties the interpreter's free lists and hands emptied pymalloc
-arenas back, which the next pass allocates and faults in again.
+The runner starts no garbage collection of its own. Collecting after every pass (so that what
+a pass leaves in reference cycles, pyroute2's netlink messages and errors, goes with it rather
+than waiting in the oldest generation for the collector's threshold) was tried and measured:
+the agent's main process spent 7.1-9.6 millicores against 3.9-6.3 without it
+(``bench/bench_sizing.py``, five pairs side by side on the development machine), and once a
+minute cost as much: py-spy put a third of the main process's busy samples in those
+collections. Its long soaks grew no slower with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import threading
 import time
@@ -50,8 +45,6 @@ CHILD_REASONS = ("crashed", "hung", "memory_ceiling", "backoff")
 ERROR_REASONS = ("exception", "timeout", "still_running", *CHILD_REASONS)
 #: seconds the runner waits beyond a self-timed sampler's own deadline
 SELF_TIMED_MARGIN = 1.0
-#: the least seconds between two full collections after passes, once start-up is frozen
-COLLECT_EVERY_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +145,10 @@ class Runner:
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         announce: bool = False,
-        collect_every: float = COLLECT_EVERY_SECONDS,
     ) -> None:
         """``announce``: say at INFO what each sampler's first pass found or why it has
         nothing, and hardware appearing or going (the agent); else at DEBUG (one-shot
-        commands that print their own result: topo, snapshot). ``collect_every``: the least
-        seconds between two full collections after passes (see the module)."""
+        commands that print their own result: topo, snapshot)."""
         self._announce = logging.INFO if announce else logging.DEBUG
         names = [s.sampler.name for s in specs]
         if len(set(names)) != len(names):
@@ -169,8 +160,6 @@ class Runner:
         self._on_update = on_update
         self._wall = wall_clock
         self._mono = monotonic
-        self._collect_every = collect_every
-        self._collected_at: float | None = None
 
     @property
     def names(self) -> list[str]:
@@ -227,24 +216,11 @@ class Runner:
         next_at = self._mono()
         while not self._stop.is_set():
             self.run_sampler(slot.spec.sampler.name)
-            self._collect_if_due()
             next_at += interval
             now = self._mono()
             if next_at < now:  # fell behind (a hung call): skip missed slots, keep the phase
                 next_at += ((now - next_at) // interval + 1) * interval
             self._stop.wait(next_at - now)
-
-    def _collect_if_due(self) -> None:
-        """A full collection when start-up is frozen (cheap only then) and the last one is
-        :attr:`_collect_every` seconds old or more (see the module)."""
-        if not gc.get_freeze_count():
-            return
-        now = self._mono()
-        with self._lock:
-            if self._collected_at is not None and now - self._collected_at < self._collect_every:
-                return
-            self._collected_at = now
-        gc.collect()
 
     # -- one attempt -------------------------------------------------------------------
 

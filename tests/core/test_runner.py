@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -183,80 +181,3 @@ def test_one_shot_commands_keep_the_start_lines_at_debug(caplog: pytest.LogCaptu
     caplog.set_level("INFO", logger="agent.core.runner")
     Runner([SamplerSpec(Counting("quiet1", ["nodata"]), 1, 1)]).run_once()
     assert not [r for r in caplog.records if r.getMessage().startswith("sampler quiet1")]
-
-
-class LeavesCycles:
-    """A sampler whose pass leaves an object in a reference cycle, promoted to the oldest
-    generation while the pass held it (as a young collection in the middle of a pass does),
-    the way pyroute2's netlink messages and errors are left by a netdev pass."""
-
-    name = "cycles"
-
-    def __init__(self) -> None:
-        self.left: list[weakref.ref[object]] = []
-
-    def sample(self) -> FakeSnapshot:
-        node = Node()
-        node.me = node
-        gc.collect(1)  # what survives a young collection moves to the oldest generation
-        self.left.append(weakref.ref(node))
-        return FakeSnapshot(len(self.left))
-
-
-class Node:
-    me: object = None
-
-
-def test_once_start_up_is_frozen_each_pass_takes_its_cycles_with_it() -> None:
-    from agent.core.allocator import freeze_startup
-
-    s = LeavesCycles()
-    runner = Runner([SamplerSpec(s, 0.02, 1)], collect_every=0)
-    freeze_startup()
-    try:
-        runner.start()
-        deadline = time.monotonic() + 10
-        while len(s.left) < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        runner.stop()
-    finally:
-        gc.unfreeze()
-    assert len(s.left) >= 5
-    # every pass but the last one (the runner may have stopped before collecting after it)
-    # left nothing behind: the collector's own threshold would have kept them for minutes
-    assert [ref() for ref in s.left[:-1]] == [None] * (len(s.left) - 1)
-
-
-def test_full_collections_after_passes_are_at_least_a_minute_apart() -> None:
-    """Collecting after every pass cost the main process more CPU than its passes (free lists
-    and pymalloc arenas emptied and filled again): one full collection a minute at most."""
-    from agent.core.allocator import freeze_startup
-    from agent.core.runner import COLLECT_EVERY_SECONDS
-
-    now = [1000.0]
-    runner = Runner([SamplerSpec(Counting("c"), 15, 1)], monotonic=lambda: now[0])
-    full: list[int] = []
-
-    def count(phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and info["generation"] == 2:
-            full.append(1)
-
-    runner._collect_if_due()  # not frozen yet: start-up is not collected pass by pass
-    assert full == []
-    freeze_startup()
-    gc.callbacks.append(count)
-    try:
-        for _ in range(3):  # three passes ending at once: one collection
-            runner._collect_if_due()
-        now[0] += COLLECT_EVERY_SECONDS - 1
-        runner._collect_if_due()
-        collected_early = len(full)
-        now[0] += 1
-        runner._collect_if_due()
-        runner._collect_if_due()
-    finally:
-        gc.callbacks.remove(count)
-        gc.unfreeze()
-    assert COLLECT_EVERY_SECONDS == 60.0
-    assert collected_early == 1
-    assert len(full) == 2
