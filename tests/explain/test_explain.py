@@ -196,12 +196,22 @@ def test_cli_healthy_says_no_fabric_cause(lab: Lab) -> None:
         ]
     )
     assert out.returncode == 0, out.stderr
-    # every check of the table, the NCCL settings and the uplinks; 32 have data in this lab
-    # (the below-its-rate check reads a folded zero as 0 since the series budget folds it)
+    # every check of the table, the NCCL settings and the uplinks; 39 have data in this lab
+    # (the below-its-rate check reads a folded zero as 0 since the series budget folds it):
+    # the 32 of the first lab and the 7 the agent's default-detail families give it since
+    # (port rate, link width, lane speed, NIC PCIe speed and its below-both-ends flag, the
+    # GPU's PCIe generation flag, the workload's NCCL finding counts); the switch end, the
+    # uplinks, XID events and NCCL's own log lines have none
     checks = len(CHECKS) + 1 + len(UPLINK_CHECKS)
-    assert f"no fabric cause found: 32 of {checks} checks compared data of both periods, on 4 " in (
+    assert f"no fabric cause found: 39 of {checks} checks compared data of both periods, on 4 " in (
         out.stdout
     )
+    for unjudged in ("symbol errors at the switch end of the cable", "XID errors"):
+        assert f"{unjudged} [no data]" in out.stdout
+    for judged in ("port rate", "lane speed", "NIC PCIe link speed", "running processes"):
+        assert f"{judged} [48 devices" in out.stdout or f"{judged} (share of time) [8 " in (
+            out.stdout
+        )
     assert "symbol errors [48 devices; max 0.00]" in out.stdout
 
 
