@@ -8,6 +8,20 @@ throughput series per node), N nodes, H hours at a 30 s scrape interval, backfil
 promtool (no time limit) and served by a real Prometheus (2.42). The job's throughput drops
 34 % at 55 % of the window; node-02's mlx5_3 port starts taking symbol errors then.
 
+What a node exports: every family the agent exports at the default detail on an InfiniBand
+GPU node that explain reads, at the values the agent gave on the fixture (527 series a
+node): the ports' counters, state, rate and width; every PCI device's identity (54) and
+the links' width, speed and their below-both-ends flags; the GPUs' PCIe width, replays and
+generation flag (as the agent exports it for a GPU running processes: the lab's pods hold
+every GPU); NVLink state and errors; the workload's NUMA placement and per-kind finding
+counts. Left out, and why: the far (switch) end of each cable and the leaves' uplinks (the
+ibpeer sampler asks the fabric with infiniband-diags, which a fixture tree cannot answer;
+the explain accuracy benchmark models them); NCCL's own log lines (channels, warnings: only
+pods that run with ``NCCL_DEBUG=INFO`` have them); XID events (a series appears with a GPU's
+first XID: a healthy node has none); the PMA saturation flags (the fixture's mlx5_6 reads
+four counters at their maximum, which the lab's counters, advancing from the fixture's
+values, would contradict). Those checks ask Prometheus all the same and find no series.
+
 Measured per size, over ``--runs`` runs of the whole command (``python -m exporter.cli
 explain``, interpreter start included): wall time, explain's user+system CPU and peak RSS
 (``getrusage`` of the child), its query count and bytes (its own ``--log.level=info``

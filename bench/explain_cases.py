@@ -320,19 +320,21 @@ def node_series(
             ):
                 new = 8.0 if name.endswith("width") else 1.0
                 kw["val"] = lambda t, v=value, n=new: n if after(t) else v
+        elif name in (
+            "fabricscope_pci_link_speed_transfers_per_second",
+            "fabricscope_pci_link_speed_degraded",
+        ):
+            # a NIC's PCIe speed halves (Gen5 32 GT/s to Gen4 16): the agent's gauges at the
+            # default detail, the speed and its below-both-ends flag
+            f = kinds.get("nic_pcie")
+            if (
+                f is not None
+                and f.get("kind") == "s"
+                and labels.get("pci_bus_id") == _bus(template, f.get("dev"))
+            ):
+                new = value / 2 if name.endswith("second") else 1.0
+                kw["val"] = lambda t, v=value, n=new: n if after(t) else v
         add(family, kind, name, labels, **kw)
-    # a NIC's PCIe speed: the agent's gauges at the default detail (speed, degraded flag)
-    f = kinds.get("nic_pcie")
-    for dev in CX7:
-        bus = _bus(template, dev)
-        slow = f is not None and f.get("kind") == "s" and f.get("dev") == dev
-        add(
-            "fabricscope_pci_link_speed_transfers_per_second",
-            "gauge",
-            "fabricscope_pci_link_speed_transfers_per_second",
-            {"pci_bus_id": bus},
-            val=lambda t, s=slow: 16e9 if s and after(t) else 32e9,
-        )
     # the cables' far ends (the ibpeer sampler): each compute port under the node's leaf
     lf = case.leaf_of(node)
     slot = case.leaves[lf].index(node)

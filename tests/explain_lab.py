@@ -30,6 +30,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.workload.findings import PROCESS_FINDING_KINDS
 from exporter.metrics import attribution, netdev, nvml, probe, ras, workload
 from exporter.metrics.spec import MetricSpec
 
@@ -64,12 +65,17 @@ KEEP = {
         "out_of_sequence_total",
         "local_ack_timeout_errors_total",
         "info",
+        # the port's rate and width (constant gauges; explain's lane speed is their ratio)
+        "rate_bytes_per_second",
+        "link_width",
     )
 } | {
     "fabricscope_infiniband_device_info",
     "fabricscope_pci_device_info",
     "fabricscope_pci_link_width",
     "fabricscope_pci_link_width_degraded",
+    "fabricscope_pci_link_speed_transfers_per_second",
+    "fabricscope_pci_link_speed_degraded",
     "fabricscope_nvlink_up",
     "fabricscope_nvlink_errors_total",
     "fabricscope_gpu_nvlinks_up",
@@ -172,25 +178,38 @@ def agent_template() -> list[tuple[str, str, str, dict[str, str], float]]:
                 check=True,
                 timeout=120,
             ).stdout
-            samples = [
+            every = [
                 (s.name, fam.name, fam.type, dict(s.labels), s.value)
                 for fam in text_string_to_metric_families(text)
                 for s in fam.samples
-                if s.name in KEEP
             ]
-            # PCI: only GPUs and NICs and the links above them (the test TSDB stays small)
-            keep_pci = {
-                labels["pci_bus_id"]
-                for name, _, _, labels, _ in samples
-                if name == "fabricscope_pci_device_info" and labels.get("role") in ("gpu", "nic")
-            }
-            out += [
-                row
-                for row in samples
-                if not row[0].startswith("fabricscope_pci_") or row[3]["pci_bus_id"] in keep_pci
-                if row[3].get("reason") not in ("crc_data", "ecc_data")
-            ]
+            samples = [row for row in every if row[0] in KEEP] + _busy_gpu_generation(every)
+            # every PCI device's identity and links, as the agent exports them (54 devices,
+            # 20 links with a width and speed); NVLink error reasons crc_data and ecc_data
+            # left out as before
+            out += [row for row in samples if row[3].get("reason") not in ("crc_data", "ecc_data")]
     return out
+
+
+def _busy_gpu_generation(
+    rows: list[tuple[str, str, str, dict[str, str], float]],
+) -> list[tuple[str, str, str, dict[str, str], float]]:
+    """``fabricscope_gpu_pcie_link_generation_degraded`` as the agent exports it for a GPU
+    that runs compute processes (the lab's pods hold every GPU; the NVML recording was
+    taken with none running, when the agent leaves it out): current generation below the
+    maximum, both the recording's own (:func:`agent.nvml.findings.
+    generation_degraded_under_load`'s rule)."""
+    gen: dict[str, dict[str, float]] = {}
+    for name, _, _, labels, value in rows:
+        if name in (nvml.PCIE_CURRENT_GENERATION.name, nvml.PCIE_MAX_GENERATION.name):
+            gen.setdefault(labels["gpu"], {})[name] = value
+    spec = nvml.PCIE_GENERATION_DEGRADED
+    return [
+        (spec.name, spec.name, "gauge", {"gpu": gpu}, float(g[cur] < g[top]))
+        for gpu, g in sorted(gen.items())
+        for cur, top in [(nvml.PCIE_CURRENT_GENERATION.name, nvml.PCIE_MAX_GENERATION.name)]
+        if cur in g and top in g
+    ]
 
 
 def _spec_labels(spec: MetricSpec, **values: str) -> dict[str, str]:
@@ -366,6 +385,29 @@ def node_lines(
                     "gauge",
                     labels | {"instance": inst},
                     1.0 if misplaced else 0.0,
+                )
+            )
+        # the workload sampler's per-kind process counts (0 for every kind without one):
+        # the misplaced pod's CPUs are all off its GPUs' NUMA node; no scenario's NCCL
+        # settings give an NCCL finding (nccl_env_differs's =mlx5_0 names an HCA of the
+        # node, on NUMA node 0 as the pod's GPUs 0000:19:00.0 and 0000:1a:00.0)
+        for kind in PROCESS_FINDING_KINDS:
+            labels = _spec_labels(
+                workload.FINDING_PROCESSES,
+                kind=kind,
+                gpu=gpu,
+                namespace=NAMESPACE,
+                pod=pod,
+                container="trainer",
+            )
+            off = misplaced and kind == "process_cpus_off_gpu_numa"
+            lines.append(
+                Line(
+                    workload.FINDING_PROCESSES.name,
+                    workload.FINDING_PROCESSES.name,
+                    "gauge",
+                    labels | {"instance": inst},
+                    1.0 if off else 0.0,
                 )
             )
         # nccl_env_differs: the planted pod restarts at the change with one HCA only

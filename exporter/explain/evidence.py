@@ -489,6 +489,9 @@ def compare_pairs(
     # CheckResult.counts as it counts them, while the rows are at hand (none is blind or
     # thin yet: blind.apply and judge make new results when they mark one)
     level = check.mode == "level"
+    # modes whose change is slow minus baseline (or relative to it): none when the two are
+    # equal, so an unchanged device (a port's rate, a link's width) scores 0 without scoring
+    flat = check.mode in ("rate", "rise", "drop")
     judged = no_baseline = 0
     instances: set[str] = set()
     for labels, braw, sraw in rows:
@@ -506,8 +509,10 @@ def compare_pairs(
                 instances.add(labels.get("instance", ""))
             else:
                 no_baseline += 1
-        # nothing in either period (most devices, most checks) scores 0 in every mode
-        naive = 0.0 if bv == 0.0 and sv == 0.0 else score(check, bv, sv, ratio)
+        # nothing in either period (most devices, most checks) scores 0 in every mode, and
+        # the same figure in both periods in the modes that score a difference
+        same = bv is not None and bv == sv and (flat or bv == 0.0)
+        naive = 0.0 if same else score(check, bv, sv, ratio)
         sigma = _relative(check, bv, job_sigma) if borrowed else 0.0
         out.append(
             Measurement(

@@ -14,8 +14,8 @@ import pytest
 
 from exporter.explain import render
 from exporter.explain.checks import CHECKS, THRESHOLD
-from exporter.explain.client import ClientSettings, PrometheusClient
-from exporter.explain.discover import JobSpec
+from exporter.explain.client import ClientSettings, PrometheusClient, Sample
+from exporter.explain.discover import JobSpec, inventory
 from exporter.explain.report import Report, explain
 from exporter.explain.switches import UPLINK_CHECKS
 from tests import explain_lab
@@ -196,12 +196,22 @@ def test_cli_healthy_says_no_fabric_cause(lab: Lab) -> None:
         ]
     )
     assert out.returncode == 0, out.stderr
-    # every check of the table, the NCCL settings and the uplinks; 32 have data in this lab
-    # (the below-its-rate check reads a folded zero as 0 since the series budget folds it)
+    # every check of the table, the NCCL settings and the uplinks; 39 have data in this lab
+    # (the below-its-rate check reads a folded zero as 0 since the series budget folds it):
+    # the 32 of the first lab and the 7 the agent's default-detail families give it since
+    # (port rate, link width, lane speed, NIC PCIe speed and its below-both-ends flag, the
+    # GPU's PCIe generation flag, the workload's NCCL finding counts); the switch end, the
+    # uplinks, XID events and NCCL's own log lines have none
     checks = len(CHECKS) + 1 + len(UPLINK_CHECKS)
-    assert f"no fabric cause found: 32 of {checks} checks compared data of both periods, on 4 " in (
+    assert f"no fabric cause found: 39 of {checks} checks compared data of both periods, on 4 " in (
         out.stdout
     )
+    for unjudged in ("symbol errors at the switch end of the cable", "XID errors"):
+        assert f"{unjudged} [no data]" in out.stdout
+    for judged in ("port rate", "lane speed", "NIC PCIe link speed", "running processes"):
+        assert f"{judged} [48 devices" in out.stdout or f"{judged} (share of time) [8 " in (
+            out.stdout
+        )
     assert "symbol errors [48 devices; max 0.00]" in out.stdout
 
 
@@ -321,3 +331,53 @@ def test_every_printed_query_of_the_text_output_reproduces(lab: Lab, name: str) 
     figures = sum((m.slow is not None) + (m.baseline is not None) for m in first)
     assert checked >= figures, out
     assert out.count("promql: ") >= len([m for m in first if m.slow is not None])
+
+
+class _Counting(PrometheusClient):
+    """A real client that counts its instant queries."""
+
+    queries = 0
+
+    def query(self, expr: str, at: float) -> list[Sample]:
+        self.queries += 1
+        return super().query(expr, at)
+
+
+def test_device_names_come_from_the_index_and_name_as_the_samples_did(lab: Lab) -> None:
+    """The inventory (the names: netdev, PCI role, HCA or GPU of a bus address, the port
+    count) is asked of Prometheus's series index, not its samples, and names every device
+    as the samples over the window name it (``count by (...) (last_over_time(...))``)."""
+    slot = lab.slots["ib_link_bad"]
+    client = _Counting(ClientSettings(lab.prom.url))
+    nodes = [f"node-{n:02d}" for n in range(4)]
+    inv = inventory(client, nodes, slot.start, slot.end)
+    assert client.queries == 0
+    sel = 'instance=~"node-00|node-01|node-02|node-03"'
+    d = f"{int(slot.end - slot.start)}s"
+
+    def last(family: str, labels: str) -> list[Sample]:
+        return client.query(
+            f"count by ({labels}) (last_over_time({family}{{{sel}}}[{d}]))", slot.end
+        )
+
+    ports = last("fabricscope_infiniband_port_info", "instance, netdev, device, port")
+    roles = last("fabricscope_pci_device_info", "instance, pci_bus_id, role")
+    hcas = last("fabricscope_infiniband_device_info", "instance, pci_bus_id, device")
+    gpus = last("fabricscope_gpu_info", "instance, pci_bus_id, gpu")
+    want = {
+        (s.labels["instance"], s.labels["device"], s.labels["port"]): s.labels["netdev"]
+        for s in ports
+        if "netdev" in s.labels
+    }
+    assert inv.netdevs == want and len(want) == 4 * 12
+    assert inv.port_count == sum(s.value for s in ports) == 4 * 12
+    assert inv.pci_roles == {
+        (s.labels["instance"], s.labels["pci_bus_id"]): s.labels.get("role", "") for s in roles
+    }
+    assert len(inv.pci_roles) == 4 * 54
+    names = {(s.labels["instance"], s.labels["pci_bus_id"]): s.labels["device"] for s in hcas}
+    names |= {
+        (s.labels["instance"], s.labels["pci_bus_id"]): f"GPU {s.labels['gpu']}" for s in gpus
+    }
+    assert inv.pci_names == names
+    assert inv.instances == frozenset(nodes)

@@ -472,3 +472,29 @@ def test_a_ports_rate_and_width_are_read_once_for_the_three_capacity_checks() ->
     asked.clear()
     evaluate(Recorder(), scope, periods, checks=checks, derive=False)  # type: ignore[arg-type]
     assert len(asked) == 6  # each check's own template, once a period
+
+
+def test_a_device_unchanged_scores_as_score_says_in_every_check() -> None:
+    """compare_pairs skips scoring a figure that is the same in both periods where the
+    check's mode scores a difference: every check, equal and unequal figures, the same
+    scores as :func:`score` gives them."""
+    from exporter.explain.checks import CHECKS
+    from exporter.explain.evidence import compare_pairs
+
+    values = (0.0, 1.0, 1.5, -2.0, 16.0, 5e10, 1e-9)
+    for check in CHECKS:
+        base = [({"instance": f"n{i}-{j}"}, b) for i, b in enumerate(values) for j in range(2)]
+        slow = [
+            ({"instance": f"n{i}-{j}"}, b if j == 0 else b * 0.5 + 1)
+            for i, b in enumerate(values)
+            for j in range(2)
+        ]
+        got = compare_pairs(check, base, slow, 0.8)
+        for m in got.measurements:
+            i, j = (int(x) for x in m.labels["instance"][1:].split("-"))
+            b = values[i]
+            s = b if j == 0 else b * 0.5 + 1
+            want = score(check, b, s, 0.8)
+            if check.mode == "events":  # whole events, as printed
+                want = score(check, math.floor(b + 0.5), math.floor(s + 0.5), 0.8)
+            assert m.score == want and m.naive_score == want, (check.name, b, s)
