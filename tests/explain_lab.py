@@ -199,15 +199,15 @@ def _busy_gpu_generation(
     taken with none running, when the agent leaves it out): current generation below the
     maximum, both the recording's own (:func:`agent.nvml.findings.
     generation_degraded_under_load`'s rule)."""
+    cur, top = nvml.PCIE_CURRENT_GENERATION.name, nvml.PCIE_MAX_GENERATION.name
     gen: dict[str, dict[str, float]] = {}
     for name, _, _, labels, value in rows:
-        if name in (nvml.PCIE_CURRENT_GENERATION.name, nvml.PCIE_MAX_GENERATION.name):
+        if name in (cur, top):
             gen.setdefault(labels["gpu"], {})[name] = value
     spec = nvml.PCIE_GENERATION_DEGRADED
     return [
         (spec.name, spec.name, "gauge", {"gpu": gpu}, float(g[cur] < g[top]))
         for gpu, g in sorted(gen.items())
-        for cur, top in [(nvml.PCIE_CURRENT_GENERATION.name, nvml.PCIE_MAX_GENERATION.name)]
         if cur in g and top in g
     ]
 
