@@ -45,7 +45,10 @@ def locked(root: Path) -> Iterator[None]:
 
 
 def write(path: Path, value: int) -> None:
-    tmp = path.with_name(path.name + ".new")
+    # the temporary file lies in the port's directory, which the agent reads by name, not in
+    # counters/, which it lists: one there is listed, renamed away and then read as a counter
+    # that vanished (a read error: one CI run saw FabricscopeSamplerReadErrors turn pending)
+    tmp = path.parent.parent / f".{path.parent.name}.{path.name}.new"
     tmp.write_text(f"{value}\n")
     os.replace(tmp, path)
 

@@ -22,6 +22,7 @@ from agent.infiniband.sampler import InfinibandSampler
 from exporter.metrics import infiniband as ib_metrics
 from exporter.metrics.spec import Families
 from tests.ib_port_tree import write_ib_port
+from tests.infiniband import pma_standin
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ibpeer"
 P = "fabricscope_infiniband_port_"
@@ -374,3 +375,24 @@ def test_snapshots_never_ask_a_pma(tmp_path: Path) -> None:
         'fabricscope_infiniband_port_pma_source_info{device="mlx5_0",port="1",reason="off",'
         'source="sysfs"} 1.0' in replay.stdout
     )
+
+
+def test_the_pma_standin_never_shows_a_reader_of_counters_a_file_mid_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent reads every file ``counters/`` lists: a stand-in's temporary file there is
+    listed, renamed away, then read as a counter that vanished (a sampler read error; one CI
+    run of tests/test_rolling_restart.py saw FabricscopeSamplerReadErrors turn pending)."""
+    root = port_tree(tmp_path / "sys", "mlx5_0", {"symbol_error": 3})
+    directory = pma_standin.counters_dir(root, "mlx5_0", 1)
+    seen: list[list[str]] = []
+    real_replace = os.replace
+
+    def replace(src: object, dst: object) -> None:
+        seen.append(sorted(os.listdir(directory)))  # what a reader lists mid-write
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pma_standin.os, "replace", replace)
+    pma_standin.add(root, "mlx5_0", 1, "symbol_error", 2)
+    assert seen == [["symbol_error"]]
+    assert (directory / "symbol_error").read_text() == "5\n"
