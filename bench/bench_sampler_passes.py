@@ -6,6 +6,7 @@ machine.
 
     python bench/bench_sampler_passes.py --before /path/to/old/checkout [--after .]
         [--sysfs tests/fixtures/dgx-h100/sys] [--rounds 7] [--passes 40] [--json FILE]
+        [--veths K [--veth-queues Q]]
 
 Each round: one first pass (not counted: it reads everything on any code), then ``--passes``
 steady passes timed with ``time.process_time`` (this process's CPU, user + system), the
@@ -16,21 +17,34 @@ priced apart (``first_pass_ms``).
 
 netdev asks netlink (this machine's, not the tree's) for each netdev the tree's RDMA devices
 name, one request each through pyroute2: the 12 names of the DGX tree do not exist here,
-so each is answered "no such device" and the pass ends without data; the cost is pyroute2's
-per request (about the same for an answered one: 0.64 ms a request, 0.43 ms to open and
-close the socket, measured on the development machine for its own netdevs).
+so each is answered "no such device" and the pass ends without data. Such an answer costs
+less than an answered one (through agent.netdev.rtnl: 0.12 against 0.37 ms, measured on the
+development machine for its own netdevs; through pyroute2's IPRoute about 0.65 ms either
+way), and no ethtool statistics are read: ``--veths`` measures answered netdevs.
+
+With ``--veths K`` (and ``--veth-queues Q``, default 64) it also times ``netdev_ethtool``:
+the netdev sampler over K real veths of Q queues each, in a namespace made for the run (``ip
+netns add``; root) that the child enters, sampling its own namespace as the agent with
+hostNetwork samples the node's; a sysfs tree names each veth as an RDMA device's netdev, so
+the sampler asks netlink for each by name, as on a GPU node. The veths answer netlink and
+ethtool as the kernel does: one with 64 queues reports 577 ethtool statistics, of which the
+default include keeps none; an mlx5 port reports a set per ring and per priority (thousands
+with one ring per CPU), of which it keeps a few dozen. Both checkouts read the same veths.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,9 +95,14 @@ def once(sampler):
 
 out = {}
 passes = int(sys.argv[3])
-samplers = (("infiniband", InfinibandSampler), ("pci", PciSampler), ("netdev", NetdevSampler))
+samplers = [("infiniband", InfinibandSampler), ("pci", PciSampler), ("netdev", NetdevSampler)]
+if sys.argv[4]:  # the veths of a namespace, named by RDMA devices as the agent finds them
+    samplers.append(("netdev_ethtool", NetdevSampler))
 for name, cls in samplers:
-    reader = Counting(sys.argv[2])
+    if name == "netdev_ethtool":  # moved into the namespace as the agent runs in the host's
+        from agent.netdev.netlink import pyroute2_netns
+        pyroute2_netns.setns(sys.argv[4], flags=0)
+    reader = Counting(sys.argv[2] if name != "netdev_ethtool" else sys.argv[6])
     sampler = cls(reader)
     c0 = time.process_time()
     once(sampler)
@@ -102,9 +121,13 @@ print(json.dumps(out))
 """
 
 
-def one(checkout: Path, sysfs: Path, passes: int) -> dict[str, dict[str, object]]:
+def one(
+    checkout: Path, sysfs: Path, passes: int, veths: tuple[str, str, str] = ("", "", "")
+) -> dict[str, dict[str, object]]:
+    """One round of ``checkout``'s passes; ``veths``: (namespace, unused, the sysfs root
+    naming them) of the netdev_ethtool run, or empty strings."""
     got = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(checkout), str(sysfs), str(passes)],
+        [sys.executable, "-c", _CHILD, str(checkout), str(sysfs), str(passes), *veths],
         cwd=checkout,
         capture_output=True,
         text=True,
@@ -119,6 +142,34 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+@contextlib.contextmanager
+def veth_namespace(count: int, queues: int) -> Iterator[tuple[str, str, str]]:
+    """A fresh namespace with ``count`` veth pairs of ``queues`` queues, up: (namespace,
+    "", a sysfs root in which RDMA device ``mlx5_<i>`` names veth ``fsbv<i>`` as its netdev,
+    as ``class/infiniband/<dev>/device/net`` does: the sampler asks for each by name)."""
+    ns = f"fsbench-{os.getpid()}"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+    ip("netns", "add", ns)
+    try:
+        for i in range(count):
+            q = ["numtxqueues", str(queues), "numrxqueues", str(queues)]
+            ip("-n", ns, "link", "add", f"fsbv{i}", *q, "type", "veth", "peer", "name", f"fsbw{i}")
+            ip("-n", ns, "link", "set", f"fsbv{i}", "up")
+            ip("-n", ns, "link", "set", f"fsbw{i}", "up")
+        with tempfile.TemporaryDirectory() as root:
+            for i in range(count):
+                net = Path(root, "class/infiniband", f"mlx5_{i}", "device/net", f"fsbv{i}")
+                net.mkdir(parents=True)
+                (net / "dev_port").write_text("0\n")
+                Path(root, "class/infiniband", f"mlx5_{i}", "ports/1").mkdir(parents=True)
+            yield ns, "", root
+    finally:
+        ip("netns", "del", ns)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--before", type=Path, required=True, help="the old checkout")
@@ -127,15 +178,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--passes", type=int, default=39)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--veths", type=int, default=0, help="also netdev over K veths (root)")
+    ap.add_argument("--veth-queues", type=int, default=64)
     ns = ap.parse_args(argv)
     runs: dict[str, list[dict[str, dict[str, object]]]] = {"before": [], "after": []}
     loads = [load_average()]
-    for _ in range(ns.rounds):
-        for label, checkout in (("before", ns.before), ("after", ns.after)):
-            runs[label].append(one(checkout.resolve(), ns.sysfs.resolve(), ns.passes))
-        loads.append(load_average())
+    with contextlib.ExitStack() as stack:
+        veths = ("", "", "")
+        if ns.veths:
+            veths = stack.enter_context(veth_namespace(ns.veths, ns.veth_queues))
+        for _ in range(ns.rounds):
+            for label, checkout in (("before", ns.before), ("after", ns.after)):
+                runs[label].append(one(checkout.resolve(), ns.sysfs.resolve(), ns.passes, veths))
+            loads.append(load_average())
     samplers: dict[str, object] = {}
-    for name in ("infiniband", "pci", "netdev"):
+    names = ("infiniband", "pci", "netdev") + (("netdev_ethtool",) if ns.veths else ())
+    for name in names:
         row: dict[str, object] = {}
         for label in ("before", "after"):
             rs = [r[name] for r in runs[label]]
@@ -157,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "sysfs": os.path.relpath(ns.sysfs.resolve(), ROOT),
         "rounds": ns.rounds,
         "steady_passes_per_round": ns.passes,
+        "veths": {"count": ns.veths, "queues": ns.veth_queues} if ns.veths else None,
         "load_average_1m": {"min": min(loads), "max": max(loads)},
         "samplers": samplers,
     }

@@ -13,7 +13,9 @@ each from a file a benchmark wrote:
   virtual PCIe, so its main process did not pay for the InfiniBand and PCI samplers' passes
   of a real node; they are added:
 * **InfiniBand, PCI and netdev passes**: ``--passes`` (``bench/bench_sampler_passes.py`` on
-  the DGX fixture tree: 12 RDMA devices and their netdevs, 8 GPUs, their PCIe switches), the
+  the DGX fixture tree: 12 RDMA devices and their netdevs, 8 GPUs, their PCIe switches;
+  netdev from its ``netdev_ethtool`` row when it has one: 12 real veths answering netlink
+  and ethtool, 577 statistics each, where the DGX tree's names answer "no such device"), the
   steady pass every interval plus the static refresh (priced as a first pass) once every 40
   passes, before and after, on the machine that file names (a slower CPU than a GPU node's:
   an over-estimate);
@@ -164,6 +166,8 @@ def project(passes: dict[str, Any], interval: float, checkouts: dict[str, Path])
         sysfs_ms = 0.0
         parts: dict[str, float] = {}
         for name, row in passes["samplers"].items():
+            if name == "netdev" and "netdev_ethtool" in passes["samplers"]:
+                continue  # answered netdevs with their ethtool statistics stand in for it
             r = row[label]
             steady, first = r["steady_pass_ms_median"], r["first_pass_ms_median"]
             ms = steady + (first - steady) / REFRESH_PASSES

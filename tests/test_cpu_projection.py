@@ -37,10 +37,16 @@ def test_the_projection_adds_up_and_a_checkout_against_itself_saves_nothing(
 
 def test_the_committed_projection_is_what_the_script_computes_from_the_committed_files() -> None:
     committed = json.loads((ROOT / "bench/results/cpu-projection-8gpu.json").read_text())
-    passes = json.loads((ROOT / "bench/results/sampler-passes.json").read_text())
+    passes = json.loads((ROOT / committed["sources"]["sysfs_passes"]).read_text())
+    assert committed["sources"]["sysfs_passes_date"] == passes["date"]
+    # netdev priced by netdevs that answer, with their ethtool statistics, where measured
+    netdev = "netdev_ethtool" if "netdev_ethtool" in passes["samplers"] else "netdev"
     for label in ("before", "after"):
         p = committed[label]
-        for name in ("infiniband", "pci"):
+        assert not ({"netdev_passes", "netdev_ethtool_passes"} - {f"{netdev}_passes"}) & set(
+            p["main_parts"]
+        )
+        for name in ("infiniband", "pci", netdev):
             row = passes["samplers"][name][label]
             steady, first = row["steady_pass_ms_median"], row["first_pass_ms_median"]
             ms = steady + (first - steady) / cp.REFRESH_PASSES

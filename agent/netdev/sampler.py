@@ -18,13 +18,16 @@ Sources, per interface
     * sysfs ``class/net/<if>/speed`` (Mb/s, converted to bytes/s) and the bound driver.
       Read only when ``class/net/<if>/ifindex`` equals the netlink ifindex: a sysfs mounted
       in another network namespace shows other devices under the same names.
-    * ethtool ``ETHTOOL_GSTATS`` through ``pyroute2.ethtool.ioctl.IoctlEthtool``, filtered by
-      ``ethtool_include`` (:data:`DEFAULT_ETHTOOL_INCLUDE`; ``None`` turns ethtool off).
+    * ethtool ``ETHTOOL_GSTATS`` (:class:`agent.netdev.ethtool.EthtoolStatistics`, pyroute2's
+      ioctl structures), filtered by ``ethtool_include`` (:data:`DEFAULT_ETHTOOL_INCLUDE`;
+      ``None`` turns ethtool off). The names are matched once per interface and again only
+      when the driver's names change: an mlx5 port reports thousands.
 
 Network namespaces
     ``netns=None`` (production: the agent runs with hostNetwork) reads the agent's own
-    namespace. With a name, netlink goes through ``IPRoute(netns=name, flags=0)`` (pyroute2
-    creates that socket in a child process; ``flags=0`` never creates a namespace). An
+    namespace. With a name, netlink goes through pyroute2's ``IPRSocket(netns=name, flags=0)``
+    (:class:`agent.netdev.rtnl.LinkSocket`; pyroute2 creates that socket in a child process;
+    ``flags=0`` never creates a namespace). An
     ethtool ioctl acts on the namespace of the *socket* it is issued on, so the sampler
     creates that one socket in a short-lived thread that first calls ``setns(2)``
     (``pyroute2.netns.setns``; Python 3.11 has no ``os.setns``). ``setns`` moves only the
@@ -52,15 +55,15 @@ from typing import Protocol
 
 from agent.core.errors import NoData
 from agent.core.sysfs import Issues, SysfsReader, classify_os_error
+from agent.netdev.ethtool import CountChangedError, EthtoolStatistics, KnownNames
 from agent.netdev.netlink import (
     EthtoolError,
-    IoctlEthtool,
-    IPRoute,
     NetlinkError,
     NoSuchDevice,
     NotSupportedError,
     pyroute2_netns,
 )
+from agent.netdev.rtnl import LinkSocket
 from agent.netdev.stats import (
     DEFAULT_ETHTOOL_INCLUDE,
     EthtoolStats,
@@ -164,8 +167,7 @@ class _Rtnl(Protocol):
 
 
 def _open_rtnl(netns: str | None) -> _Rtnl:
-    rtnl: _Rtnl = IPRoute() if netns is None else IPRoute(netns=netns, flags=0)
-    return rtnl
+    return LinkSocket(netns)
 
 
 def read_links(
@@ -212,31 +214,29 @@ def _append_link(out: list[NetlinkLink], msg: LinkMessage, issues: Issues, path:
 
 
 class _EthtoolIoctl(Protocol):
-    """The part of ``pyroute2.ethtool.ioctl.IoctlEthtool`` the sampler uses."""
+    """What the sampler asks of ethtool (:class:`agent.netdev.ethtool.EthtoolStatistics`)."""
 
-    def change_ifname(self, ifname: str) -> None: ...
-
-    def get_statistics(self) -> list[tuple[str, int]]: ...
+    def statistics(self, ifname: str, include: re.Pattern[str]) -> list[tuple[str, int]]: ...
 
     def close(self) -> None: ...
 
 
-def open_ethtool(netns: str | None) -> _EthtoolIoctl:
-    """An ethtool ioctl socket in ``netns`` (``None``: the caller's namespace).
+def open_ethtool(netns: str | None, names: KnownNames | None = None) -> EthtoolStatistics:
+    """An ethtool ioctl socket in ``netns`` (``None``: the caller's namespace), remembering
+    each interface's statistics names in ``names`` (kept by the caller across passes).
 
     For a named namespace the socket is created by a fresh thread that has moved itself
     into it with ``setns(2)`` and then ends; the calling thread never changes namespace.
     """
     if netns is None:
-        tool: _EthtoolIoctl = IoctlEthtool()
-        return tool
-    made: list[_EthtoolIoctl] = []
+        return EthtoolStatistics(names)
+    made: list[EthtoolStatistics] = []
     failed: list[BaseException] = []
 
     def enter_and_open() -> None:
         try:
             pyroute2_netns.setns(netns, flags=0)  # flags=0: never create the namespace
-            made.append(IoctlEthtool())
+            made.append(EthtoolStatistics(names))
         except BaseException as exc:  # handed to the calling thread below
             failed.append(exc)
 
@@ -246,12 +246,6 @@ def open_ethtool(netns: str | None) -> _EthtoolIoctl:
     if failed:
         raise failed[0]
     return made[0]
-
-
-def read_ethtool_statistics(tool: _EthtoolIoctl, ifname: str) -> list[tuple[str, int]]:
-    """All ``ETHTOOL_GSTATS`` statistics of ``ifname`` as ``(name, value)`` pairs."""
-    tool.change_ifname(ifname)
-    return [(str(name), int(value)) for name, value in tool.get_statistics()]
 
 
 def _read_sysfs_facts(
@@ -299,12 +293,15 @@ def _sample_ethtool(
     recorded) when they cannot be read; ``vanished`` says the interface no longer exists."""
     path = f"netlink/ethtool/{name}"
     try:
-        pairs = read_ethtool_statistics(tool, name)
+        pairs = tool.statistics(name, include)
     except NoSuchDevice:
         issues.add(path, "vanished", "no such device")
         return None, True
     except NotSupportedError:
         issues.add(path, "unsupported", "the driver reports no ethtool statistics")
+        return None, False
+    except CountChangedError:
+        issues.add(path, "io", "the statistics count changed between two ethtool calls")
         return None, False
     except OSError as exc:
         if exc.errno == errno.ENODEV:
@@ -314,9 +311,6 @@ def _sample_ethtool(
         return None, False
     except EthtoolError as exc:
         issues.add(path, "io", repr(exc))
-        return None, False
-    except AssertionError:  # pyroute2 asserts that the name and value counts agree
-        issues.add(path, "io", "the statistics count changed between two ethtool calls")
         return None, False
     return parse_ethtool_stats(pairs, include), False
 
@@ -344,14 +338,19 @@ class NetdevSampler:
         netns: str | None = None,
         *,
         open_rtnl: Callable[[str | None], _Rtnl] = _open_rtnl,
-        open_ethtool: Callable[[str | None], _EthtoolIoctl] = open_ethtool,
+        open_ethtool: Callable[[str | None], _EthtoolIoctl] | None = None,
     ) -> None:
         self.sys = sys
         self.include = include
         self.ethtool_include = ethtool_include
         self.netns = netns
         self._open_rtnl = open_rtnl
-        self._open_ethtool = open_ethtool
+        #: each interface's ethtool names and which of them are kept, across passes
+        self._ethtool_names: KnownNames = {}
+        self._open_ethtool = open_ethtool if open_ethtool is not None else self._own_ethtool
+
+    def _own_ethtool(self, netns: str | None) -> _EthtoolIoctl:
+        return open_ethtool(netns, self._ethtool_names)
 
     def sample(self) -> NetdevSnapshot:
         issues = Issues(self.sys)
@@ -365,6 +364,8 @@ class NetdevSampler:
             present = {link.name for link in links}
             missing = sorted(n for n in rdma if n not in present)
             links = [lk for lk in links if lk.name in rdma or include.fullmatch(lk.name)]
+        for gone in self._ethtool_names.keys() - {link.name for link in links}:
+            del self._ethtool_names[gone]  # the names of an interface no longer sampled
         if not links:
             raise NoData(f"none of the selected netdevs exists here (missing: {missing})")
 

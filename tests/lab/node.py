@@ -49,6 +49,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import uuid
@@ -187,15 +188,11 @@ class LabRtnl:
 class LabEthtool:
     def __init__(self, node: LabNode) -> None:
         self._node = node
-        self._ifname = ""
 
-    def change_ifname(self, ifname: str) -> None:
-        self._ifname = ifname
-
-    def get_statistics(self) -> list[tuple[str, int]]:
+    def statistics(self, ifname: str, include: re.Pattern[str]) -> list[tuple[str, int]]:
         for p in self._node.ports.values():
-            if p.netdev == self._ifname:
-                return sorted(p.ethtool.items())
+            if p.netdev == ifname:
+                return sorted((k, v) for k, v in p.ethtool.items() if include.fullmatch(k))
         raise OSError(19, "No such device")
 
     def close(self) -> None:
