@@ -102,7 +102,7 @@ for name, cls in samplers:
     if name == "netdev_ethtool":  # moved into the namespace as the agent runs in the host's
         from agent.netdev.netlink import pyroute2_netns
         pyroute2_netns.setns(sys.argv[4], flags=0)
-    reader = Counting(sys.argv[2] if name != "netdev_ethtool" else sys.argv[6])
+    reader = Counting(sys.argv[2] if name != "netdev_ethtool" else sys.argv[5])
     sampler = cls(reader)
     c0 = time.process_time()
     once(sampler)
@@ -122,10 +122,10 @@ print(json.dumps(out))
 
 
 def one(
-    checkout: Path, sysfs: Path, passes: int, veths: tuple[str, str, str] = ("", "", "")
+    checkout: Path, sysfs: Path, passes: int, veths: tuple[str, str] = ("", "")
 ) -> dict[str, dict[str, object]]:
-    """One round of ``checkout``'s passes; ``veths``: (namespace, unused, the sysfs root
-    naming them) of the netdev_ethtool run, or empty strings."""
+    """One round of ``checkout``'s passes; ``veths``: (namespace, the sysfs root naming
+    them) of the netdev_ethtool run, or empty strings."""
     got = subprocess.run(
         [sys.executable, "-c", _CHILD, str(checkout), str(sysfs), str(passes), *veths],
         cwd=checkout,
@@ -143,9 +143,9 @@ def load_average() -> float:
 
 
 @contextlib.contextmanager
-def veth_namespace(count: int, queues: int) -> Iterator[tuple[str, str, str]]:
+def veth_namespace(count: int, queues: int) -> Iterator[tuple[str, str]]:
     """A fresh namespace with ``count`` veth pairs of ``queues`` queues, up: (namespace,
-    "", a sysfs root in which RDMA device ``mlx5_<i>`` names veth ``fsbv<i>`` as its netdev,
+    a sysfs root in which RDMA device ``mlx5_<i>`` names veth ``fsbv<i>`` as its netdev,
     as ``class/infiniband/<dev>/device/net`` does: the sampler asks for each by name)."""
     ns = f"fsbench-{os.getpid()}"
 
@@ -165,7 +165,7 @@ def veth_namespace(count: int, queues: int) -> Iterator[tuple[str, str, str]]:
                 net.mkdir(parents=True)
                 (net / "dev_port").write_text("0\n")
                 Path(root, "class/infiniband", f"mlx5_{i}", "ports/1").mkdir(parents=True)
-            yield ns, "", root
+            yield ns, root
     finally:
         ip("netns", "del", ns)
 
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, dict[str, object]]]] = {"before": [], "after": []}
     loads = [load_average()]
     with contextlib.ExitStack() as stack:
-        veths = ("", "", "")
+        veths = ("", "")
         if ns.veths:
             veths = stack.enter_context(veth_namespace(ns.veths, ns.veth_queues))
         for _ in range(ns.rounds):

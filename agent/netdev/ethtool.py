@@ -18,8 +18,8 @@ and the read would run past the buffer. Both buffers are allocated with headroom
 (:data:`HEADROOM`), and an answer whose count is not the one asked for is refused (the
 caller records an issue; the next pass asks again).
 
-Imports pyroute2's ethtool ioctl module (via :mod:`agent.netdev.netlink`), ctypes and the
-standard library only.
+Imports pyroute2's ethtool ioctl module (via :mod:`agent.netdev.netlink`, as ``eth``), ctypes
+and the standard library only.
 """
 
 from __future__ import annotations
@@ -33,22 +33,8 @@ import re
 import socket
 from dataclasses import dataclass
 
-from agent.netdev.netlink import (
-    ETH_GSTRING_LEN,
-    ETH_SS_STATS,
-    ETHTOOL_GSSET_INFO,
-    ETHTOOL_GSTATS,
-    ETHTOOL_GSTRINGS,
-    IFNAMSIZ,
-    SIOCETHTOOL,
-    EthtoolSsetInfo,
-    IfReq,
-    IfReqSsetInfo,
-    NoSuchDevice,
-    NotSupportedError,
-    generate_EthtoolGStats,
-    generate_EthtoolGstrings,
-)
+from agent.netdev.netlink import NoSuchDevice, NotSupportedError
+from agent.netdev.netlink import pyroute2_ethtool as eth
 
 #: extra entries in each buffer beyond the count the driver gave, against a count that grows
 #: between the size query and the read
@@ -90,17 +76,17 @@ class EthtoolStatistics:
         name = _ifr_name(ifname)
         count = self._count(ifname, name)
         strings_type, stats_type = _buffer_types(count)
-        strings = strings_type(cmd=ETHTOOL_GSTRINGS, string_set=ETH_SS_STATS, len=count)
+        strings = strings_type(cmd=eth.ETHTOOL_GSTRINGS, string_set=eth.ETH_SS_STATS, len=count)
         self._ioctl(ifname, name, "gstrings", strings)
         if strings.len != count:
             raise CountChangedError(errno.EAGAIN, f"{count} statistics, then {strings.len} names")
-        raw = ctypes.string_at(ctypes.addressof(strings.strings), count * ETH_GSTRING_LEN)
+        raw = ctypes.string_at(ctypes.addressof(strings.strings), count * eth.ETH_GSTRING_LEN)
         digest = hashlib.blake2b(raw, digest_size=16).digest()
         known = self._names.get(ifname)
         if known is None or known.digest != digest or known.include is not include:
             known = Names(digest, include, _kept(raw, count, include))
             self._names[ifname] = known
-        stats = stats_type(cmd=ETHTOOL_GSTATS, size=count)
+        stats = stats_type(cmd=eth.ETHTOOL_GSTATS, size=count)
         self._ioctl(ifname, name, "gstats", stats)
         if stats.size != count:
             raise CountChangedError(errno.EAGAIN, f"{count} names, then {stats.size} values")
@@ -108,24 +94,26 @@ class EthtoolStatistics:
         return [(n, int(data[i])) for i, n in known.kept]
 
     def _count(self, ifname: str, name: bytes) -> int:
-        info = EthtoolSsetInfo(cmd=ETHTOOL_GSSET_INFO, reserved=0, sset_mask=1 << ETH_SS_STATS)
-        req = IfReqSsetInfo()
-        req.ifr_name = (ctypes.c_uint8 * IFNAMSIZ).from_buffer_copy(name)
+        info = eth.EthtoolSsetInfo(
+            cmd=eth.ETHTOOL_GSSET_INFO, reserved=0, sset_mask=1 << eth.ETH_SS_STATS
+        )
+        req = eth.IfReqSsetInfo()
+        req.ifr_name = (ctypes.c_uint8 * eth.IFNAMSIZ).from_buffer_copy(name)
         req.info = ctypes.pointer(info)
         self._call(ifname, req)
-        if not info.sset_mask & (1 << ETH_SS_STATS) or info.data == 0:
+        if not info.sset_mask & (1 << eth.ETH_SS_STATS) or info.data == 0:
             raise NotSupportedError(ifname)
         return int(info.data)
 
     def _ioctl(self, ifname: str, name: bytes, field: str, buf: ctypes.Structure) -> None:
-        req = IfReq()
-        req.ifr_name = (ctypes.c_uint8 * IFNAMSIZ).from_buffer_copy(name)
+        req = eth.IfReq()
+        req.ifr_name = (ctypes.c_uint8 * eth.IFNAMSIZ).from_buffer_copy(name)
         setattr(req, field, ctypes.cast(ctypes.byref(buf), ctypes.c_void_p))
         self._call(ifname, req)
 
     def _call(self, ifname: str, req: ctypes.Structure) -> None:
         try:
-            fcntl.ioctl(self._sock, SIOCETHTOOL, req)
+            fcntl.ioctl(self._sock, eth.SIOCETHTOOL, req)
         except OSError as exc:
             if exc.errno == errno.EOPNOTSUPP:
                 raise NotSupportedError(ifname) from None
@@ -138,20 +126,22 @@ class EthtoolStatistics:
 def _buffer_types(count: int) -> tuple[type[ctypes.Structure], type[ctypes.Structure]]:
     """The GSTRINGS and GSTATS structures for ``count`` entries and the headroom: made once
     per count (each is a new ctypes class, which only the cyclic collector frees)."""
-    return generate_EthtoolGstrings(count + HEADROOM), generate_EthtoolGStats(count + HEADROOM)
+    return eth.generate_EthtoolGstrings(count + HEADROOM), eth.generate_EthtoolGStats(
+        count + HEADROOM
+    )
 
 
 def _ifr_name(ifname: str) -> bytes:
     encoded = ifname.encode()
-    if not encoded or len(encoded) >= IFNAMSIZ or b"\0" in encoded:
+    if not encoded or len(encoded) >= eth.IFNAMSIZ or b"\0" in encoded:
         raise NoSuchDevice(ifname)  # the kernel has no interface of that name
-    return encoded.ljust(IFNAMSIZ, b"\0")
+    return encoded.ljust(eth.IFNAMSIZ, b"\0")
 
 
 def _kept(raw: bytes, count: int, include: re.Pattern[str]) -> tuple[tuple[int, str], ...]:
     kept = []
     for i in range(count):
-        entry = raw[i * ETH_GSTRING_LEN : (i + 1) * ETH_GSTRING_LEN]
+        entry = raw[i * eth.ETH_GSTRING_LEN : (i + 1) * eth.ETH_GSTRING_LEN]
         text = entry.split(b"\0", 1)[0].decode("utf-8", "replace")
         if include.fullmatch(text):
             kept.append((i, text))

@@ -46,23 +46,12 @@ def _pyroute2_without_its_init() -> None:
 
 _pyroute2_without_its_init()
 
+import pyroute2.ethtool.ioctl as pyroute2_ethtool  # noqa: E402
 import pyroute2.netns as pyroute2_netns  # noqa: E402
 from pyroute2.ethtool.ioctl import (  # noqa: E402
-    ETH_GSTRING_LEN,
-    ETH_SS_STATS,
-    ETHTOOL_GSSET_INFO,
-    ETHTOOL_GSTATS,
-    ETHTOOL_GSTRINGS,
-    IFNAMSIZ,
-    SIOCETHTOOL,
     EthtoolError,
-    EthtoolSsetInfo,
-    IfReq,
-    IfReqSsetInfo,
     NoSuchDevice,
     NotSupportedError,
-    generate_EthtoolGStats,
-    generate_EthtoolGstrings,
 )
 from pyroute2.iproute.linux import IPRoute  # noqa: E402
 from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE  # noqa: E402
@@ -72,28 +61,17 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # noqa: E402
 from pyroute2.netlink.rtnl.iprsocket import IPRSocket  # noqa: E402
 
 __all__ = [
-    "ETHTOOL_GSSET_INFO",
-    "ETHTOOL_GSTATS",
-    "ETHTOOL_GSTRINGS",
-    "ETH_GSTRING_LEN",
-    "ETH_SS_STATS",
-    "IFNAMSIZ",
     "NLMSG_DONE",
     "NLM_F_DUMP",
     "NLM_F_REQUEST",
     "RTM_GETLINK",
-    "SIOCETHTOOL",
     "EthtoolError",
-    "EthtoolSsetInfo",
     "IPRSocket",
     "IPRoute",
-    "IfReq",
-    "IfReqSsetInfo",
     "NetlinkError",
     "NoSuchDevice",
     "NotSupportedError",
-    "generate_EthtoolGStats",
-    "generate_EthtoolGstrings",
     "ifinfmsg",
+    "pyroute2_ethtool",
     "pyroute2_netns",
 ]

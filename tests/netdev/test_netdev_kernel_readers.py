@@ -20,22 +20,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from pyroute2.ethtool.ioctl import IoctlEthtool
+from pyroute2.ethtool.ioctl import (
+    ETH_GSTRING_LEN,
+    ETHTOOL_GSSET_INFO,
+    ETHTOOL_GSTATS,
+    ETHTOOL_GSTRINGS,
+    SIOCETHTOOL,
+    IfReq,
+    IfReqSsetInfo,
+    IoctlEthtool,
+)
 
 from agent.core.errors import NoData
 from agent.core.sysfs import SysfsReader
 from agent.netdev import ethtool
 from agent.netdev.ethtool import HEADROOM, CountChangedError, EthtoolStatistics, KnownNames
 from agent.netdev.netlink import (
-    ETH_GSTRING_LEN,
-    ETHTOOL_GSSET_INFO,
-    ETHTOOL_GSTATS,
-    ETHTOOL_GSTRINGS,
     NLM_F_REQUEST,
     RTM_GETLINK,
-    SIOCETHTOOL,
-    IfReq,
-    IfReqSsetInfo,
     IPRoute,
     NetlinkError,
     NoSuchDevice,
