@@ -24,7 +24,16 @@ by about twice the true count, past ``FabricscopeInfinibandSymbolErrorsRising``'
 
 While an agent restarts, a scrape may fail: ``up`` is 0 for it and ``FabricscopeAgentDown``
 (``for: 15m``) may turn pending for a second. That one is allowed pending; nothing may fire,
-and no other alert may even turn pending.
+and no other alert may even turn pending, with one exception the test names. 24 agents
+starting at once on a 2-core machine starve the stand-in PMA (a Python process) of CPU: a
+perfquery cut off at its deadline is a read error the agent counts (``io``, "did not
+finish"), as it must on a real node, and ``FabricscopeSamplerReadErrors`` may turn pending
+for it. Two fresh-clone CI runs failed with that alert pending; at a 2 s interval the PMA
+step's budget left a perfquery 0.4-1 s, and the agents' logs of local runs showed one cut
+off in every run, before the test's window or in it. The agents sample every 4 s, which
+gives each perfquery its full 2 s; that alert is allowed pending only if every read error
+any agent logged is such a perfquery (a failure prints the alerts, the counted read errors
+and each agent's last warnings).
 """
 
 from __future__ import annotations
@@ -99,7 +108,7 @@ class Node:
             "agent",
             f"--path.sysfs={self.root}",
             f"--web.listen-address=127.0.0.1:{self.port}",
-            "--sampling.interval=2s",
+            "--sampling.interval=4s",
             f"--infiniband.state-file={self.state}",
             "--log.level=warning",
             *(f"--no-sampler.{n}" for n in SAMPLER_NAMES if n != "infiniband"),
@@ -235,6 +244,34 @@ def _series(prom: Prometheus) -> dict[str, set[str]]:
     return out
 
 
+def _read_errors_logged(n: Node) -> list[str]:
+    """The agent's "cannot use" warnings: one a file or call that newly failed."""
+    return [ln for ln in n.log.read_text(errors="replace").splitlines() if " cannot use " in ln]
+
+
+def _only_starved_perfquery(fleet: list[Node]) -> bool:
+    """Every read error any agent logged was a perfquery cut off at its deadline (the
+    stand-in PMA starved of CPU), and there was one."""
+    logged = [ln for n in fleet for ln in _read_errors_logged(n)]
+    return bool(logged) and all(
+        ": perfquery -" in ln and "(io: " in ln and " did not finish in " in ln for ln in logged
+    )
+
+
+def _why_pending(
+    prom: Prometheus, fleet: list[Node], pending: list[Sample], window: str, t: float
+) -> str:
+    """What a failure must say: the alerts, the read errors counted and each agent's warnings
+    (which name the file and the reason), so a failure on CI can be read without a rerun."""
+    errors = _at(prom, f"increase(fabricscope_sampler_read_errors_total[{window}]) > 0", t)
+    lines = [f"pending: {sorted(str(sorted(s.labels.items())) for s in pending)}"]
+    lines += [f"read errors: {sorted(s.labels.items())} +{s.value:g}" for s in errors]
+    for n in fleet:
+        warned = [ln for ln in n.log.read_text(errors="replace").splitlines() if "WARNING" in ln]
+        lines += [f"{n.name}: {ln}" for ln in warned[-5:]]
+    return "\n".join(lines)
+
+
 def _scraped_since(prom: Prometheus, t: float) -> None:
     """Every target scraped (up) after ``t``."""
     prom.wait_for_query(
@@ -333,4 +370,6 @@ def test_rolling_and_fleet_wide_restarts_fire_nothing_and_count_every_error_once
         assert not fired, [s.labels for s in fired]
         pending = _at(prom, f"count_over_time(ALERTS[{window}])", t2)
         names = {s.labels["alertname"] for s in pending}
-        assert names <= {"FabricscopeAgentDown"}, [s.labels for s in pending]
+        if "FabricscopeSamplerReadErrors" in names and _only_starved_perfquery(fleet):
+            names.discard("FabricscopeSamplerReadErrors")
+        assert names <= {"FabricscopeAgentDown"}, _why_pending(prom, fleet, pending, window, t2)
