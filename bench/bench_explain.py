@@ -75,7 +75,7 @@ from tests.promharness import start_prometheus  # noqa: E402
 from tests.vmharness import start_victoria_metrics  # noqa: E402
 
 
-def _proc_cpu(pid: int) -> float:
+def proc_cpu(pid: int) -> float:
     """User + system CPU seconds of a running process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -298,7 +298,7 @@ def _one(
     """One whole explain command of checkout ``code``: its measures and its table."""
     extra = ["--plot", str(plot)] if plot else []
     env = dict(os.environ, PYTHONPATH=str(code))
-    prom_before = _proc_cpu(server_pid)
+    prom_before = proc_cpu(server_pid)
     t0 = time.perf_counter()
     out, usage = _run_measured([*args, *extra], env, code)
     wall = time.perf_counter() - t0
@@ -317,7 +317,7 @@ def _one(
         "queries": float(summary.group(1)),
         "mb_received": float(summary.group(2)),
         "mb_uncompressed": float(summary.group(3)),
-        "prometheus_cpu_s": _proc_cpu(server_pid) - prom_before,
+        "prometheus_cpu_s": proc_cpu(server_pid) - prom_before,
     }
     return row, out.stdout
 

@@ -45,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_explain import proc_cpu  # noqa: E402
 from tests.promharness import start_prometheus  # noqa: E402
 
 WINDOW = re.compile(r"\[(\d+)s\]")
@@ -117,12 +118,6 @@ def shapes(asked: list[tuple[str, dict[str, Any]]]) -> tuple[list[Call], list[Ca
     return as_asked, one_range, len(pairs)
 
 
-def _cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _ask(url: str, call: Call) -> bytes:
     endpoint, params = call
     data = urllib.parse.urlencode(params).encode()
@@ -137,10 +132,10 @@ def _ask(url: str, call: Call) -> bytes:
 
 
 def one_round(url: str, pid: int, calls: list[Call]) -> dict[str, float]:
-    c0, t0 = _cpu(pid), time.perf_counter()
+    c0, t0 = proc_cpu(pid), time.perf_counter()
     with ThreadPoolExecutor(8) as pool:
         bodies = list(pool.map(lambda c: _ask(url, c), calls))
-    wall, server = time.perf_counter() - t0, _cpu(pid) - c0
+    wall, server = time.perf_counter() - t0, proc_cpu(pid) - c0
     d0 = time.process_time()
     for body in bodies:
         if json.loads(body)["status"] != "success":

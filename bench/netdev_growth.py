@@ -33,16 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-#: passes a day at the default --sampling.interval (15 s)
-PASSES_A_DAY = 86400 // 15
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
+#: the default --sampling.interval, seconds: each pass is placed this long after the last
+INTERVAL = 15
+#: passes a day at that interval
+PASSES_A_DAY = 86400 // INTERVAL
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.passes < ns.samples or ns.samples < 10 or ns.veths < 1:
         ap.error("needs --passes >= --samples >= 10 and --veths >= 1")
 
+    from bench_agent import rss_bytes
     from bench_sampler_passes import veth_namespace
     from soak import fit
 
@@ -77,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(ns.passes):
             sampler.sample()
             if (i + 1) % every == 0:
-                points.append((i + 1, rss_kib()))
+                points.append((i + 1, rss_bytes(os.getpid()) // 1024))
         cpu = time.process_time() - c0
         gc.collect()
-        after_collect = rss_kib()
+        after_collect = rss_bytes(os.getpid()) // 1024
     load.append(os.getloadavg()[0])
-    fitted = [(x * 15.0, y * 1024.0) for x, y in points if x > ns.passes // 10]
+    fitted = [(float(x * INTERVAL), y * 1024.0) for x, y in points if x > ns.passes // 10]
     growth = fit([fitted])
     result = {
         "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
@@ -98,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_1m": {"start": load[0], "end": load[1]},
         "rss_kib": {"first_sample": points[0][1], "last_sample": points[-1][1]},
         "rss_kib_after_collect": after_collect,
-        "fitted_from_pass": int(fitted[0][0] / 15),
-        "passes_fitted_in_days_at_15s": round((ns.passes - fitted[0][0] / 15) / PASSES_A_DAY, 2),
+        "fitted_from_pass": int(fitted[0][0] / INTERVAL),
+        "passes_fitted_in_days_at_15s": round(
+            (ns.passes - fitted[0][0] / INTERVAL) / PASSES_A_DAY, 2
+        ),
         "growth_at_15s": growth.as_dict(ns.max_slope),
         "samples": points,
     }
