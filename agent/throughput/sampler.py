@@ -454,7 +454,7 @@ class ThroughputSampler:
         else:
             self._open.pop(key, None)
         st.history = False  # the first pass's window is read: what comes next counts
-        if stop():
+        if st.tail.stopped:  # over its budget with bytes left (not one that read to the end)
             self._counts["cpu_budget"] += 1
             self._cut = True
         if problem is not None:

@@ -205,6 +205,8 @@ class FileTail:
         self.last_read_mtime: float | None = None
         #: bytes read by the latest poll
         self.last_poll_bytes = 0
+        #: the latest poll's ``stop`` left bytes for the next poll
+        self.stopped = False
         if resume is not None:
             self._ident = (resume.dev, resume.ino)
             self._offset = resume.offset
@@ -437,8 +439,9 @@ class FileTail:
             split.feed(data)
 
     def poll(self, stop: Callable[[], bool] | None = None) -> tuple[str, str] | None:
-        """Read what is new (see the class docstring). ``stop`` is asked between two
-        chunks: True leaves the rest of the file for the next poll."""
+        """Read what is new (see the class docstring). ``stop`` is asked after a read that
+        filled its chunk (more may follow; a shorter read is the file's end): True leaves
+        the rest of the file for the next poll and sets :attr:`stopped`."""
         problem = self._poll(stop)
         if self._fd is not None and (self.last_poll_bytes or self._checkpoint is None):
             self._checkpoint = self._resume_point(self._fd)
@@ -478,6 +481,7 @@ class FileTail:
     def _poll(self, stop: Callable[[], bool] | None) -> tuple[str, str] | None:
         budget = self._limits.max_bytes_per_pass
         self.last_poll_bytes = 0
+        self.stopped = False
         if self._fd is None:
             problem = self._open(from_start=self._opened_before)
             if problem is not None:
@@ -552,8 +556,10 @@ class FileTail:
         assert self._fd is not None
         total = 0
         chunk = self._limits.chunk_bytes
+        more = False  # the last read filled what it asked for: more may follow
         while budget is None or total < budget:
-            if stop is not None and total and stop():
+            if stop is not None and more and stop():
+                self.stopped = True
                 break
             want = chunk if budget is None else min(chunk, budget - total)
             data = os.read(self._fd, want)
@@ -561,6 +567,7 @@ class FileTail:
                 if total:
                     self.last_read_mtime = os.fstat(self._fd).st_mtime
                 return total, True
+            more = len(data) == want
             total += len(data)
             self._offset += len(data)
             self._size = max(self._size, self._offset)

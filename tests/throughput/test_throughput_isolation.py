@@ -98,6 +98,32 @@ def test_a_log_over_its_cpu_budget_waits_and_the_others_flow(tmp_path: Path) -> 
     assert count(snap, "cpu_budget") > 1
 
 
+def test_a_log_read_to_its_end_is_not_counted_over_budget_however_slow(tmp_path: Path) -> None:
+    """The budget is asked only after a read that filled its chunk: a log whose new lines
+    fit one read reaches its end and leaves nothing waiting, so it is never counted, even
+    when its poll took past the budget (a garbage collection, a contended CPU: CI saw a
+    one-line log counted at a 1 ms budget)."""
+    heavy = pod_log(tmp_path, 0)
+    heavy.write_text(("2026-11-25T10:00:00.5Z stdout F iter 1: " + "9" * 16_000 + "\n") * 512)
+    pod_log(tmp_path, 1).write_text(LINE.format("1.5"))
+    clock = [0.0]
+
+    def slow() -> float:
+        clock[0] += 1.0  # every look at the clock: a whole second of CPU gone
+        return clock[0]
+
+    s = ThroughputSampler(
+        ThroughputSettings(pod_logs=str(tmp_path), pods="all", stream_cpu_seconds=0.5),
+        limits=None,
+        cpu_clock=slow,
+    )
+    snap = s.sample()
+    assert tokens(snap) == {"pod-1": 1.5}
+    assert count(snap, "cpu_budget") == 1  # the heavy log, cut after its first chunk
+    snap = s.sample()
+    assert count(snap, "cpu_budget") == 2  # still the heavy one; the light one is at its end
+
+
 def test_a_pass_out_of_time_keeps_the_last_series_and_resumes_there(tmp_path: Path) -> None:
     for i in range(10):
         pod_log(tmp_path, i).write_text(LINE.format(f"{i}.5"))
