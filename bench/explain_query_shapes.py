@@ -56,22 +56,37 @@ def _unix(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def last_run(log: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(endpoint, params) of explain's last run in Prometheus's query log."""
-    asked = []
-    for line in log.read_text().splitlines():
+def last_run_entries(log: Path) -> tuple[list[dict[str, Any]], int]:
+    """The query log's entries of explain's last run, whole (parameters and Prometheus's
+    stats), and how many lines were not a query entry (not JSON: a line cut short when
+    Prometheus stopped mid-write; or without parameters and path) and were passed over."""
+    entries = []
+    bad = 0
+    for line in log.read_text(errors="replace").splitlines():
         if not line.strip():
             continue
-        e = json.loads(line)
-        params = e.get("params", {})
-        if str(params.get("query", "")).startswith("count({__name__"):
+        try:
+            e = json.loads(line)
+            params = e["params"]
+            e["httpRequest"]["path"].rsplit("/", 1)
+            query = str(params["query"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            bad += 1
+            continue
+        if query.startswith("count({__name__"):
             continue  # the benchmark's own series count
-        asked.append((e["httpRequest"]["path"].rsplit("/", 1)[-1], params))
-    if not asked:
+        entries.append(e)
+    if not entries:
         raise SystemExit(f"{log}: no query logged")
-    first = asked[0][1]["query"]
-    start = max(i for i, (_, p) in enumerate(asked) if p["query"] == first)
-    return asked[start:]
+    first = entries[0]["params"]["query"]
+    start = max(i for i, e in enumerate(entries) if e["params"]["query"] == first)
+    return entries[start:], bad
+
+
+def last_run(log: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(endpoint, params) of explain's last run in Prometheus's query log."""
+    entries, _ = last_run_entries(log)
+    return [(e["httpRequest"]["path"].rsplit("/", 1)[-1], e["params"]) for e in entries]
 
 
 def _as_logged(endpoint: str, p: dict[str, Any]) -> Call:
