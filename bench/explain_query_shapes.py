@@ -68,10 +68,13 @@ def last_run_entries(log: Path) -> tuple[list[dict[str, Any]], int]:
         try:
             e = json.loads(line)
             params = e["params"]
-            e["httpRequest"]["path"].rsplit("/", 1)
+            path = e["httpRequest"]["path"]
             query = str(params["query"])
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError):
             bad += 1
+            continue
+        if not isinstance(path, str):
+            bad += 1  # a path that is not text names no endpoint
             continue
         if query.startswith("count({__name__"):
             continue  # the benchmark's own series count

@@ -51,15 +51,17 @@ def test_lines_that_are_not_query_entries_are_passed_over_and_counted(
         json.dumps({"params": {"query": "up"}}),  # no httpRequest
         json.dumps({"httpRequest": {"path": "/api/v1/query"}, "params": {}}),  # no query
         "\xff\xfe not JSON",
+        json.dumps({"httpRequest": {"path": 7}, "params": {"query": "up"}}),  # path not text
+        json.dumps({"httpRequest": "/api/v1/query", "params": {"query": "up"}}),  # no object
     ]
     log = tmp_path / "queries.jsonl"
     log.write_text("\n".join([*hostile, *lines, lines[-1][:40]]) + "\n")
     out = tmp_path / "samples.json"
     assert es.main(["--query-log", str(log), "--json", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert got["lines_passed_over"] == 6
+    assert got["lines_passed_over"] == 8
     assert got["samples"] == 246_784
-    assert "6 lines of the log were not a query entry" in capsys.readouterr().out
+    assert "8 lines of the log were not a query entry" in capsys.readouterr().out
 
 
 def test_a_missing_log_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

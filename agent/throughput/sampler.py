@@ -426,6 +426,8 @@ class ThroughputSampler:
         stop = self._budget_stop()
         if st.tail is not None and st.tail.path != path:
             st.tail.poll(stop)  # the container restarted: finish its previous log
+            if st.tail.stopped:  # its budget spent: the rest goes unread with the old file
+                self._counts["cpu_budget"] += 1
             self._finish_poll(st, st.tail.path)
             st.close()
             st.nccl.new_run()  # its next run chooses its transports again

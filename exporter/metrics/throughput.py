@@ -92,7 +92,9 @@ ERRORS = MetricSpec(
     "counter",
     "Throughput log reading problems by reason: bad_regex (an unusable "
     "fabricscope.io/throughput-regex, e.g. one RE2 cannot run in linear time), cpu_budget "
-    "(a log used its CPU budget in a pass; its rest waits for the next), cri_parse (a line "
+    "(a log used its CPU budget in a pass; its rest waits for the next, or, for a restarted "
+    "container's previous log, is counted in fabricscope_throughput_unread_bytes_total), "
+    "cri_parse (a line "
     "not in the CRI log format), fd_limit (a log not opened for want of a file descriptor; "
     "read next pass), gzip, invalid_utf8 (decoded with replacement characters; "
     "its numbers still read), io, line_too_long (skipped), no_match (a --throughput.file "
@@ -113,7 +115,8 @@ UNREAD = MetricSpec(
     _P + "unread_bytes_total",
     "counter",
     "Bytes known to have been written to a log and never read: cut by a truncation before "
-    "they were read, or left in a log whose pod went.",
+    "they were read, left in a log whose pod went, or in a restarted container's previous log "
+    "past its CPU budget.",
 )
 MISSED = MetricSpec(
     _P + "missed_bytes_total",

@@ -124,6 +124,35 @@ def test_a_log_read_to_its_end_is_not_counted_over_budget_however_slow(tmp_path:
     assert count(snap, "cpu_budget") == 2  # still the heavy one; the light one is at its end
 
 
+def test_a_restarted_containers_previous_log_cut_by_its_budget_is_counted(
+    tmp_path: Path,
+) -> None:
+    """The container restarts while its previous log still holds more than its budget
+    reads: that log is read up to the budget and closed (it is not read again); the cut is
+    counted as cpu_budget and its rest in the unread bytes, nothing dropped unseen."""
+    old = pod_log(tmp_path, 0)
+    old.write_text(LINE.format("1.5"))
+    clock = [0.0]
+
+    def slow() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    s = ThroughputSampler(
+        ThroughputSettings(pod_logs=str(tmp_path), pods="all", stream_cpu_seconds=0.5),
+        limits=None,
+        cpu_clock=slow,
+    )
+    s.sample()
+    with old.open("a") as f:
+        f.write(("2026-11-25T10:00:01.5Z stdout F iter 2: " + "9" * 16_000 + "\n") * 512)
+    old.with_name("1.log").write_text(LINE.format("2.5"))
+    snap = s.sample()
+    assert tokens(snap) == {"pod-0": 2.5}
+    assert count(snap, "cpu_budget") == 1
+    assert snap.unread_bytes_total > 0  # type: ignore[attr-defined]
+
+
 def test_a_pass_out_of_time_keeps_the_last_series_and_resumes_there(tmp_path: Path) -> None:
     for i in range(10):
         pod_log(tmp_path, i).write_text(LINE.format(f"{i}.5"))
