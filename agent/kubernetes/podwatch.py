@@ -434,6 +434,10 @@ class ListWatch:
                 delay = s.backoff_initial_seconds
                 continue
             except Exception as exc:  # the thread must outlive anything the client raises
+                if self._stop.is_set():
+                    # close() shut the stream under the read: http.client then fails in
+                    # ways of its own (AttributeError on its closed file), not a fault
+                    break
                 outcome = classify_watch_error(exc)
                 if outcome is None:
                     version = None
