@@ -43,6 +43,7 @@ RELIST_EVERY = 10
 def serve(pods: int) -> None:
     """The stand-in API server: prints its port, serves until killed."""
     import bench_sizing as sizing
+    from soak import churn_step, pod_list_json
     from werkzeug.serving import make_server
     from werkzeug.wrappers import Request, Response
 
@@ -56,29 +57,14 @@ def serve(pods: int) -> None:
             return Response(str(state["watches"]))
         if request.args.get("watch") != "true":
             with lock:
-                body = {
-                    "kind": "PodList",
-                    "apiVersion": "v1",
-                    "metadata": {"resourceVersion": str(state["version"])},
-                    "items": list(items.values()),
-                }
-            return Response(json.dumps(body), mimetype="application/json")
+                body = pod_list_json(state["version"], items.values())
+            return Response(body, mimetype="application/json")
         with lock:
             state["watches"] += 1
             if state["watches"] % RELIST_EVERY == 0:
                 status = {"kind": "Status", "code": 410, "reason": "Expired"}
                 return Response(json.dumps({"type": "ERROR", "object": status}) + "\n")
-            state["version"] += 1
-            added = sizing.pod(state["next"], False)
-            added["metadata"]["resourceVersion"] = str(state["version"])
-            items[state["next"]] = added
-            state["next"] += 1
-            gone = items.pop(min(i for i in items if i >= 8))
-            state["version"] += 1
-            gone = {
-                **gone,
-                "metadata": {**gone["metadata"], "resourceVersion": str(state["version"])},
-            }
+            added, gone = churn_step(state, items)
 
         def events() -> Iterator[str]:
             yield json.dumps({"type": "ADDED", "object": added}) + "\n"

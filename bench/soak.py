@@ -53,7 +53,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_sizing as sizing  # the stand-ins and the /proc readers
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def pod_list_json(version: int, items: Iterable[dict[str, Any]]) -> str:
+    """A PodList as the API server answers a list, at ``version``."""
+    return json.dumps(
+        {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(version)},
+            "items": list(items),
+        }
+    )
+
+
+def churn_step(
+    state: dict[str, int], items: dict[int, dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One pod added and the oldest one holding no GPU (the first 8 hold them) deleted, each
+    at a resourceVersion of its own, as the API server would: (added, deleted). ``state``
+    holds the ``version`` and the ``next`` pod's number; the caller holds their lock."""
+    state["version"] += 1
+    new = state["next"]
+    state["next"] += 1
+    added = sizing.pod(new, False)
+    added["metadata"]["resourceVersion"] = str(state["version"])
+    items[new] = added
+    gone = items.pop(min(i for i in items if i >= 8))
+    state["version"] += 1
+    gone = {**gone, "metadata": {**gone["metadata"], "resourceVersion": str(state["version"])}}
+    return added, gone
 
 
 @contextlib.contextmanager
@@ -76,20 +106,11 @@ def churning_api_server(pods: int, churn: float) -> Iterator[str]:
     state: dict[str, Any] = {"version": 5000, "next": pods, "watches": 0}
     items = {i: sizing.pod(i, i < 8) for i in range(pods)}
 
-    def bump() -> str:
-        state["version"] += 1
-        return str(state["version"])
-
     def handle(request: Request) -> Response:
         if request.args.get("watch") != "true":
             with lock:
-                body = {
-                    "kind": "PodList",
-                    "apiVersion": "v1",
-                    "metadata": {"resourceVersion": str(state["version"])},
-                    "items": list(items.values()),
-                }
-            return Response(json.dumps(body), mimetype="application/json")
+                body = pod_list_json(state["version"], items.values())
+            return Response(body, mimetype="application/json")
         with lock:
             state["watches"] += 1
             expire = state["watches"] % 10 == 0
@@ -103,14 +124,7 @@ def churning_api_server(pods: int, churn: float) -> Iterator[str]:
             while time.monotonic() < end:
                 time.sleep(churn)
                 with lock:
-                    new = state["next"]
-                    state["next"] += 1
-                    added = sizing.pod(new, False)
-                    added["metadata"]["resourceVersion"] = bump()
-                    items[new] = added
-                    old = min(i for i in items if i >= 8)
-                    gone = items.pop(old)
-                    gone = {**gone, "metadata": {**gone["metadata"], "resourceVersion": bump()}}
+                    added, gone = churn_step(state, items)
                 yield json.dumps({"type": "ADDED", "object": added}) + "\n"
                 yield json.dumps({"type": "DELETED", "object": gone}) + "\n"
 
