@@ -73,9 +73,7 @@ Labels = tuple[str, str, str, str]
 
 #: reasons counted in ``ThroughputSnapshot.errors_total``
 ERROR_REASONS = tuple(
-    sorted(
-        {*TAIL_REASONS, "bad_regex", "no_match", "too_long_to_parse", "cpu_budget", "pass_deadline"}
-    )
+    sorted({*TAIL_REASONS, "bad_regex", "no_match", "too_long_to_parse", "pass_deadline"})
 )
 
 

@@ -426,8 +426,6 @@ class ThroughputSampler:
         stop = self._budget_stop()
         if st.tail is not None and st.tail.path != path:
             st.tail.poll(stop)  # the container restarted: finish its previous log
-            if st.tail.stopped:  # its budget spent: the rest goes unread with the old file
-                self._counts["cpu_budget"] += 1
             self._finish_poll(st, st.tail.path)
             st.close()
             st.nccl.new_run()  # its next run chooses its transports again
@@ -456,8 +454,7 @@ class ThroughputSampler:
         else:
             self._open.pop(key, None)
         st.history = False  # the first pass's window is read: what comes next counts
-        if st.tail.stopped:  # over its budget with bytes left (not one that read to the end)
-            self._counts["cpu_budget"] += 1
+        if st.tail.stopped:  # over its budget with bytes left (the tail counted it)
             self._cut = True
         if problem is not None:
             issues.append(ReadIssue(path, _ISSUE_REASON.get(problem[0], problem[0]), problem[1]))

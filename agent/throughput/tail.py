@@ -47,7 +47,8 @@ A :class:`FileTail` follows one path the way ``tail -F`` does, in bounded memory
   file was rotated or truncated meanwhile, follows it as above;
 - bytes known to exist that were never read (a truncation that cut unread bytes, a stream
   dropped with bytes left) are counted in ``unread_bytes``; a ``stop`` callable lets a pass
-  leave a file between two chunks (its CPU budget spent): the rest waits, nothing is lost.
+  leave a file between two chunks (its CPU budget spent, counted as ``cpu_budget``): the
+  rest waits, nothing is lost (or, when the tail is then closed for good, is counted unread).
 
 Gzip'd files (rotated kubelet logs, ``*.gz`` given to ``--throughput.file``) are read whole
 with :func:`agent.throughput.gzlog.read_gzip_tail` (they never grow). Opening a file (what
@@ -79,6 +80,7 @@ from agent.throughput.openlog import classify, open_log
 
 #: reasons counted by the tailer (a subset of the sampler's error reasons)
 TAIL_REASONS = (
+    "cpu_budget",
     "cri_parse",
     "gzip",
     "invalid_utf8",
@@ -560,6 +562,7 @@ class FileTail:
         while budget is None or total < budget:
             if stop is not None and more and stop():
                 self.stopped = True
+                self._counts["cpu_budget"] += 1  # the rest waits, or goes with a closed tail
                 break
             want = chunk if budget is None else min(chunk, budget - total)
             data = os.read(self._fd, want)

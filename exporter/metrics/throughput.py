@@ -93,7 +93,8 @@ ERRORS = MetricSpec(
     "Throughput log reading problems by reason: bad_regex (an unusable "
     "fabricscope.io/throughput-regex, e.g. one RE2 cannot run in linear time), cpu_budget "
     "(a log used its CPU budget in a pass; its rest waits for the next, or, for a restarted "
-    "container's previous log, is counted in fabricscope_throughput_unread_bytes_total), "
+    "container's previous log or a log whose pod went, is counted in "
+    "fabricscope_throughput_unread_bytes_total), "
     "cri_parse (a line "
     "not in the CRI log format), fd_limit (a log not opened for want of a file descriptor; "
     "read next pass), gzip, invalid_utf8 (decoded with replacement characters; "
@@ -115,8 +116,8 @@ UNREAD = MetricSpec(
     _P + "unread_bytes_total",
     "counter",
     "Bytes known to have been written to a log and never read: cut by a truncation before "
-    "they were read, left in a log whose pod went, or in a restarted container's previous log "
-    "past its CPU budget.",
+    "they were read, left in a log whose pod went (also past its CPU budget), or in a "
+    "restarted container's previous log past its CPU budget.",
 )
 MISSED = MetricSpec(
     _P + "missed_bytes_total",

@@ -153,6 +153,35 @@ def test_a_restarted_containers_previous_log_cut_by_its_budget_is_counted(
     assert snap.unread_bytes_total > 0  # type: ignore[attr-defined]
 
 
+def test_a_gone_pods_log_cut_by_its_budget_is_counted(tmp_path: Path) -> None:
+    """A pod leaves the selection while its log still holds more than its budget reads: the
+    log is read up to the budget for the last time and closed; the cut is counted as
+    cpu_budget and its rest in the unread bytes, as for a restarted container's log."""
+    log = pod_log(tmp_path, 0)
+    log.write_text(LINE.format("1.5"))
+    clock = [0.0]
+
+    def slow() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    selected = [True]
+    s = ThroughputSampler(
+        ThroughputSettings(pod_logs=str(tmp_path), pods="gpu", stream_cpu_seconds=0.5),
+        limits=None,
+        cpu_clock=slow,
+        gpu_pods=lambda: frozenset({("tenant", "pod-0")} if selected[0] else ()),
+    )
+    s.sample()
+    with log.open("a") as f:
+        f.write(("2026-11-25T10:00:01.5Z stdout F iter 2: " + "9" * 16_000 + "\n") * 512)
+    selected[0] = False
+    snap = s.sample()
+    assert tokens(snap) == {}
+    assert count(snap, "cpu_budget") == 1
+    assert snap.unread_bytes_total > 0  # type: ignore[attr-defined]
+
+
 def test_a_pass_out_of_time_keeps_the_last_series_and_resumes_there(tmp_path: Path) -> None:
     for i in range(10):
         pod_log(tmp_path, i).write_text(LINE.format(f"{i}.5"))
