@@ -14,7 +14,9 @@ Not fitted: the first tenth of the watches (pools and caches filling). Each watc
 ``watch_timeout_seconds`` (300 s, the agent's default: the API server ends a watch then) after
 the last and fitted as the soak fits time (``soak.fit``); a relist every tenth watch is far
 more than a real API server asks for (only when its watch cache has moved on). The process's
-RSS and anonymous memory, and Python's live blocks (``sys.getallocatedblocks``).
+RSS and anonymous memory, and Python's live blocks (``sys.getallocatedblocks``); at the end,
+once the server has stopped changing pods and every change it sent has been read, the pods
+in the watch's index (``--pods``: no add or delete lost).
 """
 
 from __future__ import annotations
@@ -48,19 +50,25 @@ def serve(pods: int) -> None:
     from werkzeug.wrappers import Request, Response
 
     lock = threading.Lock()
-    state = {"version": 5000, "next": pods, "watches": 0}
+    state = {"version": 5000, "next": pods, "watches": 0, "quiet": 0}
     items = {i: sizing.pod(i, i < 8) for i in range(pods)}
 
     @Request.application  # type: ignore[misc]
     def handle(request: Request) -> Response:
         if request.path == "/watches":
             return Response(str(state["watches"]))
+        if request.path == "/quiet":  # no more changes: watches from now on end empty
+            with lock:
+                state["quiet"] = 1
+                return Response(str(state["watches"]))
         if request.args.get("watch") != "true":
             with lock:
                 body = pod_list_json(state["version"], items.values())
             return Response(body, mimetype="application/json")
         with lock:
             state["watches"] += 1
+            if state["quiet"]:
+                return Response("", mimetype="application/json")
             if state["watches"] % RELIST_EVERY == 0:
                 status = {"kind": "Status", "code": 410, "reason": "Expired"}
                 return Response(json.dumps({"type": "ERROR", "object": status}) + "\n")
@@ -75,18 +83,6 @@ def serve(pods: int) -> None:
     server = make_server("127.0.0.1", 0, handle, threaded=True)
     print(server.server_port, flush=True)
     server.serve_forever()
-
-
-def memory() -> tuple[int, int]:
-    """(RSS, anonymous) of this process, KiB."""
-    rss = anon = 0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-            elif line.startswith("RssAnon:"):
-                anon = int(line.split()[1])
-    return rss, anon
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("needs --samples >= 10 and --watches >= 10 x --samples")
 
     from kubernetes.client import ApiClient, Configuration
-    from soak import fit
+    from soak import fit, usage
 
     from agent.kubernetes.podwatch import PodWatcher, WatchSettings
 
@@ -140,11 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         while len(points) < ns.samples:
             done = watches()
             if done >= every * (len(points) + 1):
-                rss, anon = memory()
-                points.append((done, rss, anon, sys.getallocatedblocks()))
+                rss, _, _, anon = usage(os.getpid())
+                points.append((done, rss // 1024, anon // 1024, sys.getallocatedblocks()))
             else:
                 time.sleep(0.05)
         cpu = time.process_time() - c0
+        # the index is read once every change sent has been applied: the server stops
+        # changing pods, and a watch asked for after that means the one before was read
+        quiet_at = int(opener.open(url + "/quiet", timeout=10).read())
+        while watches() <= quiet_at:
+            time.sleep(0.05)
         lists = watcher.lists_total
         index = watcher.index
         watcher.close()
