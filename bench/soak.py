@@ -262,7 +262,10 @@ def late(segments: list[Segment], fraction: float) -> list[Segment]:
 
 
 def total(fits: list[Fit]) -> Fit:
-    """The processes together: slopes add, independent errors add in quadrature."""
+    """The processes together: slopes add, independent errors add in quadrature; none at all
+    says nothing (unresolved)."""
+    if not fits:
+        return Fit(0.0, None, 0, 0.0)
     errors = [f.stderr for f in fits]
     stderr = None if any(e is None for e in errors) else sum(e * e for e in errors if e) ** 0.5
     return Fit(
@@ -287,7 +290,10 @@ def analyse(
     last ``fraction``; the verdict on all processes' RSS over the late part."""
     by_role: dict[str, list[list[Sample]]] = {}
     for pid, pts in samples.items():
-        start = max(warmup, pts[0][0] + child_warmup) if pts[0][0] > 0 else warmup
+        # a child that came later (a replaced one) starts again from its imports; the main
+        # process is there from the start (its first sample comes a moment after it)
+        later = pts[0][0] > 0 and roles.get(pid) != "main"
+        start = max(warmup, pts[0][0] + child_warmup) if later else warmup
         kept = [p for p in pts if p[0] >= start]
         if kept:
             by_role.setdefault(roles.get(pid, "child"), []).append(kept)
@@ -390,20 +396,35 @@ def usage(pid: int) -> tuple[int, int, int, int]:
     )
 
 
+def write_json(path: Path, result: dict[str, Any]) -> None:
+    """``result`` to ``path`` whole or not at all (written beside it, then renamed): a run
+    killed while it writes a checkpoint leaves the checkpoint before."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(result, indent=1) + "\n")
+    part.replace(path)
+
+
 def refit(ns: argparse.Namespace) -> int:
     """``--refit FILE``: the fit of a run already made, with this version's analysis."""
     result = json.loads(ns.refit.read_text())
     samples = {int(pid): [tuple(p) for p in pts] for pid, pts in result["samples"].items()}
     roles = {int(pid): role for pid, role in result["roles"].items()}
     bound = ns.max_slope if ns.max_slope is not None else result["bound_mib_per_day"]
+    planned = result.get("planned_s", result["warmup_s"] + result["duration_s"])
     fitted = analyse_run(samples, roles, ns, bound)
     result.update(fitted, warmup_s=ns.warmup, child_warmup_s=ns.child_warmup, late_fraction=ns.late)
-    ns.refit.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(ns.refit, result)
     t = fitted["total"]["rss"]["late"]
+    cut = ""
+    if result.get("complete") is False:
+        cut = f" (cut short: {result.get('measured_s', 0):g} of {planned:g} s sampled)"
+    missing = ", ".join(fitted["missing_roles"])
     print(
-        f"soak: refit {ns.refit}: all processes, late part: {fitted['verdict']} {bound:g} MiB a "
-        f"day (RSS {t['slope_mib_per_day']} ± {t['stderr_mib_per_day']}); resolves "
+        f"soak: refit {ns.refit}{cut}: all processes, late part: {fitted['verdict']} {bound:g} "
+        f"MiB a day (RSS {t['slope_mib_per_day']} ± {t['stderr_mib_per_day']}); resolves "
         f"{fitted['resolution_mib_per_day']} MiB a day"
+        + (f"; not sampled: {missing}" if missing else "")
     )
     return 0
 
@@ -439,6 +460,11 @@ def main() -> int:
         help="with --max-slope: fail unless the run shows the slope below the bound",
     )  # fmt: skip
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--checkpoint", type=float, default=600.0,
+        help="seconds between partial writes of --json (every sample so far, \"complete\": "
+        "false): a run cut short (a session's end, a kill) leaves what it sampled for --refit",
+    )  # fmt: skip
     ap.add_argument(
         "--probe", type=Path, default=None,
         help="a directory: the agent writes its memory probe there "
@@ -481,6 +507,35 @@ def main() -> int:
     roles: dict[int, str] = {}
     kills = 0
     scrapes = 0
+    rotating: RotatingLogs | None = None
+
+    def record(**extra: Any) -> dict[str, Any]:
+        """The run as written: its settings, what it counted, ``extra``, every sample."""
+        return {
+            "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}",
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "duration_s": ns.duration,
+            "warmup_s": ns.warmup,
+            "planned_s": ns.warmup + ns.duration,
+            "child_warmup_s": ns.child_warmup,
+            "late_fraction": ns.late,
+            "sampling_interval": ns.interval,
+            "pods": ns.pods,
+            "pod_churn_s": ns.churn,
+            "busy_logs": ns.logs,
+            "log_lines_per_second": ns.lines_per_second,
+            "log_rotations": rotating.rotations if rotating is not None else 0,
+            "scrapes": scrapes,
+            "nvml_child_kill_every_s": ns.kill_child,
+            "nvml_child_kills": kills,
+            "planted_leak_bytes_per_s": ns.leak,
+            **extra,
+            # every sample: (seconds, RSS, PSS, USS, anonymous bytes) by process id, and
+            # each one's role
+            "roles": {str(pid): role for pid, role in sorted(roles.items())},
+            "samples": {str(pid): pts for pid, pts in sorted(samples.items())},
+        }
+
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(churning_api_server(ns.pods, ns.churn))
         sock = work / "kubelet.sock"
@@ -504,6 +559,8 @@ def main() -> int:
             end = t0 + ns.warmup + ns.duration
             next_scrape = next_sample = t0
             next_kill = t0 + ns.kill_child if ns.kill_child > 0 else float("inf")
+            every = ns.checkpoint if ns.json and ns.checkpoint > 0 else float("inf")
+            next_checkpoint = t0 + every
             while time.monotonic() < end:
                 now = time.monotonic()
                 if agent.poll() is not None:
@@ -528,7 +585,17 @@ def main() -> int:
                                 roles[p] = "main" if p == agent.pid else sizing.role(p, logs)
                             samples.setdefault(p, []).append((t, *usage(p)))
                     next_sample += ns.every
-                time.sleep(max(0.05, min(next_scrape, next_sample, next_kill) - time.monotonic()))
+                if now >= next_checkpoint:
+                    # the samples so far, for --refit should the run not reach its end
+                    write_json(
+                        ns.json,
+                        record(complete=False, measured_s=round(now - t0), bound_mib_per_day=(
+                            ns.max_slope if ns.max_slope is not None else 1.0
+                        )),
+                    )  # fmt: skip
+                    next_checkpoint += every
+                soonest = min(next_scrape, next_sample, next_kill, next_checkpoint)
+                time.sleep(max(0.05, soonest - time.monotonic()))
             restarts = 0
             body = _OPENER.open(metrics, timeout=10).read().decode()
             for line in body.splitlines():
@@ -543,29 +610,7 @@ def main() -> int:
 
     bound = ns.max_slope if ns.max_slope is not None else 1.0
     fitted = analyse_run(samples, roles, ns, bound)
-    result: dict[str, Any] = {
-        "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}",
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "duration_s": ns.duration,
-        "warmup_s": ns.warmup,
-        "child_warmup_s": ns.child_warmup,
-        "late_fraction": ns.late,
-        "sampling_interval": ns.interval,
-        "pods": ns.pods,
-        "pod_churn_s": ns.churn,
-        "busy_logs": ns.logs,
-        "log_lines_per_second": ns.lines_per_second,
-        "log_rotations": rotating.rotations,
-        "scrapes": scrapes,
-        "nvml_child_kill_every_s": ns.kill_child,
-        "nvml_child_kills": kills,
-        "nvml_child_restarts": restarts,
-        "planted_leak_bytes_per_s": ns.leak,
-        **fitted,
-        # every sample: (seconds, RSS, PSS, USS bytes) by process id, and each one's role
-        "roles": {str(pid): role for pid, role in sorted(roles.items())},
-        "samples": {str(pid): pts for pid, pts in sorted(samples.items())},
-    }
+    result = record(complete=True, nvml_child_restarts=restarts, **fitted)
     with contextlib.suppress(OSError):
         for f in sorted(work.rglob("*")):
             if f.is_file():
@@ -599,8 +644,7 @@ def main() -> int:
             f"{pm(p['pss']['late'])} | {pm(p['rss']['after_warmup'])} |"
         )
     if ns.json:
-        ns.json.parent.mkdir(parents=True, exist_ok=True)
-        ns.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(ns.json, result)
     caught = fitted["leak_of_twice_the_bound_caught"]
     print(
         f"soak: all processes, late part: {fitted['verdict']} {bound:g} MiB a day "

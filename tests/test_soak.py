@@ -15,10 +15,14 @@ milliseconds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +117,14 @@ def test_the_verdict_sums_the_processes_and_checks_the_control() -> None:
     del samples[2], roles[2]
     got = analyse(samples, roles, warmup=120, child_warmup=60, fraction=0.5, bound=100)
     assert got["verdict"] == "below" and got["missing_roles"] == ["throughput child"]
+    # nothing sampled after the warm-up (a run cut short early): nothing is shown
+    got = analyse(samples, roles, warmup=7200, child_warmup=60, fraction=0.5, bound=100)
+    assert got["verdict"] == "unresolved" and got["resolution_mib_per_day"] is None
+    # the main process's first sample comes a moment after it started: its warm-up is the
+    # run's, not a replaced child's
+    moved = {1: [(t + 0.01, *v) for t, *v in samples[1]]}
+    got = analyse(moved, {1: "main"}, warmup=120, child_warmup=3000, fraction=0.5, bound=100)
+    assert got["processes"]["main"]["rss"]["after_warmup"]["samples"] > 600
 
 
 def short_soak(
@@ -175,3 +187,45 @@ def test_anonymous_memory_is_fitted_beside_rss_and_an_older_run_still_refits() -
     got = analyse(old, {1: "main"}, warmup=120, child_warmup=60, fraction=0.5, bound=10)
     assert "anon" not in got["processes"]["main"] and "anon" not in got["total"]
     assert got["total"]["rss"]["late"]["verdict"] != "above"
+
+
+def test_a_soak_cut_short_leaves_its_samples_to_refit(tmp_path: Path) -> None:
+    # an hours-long run killed before its end (a session's end, an OOM kill: SIGKILL, no
+    # finally) still leaves every sample up to its last checkpoint, and --refit judges them
+    out = tmp_path / "soak.json"
+    cmd = [
+        sys.executable, str(ROOT / "bench" / "soak.py"), "--warmup", "5", "--duration", "600",
+        "--every", "1", "--scrape", "2", "--kill-child", "0", "--checkpoint", "3",
+        "--json", str(out),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 120
+        samples = 0
+        while time.monotonic() < deadline and samples < 12:
+            time.sleep(1)
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+            with contextlib.suppress(OSError, ValueError):  # not written yet
+                samples = len(next(iter(json.loads(out.read_text())["samples"].values())))
+        assert samples >= 12, "no checkpoint with 12 samples in 120 s"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the soak and its agent, as a session's end
+        proc.wait(10)
+    partial = json.loads(out.read_text())
+    assert partial["complete"] is False and 0 < partial["measured_s"] < 600
+    assert "main" in partial["roles"].values()
+    assert not out.with_name(out.name + ".part").exists()
+    refit = subprocess.run(
+        [
+            sys.executable, str(ROOT / "bench" / "soak.py"), "--refit", str(out),
+            "--warmup", "2", "--child-warmup", "1",
+        ],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert refit.returncode == 0, refit.stdout + refit.stderr
+    assert "cut short:" in refit.stdout and "s sampled" in refit.stdout
+    got = json.loads(out.read_text())
+    assert got["complete"] is False
+    assert got["processes"]["main"]["rss"]["late"]["samples"] >= 5
