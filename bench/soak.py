@@ -35,6 +35,9 @@ objects by type, malloc and pymalloc statistics, smaps by mapping, dumped as JSO
 supervised children run ``python -S``, without it);
 ``--leak N`` makes the main process keep N bytes more a second: the positive control.
 
+With ``--json`` the samples so far are written every ``--checkpoint`` seconds
+(``"complete": false``): a run killed before its end leaves them, and ``--refit`` fits them.
+
     python bench/soak.py --duration 3600 --json soak.json [--max-slope 1]
 """
 
