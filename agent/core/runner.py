@@ -258,6 +258,16 @@ class Runner:
             self._finish(slot, "timeout", None, float(limit), None)
             return slot.status
         slot.inflight = None
+        try:
+            self._outcome(slot, box)
+        finally:
+            # an exception in ``box`` holds its traceback, which holds ``call``'s frame, which
+            # holds ``box``: a reference cycle per failed pass, left to the cycle collector
+            box.clear()
+        return slot.status
+
+    def _outcome(self, slot: _Slot, box: dict[str, object]) -> None:
+        """What a finished pass left in ``box``, recorded."""
         duration = box.get("duration")
         assert isinstance(duration, float)
         if "failure" in box:
@@ -274,7 +284,6 @@ class Runner:
         else:
             snap = box["snapshot"]
             self._finish(slot, "ok", snap, duration, None)  # type: ignore[arg-type]
-        return slot.status
 
     def _finish(
         self,

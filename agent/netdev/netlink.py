@@ -54,11 +54,43 @@ from pyroute2.ethtool.ioctl import (  # noqa: E402
     NotSupportedError,
 )
 from pyroute2.iproute.linux import IPRoute  # noqa: E402
-from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE  # noqa: E402
+from pyroute2.netlink import (  # noqa: E402
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    nlmsg_base,
+)
 from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
 from pyroute2.netlink.rtnl import RTM_GETLINK  # noqa: E402
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # noqa: E402
 from pyroute2.netlink.rtnl.iprsocket import IPRSocket  # noqa: E402
+
+
+def release(msg: object) -> None:
+    """Break the reference cycles of a pyroute2 message and of every attribute it holds, once
+    it has been read: each one keeps itself in its own ``chain`` list, so without this every
+    message a pass parses (hundreds of objects for a link dump) is freed by the cycle
+    collector some collections later instead of when the pass drops it. Anything that is
+    not a pyroute2 message is left alone."""
+    stack = [msg]
+    while stack:
+        m = stack.pop()
+        if not isinstance(m, nlmsg_base):
+            continue
+        chain = getattr(m, "chain", None)
+        if isinstance(chain, list):
+            chain.clear()
+        for value in dict.values(m):  # fields, and the header's (an error's copy of the
+            # question is the header's "errmsg")
+            if isinstance(value, nlmsg_base):
+                stack.append(value)
+            elif isinstance(value, dict):
+                stack.extend(v for v in value.values() if isinstance(v, nlmsg_base))
+        for slot in dict.get(m, "attrs") or ():
+            cell = getattr(slot, "cell", None)
+            if isinstance(cell, tuple) and len(cell) == 2:
+                stack.append(cell[1])
+
 
 __all__ = [
     "NLMSG_DONE",
@@ -72,6 +104,8 @@ __all__ = [
     "NoSuchDevice",
     "NotSupportedError",
     "ifinfmsg",
+    "nlmsg_base",
     "pyroute2_ethtool",
     "pyroute2_netns",
+    "release",
 ]

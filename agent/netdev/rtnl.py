@@ -16,6 +16,7 @@ from agent.netdev.netlink import (
     RTM_GETLINK,
     IPRSocket,
     ifinfmsg,
+    release,
 )
 
 #: bytes read per datagram: a link dump's datagrams are a few pages (pyroute2 reads 16 KiB)
@@ -54,16 +55,29 @@ class LinkSocket:
         question["family"] = 0
         question["attrs"] = attrs
         self._sock.put(question, msg_type=RTM_GETLINK, msg_flags=flags, msg_seq=self._seq)
+        release(question)
         answers: list[ifinfmsg] = []
         while True:
             for msg in self._sock.marshal.parse(self._sock.socket.recv(RECV_BYTES)):
                 header = msg["header"]
                 if header["sequence_number"] != self._seq:
+                    release(msg)
                     continue  # an answer to an earlier question, left unread when it failed
                 error = header.get("error")
                 if error is not None:
-                    raise error  # NetlinkError, decoded from the kernel's NLMSG_ERROR
+                    release(msg)
+                    # NetlinkError, decoded from the kernel's NLMSG_ERROR. Neither the message
+                    # (pyroute2's parsed messages are reference cycles) nor this frame (which
+                    # the traceback holds) keeps it: the error, its traceback and the frames
+                    # are freed when the caller is done with it, not by the cycle collector
+                    header["error"] = None
+                    del msg, header
+                    try:
+                        raise error
+                    finally:
+                        del error
                 if header["type"] == NLMSG_DONE:
+                    release(msg)
                     return answers
                 answers.append(msg)
                 if not flags & NLM_F_DUMP:

@@ -62,6 +62,7 @@ from agent.netdev.netlink import (
     NoSuchDevice,
     NotSupportedError,
     pyroute2_netns,
+    release,
 )
 from agent.netdev.rtnl import LinkSocket
 from agent.netdev.stats import (
@@ -188,6 +189,7 @@ def read_links(
         if names is None:
             for msg in rtnl.get_links():
                 _append_link(links, msg, issues, "netlink/link")
+                release(msg)  # read: freed now, not by the cycle collector
             return links, missing
         for name in names:
             try:
@@ -201,6 +203,7 @@ def read_links(
                 continue
             for msg in msgs:
                 _append_link(links, msg, issues, f"netlink/link/{name}")
+                release(msg)
         return links, missing
     finally:
         rtnl.close()

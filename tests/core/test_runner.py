@@ -181,3 +181,25 @@ def test_one_shot_commands_keep_the_start_lines_at_debug(caplog: pytest.LogCaptu
     caplog.set_level("INFO", logger="agent.core.runner")
     Runner([SamplerSpec(Counting("quiet1", ["nodata"]), 1, 1)]).run_once()
     assert not [r for r in caplog.records if r.getMessage().startswith("sampler quiet1")]
+
+
+def test_a_failed_pass_leaves_no_cycle_to_the_collector() -> None:
+    # the exception a pass raised holds its traceback, which holds the pass's frame, which held
+    # the box the exception was put in: one cycle per failed pass until the box is emptied
+    import gc
+
+    s = Counting("flaky", ["nodata", "raise", "nodata"])
+    runner = Runner([SamplerSpec(s, 1, 1)])
+    runner.run_sampler("flaky")  # the first thread of the process: not a pass's garbage
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        runner.run_sampler("flaky")
+        runner.run_sampler("flaky")
+        gc.collect()
+        left = [type(o).__qualname__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert "NoData" not in left and "RuntimeError" not in left and "frame" not in left, left
+    assert runner.status("flaky").error_count("exception") == 1
