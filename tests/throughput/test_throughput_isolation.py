@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,17 @@ from agent.throughput.sampler import ThroughputSampler
 
 ROOT = Path(__file__).resolve().parents[2]
 LINE = "2026-11-25T10:00:00.5Z stdout F \t Train throughput/tokens_per_sec: {}\n"
+
+
+def second_per_look() -> Callable[[], float]:
+    """A clock that moves a whole second each time it is read."""
+    clock = [0.0]
+
+    def look() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    return look
 
 
 def pod_log(root: Path, i: int) -> Path:
@@ -106,12 +118,7 @@ def test_a_log_read_to_its_end_is_not_counted_over_budget_however_slow(tmp_path:
     heavy = pod_log(tmp_path, 0)
     heavy.write_text(("2026-11-25T10:00:00.5Z stdout F iter 1: " + "9" * 16_000 + "\n") * 512)
     pod_log(tmp_path, 1).write_text(LINE.format("1.5"))
-    clock = [0.0]
-
-    def slow() -> float:
-        clock[0] += 1.0  # every look at the clock: a whole second of CPU gone
-        return clock[0]
-
+    slow = second_per_look()  # every look at the clock: a whole second of CPU gone
     s = ThroughputSampler(
         ThroughputSettings(pod_logs=str(tmp_path), pods="all", stream_cpu_seconds=0.5),
         limits=None,
@@ -132,12 +139,7 @@ def test_a_restarted_containers_previous_log_cut_by_its_budget_is_counted(
     counted as cpu_budget and its rest in the unread bytes, nothing dropped unseen."""
     old = pod_log(tmp_path, 0)
     old.write_text(LINE.format("1.5"))
-    clock = [0.0]
-
-    def slow() -> float:
-        clock[0] += 1.0
-        return clock[0]
-
+    slow = second_per_look()
     s = ThroughputSampler(
         ThroughputSettings(pod_logs=str(tmp_path), pods="all", stream_cpu_seconds=0.5),
         limits=None,
@@ -159,12 +161,7 @@ def test_a_gone_pods_log_cut_by_its_budget_is_counted(tmp_path: Path) -> None:
     cpu_budget and its rest in the unread bytes, as for a restarted container's log."""
     log = pod_log(tmp_path, 0)
     log.write_text(LINE.format("1.5"))
-    clock = [0.0]
-
-    def slow() -> float:
-        clock[0] += 1.0
-        return clock[0]
-
+    slow = second_per_look()
     selected = [True]
     s = ThroughputSampler(
         ThroughputSettings(pod_logs=str(tmp_path), pods="gpu", stream_cpu_seconds=0.5),
@@ -185,12 +182,7 @@ def test_a_gone_pods_log_cut_by_its_budget_is_counted(tmp_path: Path) -> None:
 def test_a_pass_out_of_time_keeps_the_last_series_and_resumes_there(tmp_path: Path) -> None:
     for i in range(10):
         pod_log(tmp_path, i).write_text(LINE.format(f"{i}.5"))
-    clock = [0.0]
-
-    def tick() -> float:
-        clock[0] += 1.0  # every stream polled costs a "second"
-        return clock[0]
-
+    tick = second_per_look()  # every stream polled costs a "second"
     s = ThroughputSampler(
         ThroughputSettings(pod_logs=str(tmp_path), pods="all"), pass_seconds=3.5, monotonic=tick
     )
