@@ -506,6 +506,7 @@ def main() -> int:
     if ns.leak:
         env["FABRICSCOPE_MEMPROBE_LEAK"] = str(ns.leak)
     port = sizing.free_port()
+    bound = ns.max_slope if ns.max_slope is not None else 1.0
     samples: dict[int, list[Sample]] = {}  # by pid
     roles: dict[int, str] = {}
     kills = 0
@@ -592,10 +593,8 @@ def main() -> int:
                     # the samples so far, for --refit should the run not reach its end
                     write_json(
                         ns.json,
-                        record(complete=False, measured_s=round(now - t0), bound_mib_per_day=(
-                            ns.max_slope if ns.max_slope is not None else 1.0
-                        )),
-                    )  # fmt: skip
+                        record(complete=False, measured_s=round(now - t0), bound_mib_per_day=bound),
+                    )
                     next_checkpoint += every
                 soonest = min(next_scrape, next_sample, next_kill, next_checkpoint)
                 time.sleep(max(0.05, soonest - time.monotonic()))
@@ -611,7 +610,6 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 agent.kill()
 
-    bound = ns.max_slope if ns.max_slope is not None else 1.0
     fitted = analyse_run(samples, roles, ns, bound)
     result = record(complete=True, nvml_child_restarts=restarts, **fitted)
     with contextlib.suppress(OSError):

@@ -11,6 +11,7 @@ import pytest
 from agent.core.errors import NoData
 from agent.core.runner import ERROR_REASONS, Runner, SamplerSpec
 from agent.core.sysfs import ReadIssue
+from tests.cycles import cyclic_garbage
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,20 +187,14 @@ def test_one_shot_commands_keep_the_start_lines_at_debug(caplog: pytest.LogCaptu
 def test_a_failed_pass_leaves_no_cycle_to_the_collector() -> None:
     # the exception a pass raised holds its traceback, which holds the pass's frame, which held
     # the box the exception was put in: one cycle per failed pass until the box is emptied
-    import gc
-
     s = Counting("flaky", ["nodata", "raise", "nodata"])
     runner = Runner([SamplerSpec(s, 1, 1)])
     runner.run_sampler("flaky")  # the first thread of the process: not a pass's garbage
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+
+    def two_failed_passes() -> None:
         runner.run_sampler("flaky")
         runner.run_sampler("flaky")
-        gc.collect()
-        left = [type(o).__qualname__ for o in gc.garbage]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
+
+    left = [type(o).__qualname__ for o in cyclic_garbage(two_failed_passes)]
     assert "NoData" not in left and "RuntimeError" not in left and "frame" not in left, left
     assert runner.status("flaky").error_count("exception") == 1

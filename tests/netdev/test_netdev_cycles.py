@@ -8,8 +8,7 @@ name no namespace has)."""
 from __future__ import annotations
 
 import collections
-import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,19 +16,7 @@ from agent.core.sysfs import Issues
 from agent.netdev.netlink import NetlinkError, nlmsg_base, release
 from agent.netdev.rtnl import LinkSocket
 from agent.netdev.sampler import read_links
-
-
-def cyclic_garbage(work: Callable[[], object]) -> list[object]:
-    """What ``work`` leaves that only the cycle collector would free."""
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        work()
-        gc.collect()
-        return list(gc.garbage)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
+from tests.cycles import cyclic_garbage
 
 
 @pytest.fixture(autouse=True)
