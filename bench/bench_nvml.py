@@ -13,7 +13,11 @@ its entries are counted apart), and the per-GPU cost extrapolated to 8 GPUs x 18
     python bench/bench_nvml.py --replay tests/fixtures/nvml/h200x2.recording.json --fields
 
 Live mode also reports this process's RSS with NVML loaded and whether it shows up among the
-GPUs' compute processes (it must not: NVML needs no CUDA context).
+GPUs' compute processes (it must not: NVML needs no CUDA context). With ``--per-call`` it also
+times every call of the API the sampler makes (:class:`TimedNvml`: this thread's CPU and the
+wall time around each call into the binding) and reports, per function, calls and CPU per
+later pass, and what of a pass's CPU no call accounts for (the sampler's own Python): where a
+pass's time goes on a real node, which the per-call table below prices only in part.
 
 Replay mode runs the same sampler over a recording (no GPU needed) and prices each pass's
 calls with CPU costs measured by ``bench/nvml_fieldvalues.py`` (``MEASURED`` below: the 2x
@@ -32,7 +36,7 @@ import os
 import statistics
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +137,75 @@ class CostModel:
         return total, unknown
 
 
+#: one pass's (calls, CPU seconds, wall seconds) per function (``--per-call``)
+Timing = tuple[Counter[str], dict[str, float], dict[str, float]]
+
+
+class TimedNvml:
+    """An :class:`NvmlApi` that times each call into ``inner`` (``--per-call``): this thread's
+    CPU (``time.thread_time``) and wall time per function, kept until :meth:`take`."""
+
+    def __init__(self, inner: NvmlApi) -> None:
+        self._inner = inner
+        self.cpu: defaultdict[str, float] = defaultdict(float)
+        self.wall: defaultdict[str, float] = defaultdict(float)
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> object:
+        target = getattr(self._inner, name)
+        if not callable(target):
+            return target
+
+        def timed(*args: object, **kwargs: object) -> object:
+            w0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return target(*args, **kwargs)
+            finally:
+                self.cpu[name] += time.thread_time() - c0
+                self.wall[name] += time.perf_counter() - w0
+                self.calls[name] += 1
+
+        return timed
+
+    def take(self) -> Timing:
+        """(calls, CPU seconds, wall seconds) per function since the last take."""
+        out = (self.calls, dict(self.cpu), dict(self.wall))
+        self.calls, self.cpu, self.wall = Counter(), defaultdict(float), defaultdict(float)
+        return out
+
+
+def per_call_report(timed: Sequence[Timing], pass_cpu: Sequence[float]) -> dict[str, object]:
+    """Per function over the later passes: calls, CPU and wall per pass, CPU per call; and
+    the median pass's CPU that no call accounts for."""
+    n = len(timed)
+    calls: Counter[str] = Counter()
+    cpu: defaultdict[str, float] = defaultdict(float)
+    wall: defaultdict[str, float] = defaultdict(float)
+    for c, u, w in timed:
+        calls.update(c)
+        for fn, v in u.items():
+            cpu[fn] += v
+        for fn, v in w.items():
+            wall[fn] += v
+    in_calls = [sum(u.values()) for _, u, _ in timed]
+    return {
+        "by_function": {
+            fn: {
+                "calls_per_pass": round(calls[fn] / n, 2),
+                "cpu_ms_per_pass": round(1e3 * cpu[fn] / n, 4),
+                "wall_ms_per_pass": round(1e3 * wall[fn] / n, 4),
+                "cpu_us_per_call": round(1e6 * cpu[fn] / calls[fn], 2),
+            }
+            for fn in sorted(cpu, key=lambda f: -cpu[f])
+        },
+        "pass_cpu_ms_median": round(1e3 * statistics.median(pass_cpu), 4),
+        "in_calls_cpu_ms_median": round(1e3 * statistics.median(in_calls), 4),
+        "outside_calls_cpu_ms_median": round(
+            1e3 * statistics.median(p - c for p, c in zip(pass_cpu, in_calls, strict=True)), 4
+        ),
+    }
+
+
 @dataclass
 class PassRecord:
     cpu_seconds: float
@@ -142,15 +215,23 @@ class PassRecord:
 
 
 def run_passes(
-    api: RecordingNvml, sampler: NvmlSampler, passes: int
+    api: RecordingNvml,
+    sampler: NvmlSampler,
+    passes: int,
+    timed: TimedNvml | None = None,
+    per_pass: list[Timing] | None = None,
 ) -> tuple[list[PassRecord], NvmlSnapshot]:
     out: list[PassRecord] = []
     snap = None
     for _ in range(passes + 1):  # the first pass, then ``passes`` more
         api.counts.clear()
         api.fields_read.clear()
+        if timed is not None:
+            timed.take()
         w0, c0 = time.perf_counter(), time.process_time()
         snap = sampler.sample()
+        if timed is not None and per_pass is not None:
+            per_pass.append(timed.take())
         out.append(
             PassRecord(
                 time.process_time() - c0,
@@ -227,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--slow-rotation", type=int, default=72, help="slow_error_rotation")
     ap.add_argument("--static-refresh", type=int, default=40, help="static_refresh_passes")
     ap.add_argument("--json", default=None, help="also write the result here")
+    ap.add_argument("--per-call", action="store_true", help="live: time every call (see TimedNvml)")
     args = ap.parse_args(argv)
     rss_before = rss_bytes()
     inner: NvmlApi
@@ -239,7 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         inner = ReplayNvml(recording)
     else:
         inner = LiveNvml()
-    api = RecordingNvml(inner)
+    timed = TimedNvml(inner) if args.per_call and not args.replay else None
+    per_pass: list[Timing] = []
+    api = RecordingNvml(inner if timed is None else timed)  # type: ignore[arg-type]
     factory: Callable[[], NvmlApi] = lambda: api  # noqa: E731
     sampler = NvmlSampler(
         factory,
@@ -251,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         gpus_guess = 8  # enough passes for every GPU's refresh on an 8-GPU node
         passes = args.passes or max(2 * args.slow_rotation, args.static_refresh + gpus_guess)
-        records, snap = run_passes(api, sampler, passes)
+        records, snap = run_passes(api, sampler, passes, timed, per_pass)
     finally:
         sampler.close()
     gpus = len(snap.gpus)
@@ -311,6 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rss_bytes_with_nvml": rss_bytes(),
             "this_pid_is_a_gpu_compute_process": os.getpid() in pids,
         }
+        if timed is not None:
+            result["per_call"] = per_call_report(per_pass[1:], cpus)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
