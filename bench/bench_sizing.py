@@ -51,7 +51,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any, cast
@@ -441,30 +441,61 @@ def nvml_per_gpu(live: bool) -> dict[str, float]:
     return {"gpus_2_bytes": sizes[0], "gpus_8_bytes": sizes[1], "per_gpu_bytes": slope}
 
 
-def nvml_per_gpu_apart(live: bool) -> dict[str, float | str]:
+#: attempts of the per-GPU measurement (:func:`nvml_per_gpu_apart`) before it is given up
+PER_GPU_ATTEMPTS = 3
+
+
+def nvml_per_gpu_apart(
+    live: bool, attempts: int = PER_GPU_ATTEMPTS, argv: Sequence[str] | None = None
+) -> dict[str, Any]:
     """:func:`nvml_per_gpu` in a process of its own: NVIDIA's library has crashed the process
-    that loaded it (a corrupted heap, on a 2x H200 with NVLinks), which must not take this
-    run's other figures with it. A crash gives ``gpus`` 0 and the ``error``, which
-    ``scripts/gpu_sizing.sh`` fails on."""
+    that loaded it (a corrupted heap, on a 2x H200 with NVLinks; SIGABRT in 1 of 4 runs there
+    on 2026-11-30, none in the 3 right after it), which must not take this run's other figures
+    with it. A process that crashes is started again, up to ``attempts`` in all; each crash is
+    kept in ``crashes`` (how it ended and the last line it printed, Python's fault handler on:
+    the call it died in) and printed, never hidden. When every attempt crashes, ``gpus`` is 0
+    and ``error`` says why, which ``scripts/gpu_sizing.sh`` fails on. ``argv``: the command
+    instead of this script's own (tests)."""
     mode = "live" if live else "replay"
-    try:
-        done = subprocess.run(
-            [sys.executable, __file__, "--nvml-per-gpu-only", mode],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        error = "the per-GPU measurement took over 600 s"
-    else:
+    cmd = list(
+        argv or [sys.executable, "-X", "faulthandler", __file__, "--nvml-per-gpu-only", mode]
+    )
+    crashes: list[str] = []
+    for _ in range(max(1, attempts)):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+        except subprocess.TimeoutExpired:
+            crashes.append("took over 600 s")
+            continue
         lines = done.stdout.strip().splitlines()
         if done.returncode == 0 and lines:
-            return cast(dict[str, float | str], json.loads(lines[-1]))
+            got = cast(dict[str, Any], json.loads(lines[-1]))
+            if crashes:
+                got["crashes"] = crashes
+            return got
         how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
-        error = f"the per-GPU measurement ended by {how}"
+        last = _crash_line(done.stderr)
+        crashes.append(f"ended by {how}" + (f": {last}" if last else ""))
+        print(f"bench_sizing: the per-GPU measurement {crashes[-1]}", file=sys.stderr)
+    error = f"the per-GPU measurement failed {len(crashes)} times, last {crashes[-1]}"
     print(f"bench_sizing: {error}", file=sys.stderr)
-    return {"gpus": 0.0, "bytes": 0.0, "per_gpu_bytes": 0.0, "error": error}
+    return {"gpus": 0.0, "bytes": 0.0, "per_gpu_bytes": 0.0, "error": error, "crashes": crashes}
+
+
+def _crash_line(text: str, limit: int = 300) -> str:
+    """What a crashed process printed, in one line: the message before Python's fault
+    handler report (glibc's ``free(): invalid pointer``, NVML's own), the report's first line
+    and its innermost frame (the call it died in); else its last line. Printable characters
+    only, at most ``limit``."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    fatal = next((i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")), None)
+    if fatal is None:
+        picked = lines[-1:]
+    else:
+        frame = next((ln for ln in lines[fatal:] if ln.startswith("File ")), "")
+        picked = [*lines[max(0, fatal - 1) : fatal + 1], frame]
+    out = " | ".join(p for p in picked if p)
+    return "".join(c if c.isprintable() else "?" for c in out)[:limit]
 
 
 def build_standin(libdir: Path) -> None:

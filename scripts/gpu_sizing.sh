@@ -51,6 +51,9 @@ check("throughput child" in roles, "a throughput child holding the pod logs")
 check(r["throughput_series"] == r["busy_logs"], f"{r['throughput_series']} throughput series for {r['busy_logs']} logs")
 check(r.get("memory_ceiling_errors") == 0, f"no child reached its memory ceiling under the chart's limit ({r.get('memory_limit')} bytes): {r.get('memory_ceiling_errors')} ended")
 check(r["nvml_sampler_memory"]["gpus"] >= 1, f"NVML saw {r['nvml_sampler_memory']['gpus']:.0f} GPUs" + (f" ({r['nvml_sampler_memory']['error']})" if "error" in r["nvml_sampler_memory"] else ""))
+# a crash of NVIDIA's library in the per-GPU measurement's own process, started again: said
+for c in r["nvml_sampler_memory"].get("crashes", []):
+    print(f"NOTE: the per-GPU measurement's process {c} (started again)")
 e = r["extrapolated"]
 main = next(p for p in r["processes"] if p["role"] == "main")
 print(f"measured at {e['from_gpus']} GPUs: RSS {r['total']['rss_mib']} MiB, PSS {r['total']['pss_mib']} MiB, CPU {r['total']['cpu_millicores']}m")
