@@ -2,12 +2,13 @@
 from a recording with per-call costs measured on a GPU node.
 
 Passes differ: the first reads everything; later ones read link states, the GPU-level
-counters and a rotating share of the NVLink error counters (1/3 of the links' replay,
-recovery and CRC-flit, 1/9 of their crc_data and ecc_data), and each GPU re-reads its static
-facts once per refresh period. So this reports the first pass apart, then the median and
-the max over ``--passes`` later passes (default: two slow rotations, and at least one static
-refresh of every GPU), NVML calls per pass (a batched nvmlDeviceGetFieldValues is one call;
-its entries are counted apart), and the per-GPU cost extrapolated to 8 GPUs x 18 NVLinks.
+counters and a rotating share of the NVLink error counters (at the defaults, 1/18 of the
+links' replay, recovery and CRC-flit, 1/72 of their crc_data and ecc_data), and each GPU
+re-reads its static facts once per refresh period. So this reports the first pass apart,
+then the median and the max over ``--passes`` later passes (default: two slow rotations,
+and at least one static refresh of every GPU), NVML calls per pass (a batched
+nvmlDeviceGetFieldValues is one call; its entries are counted apart), and the per-GPU cost
+extrapolated to 8 GPUs x 18 NVLinks.
 
     python bench/bench_nvml.py [--passes N] [--json FILE]            # live NVML
     python bench/bench_nvml.py --replay tests/fixtures/nvml/h200x2.recording.json --fields
