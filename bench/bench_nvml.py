@@ -48,6 +48,7 @@ from agent.nvml.api import LiveNvml, NvmlApi
 from agent.nvml.record import RecordingNvml, ReplayNvml, load
 from agent.nvml.sampler import NvmlSampler
 from agent.nvml.snapshot import NvmlSnapshot
+from bench.jsonout import emit
 
 #: CPU seconds per call, ``bench/nvml_fieldvalues.py`` on the lent 2x H200 node (driver
 #: 580.159.04, nvidia-ml-py 13.610); 200 repetitions each (50 for the batches)
@@ -398,10 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         if timed is not None:
             result["per_call"] = per_call_report(per_pass[1:], cpus)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(result, args.json)
     return 0
 
 

@@ -48,6 +48,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.jsonout import emit  # noqa: E402
+
 DGX = ROOT / "tests" / "fixtures" / "dgx-h100" / "sys"
 
 #: runs inside the checkout's own interpreter path: prints one JSON line
@@ -219,10 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_1m": {"min": min(loads), "max": max(loads)},
         "samplers": samplers,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if ns.json:
-        ns.json.write_text(text + "\n")
+    emit(result, ns.json)
     return 0
 
 

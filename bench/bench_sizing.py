@@ -474,7 +474,7 @@ def nvml_per_gpu_apart(
                 got["crashes"] = crashes
             return got
         how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
-        last = _crash_line(done.stderr)
+        last = crash_line(done.stderr)
         crashes.append(f"ended by {how}" + (f": {last}" if last else ""))
         print(f"bench_sizing: the per-GPU measurement {crashes[-1]}", file=sys.stderr)
     error = f"the per-GPU measurement failed {len(crashes)} times, last {crashes[-1]}"
@@ -482,7 +482,7 @@ def nvml_per_gpu_apart(
     return {"gpus": 0.0, "bytes": 0.0, "per_gpu_bytes": 0.0, "error": error, "crashes": crashes}
 
 
-def _crash_line(text: str, limit: int = 300) -> str:
+def crash_line(text: str, limit: int = 300) -> str:
     """What a crashed process printed, in one line: the message before Python's fault
     handler report (glibc's ``free(): invalid pointer``, NVML's own), the report's first line
     and its innermost frame (the call it died in); else its last line. Printable characters

@@ -12,7 +12,6 @@ agents export them.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.jsonout import emit
 from exporter.topology import model, parse, render
 
 
@@ -87,10 +87,7 @@ def main() -> int:
         "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "rejects": rejects.total,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(result, a.out)
     return 0
 
 

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.config import Sampling  # noqa: E402 - after the path is set
+from bench.jsonout import emit  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TARGET_MILLICORES = 5.0
@@ -226,10 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         **project(passes, interval, {"before": ns.before.resolve(), "after": ns.after.resolve()}),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if ns.json:
-        ns.json.write_text(text + "\n")
+    emit(result, ns.json)
     return 0
 
 

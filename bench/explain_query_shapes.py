@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_explain import proc_cpu  # noqa: E402
+from bench.jsonout import emit  # noqa: E402
 from tests.promharness import start_prometheus  # noqa: E402
 
 WINDOW = re.compile(r"\[(\d+)s\]")
@@ -201,10 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_one_range_to_as_asked": {k: round(b[k] / a[k], 3) for k in a if a[k]},
         "runs": runs,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if ns.json:
-        ns.json.write_text(text + "\n")
+    emit(result, ns.json)
     return 0
 
 

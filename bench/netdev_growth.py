@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import sys
@@ -32,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from bench.jsonout import emit  # noqa: E402
 
 #: the default --sampling.interval, seconds: each pass is placed this long after the last
 INTERVAL = 15
@@ -100,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "growth_at_15s": growth.as_dict(ns.max_slope),
         "samples": points,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if ns.json:
-        ns.json.write_text(text + "\n")
+    emit(result, ns.json)
     return 1 if growth.verdict(ns.max_slope) == "above" else 0
 
 

@@ -1,7 +1,7 @@
 """Does NVML crash a process in its first passes? The NVML sampler's first three passes, each
 time in a fresh process (Python's fault handler on), ``--runs`` times per variant and
 environment, counting how each process ended; a crash is printed with what it printed (the
-call it died in: :func:`bench_sizing._crash_line`, and the last 30 lines of its stderr the
+call it died in: :func:`bench_sizing.crash_line`, and the last 30 lines of its stderr the
 first time a variant crashes). ``bench/nvml_bisect.py`` runs each variant for minutes in one
 process; this catches what happens once per process, at start (issue 30: on a 2x H200 with
 NVLinks, a segfault in the library's function lookup on the first pass). Run on a GPU node:
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import subprocess
 import sys
@@ -27,9 +26,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
 
-from bench_sizing import _crash_line  # noqa: E402
+from bench.bench_sizing import crash_line  # noqa: E402
+from bench.jsonout import emit  # noqa: E402
 
 _IMPORTS = "from agent.nvml.api import LiveNvml\nfrom agent.nvml.sampler import NvmlSampler\n"
 VARIANTS: dict[str, str] = {
@@ -77,7 +77,7 @@ def run(
                 tally[how] += 1
                 if rc == 0:
                     continue
-                line = _crash_line(done.stderr, 600)
+                line = crash_line(done.stderr, 600)
                 crashes.append({"variant": name, "environment": env_name, "run": i,
                                 "ended": how, "line": line})  # fmt: skip
                 print(f"{env_name}/{name} #{i}: {how}: {line}", flush=True)
@@ -94,10 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     commands = {k: [sys.executable, "-X", "faulthandler", "-c", v] for k, v in VARIANTS.items()}
     result = run(commands, ENVIRONMENTS, ns.runs)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if ns.json:
-        ns.json.write_text(text + "\n")
+    emit(result, ns.json)
     return 0
 
 

@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench.jsonout import emit  # noqa: E402
+
 #: a relist (410 Expired) every this many watches
 RELIST_EVERY = 10
 
@@ -185,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "growth": {k: f.as_dict(ns.max_slope) for k, f in growth.items()},
         "samples": points,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if ns.json:
-        ns.json.write_text(text + "\n")
+    emit(result, ns.json)
     return 1 if growth["rss"].verdict(ns.max_slope) == "above" else 0
 
 

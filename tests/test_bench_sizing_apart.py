@@ -53,10 +53,10 @@ def test_a_crash_then_a_measurement_keeps_the_figures_and_names_the_crash(
 
 
 def test_the_crash_line_is_one_printable_line_of_what_matters() -> None:
-    assert b._crash_line("") == ""
-    assert b._crash_line("a\n\nlast words\n") == "last words"
+    assert b.crash_line("") == ""
+    assert b.crash_line("a\n\nlast words\n") == "last words"
     noisy = "x\x1b[31m" * 200
-    line = b._crash_line(noisy)
+    line = b.crash_line(noisy)
     assert "\x1b" not in line and len(line) == 300
 
 
