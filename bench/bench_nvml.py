@@ -176,9 +176,11 @@ class TimedNvml:
         return out
 
 
-def per_call_report(timed: Sequence[Timing], pass_cpu: Sequence[float]) -> dict[str, object]:
-    """Per function over the later passes: calls, CPU and wall per pass, CPU per call; and
-    the median pass's CPU that no call accounts for."""
+def per_call_report(records: Sequence[PassRecord]) -> dict[str, object]:
+    """Per function over ``records`` (timed passes, :class:`TimedNvml`): calls, CPU and wall
+    per pass, CPU per call; and the median pass's CPU that no call accounts for."""
+    timed = [r.timing for r in records if r.timing is not None]
+    pass_cpu = [r.cpu_seconds for r in records if r.timing is not None]
     n = len(timed)
     calls: Counter[str] = Counter()
     cpu: defaultdict[str, float] = defaultdict(float)
@@ -214,6 +216,8 @@ class PassRecord:
     wall_seconds: float
     calls: Counter[str]
     fields: Counter[int]
+    #: the pass's calls timed one by one (``--per-call``), else None
+    timing: Timing | None = None
 
 
 def run_passes(
@@ -221,7 +225,6 @@ def run_passes(
     sampler: NvmlSampler,
     passes: int,
     timed: TimedNvml | None = None,
-    per_pass: list[Timing] | None = None,
 ) -> tuple[list[PassRecord], NvmlSnapshot]:
     out: list[PassRecord] = []
     snap = None
@@ -232,14 +235,13 @@ def run_passes(
             timed.take()
         w0, c0 = time.perf_counter(), time.process_time()
         snap = sampler.sample()
-        if timed is not None and per_pass is not None:
-            per_pass.append(timed.take())
         out.append(
             PassRecord(
                 time.process_time() - c0,
                 time.perf_counter() - w0,
                 Counter(api.counts),
                 Counter(api.fields_read),
+                None if timed is None else timed.take(),
             )
         )
     assert snap is not None
@@ -324,7 +326,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         inner = LiveNvml()
     timed = TimedNvml(inner) if args.per_call and not args.replay else None
-    per_pass: list[Timing] = []
     api = RecordingNvml(inner if timed is None else timed)  # type: ignore[arg-type]
     factory: Callable[[], NvmlApi] = lambda: api  # noqa: E731
     sampler = NvmlSampler(
@@ -337,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         gpus_guess = 8  # enough passes for every GPU's refresh on an 8-GPU node
         passes = args.passes or max(2 * args.slow_rotation, args.static_refresh + gpus_guess)
-        records, snap = run_passes(api, sampler, passes, timed, per_pass)
+        records, snap = run_passes(api, sampler, passes, timed)
     finally:
         sampler.close()
     gpus = len(snap.gpus)
@@ -398,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "this_pid_is_a_gpu_compute_process": os.getpid() in pids,
         }
         if timed is not None:
-            result["per_call"] = per_call_report(per_pass[1:], cpus)
+            result["per_call"] = per_call_report(later)
     emit(result, args.json)
     return 0
 

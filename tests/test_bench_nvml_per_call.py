@@ -22,14 +22,13 @@ def test_per_call_counts_every_call_of_each_pass_and_splits_its_cpu() -> None:
     timed = bench_nvml.TimedNvml(ReplayNvml(load(str(RECORDING))))
     api = RecordingNvml(timed)  # type: ignore[arg-type]
     sampler = NvmlSampler(lambda: api, watch_xid=False)
-    per_pass: list[bench_nvml.Timing] = []
     try:
-        records, snap = bench_nvml.run_passes(api, sampler, 20, timed, per_pass)
+        records, snap = bench_nvml.run_passes(api, sampler, 20, timed)
     finally:
         sampler.close()
-    assert len(per_pass) == len(records) == 21
-    later = per_pass[1:]
-    report = bench_nvml.per_call_report(later, [r.cpu_seconds for r in records[1:]])
+    assert len(records) == 21 and all(r.timing is not None for r in records)
+    later = [r.timing for r in records[1:] if r.timing is not None]
+    report = bench_nvml.per_call_report(records[1:])
     by_fn = report["by_function"]
     assert isinstance(by_fn, dict)
     # every link of every GPU has its state asked each pass: 2 GPUs x 18 NVLinks
