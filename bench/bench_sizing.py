@@ -449,11 +449,11 @@ def nvml_per_gpu_apart(
     live: bool, attempts: int = PER_GPU_ATTEMPTS, argv: Sequence[str] | None = None
 ) -> dict[str, Any]:
     """:func:`nvml_per_gpu` in a process of its own: NVIDIA's library has crashed the process
-    that loaded it (a corrupted heap, on a 2x H200 with NVLinks; SIGABRT in 1 of 4 runs there
-    on 2026-11-30, none in the 3 right after it), which must not take this run's other figures
-    with it. A process that crashes is started again, up to ``attempts`` in all; each crash is
-    kept in ``crashes`` (how it ended and the last line it printed, Python's fault handler on:
-    the call it died in) and printed, never hidden. When every attempt crashes, ``gpus`` is 0
+    that loaded it (a corrupted heap inside nvmlDeviceGetFieldValues, on a 2x H200 with
+    NVLinks: docs/performance.md), which must not take this run's other figures with it. A
+    process that crashes is started again, up to ``attempts`` in all; each crash is kept in
+    ``crashes`` (how it ended and what it printed, Python's fault handler on:
+    :func:`crash_line`) and printed, never hidden. When every attempt crashes, ``gpus`` is 0
     and ``error`` says why, which ``scripts/gpu_sizing.sh`` fails on. ``argv``: the command
     instead of this script's own (tests)."""
     mode = "live" if live else "replay"
