@@ -288,8 +288,6 @@ class AttributionSampler:
     def close(self) -> None:
         if self.watcher is not None:
             self.watcher.close()
-        if self._kubelet is not None:
-            self._kubelet.close()
 
     def _list_kubelet(self) -> tuple[PodAllocation, ...] | None:
         if self._kubelet is None:

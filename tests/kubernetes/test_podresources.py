@@ -200,12 +200,46 @@ EXPECTED = (
 
 def test_list_over_a_real_unix_socket(kubelet: Lister, kubelet_socket: Path) -> None:
     client = PodResourcesClient(str(kubelet_socket), timeout_seconds=2.0)
-    try:
-        assert client.list() == EXPECTED
-        assert client.list() == EXPECTED  # the channel is reused
-        assert kubelet.calls == 2
-    finally:
-        client.close()
+    assert client.list() == EXPECTED
+    assert client.list() == EXPECTED  # a channel of its own each call
+    assert kubelet.calls == 2
+
+
+class _Recorded:
+    """A real channel that says whether it was closed."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.channel = channel
+        self.closed = False
+
+    def unary_unary(self, *args: object, **kwargs: object) -> object:
+        return self.channel.unary_unary(*args, **kwargs)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.closed = True
+        self.channel.close()
+
+
+def test_every_call_closes_its_channel(
+    kubelet: Lister, kubelet_socket: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is held between calls (a channel kept open costs gRPC's threads CPU while
+    idle), after an answer and after a failure alike."""
+    opened: list[_Recorded] = []
+    real = grpc.insecure_channel
+
+    def recording(target: str, options: object = None) -> _Recorded:
+        opened.append(_Recorded(real(target, options=options)))  # type: ignore[arg-type]
+        return opened[-1]
+
+    monkeypatch.setattr(grpc, "insecure_channel", recording)
+    client = PodResourcesClient(str(kubelet_socket), timeout_seconds=0.3)
+    assert client.list() == EXPECTED
+    assert client.list() == EXPECTED
+    kubelet.delay = 1.0
+    with pytest.raises(KubeletUnavailable):
+        client.list()
+    assert [c.closed for c in opened] == [True, True, True]
 
 
 def test_from_response_is_pure() -> None:
@@ -220,7 +254,6 @@ def test_deadline_exceeded_fails_within_the_deadline(kubelet: Lister, kubelet_so
     with pytest.raises(KubeletUnavailable) as info:
         client.list()
     elapsed = time.monotonic() - t0
-    client.close()
     assert info.value.code == "DEADLINE_EXCEEDED"
     assert elapsed < 1.5
 
@@ -259,7 +292,6 @@ def test_a_restarted_kubelet_is_picked_up_on_the_next_call(kubelet_socket: Path)
         server = serve(kubelet_socket, lister)
         assert client.list() == EXPECTED[:1]
     finally:
-        client.close()
         server.stop(grace=None)
 
 
@@ -275,7 +307,6 @@ def test_concurrent_calls_share_one_client(kubelet: Lister, kubelet_socket: Path
         t.start()
     for t in threads:
         t.join()
-    client.close()
     assert results == [EXPECTED] * 4
 
 
