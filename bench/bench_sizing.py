@@ -394,6 +394,49 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def thread_cpu(pid: int) -> dict[tuple[str, str], float]:
+    """CPU seconds (user + system) of each of ``pid``'s threads, keyed by (thread id, the
+    thread's name as the kernel has it: ``python`` for Python's own threads, which do not
+    name themselves there, a library's name for its native threads, e.g. gRPC's
+    ``event_engine``)."""
+    out: dict[tuple[str, str], float] = {}
+    tasks = Path(f"/proc/{pid}/task")
+    for task in tasks.iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a thread that ended between the listing and the read
+            continue
+        out[(task.name, name)] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+#: what a process spent in threads that ended between two readings (the kernel adds an ended
+#: thread's CPU to its process's and keeps no record of it by name)
+ENDED_THREADS = "(ended threads)"
+
+
+def by_thread_name(
+    before: dict[tuple[str, str], float],
+    after: dict[tuple[str, str], float],
+    seconds: float,
+    process_millicores: float | None = None,
+) -> dict[str, float]:
+    """Millicores per thread name between two :func:`thread_cpu` readings (one started
+    between them counts all it spent). A thread that ended between them is in no name: given
+    the process's own figure, what the named threads do not account for is
+    :data:`ENDED_THREADS` (a runner's pass in a thread of its own, say)."""
+    spent: dict[str, float] = {}
+    for key, cpu in after.items():
+        spent[key[1]] = spent.get(key[1], 0.0) + cpu - before.get(key, 0.0)
+    out = {name: round(1000 * cpu / seconds, 2) for name, cpu in sorted(spent.items()) if cpu}
+    if process_millicores is not None:
+        rest = process_millicores - 1000 * sum(spent.values()) / seconds
+        if rest > 0.005:
+            out[ENDED_THREADS] = round(rest, 2)
+    return out
+
+
 def nvml_per_gpu(live: bool) -> dict[str, float]:
     """Python memory the NVML sampler keeps per GPU: tracemalloc after three passes of
     the real sampler over ``n`` GPUs, two values of ``n``; the slope."""
@@ -587,6 +630,7 @@ def main() -> int:
             )
             pids = [agent.pid, *children(agent.pid)]
             cpu0 = {p: cpu_seconds(p) for p in pids}
+            threads0 = {p: thread_cpu(p) for p in pids}
             # the window measures the steady state only: what each process spent before it
             # (start-up, its first passes and the warm-up) is its own figure
             result["cpu_seconds_before_window"] = {
@@ -609,12 +653,16 @@ def main() -> int:
             procs = []
             for p in pids:
                 with contextlib.suppress(OSError):
+                    threads, cpu = thread_cpu(p), 1000 * (cpu_seconds(p) - cpu0[p]) / elapsed
                     procs.append({
                         "role": "main" if p == agent.pid else role(p, logs),
                         "pid": p,
                         "rss_mib": round(peak[p][0] / 2**20, 1),
                         "pss_mib": round(peak[p][1] / 2**20, 1),
-                        "cpu_millicores": round(1000 * (cpu_seconds(p) - cpu0[p]) / elapsed, 1),
+                        "cpu_millicores": round(cpu, 1),
+                        "cpu_millicores_by_thread": by_thread_name(
+                            threads0[p], threads, elapsed, cpu
+                        ),
                         # what RLIMIT_DATA counts against a child's memory ceiling
                         "vmdata_mib": round(vmdata(p) / 2**20, 1),
                     })  # fmt: skip
