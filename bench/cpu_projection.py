@@ -118,8 +118,13 @@ def nvml_model(checkout: Path) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def project(passes: dict[str, Any], interval: float, checkouts: dict[str, Path]) -> dict[str, Any]:
-    one, two = load("sizing-h200-cpu.json"), load("sizing-h200x2-nvlink.json")
+def project(
+    passes: dict[str, Any],
+    interval: float,
+    checkouts: dict[str, Path],
+    sizing: tuple[str, str] = ("sizing-h200-cpu.json", "sizing-h200x2-nvlink.json"),
+) -> dict[str, Any]:
+    one, two = load(sizing[0]), load(sizing[1])
     nvml = load("nvml-h200x2.json")
     gpus_two = int(nvml["gpus"])
 
@@ -207,6 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, required=True, help="the old checkout")
     ap.add_argument("--after", type=Path, default=ROOT, help="the new checkout")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--sizing-1gpu",
+        default="sizing-h200-cpu.json",
+        help="bench/results file: the agent on the lent 1x H200 (the NVML child's fixed cost)",
+    )
+    ap.add_argument(
+        "--sizing-2gpu",
+        default="sizing-h200x2-nvlink.json",
+        help="bench/results file: the agent on the lent 2x H200 with NVLinks (the main "
+        "process, the throughput child, the NVML child per NVLink GPU)",
+    )
     ns = ap.parse_args(argv)
     passes = json.loads(ns.passes.read_text())
     interval = Sampling().interval_seconds
@@ -217,15 +233,20 @@ def main(argv: list[str] | None = None) -> int:
         "target_millicores": TARGET_MILLICORES,
         "verified_on_a_gpu": False,
         "sources": {
-            "sizing_1gpu": "bench/results/sizing-h200-cpu.json",
-            "sizing_2gpu_nvlink": "bench/results/sizing-h200x2-nvlink.json",
+            "sizing_1gpu": f"bench/results/{ns.sizing_1gpu}",
+            "sizing_2gpu_nvlink": f"bench/results/{ns.sizing_2gpu}",
             "nvml_pass": "bench/results/nvml-h200x2.json",
             "sysfs_passes": str(ns.passes.resolve().relative_to(ROOT)),
             "sysfs_passes_machine": passes["machine"],
             "sysfs_passes_date": passes["date"],
             "sysfs_passes_load_average_1m": passes["load_average_1m"],
         },
-        **project(passes, interval, {"before": ns.before.resolve(), "after": ns.after.resolve()}),
+        **project(
+            passes,
+            interval,
+            {"before": ns.before.resolve(), "after": ns.after.resolve()},
+            (ns.sizing_1gpu, ns.sizing_2gpu),
+        ),
     }
     emit(result, ns.json)
     return 0
