@@ -225,10 +225,15 @@ def run_passes(
     sampler: NvmlSampler,
     passes: int,
     timed: TimedNvml | None = None,
+    pause: float = 0.0,
 ) -> tuple[list[PassRecord], NvmlSnapshot]:
+    """The first pass, then ``passes`` more, ``pause`` seconds apart (0: back to back; the
+    agent's passes come an interval apart, with the caches gone cold in between)."""
     out: list[PassRecord] = []
     snap = None
-    for _ in range(passes + 1):  # the first pass, then ``passes`` more
+    for k in range(passes + 1):
+        if k and pause:
+            time.sleep(pause)
         api.counts.clear()
         api.fields_read.clear()
         if timed is not None:
@@ -313,6 +318,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--static-refresh", type=int, default=40, help="static_refresh_passes")
     ap.add_argument("--json", default=None, help="also write the result here")
     ap.add_argument("--per-call", action="store_true", help="live: time every call (see TimedNvml)")
+    ap.add_argument(
+        "--pause", type=float, default=0.0, help="seconds between passes (0: back to back)"
+    )
+    ap.add_argument(
+        "--xid",
+        action="store_true",
+        help="watch XID events as the agent does (an event set, polled at the end of each pass)",
+    )
     args = ap.parse_args(argv)
     rss_before = rss_bytes()
     inner: NvmlApi
@@ -330,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     factory: Callable[[], NvmlApi] = lambda: api  # noqa: E731
     sampler = NvmlSampler(
         factory,
-        watch_xid=False,
+        watch_xid=args.xid,
         link_error_rotation=args.rotation,
         slow_error_rotation=args.slow_rotation,
         static_refresh_passes=args.static_refresh,
@@ -338,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         gpus_guess = 8  # enough passes for every GPU's refresh on an 8-GPU node
         passes = args.passes or max(2 * args.slow_rotation, args.static_refresh + gpus_guess)
-        records, snap = run_passes(api, sampler, passes, timed)
+        records, snap = run_passes(api, sampler, passes, timed, args.pause)
     finally:
         sampler.close()
     gpus = len(snap.gpus)
@@ -353,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "link_error_rotation": args.rotation,
             "slow_error_rotation": args.slow_rotation,
             "static_refresh_passes": args.static_refresh,
+            "watch_xid": args.xid,
+            "pause_seconds": args.pause,
         },
         "passes_after_first": len(later),
         "calls_per_pass": calls_report(records),

@@ -58,3 +58,21 @@ def test_timed_api_passes_constants_through_and_times_only_calls() -> None:
     calls, cpu, wall = timed.take()
     assert calls == {"device_count": 1} and set(cpu) == set(wall) == {"device_count"}
     assert timed.take()[0] == {}  # taken: the next pass starts from nothing
+
+
+def test_passes_come_pause_seconds_apart_and_the_xid_watch_is_the_agents() -> None:
+    """``--pause`` spaces the passes (the agent's come an interval apart, cold); ``--xid``
+    watches XID events as the agent does, so an event queued before a pass is counted."""
+    import time
+
+    replay = ReplayNvml(load(str(RECORDING)))
+    api = RecordingNvml(replay)
+    sampler = NvmlSampler(lambda: api, watch_xid=True)
+    replay.feed_xid(1, 79)
+    t0 = time.monotonic()
+    records, snap = bench_nvml.run_passes(api, sampler, 2, None, 0.2)
+    elapsed = time.monotonic() - t0
+    sampler.close()
+    assert len(records) == 3
+    assert elapsed >= 0.4  # two pauses, between the three passes
+    assert [(x.gpu, x.xid, x.count) for x in snap.xid_errors] == [(1, 79, 1)]
