@@ -71,6 +71,9 @@ class SamplerStatus:
     hardware_present: bool = False
     snapshot: Snapshot | None = None
     duration_seconds: float | None = None
+    #: CPU the passes' own threads spent in this process (a pass that timed out is counted
+    #: only if it ends in time for a later pass to see it: not at all, here)
+    cpu_seconds_total: float = 0.0
     last_success_timestamp_seconds: float | None = None
     errors_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in ERROR_REASONS)
     read_errors_total: tuple[tuple[str, int], ...] = ()
@@ -98,6 +101,8 @@ class _Slot:
     status: SamplerStatus
     inflight: threading.Thread | None = None
     failing_paths: frozenset[str] = field(default_factory=frozenset)
+    #: what the finished passes' threads spent, handed to the status by ``_finish``
+    cpu_seconds: float = 0.0
     last_outcome: str = ""
 
 
@@ -239,7 +244,7 @@ class Runner:
             limit = float(deadline_of()) + SELF_TIMED_MARGIN
 
         def call() -> None:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 box["snapshot"] = spec.sampler.sample()
             except NoData as exc:
@@ -249,6 +254,7 @@ class Runner:
             except Exception as exc:  # the runner is the one place that isolates failures
                 box["error"] = exc
             box["duration"] = time.perf_counter() - t0
+            box["cpu"] = time.thread_time() - c0  # the thread runs this pass alone
 
         worker = threading.Thread(target=call, name=f"sample-{name}", daemon=True)
         slot.inflight = worker
@@ -270,6 +276,8 @@ class Runner:
         """What a finished pass left in ``box``, recorded."""
         duration = box.get("duration")
         assert isinstance(duration, float)
+        cpu = box.get("cpu")
+        slot.cpu_seconds += cpu if isinstance(cpu, float) else 0.0
         if "failure" in box:
             failure = box["failure"]
             assert isinstance(failure, SamplerFailure)
@@ -302,6 +310,7 @@ class Runner:
                 st,
                 attempts_total=st.attempts_total + 1,
                 generation=st.generation + 1,
+                cpu_seconds_total=slot.cpu_seconds,
                 child_restarts_total=restarts if isinstance(restarts, int) else None,
                 child=child if isinstance(child, ProcessStats) else None,
             )

@@ -36,6 +36,16 @@ SAMPLER_DURATION = MetricSpec(
     ("sampler",),
     unit="seconds",
 )
+SAMPLER_CPU = MetricSpec(
+    "fabricscope_sampler_cpu_seconds_total",
+    "counter",
+    "CPU time the agent's main process spent in the sampler's finished passes (each pass runs "
+    "in a thread of its own: its reads, parsing and building here). A sampler run in a child "
+    "process (nvml, throughput, ibpeer, ras) spends its passes' CPU there, in "
+    "process_cpu_seconds_total{child=...}; this is then what receiving its answer costs.",
+    ("sampler",),
+    unit="seconds",
+)
 SAMPLER_LAST_SUCCESS = MetricSpec(
     "fabricscope_sampler_last_success_timestamp_seconds",
     "gauge",
@@ -148,6 +158,7 @@ SPECS = (
     SAMPLER_SUCCESS,
     SAMPLER_HARDWARE_PRESENT,
     SAMPLER_DURATION,
+    SAMPLER_CPU,
     SAMPLER_LAST_SUCCESS,
     SAMPLER_ATTEMPTS,
     SAMPLER_ERRORS,
@@ -186,6 +197,7 @@ def render(
             out.add(SAMPLER_RENDER_ERRORS, n, name)
     for name, st in statuses.items():
         out.add(SAMPLER_ATTEMPTS, st.attempts_total, name)
+        out.add(SAMPLER_CPU, st.cpu_seconds_total, name)
         out.add(SAMPLER_RENDER_ERRORS, render_errors.get(name, 0), name)
         in_child = st.child_restarts_total is not None
         for reason in ERROR_REASONS:

@@ -198,3 +198,29 @@ def test_a_failed_pass_leaves_no_cycle_to_the_collector() -> None:
     left = [type(o).__qualname__ for o in cyclic_garbage(two_failed_passes)]
     assert "NoData" not in left and "RuntimeError" not in left and "frame" not in left, left
     assert runner.status("flaky").error_count("exception") == 1
+
+
+class Spending:
+    """A sampler whose pass burns ``burn`` seconds of its thread's CPU, then sleeps ``nap``."""
+
+    def __init__(self, name: str, burn: float, nap: float) -> None:
+        self.name, self.burn, self.nap = name, burn, nap
+
+    def sample(self) -> FakeSnapshot:
+        end = time.thread_time() + self.burn
+        while time.thread_time() < end:
+            pass
+        time.sleep(self.nap)
+        return FakeSnapshot(0)
+
+
+def test_each_sampler_is_charged_the_cpu_of_its_own_passes_not_their_wall_time() -> None:
+    """fabricscope_sampler_cpu_seconds_total: a pass's thread's CPU, summed over passes; a pass
+    that sleeps is not charged its sleep, and one sampler's CPU is not another's."""
+    busy, idle = Spending("busy", 0.05, 0.0), Spending("idle", 0.0, 0.1)
+    runner = Runner([SamplerSpec(busy, 1, 5), SamplerSpec(idle, 1, 5)])
+    runner.run_once()
+    st = runner.run_once()
+    assert 0.1 <= st["busy"].cpu_seconds_total < 0.5
+    assert st["idle"].cpu_seconds_total < 0.05  # 0.2 s asleep over two passes
+    assert st["idle"].duration_seconds is not None and st["idle"].duration_seconds >= 0.1
