@@ -394,6 +394,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def sampler_cpu(body: str) -> dict[str, float]:
+    """``fabricscope_sampler_cpu_seconds_total`` by sampler, from a /metrics body."""
+    return {
+        name: float(value)
+        for name, value in re.findall(
+            r'^fabricscope_sampler_cpu_seconds_total\{sampler="([^"]*)"\} (\S+)$', body, re.M
+        )
+    }
+
+
 def thread_cpu(pid: int) -> dict[tuple[str, str], float]:
     """CPU seconds (user + system) of each of ``pid``'s threads, keyed by (thread id, the
     thread's name as the kernel has it: ``python`` for Python's own threads, which do not
@@ -631,6 +641,7 @@ def main() -> int:
             pids = [agent.pid, *children(agent.pid)]
             cpu0 = {p: cpu_seconds(p) for p in pids}
             threads0 = {p: thread_cpu(p) for p in pids}
+            samplers0, window0 = sampler_cpu(body), time.monotonic()
             # the window measures the steady state only: what each process spent before it
             # (start-up, its first passes and the warm-up) is its own figure
             result["cpu_seconds_before_window"] = {
@@ -675,6 +686,12 @@ def main() -> int:
             result["scrapes"] = scraped
             # children ended at their memory ceiling over the whole run (none, on a healthy node)
             body = _OPENER.open(metrics, timeout=10).read().decode()
+            # the main process's CPU by sampler (the agent's own counter), over the window
+            span = time.monotonic() - window0
+            result["main_cpu_millicores_by_sampler"] = {
+                name: round(1000 * (cpu - samplers0.get(name, 0.0)) / span, 2)
+                for name, cpu in sorted(sampler_cpu(body).items())
+            }
             result["memory_ceiling_errors"] = sum(
                 float(m)
                 for m in re.findall(
