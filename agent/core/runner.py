@@ -73,8 +73,8 @@ class SamplerStatus:
     hardware_present: bool = False
     snapshot: Snapshot | None = None
     duration_seconds: float | None = None
-    #: CPU the passes' own threads spent in this process (a pass that timed out is counted
-    #: only if it ends in time for a later pass to see it: not at all, here)
+    #: CPU the finished passes' own threads spent in this process (a pass abandoned at its
+    #: timeout is not counted)
     cpu_seconds_total: float = 0.0
     last_success_timestamp_seconds: float | None = None
     errors_total: tuple[tuple[str, int], ...] = tuple((r, 0) for r in ERROR_REASONS)
