@@ -151,8 +151,6 @@ class _Slot:
     status: SamplerStatus
     worker: _PassThread | None = None
     failing_paths: frozenset[str] = field(default_factory=frozenset)
-    #: what the finished passes' threads spent, handed to the status by ``_finish``
-    cpu_seconds: float = 0.0
     last_outcome: str = ""
 
 
@@ -333,21 +331,21 @@ class Runner:
         duration = box.get("duration")
         assert isinstance(duration, float)
         cpu = box.get("cpu")
-        slot.cpu_seconds += cpu if isinstance(cpu, float) else 0.0
+        assert isinstance(cpu, float)
         if "failure" in box:
             failure = box["failure"]
             assert isinstance(failure, SamplerFailure)
             reason = failure.reason if failure.reason in ERROR_REASONS else "exception"
-            self._finish(slot, reason, None, duration, failure)
+            self._finish(slot, reason, None, duration, failure, cpu=cpu)
         elif "error" in box:
             exc = box["error"]
             assert isinstance(exc, Exception)
-            self._finish(slot, "exception", None, duration, exc)
+            self._finish(slot, "exception", None, duration, exc, cpu=cpu)
         elif "nodata" in box:
-            self._finish(slot, "nodata", None, duration, box["nodata"])  # type: ignore[arg-type]
+            self._finish(slot, "nodata", None, duration, box["nodata"], cpu=cpu)  # type: ignore[arg-type]
         else:
             snap = box["snapshot"]
-            self._finish(slot, "ok", snap, duration, None)  # type: ignore[arg-type]
+            self._finish(slot, "ok", snap, duration, None, cpu=cpu)  # type: ignore[arg-type]
 
     def _finish(
         self,
@@ -356,7 +354,11 @@ class Runner:
         snapshot: Snapshot | None,
         duration: float | None,
         exc: BaseException | None,
+        *,
+        cpu: float = 0.0,
     ) -> None:
+        """Record an attempt; ``cpu``: what its pass thread spent (0 for a pass not run or
+        abandoned)."""
         name = slot.spec.sampler.name
         with self._lock:
             st = slot.status
@@ -366,7 +368,7 @@ class Runner:
                 st,
                 attempts_total=st.attempts_total + 1,
                 generation=st.generation + 1,
-                cpu_seconds_total=slot.cpu_seconds,
+                cpu_seconds_total=st.cpu_seconds_total + cpu,
                 child_restarts_total=restarts if isinstance(restarts, int) else None,
                 child=child if isinstance(child, ProcessStats) else None,
             )

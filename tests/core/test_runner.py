@@ -239,33 +239,35 @@ class Where:
         return FakeSnapshot(len(self.threads))
 
 
+def _alive(name: str) -> int:
+    return sum(1 for t in threading.enumerate() if t.name == name)
+
+
 def test_a_samplers_passes_share_one_thread_which_ends_with_the_runner() -> None:
     """One pass thread a sampler, kept between passes (a thread started per pass cost about
     0.6 ms of CPU each), never the schedule's own thread; stop() ends it."""
     s = Where()
     runner = Runner([SamplerSpec(s, 0.02, 1)])
-    before = threading.active_count()
     runner.start()
     deadline = time.monotonic() + 5
     while len(s.threads) < 5 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(s.threads) >= 5 and len(set(s.threads)) == 1
-    assert threading.active_count() == before + 2  # the schedule and the pass thread
+    assert _alive("sample-where") == 1 and _alive("sampler-where") == 1
     runner.stop()
     deadline = time.monotonic() + 5
-    while threading.active_count() > before and time.monotonic() < deadline:
+    while _alive("sample-where") and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert threading.active_count() == before
+    assert _alive("sample-where") == 0 and _alive("sampler-where") == 0
 
 
 def test_one_shot_runs_leave_no_pass_thread_behind() -> None:
     s = Where()
     runner = Runner([SamplerSpec(s, 1, 1)])
-    before = threading.active_count()
     runner.run_once()
     runner.run_once()
     assert len(s.threads) == 2
     deadline = time.monotonic() + 5
-    while threading.active_count() > before and time.monotonic() < deadline:
+    while _alive("sample-where") and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert threading.active_count() == before
+    assert _alive("sample-where") == 0
