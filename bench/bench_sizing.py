@@ -59,6 +59,8 @@ from typing import Any, cast
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agent.core.procstat import parse_stat  # noqa: E402 - after the path is set
+
 DGX = ROOT / "tests" / "fixtures" / "dgx-h100" / "sys"
 STANDIN = ROOT / "tests" / "nvml_standin" / "libnvidia-ml.c"
 RECORDING = ROOT / "tests" / "fixtures" / "nvml" / "h200x2.recording.json"
@@ -390,8 +392,7 @@ def memory(pid: int) -> tuple[int, int]:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return parse_stat(Path(f"/proc/{pid}/stat").read_text())[0] / TICK
 
 
 def sampler_cpu(body: str) -> dict[str, float]:
@@ -414,10 +415,10 @@ def thread_cpu(pid: int) -> dict[tuple[str, str], float]:
     for task in tasks.iterdir():
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            ticks = parse_stat((task / "stat").read_text())[0]
         except OSError:  # a thread that ended between the listing and the read
             continue
-        out[(task.name, name)] = (int(fields[11]) + int(fields[12])) / TICK
+        out[(task.name, name)] = ticks / TICK
     return out
 
 
