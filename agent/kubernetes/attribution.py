@@ -3,9 +3,14 @@
 Two methods, each named in the snapshot's records:
 
 ``podresources``
-    The kubelet's pod-resources ``List`` (:mod:`agent.kubernetes.podresources`), called once per
-    pass on
-    the local socket: what every container was *allocated*. GPU device ids are GPU or MIG UUIDs
+    The kubelet's pod-resources ``List`` (:mod:`agent.kubernetes.podresources`) on the local
+    socket: what every container was *allocated*. It is asked on a pass when the pod watch
+    (below) has seen a pod of the node change since the last answer, when that answer is
+    :data:`KUBELET_LIST_MAX_AGE_SECONDS` old, and on every pass while there is no healthy
+    watch or the last ``List`` failed: the kubelet assigns devices when it starts a pod's
+    containers, and the pod's status changes after that, so an answer stands until the
+    node's pods change (each call costs the agent a gRPC channel and its threads, and the
+    kubelet an answer). GPU device ids are GPU or MIG UUIDs
     (index ids and time-slicing's ``<id>::<replica>`` are understood too) and are joined to
     the NVML snapshot for the GPU's index and PCI address; RDMA / SR-IOV device ids are VF PCI
     addresses or RDMA device names and are joined to the InfiniBand snapshot. An id in another
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -92,6 +98,7 @@ if TYPE_CHECKING:
 #: the names callers import from here (records and joins live in their own modules)
 __all__ = [
     "ERROR_REASONS",
+    "KUBELET_LIST_MAX_AGE_SECONDS",
     "METHODS",
     "RDMA_RESOURCE_PREFIXES",
     "AttributionSampler",
@@ -113,6 +120,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: the longest the kubelet's last ``List`` answer stands while the pod watch sees no pod of
+#: the node change (a missed event costs at most this long)
+KUBELET_LIST_MAX_AGE_SECONDS = 300.0
+
 
 # --- the sampler --------------------------------------------------------------------------
 
@@ -133,6 +144,8 @@ class AttributionSampler:
     yet, or its last one failed): RDMA attributions keep its last answer, or wait for its
     first, rather than appear once without their device. ``gpus_unanswered``: the same for
     NVML; GPU rows are kept for the allocation but not exported until NVML first answers.
+    ``kubelet_max_age_seconds``: how long a ``List`` answer stands while the pod watch is
+    healthy and sees no change (module doc; 0: ask every pass).
     """
 
     name = "attribution"
@@ -153,6 +166,7 @@ class AttributionSampler:
         cdi_root: str | None = DEFAULT_CDI_ROOT,
         rdma_unanswered: Callable[[], bool] = lambda: False,
         gpus_unanswered: Callable[[], bool] = lambda: False,
+        kubelet_max_age_seconds: float = KUBELET_LIST_MAX_AGE_SECONDS,
     ) -> None:
         self._sysfs = sysfs
         self._cdi = CdiRegistry(cdi_root) if cdi_root else None
@@ -181,6 +195,9 @@ class AttributionSampler:
         )
         self._first_wait = first_sync_wait_seconds
         self._kubelet_state = ""
+        self._kubelet_max_age = kubelet_max_age_seconds
+        # the last List's answer, the pod index it was asked under, and when
+        self._listed: tuple[tuple[PodAllocation, ...], PodIndex, float] | None = None
 
     def sample(self) -> AttributionSnapshot:
         socket = self._kubelet is not None and self._kubelet.socket_exists()
@@ -206,7 +223,7 @@ class AttributionSampler:
             ib = self._last_ib
         issues = Issues(self._procfs)
 
-        allocations = self._list_kubelet()
+        allocations = self._list_kubelet(socket)
         gpus: list[GpuAttribution] = []
         rdma: list[RdmaAttribution] = []
         cpus: list[ContainerCpus] = []
@@ -289,9 +306,24 @@ class AttributionSampler:
         if self.watcher is not None:
             self.watcher.close()
 
-    def _list_kubelet(self) -> tuple[PodAllocation, ...] | None:
+    def _list_kubelet(self, socket: bool) -> tuple[PodAllocation, ...] | None:
+        """The kubelet's allocations: its last answer while it stands (module doc), else a
+        new ``List``; None when the socket is absent or the call failed."""
         if self._kubelet is None:
             return None
+        # read before the call: a pod that changes while it runs is asked about next pass
+        index = self.watcher.index if self.watcher is not None and self.watcher.healthy else None
+        now = time.monotonic()
+        last = self._listed
+        if (
+            socket
+            and index is not None
+            and last is not None
+            and last[1] is index
+            and now - last[2] < self._kubelet_max_age
+        ):
+            return last[0]
+        self._listed = None
         try:
             pods = self._kubelet.list()
         except SocketAbsent:
@@ -302,6 +334,8 @@ class AttributionSampler:
             self._kubelet_transition("failing", str(exc))
             return None
         self._kubelet_transition("ok", f"{len(pods)} pods")
+        if index is not None:
+            self._listed = (pods, index, now)
         return pods
 
     def _kubelet_transition(self, state: str, detail: str) -> None:

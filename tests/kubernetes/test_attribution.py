@@ -28,6 +28,7 @@ from agent.kubernetes import podresources_pb2 as pb
 from agent.kubernetes import podresources_pb2_grpc as pb_grpc
 from agent.kubernetes.allocation import GpuAllocation
 from agent.kubernetes.attribution import (
+    KUBELET_LIST_MAX_AGE_SECONDS,
     AttributionSampler,
     AttributionSnapshot,
     ContainerCpus,
@@ -638,10 +639,12 @@ class Lister(pb_grpc.PodResourcesListerServicer):
         self.pods: list[pb.PodResources] = []
         self.delay = 0.0
         self.fail = False
+        self.calls = 0
 
     def List(  # noqa: N802 - the gRPC method's name
         self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext
     ) -> pb.ListPodResourcesResponse:
+        self.calls += 1
         if self.delay:
             time.sleep(self.delay)
         if self.fail:
@@ -705,6 +708,7 @@ def sampler(
     nvml: NvmlSnapshot | None = NVML,
     timeout: float = 2.0,
     first_wait: float = 5.0,
+    kubelet_max_age: float = KUBELET_LIST_MAX_AGE_SECONDS,
 ) -> AttributionSampler:
     s = AttributionSampler(
         gpus=lambda: nvml,
@@ -716,6 +720,7 @@ def sampler(
         api_client=api,
         watch=FAST,
         first_sync_wait_seconds=first_wait if api is not None else 0.0,
+        kubelet_max_age_seconds=kubelet_max_age,
     )
     made.append(s)
     return s
@@ -918,6 +923,80 @@ def test_attribution_follows_pods_starting_and_stopping(
     last = s.sample()
     assert [(g.pod, g.method) for g in last.gpus] == [("eval-1", "cgroup")]
     assert last.rdma == () and last.pods == 1
+
+
+def test_the_kubelet_is_asked_again_only_when_the_nodes_pods_change(
+    kubelet: tuple[Lister, Path],
+    fake_api: FakeApi,
+    api_client: Callable[[], ApiClient],
+    samplers: list[AttributionSampler],
+) -> None:
+    """With a healthy pod watch, the kubelet's answer stands until a pod of the node changes
+    (the kubelet assigns devices as it starts containers; the pod's status changes after)."""
+    lister, path = kubelet
+    fake_api.lists.append(pod_list("1000", TRAINER))
+    s = sampler(samplers, socket=path, api=api_client)
+    assert [g.pod for g in s.sample().gpus] == ["trainer-0"] and lister.calls == 1
+    until(lambda: s.watcher is not None and s.watcher.healthy)
+    for _ in range(3):
+        snap = s.sample()
+        assert snap.gpus == (TRAINER_GPU,) and snap.rdma == (TRAINER_VF,)
+        assert snap.methods_up == (("cgroup", True), ("podresources", True))
+    assert lister.calls == 1
+    # eval-1 is scheduled and started: the kubelet gives it GPU 1, the watch reports it
+    lister.pods = [KUBELET_TRAINER, kubelet_pod("ml", "eval-1", "eval", ("nvidia.com/gpu", GPU1))]
+    fake_api.watches = [
+        [
+            {
+                "type": "ADDED",
+                "object": pod_json(
+                    EVAL_UID, "eval-1", "ml", {"eval": EVAL_CID}, version="1100", kind=True
+                ),
+            }
+        ]
+    ]
+    until(
+        lambda: s.watcher is not None and s.watcher.index is not None and len(s.watcher.index) == 2
+    )
+    assert [(g.pod, g.method) for g in s.sample().gpus] == [
+        ("eval-1", "podresources"),
+        ("trainer-0", "podresources"),
+    ]
+    assert lister.calls == 2
+    s.sample()
+    assert lister.calls == 2
+
+
+def test_the_kubelet_is_asked_every_pass_without_a_watch_or_after_a_failure(
+    kubelet: tuple[Lister, Path],
+    fake_api: FakeApi,
+    api_client: Callable[[], ApiClient],
+    samplers: list[AttributionSampler],
+) -> None:
+    lister, path = kubelet
+    bare = sampler(samplers, socket=path)  # no node name: no pod watch
+    for _ in range(3):
+        assert bare.sample().gpus == (TRAINER_GPU,)
+    assert lister.calls == 3
+    fake_api.lists.append(pod_list("1000", TRAINER))
+    lister.calls = 0
+    lister.fail = True
+    s = sampler(samplers, socket=path, api=api_client)
+    for _ in range(2):  # a failed List stands for nothing: asked again on the next pass
+        assert s.sample().methods_up == (("cgroup", True), ("podresources", False))
+    assert lister.calls == 2
+    lister.fail = False
+    assert s.sample().gpus == (TRAINER_GPU,) and lister.calls == 3
+    s.sample()
+    assert lister.calls == 3
+    # an answer older than the longest it may stand is asked for again
+    aged = sampler(samplers, socket=path, api=api_client, kubelet_max_age=0.0)
+    aged.sample()
+    until(lambda: aged.watcher is not None and aged.watcher.healthy)
+    lister.calls = 0
+    aged.sample()
+    aged.sample()
+    assert lister.calls == 2
 
 
 def test_unparsable_cgroup_is_counted_and_named(
