@@ -146,7 +146,7 @@ def main() -> int:
     ap.add_argument("--tolerance", type=float, default=0.02)
     ap.add_argument("--json")
     ns = ap.parse_args()
-    sampler = NvmlSampler(watch_xid=False)
+    sampler = NvmlSampler(watch_xid=False, traffic_rotation=1)  # every pass: before and after
     try:
         first = counters(sampler)
         gpus = sorted(first)

@@ -21,6 +21,7 @@ from agent.nvml.api import (
     SCOPE_ALL_LINKS,
     UNSUPPORTED,
 )
+from agent.nvml.fabric import GpuFabric
 from agent.nvml.snapshot import (
     ComputeProcess,
     NvLink,
@@ -111,6 +112,11 @@ class GpuCache:
     counts: dict[tuple[int, str], int | None] = field(default_factory=dict)
     #: NVML answered GPU_IS_LOST: read everything again
     stale: bool = False
+    #: the NVLink traffic over all links, KiB transmitted and received, as last read (None:
+    #: not read yet, or its last read failed or answered nothing)
+    traffic_kib: tuple[int, int] | None = None
+    #: the fabric registration as last read (None: not read yet, or its last read failed)
+    fabric: GpuFabric | None = None
 
     def copy(self) -> GpuCache:
         return GpuCache(
@@ -122,6 +128,8 @@ class GpuCache:
             dict(self.via),
             dict(self.counts),
             self.stale,
+            self.traffic_kib,
+            self.fabric,
         )
 
 

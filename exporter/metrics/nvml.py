@@ -227,7 +227,8 @@ NVLINK_TRANSMITTED_BYTES = MetricSpec(
     "Payload bytes the GPU sent over all of its NVLinks since the driver loaded (NVML's "
     "NVLINK_THROUGHPUT_DATA_TX field over every link, KiB converted to bytes; protocol "
     "overhead not counted). A job whose GPUs exchange data but move nothing here is not "
-    "using NVLink.",
+    "using NVLink. Read for each GPU every 4th pass (a minute at 15 s): take its rate over "
+    "2 minutes or more.",
     _G,
     unit="bytes",
 )
@@ -235,7 +236,8 @@ NVLINK_RECEIVED_BYTES = MetricSpec(
     "fabricscope_gpu_nvlink_received_bytes_total",
     "counter",
     "Payload bytes the GPU received over all of its NVLinks since the driver loaded "
-    "(NVLINK_THROUGHPUT_DATA_RX over every link, KiB converted to bytes).",
+    "(NVLINK_THROUGHPUT_DATA_RX over every link, KiB converted to bytes), read as the "
+    "transmitted bytes are.",
     _G,
     unit="bytes",
 )

@@ -17,7 +17,8 @@ FABRIC_STATE = MetricSpec(
     "section): 1 for its state, one series per GPU: not_supported (no multi-node NVLink, or a "
     "driver without the call), not_started, in_progress, completed (in a domain: see "
     "fabricscope_gpu_fabric_info), failed (completed with an error status, named by "
-    "fabric_status), no_domain (completed with an all-zero cluster UUID).",
+    "fabric_status), no_domain (completed with an all-zero cluster UUID). Read for each GPU "
+    "every 4th pass, and every pass while in_progress.",
     ("gpu", "state", "fabric_status"),
 )
 FABRIC_INFO = MetricSpec(

@@ -658,7 +658,7 @@ PER_CALL_FIRST = {
     "nvmlDeviceGetNvLinkRemoteDeviceType": 18,
     "nvmlDeviceGetNvLinkErrorCounter": 90,  # 18 links x 5 counters: the first pass reads all
     "nvmlDeviceGetMigMode": 1,  # every pass (the recording has none: a GPU without MIG)
-    "nvmlDeviceGetGpuFabricInfoV": 1,  # every pass (the recording predates it: not offered)
+    "nvmlDeviceGetGpuFabricInfoV": 1,  # the first pass (the recording predates it: not offered)
 }
 PER_CALL_STEADY = {
     "nvmlDeviceGetNvLinkState": 18,
@@ -671,7 +671,6 @@ PER_CALL_STEADY = {
     "nvmlDeviceGetComputeRunningProcesses": 1,
     "nvmlDeviceGetNvLinkErrorCounter": 6 * 3 + 2 * 2,  # 18/3 links x 3, 18/9 links x 2
     "nvmlDeviceGetMigMode": 1,
-    "nvmlDeviceGetGpuFabricInfoV": 1,
 }
 BATCHED_FIRST = {
     k: v
@@ -692,7 +691,6 @@ BATCHED_STEADY = {
     "nvmlDeviceGetComputeRunningProcesses": 1,
     "nvmlDeviceGetNvLinkErrorCounter": 2 * 2,
     "nvmlDeviceGetMigMode": 1,
-    "nvmlDeviceGetGpuFabricInfoV": 1,
 }
 NODE_FIRST = {
     "nvmlInit": 1,
@@ -723,19 +721,23 @@ def test_calls_per_pass_drop_after_the_first(
 ) -> None:
     """Before caching and rotation every pass made 430 calls on this node (the recording's
     answers, less init, shutdown and XID registration). Now the first pass reads everything
-    (per-call: 401 calls; batched: 285) and later passes only what can change (101; 59), MIG
-    mode and the fabric registration included (one call each per GPU and pass)."""
+    (per-call: 401 calls; batched: 285) and later passes only what can change (99 or 100; 57
+    or 58), MIG mode included (one call per GPU and pass); the fabric registration is read
+    for GPU ``g`` on the passes where ``(pass - g) % 4 == 0`` (the recording answers no NVLink
+    traffic field: that rotation is tested on the 4x H100 recording below)."""
     rec = h200x2_recording()
     run = Passes(rec if variant == "per-call" else with_field_values(rec), replay_sampler)
     _, calls, _ = run.run()
     assert calls == per_node(first, NODE_FIRST)
     assert sum(calls.values()) == (401 if variant == "per-call" else 285)
-    for _ in range(2 * run.sampler.slow_error_rotation):
+    for k in range(1, 2 * run.sampler.slow_error_rotation + 1):
         run.api.fields_read.clear()
         _, calls, _ = run.run()
-        assert calls == per_node(steady, {"nvmlDeviceGetCount": 1})
+        turns = sum((k - gpu) % 4 == 0 for gpu in (0, 1))
+        fabric = Counter({"nvmlDeviceGetGpuFabricInfoV": turns})
+        assert calls == per_node(steady, {"nvmlDeviceGetCount": 1}) + fabric
         assert sum(run.api.fields_read.values()) == fields_steady
-    assert sum(calls.values()) == (101 if variant == "per-call" else 59)
+        assert sum(calls.values()) == (99 if variant == "per-call" else 57) + turns
 
 
 def test_rotation_reads_every_link_once_per_rotation(
@@ -1256,6 +1258,35 @@ def test_the_4x_h100_recording_gives_each_gpus_nvlink_traffic(
     assert got[("fabricscope_gpu_nvlink_transmitted_bytes_total", ("0",))] == 2207520926 * 1024
     assert got[("fabricscope_gpu_nvlink_received_bytes_total", ("3",))] == 1987360837 * 1024
     assert sum(1 for name, _ in got if name == "fabricscope_nvlink_up") == 72
+
+
+def test_nvlink_traffic_is_read_on_each_gpus_turn_and_stands_between(
+    replay_sampler: list[NvmlSampler],
+) -> None:
+    """The traffic fields (138/139 over all links, about 1.2 ms of CPU a GPU on an H200) are
+    read for GPU ``g`` on the passes where ``(pass - g) % 4 == 0``: each GPU's counters are at
+    most 4 passes old, and a pass exports the last value read (a counter sampled a minute
+    ago is still a correct sample of it)."""
+    run = Passes(load(H100X4), replay_sampler)
+    first, _, keys = run.run()
+    assert all(asked(keys, "nvmlDeviceGetFieldValues", g, arg=138) for g in range(4))
+    before = [(g.nvlink_transmitted_bytes, g.nvlink_received_bytes) for g in first.gpus]
+    assert all(tx is not None and rx is not None for tx, rx in before)
+    key = "nvmlDeviceGetFieldValues(2,138,4294967295)"
+    answer = copy.deepcopy(run.calls[key])
+    for k in range(1, 9):
+        if k == 5:  # GPU 2 sent more since: its next turn (pass 6) shows it
+            assert isinstance(answer, dict) and isinstance(answer["value"], int)
+            answer["value"] += 1000
+            run.calls[key] = answer
+        snap, _, keys = run.run()
+        for g in range(4):
+            assert bool(asked(keys, "nvmlDeviceGetFieldValues", g, arg=138)) == ((k - g) % 4 == 0)
+        tx = [gpu.nvlink_transmitted_bytes for gpu in snap.gpus]
+        expected = [b[0] for b in before]
+        if k >= 6:
+            expected[2] = (expected[2] or 0) + 1000 * 1024
+        assert tx == expected
 
 
 def test_every_spec_is_rendered_by_some_fixture(

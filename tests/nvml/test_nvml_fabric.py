@@ -15,7 +15,7 @@ import pytest
 
 from agent.nvml.api import ERROR_CODES
 from agent.nvml.fabric import FAILED, NO_DOMAIN, GpuFabric, parse_fabric, read_fabric
-from agent.nvml.record import ReplayNvml, call_key
+from agent.nvml.record import RecordingNvml, ReplayNvml, call_key
 from agent.nvml.sampler import NvmlSampler
 from agent.nvml.sweep import Pass
 from exporter.metrics import nvml as metrics
@@ -194,6 +194,43 @@ def test_the_sampler_exports_the_domain_only_when_completed() -> None:
     assert series(h200x2_recording()) == {
         ("fabricscope_gpu_fabric_state", (g, "not_supported", "")): 1 for g in ("0", "1")
     }
+
+
+def test_a_registration_is_read_on_its_gpus_turn_while_done_and_every_pass_while_not() -> None:
+    """GPU 0 completed (read when ``(pass - 0) % 4 == 0``, its answer standing between),
+    GPU 1 in progress (read every pass until it completes), then GPU 0's read failing once
+    (no record that pass, read again on the next) and completing on its turn: the 4
+    passes' delay a finished registration may carry."""
+    (gb200,) = printed("gb200-completed.txt")[:1]
+    (waiting,) = printed("in-progress.txt")
+    rec = with_fabric(h200x2_recording(), list(gb200), list(waiting))
+    calls = rec["calls"]
+    assert isinstance(calls, dict)
+    api = RecordingNvml(ReplayNvml(rec))
+    sampler = NvmlSampler(lambda: api, watch_xid=False)
+
+    def run() -> tuple[list[tuple[int, str]], set[int]]:
+        api.calls.clear()
+        snap = sampler.sample()
+        asked = {int(k[len(CALL) + 1 : -1]) for k in api.calls if k.startswith(CALL + "(")}
+        return [(f.gpu, f.state) for f in snap.fabric], asked
+
+    try:
+        assert run() == ([(0, "completed"), (1, "in_progress")], {0, 1})
+        for _ in range(1, 4):
+            assert run() == ([(0, "completed"), (1, "in_progress")], {1})
+        calls[call_key(CALL, 1)] = {"value": list(gb200)}  # GPU 1 completes
+        assert run() == ([(0, "completed"), (1, "completed")], {0, 1})  # pass 4: GPU 0's turn
+        calls[call_key(CALL, 0)] = {"error": "UNKNOWN", "code": 999}
+        assert run() == ([(0, "completed"), (1, "completed")], {1})  # pass 5: GPU 1's turn
+        for _ in range(6, 8):
+            assert run() == ([(0, "completed"), (1, "completed")], set())
+        assert run() == ([(1, "completed")], {0})  # pass 8: GPU 0's turn fails: no record
+        calls[call_key(CALL, 0)] = {"value": list(waiting)}
+        # pass 9: GPU 0 asked again after its failure (and GPU 1's turn)
+        assert run() == ([(0, "in_progress"), (1, "completed")], {0, 1})
+    finally:
+        sampler.close()
 
 
 # -- the real pynvml over the stand-in library --------------------------------------------
