@@ -335,15 +335,24 @@ class ProbeSettings:
             raise ValueError("; ".join(problems))
 
 
+#: the NVML sampler's interval when ``--nvml.interval`` is not given, in sampling intervals:
+#: 30 s at the default 15 s, the chart's scrape interval and dcgm-exporter's default
+NVML_INTERVALS = 2
+
+
 @dataclass(frozen=True, slots=True)
 class NvmlSettings:
-    """How often the NVML sampler re-reads NVLink error counters, in passes.
+    """How often the NVML sampler runs, and re-reads NVLink error counters, in passes.
+
+    ``interval_seconds``: time between two NVML passes (default twice the sampling interval,
+    30 s: the chart's scrape interval; a pass every 15 s costs twice the CPU, most of the
+    agent's at 8 GPUs, for values half of which no scrape would see).
 
     Reading a link's counters costs about 0.85 ms of CPU per link on an H200 (the driver asks
     the GPU's firmware), so each pass reads a rotating share: replay/recovery/CRC-flit of the
     links with ``link % link_error_rotation == pass % link_error_rotation``, crc_data/ecc_data
     likewise with ``slow_error_rotation``. Larger values: less CPU, older counters (at the
-    default 15 s interval: 18 -> 4.5 min, 72 -> 18 min). Measured on 2 H200s: 18/72 cost
+    default 30 s NVML interval: 18 -> 9 min, 72 -> 36 min). Measured on 2 H200s: 18/72 cost
     4.7 ms per steady pass (18.8 ms extrapolated to 8 GPUs), 6/36 cost 12.5 ms (50 ms).
     """
 
@@ -352,10 +361,13 @@ class NvmlSettings:
     #: run the live NVML sampler in a supervised child process (agent/core/isolation.py), so a
     #: crash or hang in the driver library costs a pass, not the agent
     isolate: bool = True
+    interval_seconds: float = NVML_INTERVALS * 15.0
 
     def __post_init__(self) -> None:
         if self.link_error_rotation < 1 or self.slow_error_rotation < 1:
             raise ValueError("NVML error-counter rotations must be >= 1")
+        if not self.interval_seconds > 0:
+            raise ValueError("NVML interval must be positive")
 
 
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"

@@ -351,8 +351,8 @@ def build_specs(
         once=once,
         pod_index=pod_index,
     )
-    # a RAS query is a gather across the whole job, the ibpeer sampler asks the fabric: each
-    # keeps its own, longer, interval
+    # a RAS query is a gather across the whole job, the ibpeer sampler asks the fabric, an
+    # NVML pass costs the most CPU a GPU (--nvml.interval): each keeps its own interval
     return [_spec(config, sampler) for sampler in samplers]
 
 
@@ -362,6 +362,9 @@ def _spec(config: AgentConfig, sampler: Sampler) -> SamplerSpec:
         return SamplerSpec(sampler, config.ibpeer.interval_seconds, ibpeer_timeout(config))
     if sampler.name == "ras":
         return SamplerSpec(sampler, config.ras.interval_seconds, s.timeout_seconds)
+    if sampler.name == "nvml":
+        every = config.nvml.interval_seconds
+        return SamplerSpec(sampler, every, min(s.timeout_seconds, every))
     return SamplerSpec(sampler, s.interval_seconds, s.timeout_seconds)
 
 

@@ -159,29 +159,29 @@ class NvmlSampler:
           with ``link % link_error_rotation == pass % link_error_rotation``, as entries of
           the same batched call (fields 161-163, scopeId = link), falling back per link and
           counter to ``nvmlDeviceGetNvLinkErrorCounter`` and then the older per-link fields.
-          With the default 18, each link's counters are at most 18 passes old (4.5 min at
-          the default 15 s interval): alert on their increase over 15 minutes or more (the
-          shipped rule uses 1 h).
+          With the default 18, each link's counters are at most 18 passes old (9 min at
+          the default 30 s ``--nvml.interval``): alert on their increase over 15 minutes or
+          more (the shipped rule uses 1 h).
         * crc_data and ecc_data (no scoped field carries them: one call per counter) of the
           links with ``link % slow_error_rotation == pass % slow_error_rotation``: default
-          72, at most 72 passes old (18 min). They are no findings (non-zero on healthy
+          72, at most 72 passes old (36 min). They are no findings (non-zero on healthy
           links); alert on their rate over hours.
 
         * the NVLink traffic over all links (fields 138/139, scopeId all links) and the fabric
           registration of GPU ``g`` on the passes where ``(pass - g) % N == 0``
-          (``traffic_rotation``, ``fabric_rotation``; default 4, one minute at 15 s; GPUs
-          take turns), the traffic also until a read answered and the registration every
-          pass while it is in progress or its last read failed. On a 2x H200 the traffic
-          fields cost 1.23 ms a batch and the fabric call 0.39 ms a GPU (of a 9.2 ms pass for
-          two): the traffic is a counter (a rate over minutes does not need every 15 s) and
-          the registration changes when Fabric Manager or the GPU restarts.
-
+          (``traffic_rotation``, ``fabric_rotation``; default 2, a minute at the default
+          30 s ``--nvml.interval``; GPUs take turns), the traffic also until a read
+          answered and the registration every pass while it is in progress or its last
+          read failed. On a 2x H200 the traffic fields cost 1.23 ms a batch and the fabric
+          call 0.39 ms a GPU (of a 9.2 ms pass for two): the traffic is a counter (a rate
+          over minutes does not need every pass) and the registration changes when Fabric
+          Manager or the GPU restarts.
         Why: on an H200 NVML spends about 0.85 ms of CPU per NVLink touched per call (the
         driver asks the GPU's firmware), whatever the number of fields. Measured there on 2
         GPUs (bench/bench_nvml.py): rotations 6/36 cost 12.5 ms per steady pass (50 ms
         extrapolated to 8 GPUs); the defaults 18/72 cost 4.7 ms (18.8 ms for 8). Link state
         is still read every pass (0.07 ms a link), so a link going down shows at once.
-        * once per ``static_refresh_passes`` passes (default 40, 10 min at 15 s; GPU ``g``
+        * once per ``static_refresh_passes`` passes (default 40, 20 min at 30 s; GPU ``g``
           on the passes where ``pass % N == g % N``, so GPUs do not all refresh at once),
           after GPU_IS_LOST, and while a previous read of them failed: what cannot change
           while the driver is loaded, that is identity (PCI address, UUID, name, serial,
@@ -218,8 +218,8 @@ class NvmlSampler:
         link_error_rotation: int = 18,
         slow_error_rotation: int = 72,
         static_refresh_passes: int = 40,
-        traffic_rotation: int = 4,
-        fabric_rotation: int = 4,
+        traffic_rotation: int = 2,
+        fabric_rotation: int = 2,
     ) -> None:
         for name, value in (
             ("link_error_rotation", link_error_rotation),

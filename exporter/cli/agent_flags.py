@@ -17,6 +17,7 @@ from agent.config import (
     DEFAULT_OFF,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_SAMPLING_TIMEOUT,
+    NVML_INTERVALS,
     PERFQUERY_MODES,
     SAMPLER_NAMES,
     AgentConfig,
@@ -275,6 +276,15 @@ def add_samplers(p: argparse.ArgumentParser) -> None:
         help="time between two passes of each sampler: 15s, 1m30s, or seconds (default: 15s)",
     )
     g.add_argument(
+        "--nvml.interval",
+        dest="nvml_interval",
+        type=positive_duration,
+        default=None,
+        metavar="DURATION",
+        help="time between two NVML passes (default: twice --sampling.interval, 30s at its "
+        "default)",
+    )
+    g.add_argument(
         "--sampling.timeout",
         dest="sampling_timeout",
         type=positive_duration,
@@ -332,7 +342,10 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
         ibpeer=_ibpeer_settings(ns),
         ras=ras_flags.settings_from_args(ns),
         nvml=NvmlSettings(
-            ns.nvml_link_error_rotation, ns.nvml_slow_error_rotation, isolate=ns.nvml_isolate
+            ns.nvml_link_error_rotation,
+            ns.nvml_slow_error_rotation,
+            isolate=ns.nvml_isolate,
+            interval_seconds=_nvml_interval(ns, interval),
         ),
         infiniband=_infiniband_settings(ns),
         throughput=throughput_flags.settings_from_args(ns),
@@ -342,6 +355,12 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
             cdi_dir=getattr(ns, "path_cdi", DEFAULT_CDI_DIR) or None,
         ),
     )
+
+
+def _nvml_interval(ns: argparse.Namespace, interval: float) -> float:
+    """``--nvml.interval``; not given, twice the sampling interval."""
+    given: float | None = getattr(ns, "nvml_interval", None)
+    return given if given is not None else NVML_INTERVALS * interval
 
 
 def _infiniband_settings(ns: argparse.Namespace) -> InfinibandSettings:

@@ -197,7 +197,12 @@ def _given(argv: Sequence[str], flag: str) -> bool:
 
 
 #: flags that set when the next pass comes: a command that takes one pass has none
-_SCHEDULE_FLAGS = ("--sampling.interval", "--ibpeer.interval", "--ibpeer.topology-interval")
+_SCHEDULE_FLAGS = (
+    "--sampling.interval",
+    "--nvml.interval",
+    "--ibpeer.interval",
+    "--ibpeer.topology-interval",
+)
 
 
 def _check_combinations(ns: argparse.Namespace, argv: Sequence[str]) -> None:

@@ -206,7 +206,7 @@ NVLINK_ERRORS = MetricSpec(
     "*_ERROR_COUNT_L<n> fields answer NOT_SUPPORTED on Hopper and the NVLink5 COUNT fields "
     "exist on Blackwell only. Each nvmlDeviceGetNvLinkErrorCounter call takes milliseconds, "
     "so each link's replay, recovery and crc_flit are read every 18th pass and crc_data and "
-    "ecc_data every 72nd (4.5 and 18 min at the default 15 s interval; --nvml.*-rotation); "
+    "ecc_data every 72nd (9 and 36 min at the default 30 s --nvml.interval; --nvml.*-rotation); "
     "between reads the last value is exported.",
     ("gpu", "link", "reason"),
     fold="Below full, replay, recovery and crc_flit only on links where they are non-zero, "
@@ -227,8 +227,8 @@ NVLINK_TRANSMITTED_BYTES = MetricSpec(
     "Payload bytes the GPU sent over all of its NVLinks since the driver loaded (NVML's "
     "NVLINK_THROUGHPUT_DATA_TX field over every link, KiB converted to bytes; protocol "
     "overhead not counted). A job whose GPUs exchange data but move nothing here is not "
-    "using NVLink. Read for each GPU every 4th pass (a minute at 15 s): take its rate over "
-    "2 minutes or more.",
+    "using NVLink. Read for each GPU every 2nd NVML pass (a minute at the default 30 s): "
+    "take its rate over 2 minutes or more.",
     _G,
     unit="bytes",
 )

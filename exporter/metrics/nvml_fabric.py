@@ -18,7 +18,7 @@ FABRIC_STATE = MetricSpec(
     "driver without the call), not_started, in_progress, completed (in a domain: see "
     "fabricscope_gpu_fabric_info), failed (completed with an error status, named by "
     "fabric_status), no_domain (completed with an all-zero cluster UUID). Read for each GPU "
-    "every 4th pass, and every pass while in_progress.",
+    "every 2nd NVML pass (a minute at the default 30 s), and every pass while in_progress.",
     ("gpu", "state", "fabric_status"),
 )
 FABRIC_INFO = MetricSpec(

@@ -14,10 +14,16 @@ import pytest
 
 from agent.config import SAMPLER_NAMES, format_bytes, parse_bytes
 from agent.core.errors import ConfigError
+from agent.core.sysfs import SysfsReader
+from agent.nvml.record import ReplayNvml
+from agent.samplers import build_specs
 from exporter.cli.agent_flags import config_from_args
 from exporter.cli.agent_run import _say_nothing_kept
 from exporter.cli.main import _check_combinations, build_parser
 from tests.agentrun import fabricscope
+from tests.nvml.test_nvml_fixtures import h200x2_recording
+
+DGX_SYS = Path(__file__).resolve().parents[1] / "fixtures" / "dgx-h100" / "sys"
 
 
 @pytest.mark.parametrize(
@@ -98,6 +104,38 @@ def test_byte_and_duration_flags_take_their_units() -> None:
             _parse("probe", f"--probe.sizes={bad}")
 
 
+def test_the_nvml_sampler_runs_at_twice_the_sampling_interval_unless_told() -> None:
+    """An NVML pass is most of the agent's CPU at 8 GPUs and the chart scrapes every 30 s:
+    by default NVML runs every other sampling interval, its timeout bounded by its own."""
+    specs = {
+        s.sampler.name: s
+        for s in build_specs(
+            config_from_args(_parse("agent", "--sampler.nvml", "--sampler.pci")),
+            SysfsReader(DGX_SYS),
+            nvml_api=lambda: ReplayNvml(h200x2_recording()),
+            watch_xid=False,
+            run_probes=False,
+        )
+    }
+    assert (specs["nvml"].interval_seconds, specs["nvml"].timeout_seconds) == (30.0, 10.0)
+    assert (specs["pci"].interval_seconds, specs["pci"].timeout_seconds) == (15.0, 10.0)
+    config = config_from_args(_parse("agent", "--sampling.interval=1"))
+    assert config.nvml.interval_seconds == 2.0
+    config = config_from_args(_parse("agent", "--nvml.interval=5s", "--sampling.timeout=8s"))
+    assert config.nvml.interval_seconds == 5.0
+    specs = {
+        s.sampler.name: s
+        for s in build_specs(
+            config,
+            SysfsReader(DGX_SYS),
+            nvml_api=lambda: ReplayNvml(h200x2_recording()),
+            watch_xid=False,
+            run_probes=False,
+        )
+    }
+    assert (specs["nvml"].interval_seconds, specs["nvml"].timeout_seconds) == (5.0, 5.0)
+
+
 @pytest.mark.parametrize(
     ("argv", "reason"),
     [
@@ -116,6 +154,14 @@ def test_byte_and_duration_flags_take_their_units() -> None:
         (
             ("snapshot", "--sampling.interval=1m", "-o", "x.tar.gz"),
             "--sampling.interval has no effect on snapshot",
+        ),
+        (
+            ("agent", "--once", "--nvml.interval=1m"),
+            "--nvml.interval has no effect with --once",
+        ),
+        (
+            ("snapshot", "--nvml.interval=1m", "-o", "x.tar.gz"),
+            "--nvml.interval has no effect on snapshot",
         ),
         (
             ("agent", "--once", "--snapshot=x.tar.gz", "--infiniband.state-file=/x"),

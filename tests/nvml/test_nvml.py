@@ -721,10 +721,11 @@ def test_calls_per_pass_drop_after_the_first(
 ) -> None:
     """Before caching and rotation every pass made 430 calls on this node (the recording's
     answers, less init, shutdown and XID registration). Now the first pass reads everything
-    (per-call: 401 calls; batched: 285) and later passes only what can change (99 or 100; 57
-    or 58), MIG mode included (one call per GPU and pass); the fabric registration is read
-    for GPU ``g`` on the passes where ``(pass - g) % 4 == 0`` (the recording answers no NVLink
-    traffic field: that rotation is tested on the 4x H100 recording below)."""
+    (per-call: 401 calls; batched: 285) and later passes only what can change (99; 57, plus
+    one fabric call per GPU whose turn it is), MIG mode included (one call per GPU and pass);
+    the fabric registration is read for GPU ``g`` on the passes where ``(pass - g) % 2 == 0``
+    (the recording answers no NVLink traffic field: that rotation is tested on the 4x H100
+    recording below)."""
     rec = h200x2_recording()
     run = Passes(rec if variant == "per-call" else with_field_values(rec), replay_sampler)
     _, calls, _ = run.run()
@@ -733,7 +734,7 @@ def test_calls_per_pass_drop_after_the_first(
     for k in range(1, 2 * run.sampler.slow_error_rotation + 1):
         run.api.fields_read.clear()
         _, calls, _ = run.run()
-        turns = sum((k - gpu) % 4 == 0 for gpu in (0, 1))
+        turns = sum((k - gpu) % run.sampler.fabric_rotation == 0 for gpu in (0, 1))
         fabric = Counter({"nvmlDeviceGetGpuFabricInfoV": turns})
         assert calls == per_node(steady, {"nvmlDeviceGetCount": 1}) + fabric
         assert sum(run.api.fields_read.values()) == fields_steady
@@ -1264,10 +1265,10 @@ def test_nvlink_traffic_is_read_on_each_gpus_turn_and_stands_between(
     replay_sampler: list[NvmlSampler],
 ) -> None:
     """The traffic fields (138/139 over all links, about 1.2 ms of CPU a GPU on an H200) are
-    read for GPU ``g`` on the passes where ``(pass - g) % 4 == 0``: each GPU's counters are at
-    most 4 passes old, and a pass exports the last value read (a counter sampled a minute
-    ago is still a correct sample of it)."""
-    run = Passes(load(H100X4), replay_sampler)
+    read for GPU ``g`` on the passes where ``(pass - g) % 4 == 0`` (a rotation of 4 here; 2 by
+    default): each GPU's counters are at most 4 passes old, and a pass exports the last value
+    read (a counter sampled a minute ago is still a correct sample of it)."""
+    run = Passes(load(H100X4), replay_sampler, traffic_rotation=4)
     first, _, keys = run.run()
     assert all(asked(keys, "nvmlDeviceGetFieldValues", g, arg=138) for g in range(4))
     before = [(g.nvlink_transmitted_bytes, g.nvlink_received_bytes) for g in first.gpus]

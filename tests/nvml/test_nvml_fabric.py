@@ -197,7 +197,7 @@ def test_the_sampler_exports_the_domain_only_when_completed() -> None:
 
 
 def test_a_registration_is_read_on_its_gpus_turn_while_done_and_every_pass_while_not() -> None:
-    """GPU 0 completed (read when ``(pass - 0) % 4 == 0``, its answer standing between),
+    """GPU 0 completed (read when ``(pass - 0) % 4 == 0`` with a rotation of 4, 2 by default),
     GPU 1 in progress (read every pass until it completes), then GPU 0's read failing once
     (no record that pass, read again on the next) and completing on its turn: the 4
     passes' delay a finished registration may carry."""
@@ -207,7 +207,7 @@ def test_a_registration_is_read_on_its_gpus_turn_while_done_and_every_pass_while
     calls = rec["calls"]
     assert isinstance(calls, dict)
     api = RecordingNvml(ReplayNvml(rec))
-    sampler = NvmlSampler(lambda: api, watch_xid=False)
+    sampler = NvmlSampler(lambda: api, watch_xid=False, fabric_rotation=4)
 
     def run() -> tuple[list[tuple[int, str]], set[int]]:
         api.calls.clear()
