@@ -150,19 +150,22 @@ def load_average() -> float:
 def veth_namespace(count: int, queues: int) -> Iterator[tuple[str, str]]:
     """A fresh namespace with ``count`` veth pairs of ``queues`` queues, up: (namespace,
     a sysfs root in which RDMA device ``mlx5_<i>`` names veth ``fsbv<i>`` as its netdev,
-    as ``class/infiniband/<dev>/device/net`` does: the sampler asks for each by name)."""
+    as ``class/infiniband/<dev>/device/net`` does: the sampler asks for each by name). Made
+    over netlink with pyroute2 (the agent's own library), so a machine without ip(8) (a GPU
+    node's bare image) can run it."""
+    from pyroute2 import NetNS, netns  # the agent's dependency; imported where it is used
+
     ns = f"fsbench-{os.getpid()}"
-
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-    ip("netns", "add", ns)
+    netns.create(ns)
     try:
-        for i in range(count):
-            q = ["numtxqueues", str(queues), "numrxqueues", str(queues)]
-            ip("-n", ns, "link", "add", f"fsbv{i}", *q, "type", "veth", "peer", "name", f"fsbw{i}")
-            ip("-n", ns, "link", "set", f"fsbv{i}", "up")
-            ip("-n", ns, "link", "set", f"fsbw{i}", "up")
+        with NetNS(ns) as ipr:
+            for i in range(count):
+                q = {"num_tx_queues": queues, "num_rx_queues": queues}
+                ipr.link(
+                    "add", ifname=f"fsbv{i}", kind="veth", peer={"ifname": f"fsbw{i}", **q}, **q
+                )
+                for name in (f"fsbv{i}", f"fsbw{i}"):
+                    ipr.link("set", index=ipr.link_lookup(ifname=name)[0], state="up")
         with tempfile.TemporaryDirectory() as root:
             for i in range(count):
                 net = Path(root, "class/infiniband", f"mlx5_{i}", "device/net", f"fsbv{i}")
@@ -171,7 +174,7 @@ def veth_namespace(count: int, queues: int) -> Iterator[tuple[str, str]]:
                 Path(root, "class/infiniband", f"mlx5_{i}", "ports/1").mkdir(parents=True)
             yield ns, root
     finally:
-        ip("netns", "del", ns)
+        netns.remove(ns)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -118,12 +118,39 @@ def nvml_model(checkout: Path) -> tuple[float, float]:
     return float(low), float(high)
 
 
+def rotation_saving_ms(traffic_rotation: int, fabric_rotation: int) -> dict[str, float]:
+    """CPU ms a pass saves on 8 GPUs by reading each GPU's NVLink traffic fields and fabric
+    registration every Nth pass instead of every pass, at the costs recorded on the 2x H200:
+    the two traffic fields over all links in a loop (``nvml-fieldvalues-h200x2.json``; a
+    pass's batch costs more than the loop's, so this is the lower bound) and the fabric call
+    timed inside the sampler's passes (``nvml-h200x2-per-call.json``)."""
+    traffic = float(load("nvml-fieldvalues-h200x2.json")["cpu_s_FieldValues_2_traffic_all_links"])
+    per_call = load("nvml-h200x2-per-call.json")["per_call"]["by_function"]
+    fabric = float(per_call["gpu_fabric_info"]["cpu_us_per_call"]) / 1e6
+    return {
+        "traffic": traffic * 1000 * GPUS * (1 - 1 / traffic_rotation),
+        "fabric": fabric * 1000 * GPUS * (1 - 1 / fabric_rotation),
+    }
+
+
 def project(
     passes: dict[str, Any],
     interval: float,
     checkouts: dict[str, Path],
     sizing: tuple[str, str] = ("sizing-h200-cpu.json", "sizing-h200x2-nvlink.json"),
+    *,
+    nvml: dict[str, tuple[float, int, int]] | None = None,
+    netdev_passes: dict[str, Any] | None = None,
+    main_side_by_side: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
+    """``nvml``: each checkout's NVML defaults, (interval, traffic rotation, fabric
+    rotation) by label (None: ``interval``, every pass: the code the sizing runs measured);
+    ``netdev_passes``: the file whose ``netdev_ethtool`` row prices netdev (None: ``passes``);
+    ``main_side_by_side``: two sizing runs of the old and new code at the same time on one
+    GPU node, whose main processes' difference is taken off the measured main process of the
+    new code."""
+    defaults = nvml or {label: (interval, 1, 1) for label in checkouts}
+    nvml_every = {label: d[0] for label, d in defaults.items()}
     one, two = load(sizing[0]), load(sizing[1])
     nvml = load("nvml-h200x2.json")
     gpus_two = int(nvml["gpus"])
@@ -140,8 +167,16 @@ def project(
     # the main process: measured, plus 6 more GPUs' answers, plus InfiniBand and PCI passes
     (g1, ms1), (g4, ms4) = AGENT_SIDE_MS
     agent_per_gpu_ms = (ms4 - ms1) / (g4 - g1)
-    more_gpus = millicores(agent_per_gpu_ms * (GPUS - gpus_two), interval)
+    more_gpus = {
+        k: millicores(agent_per_gpu_ms * (GPUS - gpus_two), every)
+        for k, every in nvml_every.items()
+    }
     main_measured = role(two, "main")
+    main_saved = 0.0
+    if main_side_by_side is not None:
+        main_saved = max(
+            0.0, role(load(main_side_by_side[0]), "main") - role(load(main_side_by_side[1]), "main")
+        )
     throughput = role(two, "throughput child")
 
     # what the code before and after asks NVML, priced with the recorded per-call costs:
@@ -151,9 +186,18 @@ def project(
     saving = {
         k: (priced["before"][k] - priced["after"][k]) / gpus_two * GPUS * 1000 for k in (0, 1)
     }
+    # the recorded child at the old interval is a pass every ``interval`` plus the child's
+    # work outside its pass; the new code's pass is that pass less what the rotations save,
+    # every ``nvml_interval`` (the work outside the pass kept as it was: an over-estimate)
+    rotated = {label: rotation_saving_ms(d[1], d[2]) for label, d in defaults.items()}
+    pass_ms = (recorded_child - outside_pass) * interval
     nvml_child = {
-        "before": recorded_child,
-        "after": recorded_child - millicores(saving[0], interval),
+        label: outside_pass
+        + millicores(
+            pass_ms - sum(rotated[label].values()) - (saving[0] if label == "after" else 0.0),
+            nvml_every[label],
+        )
+        for label in ("before", "after")
     }
     out: dict[str, Any] = {
         "nvml_priced_mean_pass_ms_2gpu": {
@@ -167,25 +211,37 @@ def project(
             "low (used)": round(millicores(saving[0], interval), 3),
             "high": round(millicores(saving[1], interval), 3),
         },
+        "nvml_intervals_seconds": nvml_every,
+        "nvml_rotation_saving_ms_per_pass_8gpu": {
+            label: {k: round(v, 2) for k, v in r.items()} for label, r in rotated.items()
+        },
+        "main_saved_side_by_side_millicores": round(main_saved, 2),
     }
+    netdev_rows = (netdev_passes or passes)["samplers"]
     for label in ("before", "after"):
         sysfs_ms = 0.0
         parts: dict[str, float] = {}
-        for name, row in passes["samplers"].items():
-            if name == "netdev" and "netdev_ethtool" in passes["samplers"]:
-                continue  # answered netdevs with their ethtool statistics stand in for it
-            r = row[label]
+        rows = {k: v for k, v in passes["samplers"].items() if not k.startswith("netdev")}
+        if "netdev_ethtool" in netdev_rows:
+            # answered netdevs with their ethtool statistics stand in for the DGX tree's names
+            rows["netdev_ethtool"] = netdev_rows["netdev_ethtool"]
+        elif "netdev" in netdev_rows:
+            rows["netdev"] = netdev_rows["netdev"]
+        for name, row in rows.items():
+            # a separate netdev file prices the netdev code both checkouts share (its "after")
+            r = row["after" if name.startswith("netdev") and netdev_passes else label]
             steady, first = r["steady_pass_ms_median"], r["first_pass_ms_median"]
             ms = steady + (first - steady) / REFRESH_PASSES
             parts[name] = round(millicores(ms, interval), 2)
             sysfs_ms += ms
-        main = main_measured + more_gpus + millicores(sysfs_ms, interval)
+        measured = main_measured - (main_saved if label == "after" else 0.0)
+        main = measured + more_gpus[label] + millicores(sysfs_ms, interval)
         total = main + throughput + nvml_child[label]
         out[label] = {
             "main_millicores": round(main, 2),
             "main_parts": {
-                "measured_2x_h200": main_measured,
-                "six_more_gpus_answers": round(more_gpus, 2),
+                "measured_2x_h200": round(measured, 2),
+                "six_more_gpus_answers": round(more_gpus[label], 2),
                 **{f"{k}_passes": v for k, v in parts.items()},
             },
             "throughput_child_millicores": throughput,
@@ -206,12 +262,49 @@ def project(
     return out
 
 
+_DEFAULTS = (
+    "import sys; sys.path.insert(0, sys.argv[1]); import agent.config as c; "
+    "from agent.nvml.sampler import NvmlSampler as S; s = S(watch_xid=False); "
+    "n = getattr(c.NvmlSettings(), 'interval_seconds', None); "
+    "print(n or 0, getattr(s, 'traffic_rotation', 1), getattr(s, 'fabric_rotation', 1))"
+)
+
+
+def _nvml_defaults(checkout: Path, interval: float) -> tuple[float, int, int]:
+    """The NVML interval, NVLink traffic rotation and fabric rotation ``checkout`` defaults
+    to (``interval`` and every pass where it has no such setting)."""
+    got = subprocess.run(
+        [sys.executable, "-c", _DEFAULTS, str(checkout)],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    every, traffic, fabric = got.stdout.split()
+    return float(every) or interval, int(traffic), int(fabric)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--passes", type=Path, default=RESULTS / "sampler-passes.json")
     ap.add_argument("--before", type=Path, required=True, help="the old checkout")
     ap.add_argument("--after", type=Path, default=ROOT, help="the new checkout")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--netdev-passes",
+        type=Path,
+        default=None,
+        help="bench_sampler_passes output whose netdev_ethtool row prices netdev (default: "
+        "--passes): a GPU node without ip(8) cannot make the veths",
+    )
+    ap.add_argument(
+        "--main-side-by-side",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        default=None,
+        help="bench/results files: the old and the new code sized at the same time on one GPU "
+        "node; the main process's difference is taken off the 2-GPU run's",
+    )
     ap.add_argument(
         "--sizing-1gpu",
         default="sizing-h200-cpu.json",
@@ -225,11 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ns = ap.parse_args(argv)
     passes = json.loads(ns.passes.read_text())
+    netdev = json.loads(ns.netdev_passes.read_text()) if ns.netdev_passes else None
     interval = Sampling().interval_seconds
+    checkouts = {"before": ns.before.resolve(), "after": ns.after.resolve()}
+    nvml = {label: _nvml_defaults(c, interval) for label, c in checkouts.items()}
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "gpus": GPUS,
         "interval_seconds": interval,
+        "nvml_interval_seconds": {label: d[0] for label, d in nvml.items()},
         "target_millicores": TARGET_MILLICORES,
         "verified_on_a_gpu": False,
         "sources": {
@@ -240,12 +337,21 @@ def main(argv: list[str] | None = None) -> int:
             "sysfs_passes_machine": passes["machine"],
             "sysfs_passes_date": passes["date"],
             "sysfs_passes_load_average_1m": passes["load_average_1m"],
+            "netdev_passes": str(ns.netdev_passes) if ns.netdev_passes else None,
+            "main_side_by_side": ns.main_side_by_side,
+            "nvml_rotation_costs": [
+                "bench/results/nvml-fieldvalues-h200x2.json",
+                "bench/results/nvml-h200x2-per-call.json",
+            ],
         },
         **project(
             passes,
             interval,
-            {"before": ns.before.resolve(), "after": ns.after.resolve()},
+            checkouts,
             (ns.sizing_1gpu, ns.sizing_2gpu),
+            nvml=nvml,
+            netdev_passes=netdev,
+            main_side_by_side=ns.main_side_by_side,
         ),
     }
     emit(result, ns.json)
