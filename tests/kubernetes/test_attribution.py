@@ -878,18 +878,8 @@ def test_forbidden_api_keeps_podresources_attribution(
     assert snap.methods_up == (("cgroup", False), ("podresources", True))
 
 
-def test_attribution_follows_pods_starting_and_stopping(
-    kubelet: tuple[Lister, Path],
-    fake_api: FakeApi,
-    api_client: Callable[[], ApiClient],
-    samplers: list[AttributionSampler],
-) -> None:
-    lister, path = kubelet
-    fake_api.lists.append(pod_list("1000", TRAINER))
-    s = sampler(samplers, socket=path, api=api_client)
-    first = s.sample()
-    assert [(g.pod, g.method) for g in first.gpus] == [("trainer-0", "podresources")]
-    # eval-1 starts: the API watch reports it, its process shows up on GPU 1
+def eval_pod_added(fake_api: FakeApi, s: AttributionSampler) -> None:
+    """The API watch reports eval-1 (ADDED); returns once the sampler's pod index has it."""
     fake_api.watches = [
         [
             {
@@ -903,6 +893,21 @@ def test_attribution_follows_pods_starting_and_stopping(
     until(
         lambda: s.watcher is not None and s.watcher.index is not None and len(s.watcher.index) == 2
     )
+
+
+def test_attribution_follows_pods_starting_and_stopping(
+    kubelet: tuple[Lister, Path],
+    fake_api: FakeApi,
+    api_client: Callable[[], ApiClient],
+    samplers: list[AttributionSampler],
+) -> None:
+    lister, path = kubelet
+    fake_api.lists.append(pod_list("1000", TRAINER))
+    s = sampler(samplers, socket=path, api=api_client)
+    first = s.sample()
+    assert [(g.pod, g.method) for g in first.gpus] == [("trainer-0", "podresources")]
+    # eval-1 starts: the API watch reports it, its process shows up on GPU 1
+    eval_pod_added(fake_api, s)
     assert [(g.pod, g.method) for g in s.sample().gpus] == [
         ("eval-1", "cgroup"),
         ("trainer-0", "podresources"),
@@ -945,19 +950,7 @@ def test_the_kubelet_is_asked_again_only_when_the_nodes_pods_change(
     assert lister.calls == 1
     # eval-1 is scheduled and started: the kubelet gives it GPU 1, the watch reports it
     lister.pods = [KUBELET_TRAINER, kubelet_pod("ml", "eval-1", "eval", ("nvidia.com/gpu", GPU1))]
-    fake_api.watches = [
-        [
-            {
-                "type": "ADDED",
-                "object": pod_json(
-                    EVAL_UID, "eval-1", "ml", {"eval": EVAL_CID}, version="1100", kind=True
-                ),
-            }
-        ]
-    ]
-    until(
-        lambda: s.watcher is not None and s.watcher.index is not None and len(s.watcher.index) == 2
-    )
+    eval_pod_added(fake_api, s)
     assert [(g.pod, g.method) for g in s.sample().gpus] == [
         ("eval-1", "podresources"),
         ("trainer-0", "podresources"),
