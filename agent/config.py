@@ -89,6 +89,8 @@ def format_duration(seconds: float) -> str:
 #: The sampling timeout when ``--sampling.timeout`` is not given: this, or the interval when
 #: that is shorter (a pass must end before the next one starts).
 DEFAULT_SAMPLING_TIMEOUT = 10.0
+#: the sampling interval when ``--sampling.interval`` is not given
+DEFAULT_SAMPLING_INTERVAL = 15.0
 
 #: Every sampler, in the order they are listed in ``--help``.
 SAMPLER_NAMES = (
@@ -127,7 +129,7 @@ class Sampling:
     """
 
     enabled: frozenset[str] = frozenset(SAMPLER_NAMES) - DEFAULT_OFF
-    interval_seconds: float = 15.0
+    interval_seconds: float = DEFAULT_SAMPLING_INTERVAL
     timeout_seconds: float = 10.0
     memory_limit_bytes: int | None = None
 
@@ -361,7 +363,7 @@ class NvmlSettings:
     #: run the live NVML sampler in a supervised child process (agent/core/isolation.py), so a
     #: crash or hang in the driver library costs a pass, not the agent
     isolate: bool = True
-    interval_seconds: float = NVML_INTERVALS * 15.0
+    interval_seconds: float = NVML_INTERVALS * DEFAULT_SAMPLING_INTERVAL
 
     def __post_init__(self) -> None:
         if self.link_error_rotation < 1 or self.slow_error_rotation < 1:

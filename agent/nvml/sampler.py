@@ -167,6 +167,11 @@ class NvmlSampler:
           72, at most 72 passes old (36 min). They are no findings (non-zero on healthy
           links); alert on their rate over hours.
 
+        Why: on an H200 NVML spends about 0.85 ms of CPU per NVLink touched per call (the
+        driver asks the GPU's firmware), whatever the number of fields. Measured there on 2
+        GPUs (bench/bench_nvml.py): rotations 6/36 cost 12.5 ms per steady pass (50 ms
+        extrapolated to 8 GPUs); the defaults 18/72 cost 4.7 ms (18.8 ms for 8). Link state
+        is still read every pass (0.07 ms a link), so a link going down shows at once.
         * the NVLink traffic over all links (fields 138/139, scopeId all links) and the fabric
           registration of GPU ``g`` on the passes where ``(pass - g) % N == 0``
           (``traffic_rotation``, ``fabric_rotation``; default 2, a minute at the default
@@ -176,11 +181,6 @@ class NvmlSampler:
           call 0.39 ms a GPU (of a 9.2 ms pass for two): the traffic is a counter (a rate
           over minutes does not need every pass) and the registration changes when Fabric
           Manager or the GPU restarts.
-        Why: on an H200 NVML spends about 0.85 ms of CPU per NVLink touched per call (the
-        driver asks the GPU's firmware), whatever the number of fields. Measured there on 2
-        GPUs (bench/bench_nvml.py): rotations 6/36 cost 12.5 ms per steady pass (50 ms
-        extrapolated to 8 GPUs); the defaults 18/72 cost 4.7 ms (18.8 ms for 8). Link state
-        is still read every pass (0.07 ms a link), so a link going down shows at once.
         * once per ``static_refresh_passes`` passes (default 40, 20 min at 30 s; GPU ``g``
           on the passes where ``pass % N == g % N``, so GPUs do not all refresh at once),
           after GPU_IS_LOST, and while a previous read of them failed: what cannot change

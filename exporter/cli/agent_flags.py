@@ -16,6 +16,7 @@ from agent.config import (
     DEFAULT_CDI_DIR,
     DEFAULT_OFF,
     DEFAULT_POD_RESOURCES_SOCKET,
+    DEFAULT_SAMPLING_INTERVAL,
     DEFAULT_SAMPLING_TIMEOUT,
     NVML_INTERVALS,
     PERFQUERY_MODES,
@@ -271,7 +272,7 @@ def add_samplers(p: argparse.ArgumentParser) -> None:
         "--sampling.interval",
         dest="sampling_interval",
         type=positive_duration,
-        default=15.0,
+        default=DEFAULT_SAMPLING_INTERVAL,
         metavar="DURATION",
         help="time between two passes of each sampler: 15s, 1m30s, or seconds (default: 15s)",
     )
