@@ -149,18 +149,30 @@ class Sampling:
             raise ValueError(f"unknown samplers: {', '.join(sorted(unknown))}")
 
 
+#: the netdev sampler reads each interface's ethtool statistics every this many passes
+ETHTOOL_ROTATION = 2
+
+
 @dataclass(frozen=True, slots=True)
 class NetdevSettings:
     """Which interfaces and ethtool statistics the netdev sampler exports.
 
     ``include``: regex of extra interface names (RDMA-associated ones are always included).
     ``ethtool_include``: regex of ethtool statistic names; None means the sampler's default.
-    ``ethtool``: read ethtool statistics at all (one ioctl per interface per pass).
+    ``ethtool``: read ethtool statistics at all.
+    ``ethtool_rotation``: read each interface's ethtool statistics every this many passes
+    (three ioctls, each costing the driver its whole set of statistics; the last answer
+    stands between).
     """
 
     include: re.Pattern[str] | None = None
     ethtool_include: re.Pattern[str] | None = None
     ethtool: bool = True
+    ethtool_rotation: int = ETHTOOL_ROTATION
+
+    def __post_init__(self) -> None:
+        if self.ethtool_rotation < 1:
+            raise ValueError("the ethtool rotation must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,7 +177,10 @@ def build_samplers(
         ethtool = nd.ethtool_include or DEFAULT_ETHTOOL_INCLUDE
         out.append(
             NetdevSampler(
-                sysfs, include=nd.include, ethtool_include=ethtool if nd.ethtool else None
+                sysfs,
+                include=nd.include,
+                ethtool_include=ethtool if nd.ethtool else None,
+                ethtool_rotation=nd.ethtool_rotation,
             )
         )
     if "nvml" in enabled:

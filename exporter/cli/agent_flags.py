@@ -18,6 +18,7 @@ from agent.config import (
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_SAMPLING_INTERVAL,
     DEFAULT_SAMPLING_TIMEOUT,
+    ETHTOOL_ROTATION,
     NVML_INTERVALS,
     PERFQUERY_MODES,
     SAMPLER_NAMES,
@@ -319,6 +320,15 @@ def add_samplers(p: argparse.ArgumentParser) -> None:
         default=True,
         help="read ethtool statistics at all (default: on)",
     )
+    g.add_argument(
+        "--netdev.ethtool-rotation",
+        dest="netdev_ethtool_rotation",
+        type=count,
+        default=ETHTOOL_ROTATION,
+        metavar="PASSES",
+        help="read each interface's ethtool statistics every PASSES passes, the last answer "
+        "standing between (each read costs the driver its whole set; default: %(default)s)",
+    )
 
 
 def config_from_args(ns: argparse.Namespace) -> AgentConfig:
@@ -338,7 +348,12 @@ def config_from_args(ns: argparse.Namespace) -> AgentConfig:
     return AgentConfig(
         paths=Paths(ns.path_sysfs, ns.path_procfs),
         sampling=sampling,
-        netdev=NetdevSettings(ns.netdev_include, ns.netdev_ethtool_include, ns.netdev_ethtool),
+        netdev=NetdevSettings(
+            ns.netdev_include,
+            ns.netdev_ethtool_include,
+            ns.netdev_ethtool,
+            ns.netdev_ethtool_rotation,
+        ),
         probe=probe_flags.settings_from_args(ns),
         ibpeer=_ibpeer_settings(ns),
         ras=ras_flags.settings_from_args(ns),
