@@ -12,9 +12,10 @@ Which interfaces
     another host) is listed in :attr:`NetdevSnapshot.missing`; it is not an error.
 
 Sources, per interface
-    * netlink (``RTM_GETLINK``): operstate, carrier, carrier changes, MTU and the 64-bit
-      kernel counters (``IFLA_STATS64``). With ``include`` unset the sampler asks for each
-      name; with it set it dumps every link once (≈85 ms for 300 links here) and filters.
+    * netlink (``RTM_GETLINK``, :mod:`agent.netdev.linkmsg`): operstate, carrier, carrier
+      changes, MTU and the 64-bit kernel counters (``IFLA_STATS64``). With ``include``
+      unset the sampler asks for each name; with it set it dumps every link once and
+      filters.
     * sysfs ``class/net/<if>/speed`` (Mb/s, converted to bytes/s) and the bound driver.
       Read only when ``class/net/<if>/ifindex`` equals the netlink ifindex: a sysfs mounted
       in another network namespace shows other devices under the same names.
@@ -37,15 +38,12 @@ Sources, per interface
 
 Network namespaces
     ``netns=None`` (production: the agent runs with hostNetwork) reads the agent's own
-    namespace. With a name, netlink goes through pyroute2's ``IPRSocket(netns=name, flags=0)``
-    (:class:`agent.netdev.rtnl.LinkSocket`; pyroute2 creates that socket in a child process;
-    ``flags=0`` never creates a namespace). An
-    ethtool ioctl acts on the namespace of the *socket* it is issued on, so the sampler
-    creates that one socket in a short-lived thread that first calls ``setns(2)``
-    (``pyroute2.netns.setns``; Python 3.11 has no ``os.setns``). ``setns`` moves only the
-    calling thread, which then ends; the agent's other threads never change namespace.
-    ``pushns``/``popns`` are not used: they keep a process-global stack and move the thread
-    that calls them.
+    namespace. With a name: a netlink socket and an ethtool ioctl act on the namespace of
+    the *socket* they go through, so the sampler creates both sockets in a short-lived
+    thread that first calls ``setns(2)`` (:func:`agent.netdev.netlink.made_in`;
+    ``pyroute2.netns.setns`` with ``flags=0``, which never creates a namespace; Python 3.11
+    has no ``os.setns``). ``setns`` moves only the calling thread, which then ends; the
+    agent's other threads never change namespace.
 
 Errors
     An interface that vanishes mid-pass (ethtool answers ``ENODEV``) is left out of the
@@ -61,7 +59,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -74,8 +71,7 @@ from agent.netdev.netlink import (
     NetlinkError,
     NoSuchDevice,
     NotSupportedError,
-    pyroute2_netns,
-    release,
+    made_in,
 )
 from agent.netdev.rtnl import LinkSocket
 from agent.netdev.stats import (
@@ -200,9 +196,13 @@ def read_links(
     missing: list[str] = []
     try:
         if names is None:
-            for msg in rtnl.get_links():
+            try:
+                msgs = rtnl.get_links()
+            except ValueError as exc:  # an answer that does not parse: no list to trust
+                issues.add("netlink/link", "parse", str(exc))
+                return links, missing
+            for msg in msgs:
                 _append_link(links, msg, issues, "netlink/link")
-                release(msg)  # read: freed now, not by the cycle collector
             return links, missing
         for name in names:
             try:
@@ -214,9 +214,11 @@ def read_links(
                     reason = classify_os_error(OSError(exc.code, str(exc)))
                     issues.add(f"netlink/link/{name}", reason, str(exc))
                 continue
+            except ValueError as exc:
+                issues.add(f"netlink/link/{name}", "parse", str(exc))
+                continue
             for msg in msgs:
                 _append_link(links, msg, issues, f"netlink/link/{name}")
-                release(msg)
         return links, missing
     finally:
         rtnl.close()
@@ -244,24 +246,7 @@ def open_ethtool(netns: str | None, names: KnownNames | None = None) -> EthtoolS
     For a named namespace the socket is created by a fresh thread that has moved itself
     into it with ``setns(2)`` and then ends; the calling thread never changes namespace.
     """
-    if netns is None:
-        return EthtoolStatistics(names)
-    made: list[EthtoolStatistics] = []
-    failed: list[BaseException] = []
-
-    def enter_and_open() -> None:
-        try:
-            pyroute2_netns.setns(netns, flags=0)  # flags=0: never create the namespace
-            made.append(EthtoolStatistics(names))
-        except BaseException as exc:  # handed to the calling thread below
-            failed.append(exc)
-
-    worker = threading.Thread(target=enter_and_open, name="netdev-setns", daemon=True)
-    worker.start()
-    worker.join()
-    if failed:
-        raise failed[0]
-    return made[0]
+    return made_in(netns, lambda: EthtoolStatistics(names))
 
 
 def _read_sysfs_facts(

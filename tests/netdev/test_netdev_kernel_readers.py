@@ -30,21 +30,14 @@ from pyroute2.ethtool.ioctl import (
     IfReqSsetInfo,
     IoctlEthtool,
 )
+from pyroute2.iproute.linux import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 
 from agent.core.errors import NoData
 from agent.core.sysfs import SysfsReader
-from agent.netdev import ethtool
+from agent.netdev import ethtool, linkmsg
 from agent.netdev.ethtool import HEADROOM, CountChangedError, EthtoolStatistics, KnownNames
-from agent.netdev.netlink import (
-    NLM_F_REQUEST,
-    RTM_GETLINK,
-    IPRoute,
-    NetlinkError,
-    NoSuchDevice,
-    NotSupportedError,
-    ifinfmsg,
-    pyroute2_netns,
-)
+from agent.netdev.netlink import NoSuchDevice, NotSupportedError, pyroute2_netns
 from agent.netdev.rtnl import LinkSocket
 from agent.netdev.sampler import NetdevSampler, open_ethtool
 from agent.netdev.stats import DEFAULT_ETHTOOL_INCLUDE, to_link
@@ -285,9 +278,7 @@ def test_link_socket_answers_as_iproute_does(wide_veth: tuple[str, str]) -> None
         with pytest.raises(NetlinkError):
             sock.link("get", ifname="x" * 40)  # longer than IFNAMSIZ: the kernel refuses it
         # an answer to an earlier question left unread (its reader failed) is passed over
-        stale = ifinfmsg()
-        stale["attrs"] = [("IFLA_IFNAME", "lo")]
-        sock._sock.put(stale, msg_type=RTM_GETLINK, msg_flags=NLM_F_REQUEST, msg_seq=sock._seq)
+        sock._sock.send(linkmsg.question(sock._seq, "lo"))
         (again,) = sock.link("get", ifname=name)
         assert again.get("IFLA_IFNAME") == name
         with pytest.raises(ValueError, match="only gets links"):
