@@ -18,9 +18,10 @@ priced apart (``first_pass_ms``).
 netdev asks netlink (this machine's, not the tree's) for each netdev the tree's RDMA devices
 name, one request each through pyroute2: the 12 names of the DGX tree do not exist here,
 so each is answered "no such device" and the pass ends without data. Such an answer costs
-less than an answered one (through agent.netdev.rtnl: 0.12 against 0.37 ms, measured on the
-development machine for its own netdevs; through pyroute2's IPRoute about 0.65 ms either
-way), and no ethtool statistics are read: ``--veths`` measures answered netdevs.
+less than an answered one (through agent.netdev.rtnl with pyroute2's message classes, before
+9d51f5b: 0.12 against 0.37 ms, measured on the development machine for its own netdevs;
+through pyroute2's IPRoute about 0.65 ms either way), and no ethtool statistics are read:
+``--veths`` measures answered netdevs.
 
 With ``--veths K`` (and ``--veth-queues Q``, default 64) it also times ``netdev_ethtool``:
 the netdev sampler over K real veths of Q queues each, in a namespace made for the run (``ip

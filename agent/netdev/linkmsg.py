@@ -5,9 +5,9 @@ Why not pyroute2's ``ifinfmsg`` for the answers: it decodes every attribute of a
 45, among them the nested per-family configuration) into objects that each keep themselves in
 a list (reference cycles to break after reading), and looks each one up by a scan: 0.55 ms an
 answer on the development machine, with the attributes the sampler never reads mapped to
-nothing still 0.5 ms. Read here, an answer costs a few microseconds. pyroute2 keeps its part:
-the socket (``IPRSocket``, created inside a named network namespace), and its
-``NetlinkError`` for the kernel's errors.
+nothing still 0.5 ms. Read here, an answer costs a few microseconds (the whole question and
+answer about 0.06 ms). pyroute2 keeps its part: ``setns`` for a socket made in a named
+namespace, and its ``NetlinkError`` for the kernel's errors.
 
 The layout (``linux/netlink.h``, ``linux/rtnetlink.h``, ``linux/if_link.h``): each message a
 16-byte ``nlmsghdr`` (length, type, flags, sequence, port), a link's body a 16-byte

@@ -328,7 +328,8 @@ def parse_ethtool_stats(pairs: Iterable[tuple[str, int]], include: re.Pattern[st
 
 
 class LinkMessage(Protocol):
-    """The part of a pyroute2 ``ifinfmsg`` the sampler uses (pyroute2 is untyped)."""
+    """What the sampler reads of a link: :func:`agent.netdev.linkmsg.answers`' dict (or the
+    scenario lab's, or pyroute2's ``ifinfmsg``, which answer the same two calls)."""
 
     def get(self, key: str) -> object: ...
 

@@ -59,6 +59,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from agent.netdev.linkmsg import STATS64_NAMES
 from agent.nvml.record import FORMAT, JsonValue
 from agent.probe.measure.records import MiB, ProbeError, ProbeRecord
 from agent.probe.run.results import ProbeRun, ProbeSnapshot
@@ -225,18 +226,7 @@ ETHTOOL_NAMES = (
     "rx_csum_complete",
     "tx_tso_packets",
 )
-STATS64 = (
-    "rx_packets",
-    "tx_packets",
-    "rx_bytes",
-    "tx_bytes",
-    "rx_errors",
-    "tx_errors",
-    "rx_dropped",
-    "tx_dropped",
-    "multicast",
-    "collisions",
-)
+STATS64 = STATS64_NAMES[:10]  # rx_packets ... collisions: the ones a lab node moves
 ROCE_HW = ("np_cnp_sent", "rp_cnp_handled", "np_ecn_marked_roce_packets")
 ADVANCED = (
     "port_xmit_data",
