@@ -18,17 +18,19 @@ The load (real processes and sockets; only the cluster is stood in for, as in
 - ``/metrics`` scraped every ``--scrape`` seconds.
 
 The fit (:func:`fit`, :func:`analyse`): the warm-up is dropped (and a replaced child's own
-first ``--child-warmup`` seconds); each process's lifetimes keep their own level and share
-one slope; the slope's standard error is widened for the residuals' autocorrelation (memory
-moves in steps); the verdict is on the last ``--late`` part of the run, the RSS of all
-processes summed (PSS and USS are reported, not judged: other processes mapping the same
-files move them; so is the anonymous memory, the resident pages backed by no file, where a
-leak lives and which neither the page cache nor other processes move). ``below``: slope
-+ 2 SE under the bound; ``above``: slope - 2 SE over it;
-``unresolved``: the run is too short or noisy to tell, which the output says, with the
-smallest slope it resolves. With ``--max-slope`` it exits 1 on ``above``, or when a leak of
-twice the bound would not have read ``above`` (too noisy to check anything),
-or (``--require-resolved``) on anything but ``below``.
+first ``--child-warmup`` seconds: a fresh NVML child's RSS rises some 40-50 KiB over its first
+ten minutes and is then flat to the byte, so with ``--kill-child 1800`` a child warm-up of 600
+keeps that one-off rise of every lifetime out of the shared slope); each process's lifetimes
+keep their own level and share one slope; the slope's standard error is widened for the
+residuals' autocorrelation (memory moves in steps); the verdict is on the last ``--late`` part
+of the run, the RSS of all processes summed (PSS and USS are reported, not judged: other
+processes mapping the same files move them; so is the anonymous memory, the resident pages
+backed by no file, where a leak lives and which neither the page cache nor other processes
+move). ``below``: slope + 2 SE under the bound; ``above``: slope - 2 SE over it;
+``unresolved``: the run is too short or noisy to tell, which the output says, with the smallest
+slope it resolves. With ``--max-slope`` it exits 1 on ``above``, or when a leak of twice the
+bound would not have read ``above`` (too noisy to check anything), or (``--require-resolved``)
+on anything but ``below``.
 
 ``--probe DIR`` loads ``bench/memprobe`` into the agent's main process (tracemalloc,
 objects by type, malloc and pymalloc statistics, smaps by mapping, dumped as JSON lines; the
