@@ -79,6 +79,15 @@ STATS64_NAMES = (
     "tx_compressed",
 )
 _STATS64 = struct.Struct("=" + "Q" * len(STATS64_NAMES))
+#: the attributes read, by type, under the names pyroute2 gives them
+_READ = {
+    IFLA_IFNAME: "IFLA_IFNAME",
+    IFLA_MTU: "IFLA_MTU",
+    IFLA_OPERSTATE: "IFLA_OPERSTATE",
+    IFLA_STATS64: "IFLA_STATS64",
+    IFLA_CARRIER: "IFLA_CARRIER",
+    IFLA_CARRIER_CHANGES: "IFLA_CARRIER_CHANGES",
+}
 
 
 def question(seq: int, ifname: str | None) -> bytes:
@@ -139,21 +148,22 @@ def _link(data: bytes, start: int, end: int) -> dict[str, object]:
         length, kind = NLAHDR.unpack_from(data, offset)
         if length < NLAHDR.size or length > end - offset:
             raise ValueError(f"link attribute {kind & NLA_TYPE_MASK} of {length} bytes")
-        kind &= NLA_TYPE_MASK
-        payload = data[offset + NLAHDR.size : offset + length]
-        if kind == IFLA_IFNAME:
-            out["IFLA_IFNAME"] = payload.split(b"\0", 1)[0].decode("utf-8", "replace")
-        elif kind in (IFLA_MTU, IFLA_CARRIER_CHANGES):
-            out["IFLA_MTU" if kind == IFLA_MTU else "IFLA_CARRIER_CHANGES"] = _u32(payload)
-        elif kind == IFLA_CARRIER:
-            out["IFLA_CARRIER"] = payload[0] if payload else None
-        elif kind == IFLA_OPERSTATE:
-            code = payload[0] if payload else None
-            out["IFLA_OPERSTATE"] = (
-                OPERSTATES[code] if code is not None and code < len(OPERSTATES) else f"{code}"
-            )
-        elif kind == IFLA_STATS64:
-            out["IFLA_STATS64"] = _stats64(payload)
+        name = _READ.get(kind & NLA_TYPE_MASK)
+        if name is not None:  # the other ~40 attributes of a link are passed over unsliced
+            payload = data[offset + NLAHDR.size : offset + length]
+            if name == "IFLA_IFNAME":
+                out[name] = payload.split(b"\0", 1)[0].decode("utf-8", "replace")
+            elif name in ("IFLA_MTU", "IFLA_CARRIER_CHANGES"):
+                out[name] = _u32(payload)
+            elif name == "IFLA_CARRIER":
+                out[name] = payload[0] if payload else None
+            elif name == "IFLA_OPERSTATE":
+                code = payload[0] if payload else None
+                out[name] = (
+                    OPERSTATES[code] if code is not None and code < len(OPERSTATES) else f"{code}"
+                )
+            else:
+                out[name] = _stats64(payload)
         offset += (length + 3) & ~3
     return out
 

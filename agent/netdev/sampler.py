@@ -389,9 +389,14 @@ class NetdevSampler:
         k = self._pass
         self._pass += 1
         ordered = sorted(links, key=lambda lk: lk.name)
-        due = {lk.name for i, lk in enumerate(ordered) if self._ethtool_due(k, i, lk)}
+        wanted_stats = self.ethtool_include
+        due = (
+            set()
+            if wanted_stats is None
+            else {lk.name for i, lk in enumerate(ordered) if self._ethtool_due(k, i, lk)}
+        )
         tool = None
-        if self.ethtool_include is not None and due:
+        if due:
             try:
                 tool = self._open_ethtool(self.netns)
             except OSError as exc:
@@ -401,12 +406,12 @@ class NetdevSampler:
             for link in ordered:
                 speed, driver = _read_sysfs_facts(self.sys, issues, link.name, link.ifindex)
                 ethtool = None
-                if self.ethtool_include is not None and link.name not in due:
+                if wanted_stats is None:
+                    pass
+                elif link.name not in due:
                     ethtool = self._ethtool_last[link.name][1]  # between its turns
-                elif tool is not None and self.ethtool_include is not None:
-                    ethtool, vanished = _sample_ethtool(
-                        tool, link.name, self.ethtool_include, issues
-                    )
+                elif tool is not None:
+                    ethtool, vanished = _sample_ethtool(tool, link.name, wanted_stats, issues)
                     if vanished:  # gone mid-pass: leave it out rather than half-report it
                         self._ethtool_last.pop(link.name, None)
                         continue
